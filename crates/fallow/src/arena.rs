@@ -1,0 +1,271 @@
+//! An arena: one large virtual reservation, aligned to the largest block, and its side metadata
+//! (one state byte and one [`BlockMeta`] per 4 KiB page), itself reserved with `MAP_NORESERVE` so
+//! that only the metadata of pages actually used is ever committed.
+//!
+//! The free lists over an arena are in `buddy.rs`; this file owns the memory and its metadata.
+
+use core::sync::atomic::{AtomicU8, Ordering};
+
+use crate::config::Backing;
+use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::page::{BlockMeta, PageState, StateCounts, CLASSES, NIL};
+
+/// Orders go from 0 (4 KiB) to at most this (4 TiB); pfns are `u32`, so an arena holds at most
+/// 2^32 pages (16 TiB).
+pub const MAX_ORDER_LIMIT: u8 = 30;
+pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
+
+pub struct Arena {
+    pub base: usize,
+    pub len: usize,
+    pub npages: u32,
+    pub max_order: u8,
+    /// The memfd behind a shared arena, or -1.
+    pub fd: i32,
+    pub thp: bool,
+    states: States,
+    meta: *mut BlockMeta,
+    states_len: usize,
+    meta_len: usize,
+    // Free lists (buddy.rs): per class and order, doubly linked through `BlockMeta`.
+    pub(crate) heads: [[u32; ORDERS]; CLASSES],
+    pub(crate) tails: [[u32; ORDERS]; CLASSES],
+    pub(crate) nonempty: [u64; CLASSES],
+    /// What the lists hold, kept as blocks are listed and unlisted.
+    pub(crate) listed: Listed,
+}
+
+/// Counters of the free blocks on an arena's lists.
+#[derive(Clone, Copy, Debug)]
+pub struct Listed {
+    pub blocks: [[u32; ORDERS]; CLASSES],
+    pub counts: StateCounts,
+    pub pages: u64,
+}
+
+impl Listed {
+    #[inline]
+    pub fn add_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
+        self.blocks[class][order as usize] += 1;
+        self.counts = self.counts.plus(c);
+        self.pages += pages as u64;
+    }
+    #[inline]
+    pub fn remove_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
+        self.blocks[class][order as usize] -= 1;
+        self.counts = self.counts.minus(c);
+        self.pages -= pages as u64;
+    }
+}
+
+unsafe impl Send for Arena {}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+impl Arena {
+    /// Reserve an arena of at least `len` bytes (rounded up to the largest block).
+    pub fn reserve(len: usize, max_order: u8, backing: Backing, thp: bool) -> os::OsResult<Arena> {
+        let block = PAGE_SIZE << max_order;
+        let len = round_up(len.max(block), block);
+        let npages = len >> PAGE_SHIFT;
+        if npages > u32::MAX as usize - 1 {
+            return Err(libc::ENOMEM);
+        }
+        let align = block.max(if thp { os::HUGE_PAGE_SIZE } else { PAGE_SIZE });
+        let fd = match backing {
+            Backing::Anonymous => -1,
+            Backing::Memfd => os::memfd(len)?,
+        };
+        let base = match os::reserve_aligned(len, align, if fd >= 0 { Some(fd) } else { None }) {
+            Ok(b) => b,
+            Err(e) => {
+                if fd >= 0 {
+                    os::close(fd);
+                }
+                return Err(e);
+            }
+        };
+        if thp {
+            // Best effort: THP may be disabled system-wide.
+            let _ = os::madvise(base, len, libc::MADV_HUGEPAGE);
+        }
+        let states_len = round_up(npages, PAGE_SIZE);
+        let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);
+        let states = match os::reserve_aligned(states_len, PAGE_SIZE, None) {
+            Ok(p) => p,
+            Err(e) => {
+                os::unmap(base, len);
+                if fd >= 0 {
+                    os::close(fd);
+                }
+                return Err(e);
+            }
+        };
+        let meta = match os::reserve_aligned(meta_len, PAGE_SIZE, None) {
+            Ok(p) => p,
+            Err(e) => {
+                os::unmap(base, len);
+                os::unmap(states, states_len);
+                if fd >= 0 {
+                    os::close(fd);
+                }
+                return Err(e);
+            }
+        };
+        let mut arena = Arena {
+            base,
+            len,
+            npages: npages as u32,
+            max_order,
+            fd,
+            thp,
+            states: States(states as *const AtomicU8),
+            meta: meta as *mut BlockMeta,
+            states_len,
+            meta_len,
+            heads: [[NIL; ORDERS]; CLASSES],
+            tails: [[NIL; ORDERS]; CLASSES],
+            nonempty: [0; CLASSES],
+            listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
+        };
+        // Fresh metadata is all zero: every page `Reported`, every tag `None`. Put the top-level
+        // blocks on the reported lists.
+        let top = 1u32 << max_order;
+        let mut pfn = 0u32;
+        while pfn < arena.npages {
+            arena.push_free(pfn, max_order, StateCounts::uniform(PageState::Reported, top), 0);
+            pfn += top;
+        }
+        Ok(arena)
+    }
+
+    #[inline]
+    pub fn contains(&self, addr: usize) -> bool {
+        addr.wrapping_sub(self.base) < self.len
+    }
+
+    #[inline]
+    pub fn addr(&self, pfn: u32) -> usize {
+        self.base + ((pfn as usize) << PAGE_SHIFT)
+    }
+
+    #[inline]
+    pub fn pfn(&self, addr: usize) -> u32 {
+        ((addr - self.base) >> PAGE_SHIFT) as u32
+    }
+
+    #[inline]
+    pub fn meta(&self, pfn: u32) -> &BlockMeta {
+        debug_assert!(pfn < self.npages);
+        unsafe { &*self.meta.add(pfn as usize) }
+    }
+
+    /// Metadata is only written under the allocator lock.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub fn meta_mut(&self, pfn: u32) -> &mut BlockMeta {
+        debug_assert!(pfn < self.npages);
+        unsafe { &mut *self.meta.add(pfn as usize) }
+    }
+
+    #[inline]
+    pub fn state(&self, pfn: u32) -> PageState {
+        debug_assert!(pfn < self.npages);
+        self.states.get(pfn)
+    }
+
+    #[inline]
+    pub fn states(&self) -> States {
+        self.states
+    }
+
+    /// Set the state of every page of `[pfn, pfn + n)`.
+    pub fn set_states(&self, pfn: u32, n: u32, s: PageState) {
+        debug_assert!(pfn as usize + n as usize <= self.npages as usize);
+        self.states.fill(pfn, n, s)
+    }
+
+    pub fn count_states(&self, pfn: u32, n: u32) -> StateCounts {
+        self.states.count(pfn, n)
+    }
+
+    pub fn for_each_run(&self, pfn: u32, n: u32, f: impl FnMut(u32, u32, PageState)) {
+        self.states.for_each_run(pfn, n, f)
+    }
+}
+
+/// The state bytes of an arena's pages. Stores are relaxed atomics: the bytes of a free page are
+/// written under the allocator lock, those of a live block by its owner outside it.
+#[derive(Clone, Copy)]
+pub struct States(*const AtomicU8);
+
+unsafe impl Send for States {}
+unsafe impl Sync for States {}
+
+impl States {
+    pub fn from_raw(p: *const AtomicU8) -> States {
+        States(p)
+    }
+
+    pub fn raw(self) -> *const AtomicU8 {
+        self.0
+    }
+
+    #[inline]
+    pub fn get(self, pfn: u32) -> PageState {
+        PageState::from_byte(unsafe { (*self.0.add(pfn as usize)).load(Ordering::Relaxed) })
+    }
+
+    #[inline]
+    pub fn set(self, pfn: u32, s: PageState) {
+        unsafe { (*self.0.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
+    }
+
+    fn bytes(self, pfn: u32, n: u32) -> &'static mut [u8] {
+        // Byte access to atomics is the same memory; the compiler turns fills into memset.
+        unsafe { core::slice::from_raw_parts_mut(self.0.add(pfn as usize) as *mut u8, n as usize) }
+    }
+
+    pub fn fill(self, pfn: u32, n: u32, s: PageState) {
+        self.bytes(pfn, n).fill(s as u8);
+    }
+
+    /// Count the free states of `[pfn, pfn + n)`.
+    pub fn count(self, pfn: u32, n: u32) -> StateCounts {
+        let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
+        for &b in self.bytes(pfn, n).iter() {
+            z += (b == PageState::Zeroed as u8) as u32;
+            r += (b == PageState::Reported as u8) as u32;
+            l += (b == PageState::LazyFree as u8) as u32;
+        }
+        StateCounts { zeroed: z, reported: r, lazy: l }
+    }
+
+    /// Visit the maximal runs of equal state in `[pfn, pfn + n)`: `f(start, len, state)`.
+    pub fn for_each_run(self, pfn: u32, n: u32, mut f: impl FnMut(u32, u32, PageState)) {
+        let end = pfn + n;
+        let mut start = pfn;
+        while start < end {
+            let s = self.get(start);
+            let mut p = start + 1;
+            while p < end && self.get(p) == s {
+                p += 1;
+            }
+            f(start, p - start, s);
+            start = p;
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        os::unmap(self.base, self.len);
+        os::unmap(self.states.0 as usize, self.states_len);
+        os::unmap(self.meta as usize, self.meta_len);
+        if self.fd >= 0 {
+            os::close(self.fd);
+        }
+    }
+}

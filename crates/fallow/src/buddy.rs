@@ -1,0 +1,359 @@
+//! The buddy allocator over one arena: free lists per class and order, split and merge as Linux
+//! does (`mm/page_alloc.c`: `expand`, `__free_one_page`), all in side metadata.
+//!
+//! Invariants (checked by `Heap::check` in tests):
+//! - A free block of order k starts at a pfn that is a multiple of 2^k, its first page has
+//!   `Tag::Free` and `order == k`, and it is on exactly one list: `heads[class][k]`, where `class`
+//!   is derived from its `counts`, and `counts` equals what its pages' state bytes say.
+//! - Two free buddies of the same order never both sit on lists: freeing merges them.
+//! - An isolated block (`Tag::Isolated`) is on no list and is never merged until it is returned.
+//! - `nonempty[class]` has bit k set exactly when `heads[class][k] != NIL`.
+//!
+//! Nothing here takes a lock: the caller holds the allocator lock.
+
+use crate::arena::Arena;
+use crate::page::{Class, PageState, StateCounts, Tag, META_FREED_START, NIL};
+
+/// The class order in which a request looks for memory.
+pub fn preference(zero: bool) -> [Class; 3] {
+    if zero {
+        // Zeroed memory costs nothing; reported memory costs a fault but no memset; dirty memory
+        // costs a memset.
+        [Class::Zeroed, Class::Reported, Class::Dirty]
+    } else {
+        // Leave zeroed memory to those who need it; a fault on reported memory costs ~20x the
+        // memset that using a zeroed page wastes.
+        [Class::Dirty, Class::Zeroed, Class::Reported]
+    }
+}
+
+/// A block taken off the free lists.
+#[derive(Clone, Copy, Debug)]
+pub struct Taken {
+    pub pfn: u32,
+    pub npages: u32,
+    pub counts: StateCounts,
+}
+
+impl Arena {
+    /// Put a free block on the list its counts select (at the head: most recently freed first).
+    pub fn push_free(&mut self, pfn: u32, order: u8, counts: StateCounts, freed_at_ms: u32) {
+        let class = counts.class(1 << order) as usize;
+        let head = self.heads[class][order as usize];
+        {
+            let m = self.meta_mut(pfn);
+            m.tag = Tag::Free;
+            m.order = order;
+            m.class = class as u8;
+            m.counts = counts;
+            m.freed_at_ms = freed_at_ms;
+            m.prev = NIL;
+            m.next = head;
+        }
+        if head != NIL {
+            self.meta_mut(head).prev = pfn;
+        } else {
+            self.tails[class][order as usize] = pfn;
+        }
+        self.heads[class][order as usize] = pfn;
+        self.nonempty[class] |= 1u64 << order;
+        self.listed.add_block(class, order, counts, 1 << order);
+    }
+
+    /// Take a free block off its list (its tag becomes `None`; the caller retags it).
+    pub fn unlink(&mut self, pfn: u32) {
+        let m = *self.meta(pfn);
+        debug_assert_eq!(m.tag, Tag::Free);
+        let (class, order) = (m.class as usize, m.order as usize);
+        if m.prev != NIL {
+            self.meta_mut(m.prev).next = m.next;
+        } else {
+            self.heads[class][order] = m.next;
+        }
+        if m.next != NIL {
+            self.meta_mut(m.next).prev = m.prev;
+        } else {
+            self.tails[class][order] = m.prev;
+        }
+        if self.heads[class][order] == NIL {
+            self.nonempty[class] &= !(1u64 << order);
+        }
+        self.listed.remove_block(class, order as u8, m.counts, 1 << order);
+        self.meta_mut(pfn).tag = Tag::None;
+    }
+
+    /// Free one aligned block, merging with free buddies as far as they go, and list the result.
+    pub fn free_block(&mut self, mut pfn: u32, mut order: u8, mut counts: StateCounts, mut t: u32) {
+        debug_assert_eq!(pfn & ((1 << order) - 1), 0);
+        while order < self.max_order {
+            let buddy = pfn ^ (1u32 << order);
+            if buddy >= self.npages {
+                break;
+            }
+            let b = *self.meta(buddy);
+            if b.tag != Tag::Free || b.order != order {
+                break;
+            }
+            self.unlink(buddy);
+            counts = counts.plus(b.counts);
+            t = t.max(b.freed_at_ms);
+            let high = pfn.max(buddy);
+            self.meta_mut(high).tag = Tag::None;
+            pfn = pfn.min(buddy);
+            order += 1;
+        }
+        self.push_free(pfn, order, counts, t);
+    }
+
+    /// Free `[pfn, pfn + n)` (any length) as the largest aligned blocks that tile it. The page
+    /// states must already be written; `counts` are those of the whole range.
+    pub fn free_range(&mut self, pfn: u32, n: u32, counts: StateCounts, t: u32) {
+        let uniform = counts.uniform_state(n);
+        let mut p = pfn;
+        let end = pfn + n;
+        while p < end {
+            let mut order = (p.trailing_zeros().min(31) as u8).min(self.max_order);
+            while (1u32 << order) > end - p {
+                order -= 1;
+            }
+            let len = 1u32 << order;
+            let c = match uniform {
+                Some(s) => StateCounts::uniform(s, len),
+                None if len == n => counts,
+                None => self.count_states(p, len),
+            };
+            self.free_block(p, order, c, t);
+            p += len;
+        }
+    }
+
+    /// Counts of the sub-range `[pfn + off, pfn + off + len)` of a block of `total` pages whose
+    /// counts are `counts`: free when the block is uniform, a scan otherwise.
+    fn sub_counts(&self, pfn: u32, counts: StateCounts, total: u32, off: u32, len: u32) -> StateCounts {
+        match counts.uniform_state(total) {
+            Some(s) => StateCounts::uniform(s, len),
+            None => self.count_states(pfn + off, len),
+        }
+    }
+
+    /// Take a block of exactly `npages` pages aligned to `2^order` (`npages <= 2^order`), looking
+    /// in the classes in the given order and, within a class, from the smallest order up. The
+    /// unused rest of the block goes back on the lists at once.
+    pub fn take(&mut self, npages: u32, order: u8, prefs: [Class; 3]) -> Option<Taken> {
+        debug_assert!(npages <= 1 << order && order <= self.max_order);
+        for class in prefs {
+            let mask = self.nonempty[class as usize] & (!0u64 << order);
+            if mask == 0 {
+                continue;
+            }
+            let found = mask.trailing_zeros() as u8;
+            let pfn = self.heads[class as usize][found as usize];
+            return Some(self.carve(pfn, order, npages));
+        }
+        None
+    }
+
+    /// Take the listed block at `pfn`, keep its first `npages` pages (aligned to `2^order`), and
+    /// free the rest: the upper halves while splitting down to `order`, then the tail beyond
+    /// `npages` (as `alloc_pages_exact` does).
+    fn carve(&mut self, pfn: u32, order: u8, npages: u32) -> Taken {
+        let m = *self.meta(pfn);
+        self.unlink(pfn);
+        let (mut cur, mut counts, t) = (m.order, m.counts, m.freed_at_ms);
+        while cur > order {
+            cur -= 1;
+            let half = 1u32 << cur;
+            let high = self.sub_counts(pfn, counts, half * 2, half, half);
+            counts = counts.minus(high);
+            self.push_free(pfn + half, cur, high, t);
+        }
+        let size = 1u32 << order;
+        if npages < size {
+            let tail = self.sub_counts(pfn, counts, size, npages, size - npages);
+            counts = counts.minus(tail);
+            self.free_range(pfn + npages, size - npages, tail, t);
+        }
+        Taken { pfn, npages, counts }
+    }
+
+    /// Take `npages` pages (more than the largest block) as a run of adjacent free top-level
+    /// blocks, preferring runs with more non-reported pages last... simply the first run found.
+    pub fn take_run(&mut self, npages: u32) -> Option<Taken> {
+        let top = 1u32 << self.max_order;
+        let need = npages.div_ceil(top);
+        let mut run_start = 0u32;
+        let mut run_len = 0u32;
+        let mut p = 0u32;
+        while p < self.npages {
+            let m = self.meta(p);
+            if m.tag == Tag::Free && m.order == self.max_order {
+                if run_len == 0 {
+                    run_start = p;
+                }
+                run_len += 1;
+                if run_len == need {
+                    break;
+                }
+            } else {
+                run_len = 0;
+            }
+            p += top;
+        }
+        if run_len < need {
+            return None;
+        }
+        let mut counts = StateCounts::default();
+        let mut t = 0;
+        for i in 0..need {
+            let b = run_start + i * top;
+            let m = *self.meta(b);
+            counts = counts.plus(m.counts);
+            t = t.max(m.freed_at_ms);
+            self.unlink(b);
+        }
+        let total = need * top;
+        if npages < total {
+            let tail = self.sub_counts(run_start, counts, total, npages, total - npages);
+            counts = counts.minus(tail);
+            self.free_range(run_start + npages, total - npages, tail, t);
+        }
+        Some(Taken { pfn: run_start, npages, counts })
+    }
+
+    /// Extend the live block `[pfn, pfn + old)` to `new` pages in place if the pages right after it
+    /// are free, taking them off the lists. Returns the counts of the pages taken.
+    pub fn take_following(&mut self, pfn: u32, old: u32, new: u32) -> Option<StateCounts> {
+        let (start, end) = (pfn + old, pfn + new);
+        if end > self.npages {
+            return None;
+        }
+        // Every page of [start, end) must lie in a free block; find those blocks first.
+        let mut blocks: [(u32, u8); 64] = [(0, 0); 64];
+        let mut nb = 0;
+        let mut p = start;
+        while p < end {
+            let head = self.free_block_containing(p)?;
+            if nb == blocks.len() {
+                return None;
+            }
+            blocks[nb] = head;
+            nb += 1;
+            p = head.0 + (1u32 << head.1);
+        }
+        let mut taken = StateCounts::default();
+        for &(b, order) in &blocks[..nb] {
+            let m = *self.meta(b);
+            self.unlink(b);
+            let size = 1u32 << order;
+            // Free the parts of the block outside [start, end).
+            let lo = start.max(b) - b;
+            let hi = end.min(b + size) - b;
+            if lo > 0 {
+                let c = self.sub_counts(b, m.counts, size, 0, lo);
+                self.free_range(b, lo, c, m.freed_at_ms);
+            }
+            if hi < size {
+                let c = self.sub_counts(b, m.counts, size, hi, size - hi);
+                self.free_range(b + hi, size - hi, c, m.freed_at_ms);
+            }
+            taken = taken.plus(self.sub_counts(b, m.counts, size, lo, hi - lo));
+        }
+        Some(taken)
+    }
+
+    /// The free listed block containing page `p`, as `(head pfn, order)`.
+    pub fn free_block_containing(&self, p: u32) -> Option<(u32, u8)> {
+        for order in 0..=self.max_order {
+            let head = p & !((1u32 << order) - 1);
+            let m = self.meta(head);
+            if m.tag == Tag::Free && m.order == order {
+                return Some((head, order));
+            }
+            if m.tag != Tag::None && head == p && m.tag != Tag::Free {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Record a live block at `pfn`.
+    pub fn mark_live(&mut self, pfn: u32, npages: u32, flags: u8) {
+        let m = self.meta_mut(pfn);
+        m.tag = Tag::Alloc;
+        m.npages = npages;
+        m.flags = (m.flags & !META_FREED_START) | flags;
+    }
+
+    /// Give back a live block whose pages have been written `Dirty`.
+    pub fn release_live(&mut self, pfn: u32, npages: u32, now_ms: u32) {
+        let m = self.meta_mut(pfn);
+        m.tag = Tag::None;
+        m.flags = META_FREED_START;
+        self.set_states(pfn, npages, PageState::Dirty);
+        self.free_range(pfn, npages, StateCounts::default(), now_ms);
+    }
+}
+
+impl Arena {
+    /// Visit every listed free block as `(pfn, order)`.
+    pub fn for_each_listed(&self, mut f: impl FnMut(u32, u8)) {
+        for class in 0..self.heads.len() {
+            for order in 0..=self.max_order {
+                let mut p = self.heads[class][order as usize];
+                while p != NIL {
+                    f(p, order);
+                    p = self.meta(p).next;
+                }
+            }
+        }
+    }
+
+    /// Check the invariants stated at the top of this file; returns the listed pages.
+    pub fn check_lists(&self) -> Result<u64, String> {
+        let mut pages = 0u64;
+        let mut blocks = [[0u32; crate::arena::ORDERS]; crate::page::CLASSES];
+        for class in 0..self.heads.len() {
+            for order in 0..=self.max_order {
+                let mut p = self.heads[class][order as usize];
+                let mut prev = NIL;
+                if (p != NIL) != (self.nonempty[class] & (1 << order) != 0) {
+                    return Err(format!("nonempty bit wrong for class {class} order {order}"));
+                }
+                while p != NIL {
+                    let m = *self.meta(p);
+                    let size = 1u32 << order;
+                    if m.tag != Tag::Free || m.order != order || m.prev != prev {
+                        return Err(format!("block {p} on list {class}/{order} has meta {m:?}"));
+                    }
+                    if p & (size - 1) != 0 || p + size > self.npages {
+                        return Err(format!("block {p} of order {order} misaligned or out of range"));
+                    }
+                    let real = self.count_states(p, size);
+                    if real != m.counts || m.counts.class(size) as usize != class {
+                        return Err(format!("block {p}: counts {:?}, pages say {real:?}", m.counts));
+                    }
+                    if (p..p + size).any(|q| self.state(q) == PageState::Allocated) {
+                        return Err(format!("free block {p} holds an allocated page"));
+                    }
+                    if order < self.max_order {
+                        let b = *self.meta(p ^ size);
+                        if b.tag == Tag::Free && b.order == order {
+                            return Err(format!("free buddies {p} and {} not merged", p ^ size));
+                        }
+                    }
+                    blocks[class][order as usize] += 1;
+                    pages += size as u64;
+                    prev = p;
+                    p = m.next;
+                }
+                if self.tails[class][order as usize] != prev {
+                    return Err(format!("tail wrong for class {class} order {order}"));
+                }
+            }
+        }
+        if blocks != self.listed.blocks || pages != self.listed.pages {
+            return Err("listed counters disagree with the lists".into());
+        }
+        Ok(pages)
+    }
+}

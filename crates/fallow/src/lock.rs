@@ -1,0 +1,142 @@
+//! The allocator lock: a futex mutex with explicit `lock`/`unlock`, so that `fork` handlers can
+//! take it in the parent and release it in both parent and child (a guard-based mutex cannot).
+//! It never allocates. States: 0 unlocked, 1 locked, 2 locked with waiters (Drepper's
+//! "Futexes are tricky", mutex 3).
+
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+pub struct RawLock {
+    state: AtomicU32,
+}
+
+impl RawLock {
+    pub const fn new() -> Self {
+        RawLock { state: AtomicU32::new(0) }
+    }
+
+    #[inline]
+    pub fn lock(&self) {
+        if self
+            .state
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        // Spin a little first: the critical sections are short bookkeeping.
+        for _ in 0..100 {
+            core::hint::spin_loop();
+            if self.state.load(Ordering::Relaxed) == 0
+                && self
+                    .state
+                    .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+        }
+        while self.state.swap(2, Ordering::Acquire) != 0 {
+            futex_wait(&self.state, 2);
+        }
+    }
+
+    /// # Safety
+    /// The caller holds the lock.
+    #[inline]
+    pub unsafe fn unlock(&self) {
+        if self.state.swap(0, Ordering::Release) == 2 {
+            futex_wake(&self.state);
+        }
+    }
+
+    /// Make the lock free again in a `fork` child, where the holder no longer exists.
+    ///
+    /// # Safety
+    /// Only in a single-threaded child right after `fork`.
+    pub unsafe fn reset_after_fork(&self) {
+        self.state.store(0, Ordering::Relaxed);
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            core::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+fn futex_wake(word: &AtomicU32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
+
+/// Data behind a [`RawLock`].
+pub struct Locked<T> {
+    lock: RawLock,
+    data: UnsafeCell<T>,
+}
+
+unsafe impl<T: Send> Sync for Locked<T> {}
+unsafe impl<T: Send> Send for Locked<T> {}
+
+pub struct Guard<'a, T> {
+    owner: &'a Locked<T>,
+}
+
+impl<T> Locked<T> {
+    pub const fn new(data: T) -> Self {
+        Locked { lock: RawLock::new(), data: UnsafeCell::new(data) }
+    }
+
+    #[inline]
+    pub fn lock(&self) -> Guard<'_, T> {
+        self.lock.lock();
+        Guard { owner: self }
+    }
+
+    pub fn raw(&self) -> &RawLock {
+        &self.lock
+    }
+
+    /// # Safety
+    /// The caller holds the lock through `raw()` without a guard (fork handlers).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn data_unguarded(&self) -> &mut T {
+        &mut *self.data.get()
+    }
+}
+
+impl<T> core::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        unsafe { &*self.owner.data.get() }
+    }
+}
+
+impl<T> core::ops::DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        unsafe { &mut *self.owner.data.get() }
+    }
+}
+
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        unsafe { self.owner.lock.unlock() }
+    }
+}

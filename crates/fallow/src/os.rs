@@ -1,0 +1,187 @@
+//! The operating system: every system call fallow makes goes through this file.
+//!
+//! Nothing here allocates from the heap, so it is safe to call from inside a preloaded `malloc`.
+//! Failures come back as `Err(errno)`.
+
+use core::ptr;
+
+pub const PAGE_SIZE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14); the `libc` crate may not name it on every target.
+pub const MADV_POPULATE_WRITE: i32 = 23;
+
+pub type OsResult<T> = Result<T, i32>;
+
+pub fn errno() -> i32 {
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(value: i32) {
+    unsafe { *libc::__errno_location() = value }
+}
+
+/// Reserve `len` bytes of address space, aligned to `align` (a power of two), without committing
+/// memory: `MAP_NORESERVE`, private anonymous, or shared over `fd` when one is given.
+pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<usize> {
+    debug_assert!(align.is_power_of_two() && len % PAGE_SIZE == 0);
+    if let Some(fd) = fd {
+        // A shared file mapping cannot be over-reserved and trimmed (the offsets would shift), so
+        // reserve an anonymous hole first and map the file over its aligned part.
+        let hole = reserve_aligned(len, align, None)?;
+        let flags = libc::MAP_SHARED | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        let p = unsafe {
+            libc::mmap(hole as *mut _, len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            let e = errno();
+            unmap(hole, len);
+            return Err(e);
+        }
+        return Ok(p as usize);
+    }
+    let span = len.checked_add(align).ok_or(libc::ENOMEM)?;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    let p = unsafe {
+        libc::mmap(ptr::null_mut(), span, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    if aligned > start {
+        unmap(start, aligned - start);
+    }
+    let end = start + span;
+    if end > aligned + len {
+        unmap(aligned + len, end - (aligned + len));
+    }
+    Ok(aligned)
+}
+
+pub fn unmap(addr: usize, len: usize) {
+    unsafe {
+        libc::munmap(addr as *mut _, len);
+    }
+}
+
+pub fn madvise(addr: usize, len: usize, advice: i32) -> OsResult<()> {
+    let r = unsafe { libc::madvise(addr as *mut _, len, advice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+pub fn mlock(addr: usize, len: usize) -> OsResult<()> {
+    let r = unsafe { libc::mlock(addr as *const _, len) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+pub fn munlock(addr: usize, len: usize) {
+    unsafe {
+        libc::munlock(addr as *const _, len);
+    }
+}
+
+/// A sealed-size anonymous file of `len` bytes (sparse: nothing is committed).
+pub fn memfd(len: usize) -> OsResult<i32> {
+    let name = b"fallow\0";
+    let fd = unsafe { libc::memfd_create(name.as_ptr() as *const _, libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(errno());
+    }
+    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
+        let e = errno();
+        close(fd);
+        return Err(e);
+    }
+    Ok(fd)
+}
+
+pub fn close(fd: i32) {
+    unsafe {
+        libc::close(fd);
+    }
+}
+
+/// Fault in `[addr, addr + len)` for writing: `MADV_POPULATE_WRITE` where the kernel has it,
+/// otherwise a read-and-write-back of one byte per page (which preserves the contents).
+pub fn populate_write(addr: usize, len: usize) {
+    if madvise(addr, len, MADV_POPULATE_WRITE).is_ok() {
+        return;
+    }
+    let mut p = addr;
+    while p < addr + len {
+        unsafe {
+            let b = p as *mut u8;
+            b.write_volatile(b.read_volatile());
+        }
+        p += PAGE_SIZE;
+    }
+}
+
+/// How many of the pages of `[addr, addr + len)` are resident, by `mincore`.
+/// `out` receives one byte per page (bit 0 set when resident) when given.
+pub fn resident_pages(addr: usize, len: usize) -> OsResult<usize> {
+    let mut count = 0usize;
+    let mut buf = [0u8; 4096];
+    let mut p = addr;
+    let end = addr + len;
+    while p < end {
+        let n = ((end - p) / PAGE_SIZE).min(buf.len());
+        let r = unsafe { libc::mincore(p as *mut _, n * PAGE_SIZE, buf.as_mut_ptr()) };
+        if r != 0 {
+            return Err(errno());
+        }
+        count += buf[..n].iter().filter(|b| **b & 1 != 0).count();
+        p += n * PAGE_SIZE;
+    }
+    Ok(count)
+}
+
+/// Whether the one page at `addr` is resident.
+pub fn page_resident(addr: usize) -> OsResult<bool> {
+    let mut b = 0u8;
+    let r = unsafe { libc::mincore(addr as *mut _, PAGE_SIZE, &mut b) };
+    if r != 0 {
+        return Err(errno());
+    }
+    Ok(b & 1 != 0)
+}
+
+/// Physical memory of the machine, in bytes.
+pub fn physical_memory() -> usize {
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if pages <= 0 || size <= 0 {
+        return 1 << 30;
+    }
+    (pages as usize).saturating_mul(size as usize)
+}
+
+/// Monotonic time in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Write a message to stderr without allocating.
+pub fn write_stderr(msg: &[u8]) {
+    let mut off = 0;
+    while off < msg.len() {
+        let r = unsafe { libc::write(2, msg[off..].as_ptr() as *const _, msg.len() - off) };
+        if r <= 0 {
+            return;
+        }
+        off += r as usize;
+    }
+}

@@ -1,0 +1,210 @@
+//! Per-page side metadata: the state of every 4 KiB page, and the record kept for the first page
+//! of every block. None of it lives inside the pages it describes.
+
+/// What is known of one page. Stored as one byte per page; the byte value of a never-touched
+/// metadata page is 0, which is `Reported`: memory never touched is not resident and reads zero.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageState {
+    /// Free, not resident (given back with `MADV_DONTNEED` or a hole punch, or never touched):
+    /// reads as zero, costs a page fault on first touch.
+    Reported = 0,
+    /// Free, resident, contents unknown.
+    Dirty = 1,
+    /// Free, resident, all zero.
+    Zeroed = 2,
+    /// Free, given back with `MADV_FREE`: the kernel may or may not have taken it, so the contents
+    /// are unknown (the old data or zeros). Treated as `Dirty` by `ZERO` requests and as
+    /// `Reported` by reporting and placement.
+    LazyFree = 3,
+    /// Part of a live allocation.
+    Allocated = 4,
+}
+
+impl PageState {
+    pub const ALL_FREE: [PageState; 4] =
+        [PageState::Dirty, PageState::Zeroed, PageState::Reported, PageState::LazyFree];
+
+    #[inline]
+    pub fn from_byte(b: u8) -> PageState {
+        match b {
+            0 => PageState::Reported,
+            1 => PageState::Dirty,
+            2 => PageState::Zeroed,
+            3 => PageState::LazyFree,
+            _ => PageState::Allocated,
+        }
+    }
+
+    /// Whether a free page in this state is known to read as zero.
+    #[inline]
+    pub fn reads_zero(self) -> bool {
+        matches!(self, PageState::Zeroed | PageState::Reported)
+    }
+
+    /// Whether a free page in this state has been given back to the kernel.
+    #[inline]
+    pub fn is_reported(self) -> bool {
+        matches!(self, PageState::Reported | PageState::LazyFree)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PageState::Reported => "reported",
+            PageState::Dirty => "dirty",
+            PageState::Zeroed => "zeroed",
+            PageState::LazyFree => "lazy-free",
+            PageState::Allocated => "allocated",
+        }
+    }
+}
+
+/// How many pages of a free block are in each free state. `dirty` is derived.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    pub zeroed: u32,
+    pub reported: u32,
+    pub lazy: u32,
+}
+
+impl StateCounts {
+    #[inline]
+    pub fn uniform(state: PageState, pages: u32) -> StateCounts {
+        let mut c = StateCounts::default();
+        c.add(state, pages);
+        c
+    }
+
+    #[inline]
+    pub fn add(&mut self, state: PageState, pages: u32) {
+        match state {
+            PageState::Zeroed => self.zeroed += pages,
+            PageState::Reported => self.reported += pages,
+            PageState::LazyFree => self.lazy += pages,
+            _ => {}
+        }
+    }
+
+    #[inline]
+    pub fn plus(self, o: StateCounts) -> StateCounts {
+        StateCounts {
+            zeroed: self.zeroed + o.zeroed,
+            reported: self.reported + o.reported,
+            lazy: self.lazy + o.lazy,
+        }
+    }
+
+    #[inline]
+    pub fn minus(self, o: StateCounts) -> StateCounts {
+        StateCounts {
+            zeroed: self.zeroed - o.zeroed,
+            reported: self.reported - o.reported,
+            lazy: self.lazy - o.lazy,
+        }
+    }
+
+    #[inline]
+    pub fn dirty(self, pages: u32) -> u32 {
+        pages - self.zeroed - self.reported - self.lazy
+    }
+
+    /// Pages that a `ZERO` request must memset: dirty and lazily freed ones.
+    #[inline]
+    pub fn needs_zeroing(self, pages: u32) -> u32 {
+        self.dirty(pages) + self.lazy
+    }
+
+    /// The single state of every page, when the block is uniform.
+    #[inline]
+    pub fn uniform_state(self, pages: u32) -> Option<PageState> {
+        if self.zeroed == pages {
+            Some(PageState::Zeroed)
+        } else if self.reported == pages {
+            Some(PageState::Reported)
+        } else if self.lazy == pages {
+            Some(PageState::LazyFree)
+        } else if self.dirty(pages) == pages {
+            Some(PageState::Dirty)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    pub fn class(self, pages: u32) -> Class {
+        if self.reported + self.lazy == pages {
+            Class::Reported
+        } else if self.needs_zeroing(pages) == 0 {
+            Class::Zeroed
+        } else {
+            Class::Dirty
+        }
+    }
+}
+
+/// Which free list a free block sits on, derived from its page states. Placement prefers a class
+/// by the request's flags (see `buddy::preference`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// At least one page resident and needing zeroing (dirty or lazily freed) while some are not
+    /// reported: the cheapest memory for a request that does not need zeros.
+    Dirty = 0,
+    /// Every page reads zero and at least one is resident.
+    Zeroed = 1,
+    /// Every page has been given back to the kernel.
+    Reported = 2,
+}
+
+pub const CLASSES: usize = 3;
+
+impl Class {
+    pub const ALL: [Class; CLASSES] = [Class::Dirty, Class::Zeroed, Class::Reported];
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Dirty => "dirty",
+            Class::Zeroed => "zeroed",
+            Class::Reported => "reported",
+        }
+    }
+}
+
+/// What the first page of a block records.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tag {
+    /// Not the first page of a block (or nothing there yet).
+    None = 0,
+    /// First page of a free block on a free list.
+    Free = 1,
+    /// First page of a live allocation.
+    Alloc = 2,
+    /// First page of a free block taken off the lists by a background worker (being reported or
+    /// zeroed): neither allocatable nor mergeable until it is returned.
+    Isolated = 3,
+}
+
+/// Flags of [`BlockMeta::flags`].
+pub const META_FREED_START: u8 = 1; // an allocation that started here was freed (double-free check)
+pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
+pub const META_REPORT_STALE: u8 = 4; // reserved for the reporting worker
+
+pub const NIL: u32 = u32::MAX;
+
+/// Side record of one page; only meaningful on the first page of a block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BlockMeta {
+    pub next: u32,
+    pub prev: u32,
+    pub tag: Tag,
+    pub order: u8,
+    pub flags: u8,
+    pub class: u8,
+    /// Live blocks: pages in the allocation.
+    pub npages: u32,
+    /// Free and isolated blocks: pages per free state.
+    pub counts: StateCounts,
+    /// Free blocks: when the youngest part of the block was freed, in ms since the allocator began.
+    pub freed_at_ms: u32,
+}

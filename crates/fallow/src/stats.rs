@@ -1,0 +1,93 @@
+//! Statistics: a snapshot taken under the allocator lock in time proportional to the number of
+//! arenas (every figure is a counter kept as the lists change, none is computed by a walk).
+
+use crate::arena::ORDERS;
+use crate::os::PAGE_SIZE;
+use crate::page::{Class, CLASSES};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Free blocks on the lists, by class (dirty, zeroed, reported) and order: `/proc/buddyinfo`
+    /// split by state.
+    pub free_blocks: [[u64; ORDERS]; CLASSES],
+    /// Free pages by state.
+    pub free_dirty_pages: u64,
+    pub free_zeroed_pages: u64,
+    pub free_reported_pages: u64,
+    pub free_lazy_pages: u64,
+    /// Free pages taken off the lists by a background worker at this moment.
+    pub isolated_pages: u64,
+    /// Bytes in live blocks (page-rounded).
+    pub bytes_in_use: u64,
+    pub live_blocks: u64,
+    /// Address space reserved, and in how many arenas.
+    pub reserved_bytes: u64,
+    pub arenas: u64,
+    pub alloc_calls: u64,
+    pub free_calls: u64,
+    /// Bytes of `ZERO` requests served without a memset (zeroed or reported pages).
+    pub zero_skipped_bytes: u64,
+    /// Bytes memset on the allocation path for `ZERO` requests.
+    pub zeroed_on_alloc_bytes: u64,
+    /// Bytes handed out that were reported (so faulted back in by the caller or `POPULATE`).
+    pub reused_reported_bytes: u64,
+    /// Bytes `mlock`ed at this moment.
+    pub locked_bytes: u64,
+}
+
+impl Stats {
+    pub fn free_pages(&self) -> u64 {
+        self.free_dirty_pages + self.free_zeroed_pages + self.free_reported_pages + self.free_lazy_pages
+    }
+
+    /// Free bytes that are resident: dirty and zeroed pages (lazily freed pages may or may not be).
+    pub fn resident_free_bytes(&self) -> u64 {
+        (self.free_dirty_pages + self.free_zeroed_pages) * PAGE_SIZE as u64
+    }
+
+    /// A `/proc/buddyinfo`-like table, one line per class.
+    pub fn buddyinfo(&self) -> String {
+        let mut s = String::new();
+        let top = self
+            .free_blocks
+            .iter()
+            .flat_map(|row| row.iter().enumerate().filter(|(_, n)| **n > 0).map(|(o, _)| o))
+            .max()
+            .unwrap_or(0);
+        for class in Class::ALL {
+            s.push_str(&format!("{:>9}", class.name()));
+            for o in 0..=top {
+                s.push_str(&format!(" {:>6}", self.free_blocks[class as usize][o]));
+            }
+            s.push('\n');
+        }
+        s
+    }
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |pages: u64| pages as f64 * PAGE_SIZE as f64 / (1 << 20) as f64;
+        let b = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        writeln!(f, "in use:        {:>10.1} MiB in {} blocks", b(self.bytes_in_use), self.live_blocks)?;
+        writeln!(
+            f,
+            "free:          {:>10.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free, {:.1} MiB isolated",
+            mib(self.free_dirty_pages),
+            mib(self.free_zeroed_pages),
+            mib(self.free_reported_pages),
+            mib(self.free_lazy_pages),
+            mib(self.isolated_pages)
+        )?;
+        writeln!(f, "reserved:      {:>10.1} MiB in {} arenas", b(self.reserved_bytes), self.arenas)?;
+        writeln!(f, "calls:         {} allocs, {} frees", self.alloc_calls, self.free_calls)?;
+        writeln!(
+            f,
+            "zeroing:       {:.1} MiB skipped, {:.1} MiB memset on allocation",
+            b(self.zero_skipped_bytes),
+            b(self.zeroed_on_alloc_bytes)
+        )?;
+        writeln!(f, "reported reuse:{:>10.1} MiB", b(self.reused_reported_bytes))?;
+        write!(f, "free blocks by order:\n{}", self.buddyinfo())
+    }
+}
