@@ -23,11 +23,20 @@ pub struct Config {
     /// Ask for transparent huge pages (`MADV_HUGEPAGE`) on the arenas.
     pub thp: bool,
     pub backing: Backing,
+    /// Free page reporting and background pre-zeroing (changeable at run time with
+    /// `Allocator::set_tunables`).
+    pub tunables: Tunables,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { arena_size: 0, max_order: 18, thp: false, backing: Backing::Anonymous }
+        Config {
+            arena_size: 0,
+            max_order: 18,
+            thp: false,
+            backing: Backing::Anonymous,
+            tunables: Tunables::default(),
+        }
     }
 }
 
@@ -45,6 +54,133 @@ impl Config {
                 message: "must be at least 9 (2 MiB) when thp is on",
             });
         }
+        self.tunables.validate(self)
+    }
+}
+
+/// How reported memory is given back to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportMode {
+    /// `Punch` for `Backing::Memfd`, `DontNeed` otherwise.
+    Auto,
+    /// `MADV_DONTNEED`: freed at once, reads zero afterwards (reported pages count as zeroed).
+    DontNeed,
+    /// `MADV_FREE`: freed when the kernel needs the memory; contents unknown afterwards, so such
+    /// pages are never treated as zeroed. Private anonymous memory only.
+    Free,
+    /// `fallocate(FALLOC_FL_PUNCH_HOLE)` on the memfd: freed at once, reads zero. Memfd only
+    /// (`MADV_DONTNEED` on a shared mapping frees nothing: the file keeps the pages).
+    Punch,
+}
+
+/// Settings of the two background workers (`report.rs`, `zero.rs`). Linux's
+/// `mm/page_reporting.c` choices are the defaults for reporting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tunables {
+    /// Report idle free memory to the kernel.
+    pub report: bool,
+    /// Smallest block reported, as an order (default 9: 2 MiB). At least 9 with THP.
+    pub report_order: u8,
+    /// A block is reported only after it has been free this long (ms, default 2000).
+    pub report_delay_ms: u32,
+    /// Blocks per report batch (one `process_madvise`), 1..=256, default 32.
+    pub report_batch: u32,
+    /// Free bytes that are never reported (a resident floor), default 0.
+    pub resident_free_min: usize,
+    pub report_mode: ReportMode,
+    /// Zero dirty free memory in the background, when a CPU is idle.
+    pub zeroing: bool,
+    /// Smallest dirty free block zeroed in the background, as an order (default 9: 2 MiB).
+    pub zero_order: u8,
+    /// Bytes zeroed per step (a power of two, 4 KiB..=1 GiB, default 2 MiB).
+    pub zero_chunk: usize,
+    /// Zeroed free bytes kept beyond the measured demand (default 32 MiB).
+    pub zeroed_reserve: usize,
+    /// Bytes kept resident and zeroed even past the reporting delay (opt-in, default 0).
+    pub populated_reserve: usize,
+}
+
+impl Default for Tunables {
+    fn default() -> Self {
+        Tunables {
+            report: true,
+            report_order: 9,
+            report_delay_ms: 2000,
+            report_batch: 32,
+            resident_free_min: 0,
+            report_mode: ReportMode::Auto,
+            zeroing: true,
+            zero_order: 9,
+            zero_chunk: 2 << 20,
+            zeroed_reserve: 32 << 20,
+            populated_reserve: 0,
+        }
+    }
+}
+
+/// Largest report batch (the in-flight table is sized for it).
+pub const MAX_REPORT_BATCH: u32 = 256;
+
+impl Tunables {
+    /// Both workers off (nothing runs in the background).
+    pub fn off() -> Tunables {
+        Tunables { report: false, zeroing: false, ..Tunables::default() }
+    }
+
+    /// The report mode in effect for this backing.
+    pub fn effective_mode(&self, backing: Backing) -> ReportMode {
+        match (self.report_mode, backing) {
+            (ReportMode::Auto, Backing::Memfd) => ReportMode::Punch,
+            (ReportMode::Auto, Backing::Anonymous) => ReportMode::DontNeed,
+            (m, _) => m,
+        }
+    }
+
+    pub fn validate(&self, cfg: &Config) -> Result<(), Error> {
+        let bad = |setting, message| Err(Error::Config { setting, message });
+        if self.report_order > cfg.max_order {
+            return bad("report_order", "must be between 0 and max_order");
+        }
+        if cfg.thp && self.report_order < 9 {
+            return bad("report_order", "must be between 9 (2 MiB) and max_order when thp is on");
+        }
+        if self.report_delay_ms > 3_600_000 {
+            return bad("report_delay", "must be between 0 and 3600 s");
+        }
+        if self.report_batch == 0 || self.report_batch > MAX_REPORT_BATCH {
+            return bad("report_batch", "must be between 1 and 256 blocks");
+        }
+        match (self.report_mode, cfg.backing) {
+            (ReportMode::Punch, Backing::Anonymous) => {
+                return bad("report_mode", "punch needs the memfd backing; accepted: auto, dontneed, free")
+            }
+            (ReportMode::DontNeed | ReportMode::Free, Backing::Memfd) => {
+                return bad("report_mode", "dontneed and free do not free memfd pages; accepted: auto, punch")
+            }
+            _ => {}
+        }
+        if self.zero_order > cfg.max_order {
+            return bad("zero_order", "must be between 0 and max_order");
+        }
+        if !self.zero_chunk.is_power_of_two() || self.zero_chunk < 4096 || self.zero_chunk > 1 << 30 {
+            return bad("zero_chunk", "must be a power of two between 4 KiB and 1 GiB");
+        }
+        if self.zero_chunk > 4096 << cfg.max_order {
+            return bad("zero_chunk", "must be a power of two between 4 KiB and the largest block");
+        }
         Ok(())
+    }
+}
+
+impl core::str::FromStr for ReportMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<ReportMode, Error> {
+        match s {
+            "auto" => Ok(ReportMode::Auto),
+            "dontneed" => Ok(ReportMode::DontNeed),
+            "free" => Ok(ReportMode::Free),
+            "punch" => Ok(ReportMode::Punch),
+            _ => Err(Error::Config { setting: "report_mode", message: "accepted: auto, dontneed, free, punch" }),
+        }
     }
 }

@@ -13,17 +13,18 @@
 //! and `owns` is a lock-free range check (the preload library's ownership test).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::arena::{Arena, States};
 use crate::buddy::{preference, Taken};
-use crate::config::Config;
+use crate::config::{Config, Tunables};
 use crate::error::Error;
 use crate::lock::Locked;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
-use crate::stats::Stats;
+use crate::page::{Class, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
+use crate::stats::{ReclaimCounters, Stats};
+use crate::worker::{self, Worker};
 
 pub const MAX_ARENAS: usize = 64;
 
@@ -65,6 +66,10 @@ pub(crate) struct Counters {
     pub in_use_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
+    /// Blocks handed out that held reported (or lazily freed) pages.
+    pub reported_blocks_reused: u64,
+    /// Background-zeroed pages handed to a request that did not ask for zeros (bytes).
+    pub zeroed_wasted_bytes: u64,
 }
 
 /// Everything the lock guards.
@@ -72,7 +77,29 @@ pub(crate) struct Heap {
     pub arenas: [Option<Arena>; MAX_ARENAS],
     pub narenas: usize,
     pub counters: Counters,
+    /// Settings of the background workers (changed by `Allocator::set_tunables`).
+    pub tunables: Tunables,
+    /// What the workers did (report.rs, zero.rs).
+    pub reclaim: ReclaimCounters,
+    /// Blocks isolated by a worker right now (`Tag::Isolated`, on no list): slots
+    /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker. Kept here
+    /// so that a `fork` child, which has no workers, can put them back.
+    pub inflight: [Inflight; INFLIGHT],
 }
+
+/// One isolated block.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Inflight {
+    pub used: bool,
+    pub arena: u16,
+    pub order: u8,
+    pub pfn: u32,
+    pub counts: StateCounts,
+    pub freed_at_ms: u32,
+}
+
+pub(crate) const ZERO_SLOT: usize = crate::config::MAX_REPORT_BATCH as usize;
+pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
 
 /// What code outside the lock may read of an arena.
 struct ArenaView {
@@ -87,12 +114,41 @@ pub(crate) struct Shared {
     published: AtomicUsize,
     pub config: Config,
     epoch_ns: u64,
+    /// The free page reporting worker (report.rs) and the zeroing worker (zero.rs).
+    pub(crate) reporter: Worker,
+    pub(crate) zeroer: Worker,
+    /// `Allocator` handles alive (workers hold the `Arc` but no handle): the last handle to go
+    /// stops and joins the workers.
+    handles: AtomicUsize,
+    /// pidfd of this process for `process_madvise` (-1: not opened; -2: not usable).
+    pub(crate) pidfd: AtomicI32,
+}
+
+impl Shared {
+    /// Milliseconds since the allocator began (the clock of `BlockMeta::freed_at_ms`).
+    pub(crate) fn now_ms(&self) -> u32 {
+        ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
+    }
 }
 
 /// A page allocator. Cloning gives another handle to the same allocator.
-#[derive(Clone)]
 pub struct Allocator {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Clone for Allocator {
+    fn clone(&self) -> Allocator {
+        self.shared.handles.fetch_add(1, Ordering::Relaxed);
+        Allocator { shared: self.shared.clone() }
+    }
+}
+
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        if self.shared.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.stop_workers();
+        }
+    }
 }
 
 /// A live block as `alloc` placed it: where, how long, and the states its pages had.
@@ -132,6 +188,11 @@ impl Heap {
             let memset = t.counts.needs_zeroing(t.npages) as u64;
             c.zeroed_on_alloc_bytes += memset << PAGE_SHIFT;
             c.zero_skipped_bytes += (t.npages as u64 - memset) << PAGE_SHIFT;
+        } else {
+            c.zeroed_wasted_bytes += (t.counts.zeroed as u64) << PAGE_SHIFT;
+        }
+        if t.counts.reported + t.counts.lazy > 0 {
+            c.reported_blocks_reused += 1;
         }
     }
 
@@ -175,7 +236,14 @@ impl Allocator {
         config.validate()?;
         const EMPTY: Option<Arena> = None;
         let shared = Shared {
-            heap: Locked::new(Heap { arenas: [EMPTY; MAX_ARENAS], narenas: 0, counters: Counters::default() }),
+            heap: Locked::new(Heap {
+                arenas: [EMPTY; MAX_ARENAS],
+                narenas: 0,
+                counters: Counters::default(),
+                tunables: config.tunables,
+                reclaim: ReclaimCounters::default(),
+                inflight: [Inflight::default(); INFLIGHT],
+            }),
             views: core::array::from_fn(|_| ArenaView {
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
@@ -184,9 +252,14 @@ impl Allocator {
             published: AtomicUsize::new(0),
             config,
             epoch_ns: os::now_ns(),
+            reporter: Worker::new(b"fallow-report"),
+            zeroer: Worker::new(b"fallow-zero"),
+            handles: AtomicUsize::new(1),
+            pidfd: AtomicI32::new(-1),
         };
         let alloc = Allocator { shared: Arc::new(shared) };
         alloc.grow(0)?;
+        alloc.start_workers();
         Ok(alloc)
     }
 
@@ -201,7 +274,7 @@ impl Allocator {
 
     /// Milliseconds since the allocator began (the clock of `BlockMeta::freed_at_ms`).
     pub(crate) fn now_ms(&self) -> u32 {
-        ((os::now_ns() - self.shared.epoch_ns) / 1_000_000) as u32
+        self.shared.now_ms()
     }
 
     /// Pages and order for a request, or the reason it can never be served.
@@ -310,6 +383,22 @@ impl Allocator {
         c.free_calls += 1;
         c.in_use_pages -= npages as u64;
         c.live_blocks -= 1;
+        // Wake a worker only when it sleeps idle and this free made work for it.
+        let s = &*self.shared;
+        let report_word = s.reporter.word.load(Ordering::Relaxed);
+        let zero_word = s.zeroer.word.load(Ordering::Relaxed);
+        if report_word == worker::RUNNING && zero_word == worker::RUNNING {
+            return Ok(());
+        }
+        let wake_report = asleep(&s.reporter, report_word) && h.tunables.report && h.has_unreported(h.tunables.report_order);
+        let wake_zero = asleep(&s.zeroer, zero_word) && h.tunables.zeroing && h.has_dirty(h.tunables.zero_order);
+        drop(h);
+        if wake_report {
+            self.wake(&s.reporter);
+        }
+        if wake_zero {
+            self.wake(&s.zeroer);
+        }
         Ok(())
     }
 
@@ -403,6 +492,9 @@ impl Allocator {
         s.zeroed_on_alloc_bytes = c.zeroed_on_alloc_bytes;
         s.reused_reported_bytes = c.reused_reported_bytes;
         s.locked_bytes = c.locked_bytes;
+        s.reported_blocks_reused = c.reported_blocks_reused;
+        s.zeroing_wasted_bytes = c.zeroed_wasted_bytes + h.reclaim.zeroed_then_reported_bytes;
+        h.reclaim.fill(&mut s);
         s
     }
 
@@ -453,8 +545,25 @@ impl Allocator {
         unsafe { self.shared.heap.raw().unlock() }
     }
 
+    /// In the child: the lock is free again, the workers do not exist here. Blocks they had
+    /// isolated go back on the lists in the states they had before (a conservative choice: a
+    /// reported or zeroed page recorded as dirty costs a memset at worst). The workers restart
+    /// when a free next makes work for them, or at `start_workers`.
     pub fn after_fork_child(&self) {
         unsafe { self.shared.heap.raw().reset_after_fork() }
+        let s = &*self.shared;
+        s.reporter.forget_after_fork();
+        s.zeroer.forget_after_fork();
+        let fd = s.pidfd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            os::close(fd);
+        }
+        let mut h = s.heap.lock();
+        for slot in 0..INFLIGHT {
+            if h.inflight[slot].used {
+                h.unisolate(slot, |st| st);
+            }
+        }
     }
 
     /// Check every invariant of the free lists and counters (for tests; walks everything).
@@ -468,6 +577,15 @@ impl Allocator {
             listed_pages += a.check_lists().map_err(|e| format!("arena {ai}: {e}"))?;
         }
         let c = &h.counters;
+        let inflight: u64 = h.inflight.iter().filter(|r| r.used).map(|r| 1u64 << r.order).sum();
+        if inflight != c.isolated_pages {
+            return Err(format!("{inflight} pages in flight but isolated_pages = {}", c.isolated_pages));
+        }
+        for r in h.inflight.iter().filter(|r| r.used) {
+            if h.arena(r.arena as usize).meta(r.pfn).tag != Tag::Isolated {
+                return Err(format!("in-flight block {} is not tagged isolated", r.pfn));
+            }
+        }
         if listed_pages + c.in_use_pages + c.isolated_pages != total {
             return Err(format!(
                 "pages do not add up: {listed_pages} listed + {} in use + {} isolated != {total}",
@@ -493,3 +611,213 @@ impl Allocator {
     }
 }
 
+
+// ---- Background workers: isolation, tunables, start/stop (see report.rs, zero.rs, worker.rs) ----
+
+/// Whether a worker whose word reads `word` is asleep with nothing to do (or absent in a `fork`
+/// child and due for a restart), so that a free that creates work must wake it.
+#[inline]
+fn asleep(w: &Worker, word: u32) -> bool {
+    word == worker::IDLE || (word == worker::ABSENT && w.restart_wanted.load(Ordering::Relaxed))
+}
+
+impl Heap {
+    pub(crate) fn arena(&self, ai: usize) -> &Arena {
+        self.arenas[ai].as_ref().unwrap()
+    }
+
+    /// Whether some listed block of order >= `order` has pages not yet reported.
+    pub(crate) fn has_unreported(&self, order: u8) -> bool {
+        let mask = !0u64 << order;
+        (0..self.narenas).any(|i| {
+            let a = self.arena(i);
+            (a.nonempty[Class::Dirty as usize] | a.nonempty[Class::Zeroed as usize]) & mask != 0
+        })
+    }
+
+    /// Whether some listed block of order >= `order` has pages that need zeroing.
+    pub(crate) fn has_dirty(&self, order: u8) -> bool {
+        let mask = !0u64 << order;
+        (0..self.narenas).any(|i| self.arena(i).nonempty[Class::Dirty as usize] & mask != 0)
+    }
+
+    /// Free pages that are resident (dirty, zeroed; lazily freed ones are not counted), and of
+    /// them the zeroed ones.
+    pub(crate) fn resident_free_pages(&self) -> (u64, u64) {
+        let (mut resident, mut zeroed) = (0u64, 0u64);
+        for i in 0..self.narenas {
+            let l = &self.arena(i).listed;
+            resident += l.pages - (l.counts.reported + l.counts.lazy) as u64;
+            zeroed += l.counts.zeroed as u64;
+        }
+        (resident, zeroed)
+    }
+
+    /// Take the listed free block at `pfn` of arena `ai` off its list and record it in `slot`.
+    pub(crate) fn isolate(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
+        let a = self.arenas[ai].as_mut().unwrap();
+        let m = *a.meta(pfn);
+        debug_assert_eq!(m.tag, Tag::Free);
+        a.unlink(pfn);
+        a.meta_mut(pfn).tag = Tag::Isolated;
+        let rec = Inflight {
+            used: true,
+            arena: ai as u16,
+            order: m.order,
+            pfn,
+            counts: m.counts,
+            freed_at_ms: m.freed_at_ms,
+        };
+        self.finish_isolate(slot, rec)
+    }
+
+    /// Take a piece of order `order` out of the listed free block at `pfn` (of a larger or equal
+    /// order), choosing at each split the half that still has pages needing zeroing, and listing
+    /// the other halves again. Records the piece in `slot`.
+    pub(crate) fn isolate_dirty_piece(&mut self, slot: usize, ai: usize, pfn: u32, order: u8) -> Inflight {
+        let a = self.arenas[ai].as_mut().unwrap();
+        let m = *a.meta(pfn);
+        a.unlink(pfn);
+        let (mut p, mut cur, mut counts) = (pfn, m.order, m.counts);
+        while cur > order {
+            cur -= 1;
+            let half = 1u32 << cur;
+            let low = match counts.uniform_state(half * 2) {
+                Some(s) => StateCounts::uniform(s, half),
+                None => a.count_states(p, half),
+            };
+            let high = counts.minus(low);
+            if low.needs_zeroing(half) > 0 {
+                a.push_free(p + half, cur, high, m.freed_at_ms);
+                counts = low;
+            } else {
+                a.push_free(p, cur, low, m.freed_at_ms);
+                p += half;
+                counts = high;
+            }
+        }
+        let mm = a.meta_mut(p);
+        mm.tag = Tag::Isolated;
+        mm.order = cur;
+        let rec = Inflight { used: true, arena: ai as u16, order: cur, pfn: p, counts, freed_at_ms: m.freed_at_ms };
+        self.finish_isolate(slot, rec)
+    }
+
+    fn finish_isolate(&mut self, slot: usize, rec: Inflight) -> Inflight {
+        debug_assert!(!self.inflight[slot].used);
+        self.inflight[slot] = rec;
+        self.counters.isolated_pages += 1u64 << rec.order;
+        rec
+    }
+
+    /// Return the block in `slot` to the free lists, each page's state rewritten by `new_state`
+    /// (applied to maximal runs of equal state), merging with free buddies as usual. Returns the
+    /// counts the pages had while isolated.
+    pub(crate) fn unisolate(&mut self, slot: usize, new_state: impl Fn(PageState) -> PageState) -> StateCounts {
+        let rec = self.inflight[slot];
+        debug_assert!(rec.used);
+        self.inflight[slot].used = false;
+        let a = self.arenas[rec.arena as usize].as_mut().unwrap();
+        let n = 1u32 << rec.order;
+        let mut runs: [(u32, u32, PageState); 32] = [(0, 0, PageState::Dirty); 32];
+        let mut nruns = 0;
+        let mut rewrote_all = true;
+        a.for_each_run(rec.pfn, n, |start, len, s| {
+            let t = new_state(s);
+            if t != s {
+                if nruns < runs.len() {
+                    runs[nruns] = (start, len, t);
+                    nruns += 1;
+                } else {
+                    rewrote_all = false;
+                }
+            }
+        });
+        for &(start, len, t) in &runs[..nruns] {
+            a.set_states(start, len, t);
+        }
+        if !rewrote_all {
+            // Many runs: one page at a time.
+            for p in rec.pfn..rec.pfn + n {
+                let s = a.state(p);
+                a.states().set(p, new_state(s));
+            }
+        }
+        let counts = a.count_states(rec.pfn, n);
+        a.meta_mut(rec.pfn).tag = Tag::None;
+        a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
+        self.counters.isolated_pages -= n as u64;
+        rec.counts
+    }
+}
+
+impl Allocator {
+    /// The current settings of the background workers.
+    pub fn tunables(&self) -> Tunables {
+        self.shared.heap.lock().tunables
+    }
+
+    /// Change the settings of the background workers at run time (validated: a bad value is an
+    /// error naming the setting and its accepted range, and changes nothing). Starts a worker
+    /// that is switched on; one switched off finishes its batch and sleeps.
+    pub fn set_tunables(&self, t: Tunables) -> Result<(), Error> {
+        t.validate(&self.shared.config)?;
+        self.shared.heap.lock().tunables = t;
+        self.shared.reporter.kick();
+        self.shared.zeroer.kick();
+        self.start_workers();
+        Ok(())
+    }
+
+    /// Start the workers that are switched on and not running (also after `fork`, in the child).
+    pub fn start_workers(&self) {
+        let t = self.tunables();
+        if t.report {
+            self.start(&self.shared.reporter);
+        }
+        if t.zeroing {
+            self.start(&self.shared.zeroer);
+        }
+    }
+
+    fn start(&self, w: &Worker) {
+        if w.running() || !w.claim_start() {
+            return;
+        }
+        let entry: worker::Entry = if core::ptr::eq(w, &self.shared.reporter) {
+            crate::report::thread_main
+        } else {
+            crate::zero::thread_main
+        };
+        let arg = Arc::into_raw(self.shared.clone()) as *mut libc::c_void;
+        if w.start(entry, arg).is_err() {
+            // No thread: nothing runs in the background, the allocator works as without workers.
+            drop(unsafe { Arc::from_raw(arg as *const Shared) });
+            w.release_claim();
+        } else {
+            w.restart_wanted.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn wake(&self, w: &Worker) {
+        if w.word.load(Ordering::Relaxed) == worker::ABSENT {
+            self.start(w);
+        } else {
+            w.wake_idle();
+        }
+    }
+
+    fn stop_workers(&self) {
+        self.shared.reporter.stop_and_join();
+        self.shared.zeroer.stop_and_join();
+        let fd = self.shared.pidfd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            os::close(fd);
+        }
+    }
+
+    /// Whether the background workers are running in this process: `(reporter, zeroer)`.
+    pub fn workers_running(&self) -> (bool, bool) {
+        (self.shared.reporter.running(), self.shared.zeroer.running())
+    }
+}

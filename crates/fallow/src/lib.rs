@@ -8,6 +8,8 @@
 //! - `arena`: a reservation and its side metadata;
 //! - `buddy`: free lists, split and merge over one arena;
 //! - `heap`: the allocator itself (flags, free with validation, growth, statistics);
+//! - `worker`: background-thread plumbing; `report`: free page reporting; `zero`: background
+//!   pre-zeroing; `nt`: zeroing with non-temporal stores;
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -24,11 +26,15 @@ pub mod config;
 pub mod error;
 pub mod heap;
 pub mod lock;
+pub mod nt;
 pub mod os;
 pub mod page;
+pub(crate) mod report;
 pub mod stats;
+pub(crate) mod worker;
+pub(crate) mod zero;
 
-pub use config::{Backing, Config};
+pub use config::{Backing, Config, ReportMode, Tunables};
 pub use error::Error;
 pub use heap::{Allocator, Flags};
 pub use page::PageState;

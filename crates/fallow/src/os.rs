@@ -185,3 +185,99 @@ pub fn write_stderr(msg: &[u8]) {
         off += r as usize;
     }
 }
+
+// ---- Background workers (worker.rs, report.rs, zero.rs) ----
+
+/// Sleep while `*word == expected`, at most `timeout_ns` (`None`: until woken).
+pub fn futex_wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const core::sync::atomic::AtomicU32,
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tsp,
+        );
+    }
+}
+
+/// Wake every thread sleeping on `word`.
+pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const core::sync::atomic::AtomicU32,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
+/// Put the calling thread under `SCHED_IDLE`; where that is refused, at nice 19. Returns whether
+/// `SCHED_IDLE` took.
+pub fn set_idle_priority() -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+        return true;
+    }
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
+    false
+}
+
+/// A pidfd for this process (for `process_madvise`).
+pub fn pidfd_self() -> OsResult<i32> {
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as i32)
+    }
+}
+
+/// `process_madvise(pidfd, iov, advice)`: bytes advised, or the errno.
+pub fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult<usize> {
+    let r = unsafe {
+        libc::syscall(libc::SYS_process_madvise, pidfd, iov.as_ptr(), iov.len(), advice, 0u32)
+    };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Free the pages of `[off, off + len)` of a file, keeping its size (reads zero afterwards).
+pub fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    let r = unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// CPU time (user + system) of the whole process, in ns.
+pub fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CPU time of the calling thread, in ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Map one scratch page (private anonymous, committed on touch); `unmap` it after.
+pub fn scratch(len: usize) -> OsResult<usize> {
+    reserve_aligned(len, PAGE_SIZE, None)
+}

@@ -33,6 +33,60 @@ pub struct Stats {
     pub reused_reported_bytes: u64,
     /// Bytes `mlock`ed at this moment.
     pub locked_bytes: u64,
+    // ---- Free page reporting (report.rs) ----
+    /// Bytes given back to the kernel (pages that were resident when reported).
+    pub reported_bytes: u64,
+    /// System calls made to report (`process_madvise`, `madvise`, `fallocate`).
+    pub report_calls: u64,
+    /// Batches reported (one pass of the reporter each).
+    pub report_batches: u64,
+    /// Blocks handed out that held reported pages.
+    pub reported_blocks_reused: u64,
+    /// Nanoseconds spent in the reporting system calls.
+    pub report_ns: u64,
+    /// Blocks whose report the kernel refused (put back unchanged).
+    pub report_failures: u64,
+    // ---- Background zeroing (zero.rs) ----
+    /// Bytes zeroed by the zeroing worker.
+    pub zeroed_background_bytes: u64,
+    /// Nanoseconds the zeroing worker spent zeroing.
+    pub zeroing_ns: u64,
+    /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
+    pub populated_bytes: u64,
+    /// Background-zeroed bytes that were never used as zeros: reported afterwards, or handed to a
+    /// request that did not ask for zeros.
+    pub zeroing_wasted_bytes: u64,
+    /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
+    pub zero_demand_bytes: u64,
+}
+
+/// Counters of the workers, kept under the allocator lock (part of `Heap`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReclaimCounters {
+    pub reported_bytes: u64,
+    pub report_calls: u64,
+    pub report_batches: u64,
+    pub report_ns: u64,
+    pub report_failures: u64,
+    pub zeroed_then_reported_bytes: u64,
+    pub zeroed_background_bytes: u64,
+    pub zeroing_ns: u64,
+    pub populated_bytes: u64,
+    pub zero_demand_bytes: u64,
+}
+
+impl ReclaimCounters {
+    pub fn fill(&self, s: &mut Stats) {
+        s.reported_bytes = self.reported_bytes;
+        s.report_calls = self.report_calls;
+        s.report_batches = self.report_batches;
+        s.report_ns = self.report_ns;
+        s.report_failures = self.report_failures;
+        s.zeroed_background_bytes = self.zeroed_background_bytes;
+        s.zeroing_ns = self.zeroing_ns;
+        s.populated_bytes = self.populated_bytes;
+        s.zero_demand_bytes = self.zero_demand_bytes;
+    }
 }
 
 impl Stats {
@@ -88,6 +142,24 @@ impl std::fmt::Display for Stats {
             b(self.zeroed_on_alloc_bytes)
         )?;
         writeln!(f, "reported reuse:{:>10.1} MiB", b(self.reused_reported_bytes))?;
+        writeln!(
+            f,
+            "reporting:     {:.1} MiB in {} batches, {} calls, {:.1} ms in syscalls, {} blocks reused",
+            b(self.reported_bytes),
+            self.report_batches,
+            self.report_calls,
+            self.report_ns as f64 / 1e6,
+            self.reported_blocks_reused
+        )?;
+        writeln!(
+            f,
+            "bg zeroing:    {:.1} MiB zeroed in {:.1} ms, {:.1} MiB populated, {:.1} MiB wasted, demand {:.1} MiB",
+            b(self.zeroed_background_bytes),
+            self.zeroing_ns as f64 / 1e6,
+            b(self.populated_bytes),
+            b(self.zeroing_wasted_bytes),
+            b(self.zero_demand_bytes)
+        )?;
         write!(f, "free blocks by order:\n{}", self.buddyinfo())
     }
 }

@@ -1,0 +1,115 @@
+//! Zeroing memory without evicting the caller's cache: non-temporal stores (`movntdq` through
+//! `_mm_stream_si128`, then one `sfence`) on x86-64 for large ranges, plain `write_bytes`
+//! (`rep stosb` / vector stores through the cache) for small ones and on other targets.
+//!
+//! Which is faster depends on the size and the machine, so `calibrate` times both once per
+//! process for sizes from 16 KiB to 8 MiB and keeps the smallest size from which the streaming
+//! stores win (`THRESHOLD`); until then, 256 KiB.
+//!
+//! Ordering: streaming stores are weakly ordered; `zero` ends with `sfence`, so that the zeros are
+//! visible to any thread that later acquires the allocator lock (which the zeroing worker takes
+//! before it marks the pages `Zeroed`).
+
+use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crate::os;
+
+static THRESHOLD: AtomicUsize = AtomicUsize::new(256 << 10);
+static CALIBRATED: AtomicBool = AtomicBool::new(false);
+
+/// Smallest length zeroed with streaming stores (`usize::MAX`: never).
+pub fn threshold() -> usize {
+    THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Zero `[addr, addr + len)` with the faster method for this length.
+///
+/// # Safety
+/// The range is writable memory that nobody else accesses meanwhile.
+pub unsafe fn zero(addr: usize, len: usize) {
+    if len >= threshold() {
+        zero_streaming(addr, len)
+    } else {
+        zero_cached(addr, len)
+    }
+}
+
+/// # Safety
+/// As `zero`.
+pub unsafe fn zero_cached(addr: usize, len: usize) {
+    core::ptr::write_bytes(addr as *mut u8, 0, len);
+}
+
+/// # Safety
+/// As `zero`.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn zero_streaming(addr: usize, len: usize) {
+    use core::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
+    let start = (addr + 15) & !15;
+    let end = (addr + len) & !15;
+    if start >= end {
+        return zero_cached(addr, len);
+    }
+    zero_cached(addr, start - addr);
+    let z = _mm_setzero_si128();
+    let mut p = start;
+    while p + 64 <= end {
+        _mm_stream_si128(p as *mut __m128i, z);
+        _mm_stream_si128((p + 16) as *mut __m128i, z);
+        _mm_stream_si128((p + 32) as *mut __m128i, z);
+        _mm_stream_si128((p + 48) as *mut __m128i, z);
+        p += 64;
+    }
+    while p < end {
+        _mm_stream_si128(p as *mut __m128i, z);
+        p += 16;
+    }
+    _mm_sfence();
+    zero_cached(end, addr + len - end);
+}
+
+/// # Safety
+/// As `zero`.
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn zero_streaming(addr: usize, len: usize) {
+    zero_cached(addr, len)
+}
+
+/// Time both methods once per process and set `THRESHOLD`. Runs on the zeroing worker (idle
+/// priority); costs a few tens of milliseconds of CPU and 8 MiB of scratch memory, given back.
+pub fn calibrate() {
+    if CALIBRATED.swap(true, Ordering::AcqRel) || !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    const BUF: usize = 8 << 20;
+    let Ok(buf) = os::scratch(BUF) else { return };
+    unsafe { zero_cached(buf, BUF) }; // fault it in
+    let time = |f: unsafe fn(usize, usize), size: usize| {
+        let reps = (BUF / size).max(1);
+        let mut best = u64::MAX;
+        for _ in 0..3 {
+            let t0 = os::now_ns();
+            for i in 0..reps {
+                unsafe { f(buf + (i * size) % BUF, size) };
+            }
+            best = best.min(os::now_ns() - t0);
+        }
+        best
+    };
+    let mut chosen = usize::MAX;
+    let mut size = 16 << 10;
+    while size <= BUF {
+        let cached = time(zero_cached, size);
+        let streaming = time(zero_streaming, size);
+        if streaming <= cached {
+            if chosen == usize::MAX {
+                chosen = size;
+            }
+        } else {
+            chosen = usize::MAX; // streaming must win from here up
+        }
+        size *= 4;
+    }
+    THRESHOLD.store(chosen, Ordering::Relaxed);
+    os::unmap(buf, BUF);
+}

@@ -1,0 +1,314 @@
+//! Free page reporting: one background thread per allocator gives free memory that has stayed
+//! idle back to the kernel, in batches (seed 001, page hinting, and its mainline successor
+//! `mm/page_reporting.c`; for a process the "host" is the kernel and the report is `madvise`).
+//!
+//! State machine of the reporter (`run`):
+//!
+//! ```text
+//!            free of a block >= report_order while IDLE (futex wake)
+//!   IDLE ---------------------------------------------------------> SCAN
+//!    ^                                                               |
+//!    | nothing unreported >= report_order                            | under the lock: walk the
+//!    | (or only blocks the floors protect)                           | lists, report_order up,
+//!    +----------------------------- SCAN <-------------------+       | oldest first (tails)
+//!                                    |  \  only young blocks  |       |
+//!                                    |   +--> WAIT (nap until  |       |
+//!                                    |        the oldest is    |       |
+//!                                    |        report_delay old)+       |
+//!                                    v                                 |
+//!   isolate <= report_batch blocks (Tag::Isolated, off every list), unlock,
+//!   REPORT them (one process_madvise, or one madvise / fallocate per block), relock,
+//!   RETURN them as Reported (or LazyFree for MADV_FREE), merging as usual -> SCAN
+//!   (after PASS_BUDGET batches in a row, a short nap so one pass never hogs the lock)
+//! ```
+//!
+//! Invariants:
+//! - A block is reported only when it has been free for at least `report_delay` (`freed_at_ms`
+//!   is the age clock; a merge takes the younger age), and only if its order is >=
+//!   `report_order`: memory freed and reused within the delay stays resident.
+//! - The lock is never held across a system call. While a block is isolated it is on no list
+//!   and tagged `Isolated`: no allocation can take it, no free can merge with it, and an
+//!   allocation that finds other memory free never waits for the report.
+//! - Reported blocks go to the `Reported` lists, the last class any request looks at.
+//! - Page states after the report: `MADV_DONTNEED` (if the start-up check found that it really
+//!   zeroes) and hole punching give `Reported` (reads zero); `MADV_FREE`, or `MADV_DONTNEED`
+//!   that failed the check, give `LazyFree` (never treated as zeroed). Pages already `Reported`
+//!   stay so. A block the kernel refused goes back unchanged.
+//! - `resident_free_min` resident free bytes and `populated_reserve` zeroed free bytes are never
+//!   reported.
+//! - With THP arenas `report_order >= 9` (validated): only whole, aligned 2 MiB blocks are
+//!   reported, so reporting never splits a huge page.
+
+use core::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crate::config::ReportMode;
+use crate::heap::{Inflight, Shared};
+use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::page::{Class, PageState, NIL};
+
+/// Batches in a row before the reporter pauses (`BUDGET_PAUSE_NS`).
+const PASS_BUDGET: u32 = 16;
+const BUDGET_PAUSE_NS: u64 = 2_000_000;
+/// Blocks examined per (class, order) list per batch: bounds the time under the lock.
+const SCAN_LIMIT: u32 = 1024;
+
+/// 0: not checked yet; 1: `MADV_DONTNEED` zeroes private anonymous memory; 2: it does not.
+static DONTNEED_ZEROES: AtomicU8 = AtomicU8::new(0);
+
+/// Whether `MADV_DONTNEED` really makes private anonymous memory read zero here (some emulators
+/// get it wrong). Checked once per process on a scratch page.
+pub fn dontneed_zeroes() -> bool {
+    match DONTNEED_ZEROES.load(Ordering::Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let ok = match os::scratch(PAGE_SIZE) {
+        Err(_) => false,
+        Ok(p) => {
+            let offsets = [0usize, 1, 777, PAGE_SIZE - 1];
+            for &o in &offsets {
+                unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
+            }
+            let advised = os::madvise(p, PAGE_SIZE, libc::MADV_DONTNEED).is_ok();
+            let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
+            os::unmap(p, PAGE_SIZE);
+            advised && zero
+        }
+    };
+    DONTNEED_ZEROES.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
+    ok
+}
+
+pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    let shared = unsafe { Arc::from_raw(arg as *const Shared) };
+    shared.reporter.on_thread_start();
+    dontneed_zeroes();
+    run(&shared);
+    core::ptr::null_mut()
+}
+
+enum Next {
+    /// Report another batch at once.
+    Again,
+    /// Young blocks only: sleep this many ns, until the oldest is old enough.
+    Wait(u64),
+    /// Nothing to report: sleep until a free makes work (the free count seen is given, so that
+    /// a free between the scan and the sleep is not missed).
+    Idle(u64),
+}
+
+fn run(s: &Shared) {
+    let mut budget = PASS_BUDGET;
+    while !s.reporter.stopping() {
+        match report_one_batch(s) {
+            Next::Again => {
+                budget -= 1;
+                if budget == 0 {
+                    budget = PASS_BUDGET;
+                    s.reporter.nap(BUDGET_PAUSE_NS);
+                }
+            }
+            Next::Wait(ns) => {
+                budget = PASS_BUDGET;
+                s.reporter.nap(ns);
+            }
+            Next::Idle(seen_frees) => {
+                budget = PASS_BUDGET;
+                s.reporter.idle(|| s.heap.lock().counters.free_calls != seen_frees);
+            }
+        }
+    }
+}
+
+/// A block of the batch, as the system call needs it.
+#[derive(Clone, Copy, Default)]
+struct Target {
+    addr: usize,
+    len: usize,
+    fd: i32,
+    offset: usize,
+}
+
+/// One SCAN -> REPORT -> RETURN round.
+fn report_one_batch(s: &Shared) -> Next {
+    let now = s.now_ms();
+    let mut h = s.heap.lock();
+    let t = h.tunables;
+    let seen_frees = h.counters.free_calls;
+    if !t.report {
+        return Next::Idle(seen_frees);
+    }
+    let mode = t.effective_mode(s.config.backing);
+    let (mut resident, mut zeroed) = h.resident_free_pages();
+    let floor = (t.resident_free_min >> PAGE_SHIFT) as u64;
+    let keep_zeroed = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    let batch = t.report_batch as usize;
+    let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
+    let mut n = 0usize;
+    let mut wait_ms = u32::MAX;
+    'scan: for ai in 0..h.narenas {
+        let max_order = h.arena(ai).max_order;
+        for order in t.report_order..=max_order {
+            let size = 1u64 << order;
+            for class in [Class::Dirty, Class::Zeroed] {
+                let mut p = h.arena(ai).tails[class as usize][order as usize];
+                let mut scanned = 0;
+                while p != NIL && scanned < SCAN_LIMIT {
+                    scanned += 1;
+                    let a = h.arena(ai);
+                    let m = *a.meta(p);
+                    let prev = m.prev;
+                    let age = now.saturating_sub(m.freed_at_ms);
+                    if age < t.report_delay_ms {
+                        wait_ms = wait_ms.min(t.report_delay_ms - age);
+                        p = prev;
+                        continue;
+                    }
+                    let res = size - (m.counts.reported + m.counts.lazy) as u64;
+                    let z = m.counts.zeroed as u64;
+                    if resident < floor + res || zeroed < keep_zeroed + z {
+                        p = prev;
+                        continue;
+                    }
+                    let addr = a.addr(p);
+                    let target = Target {
+                        addr,
+                        len: (size as usize) << PAGE_SHIFT,
+                        fd: a.fd,
+                        offset: addr - a.base,
+                    };
+                    resident -= res;
+                    zeroed -= z;
+                    h.isolate(n, ai, p);
+                    targets[n] = target;
+                    n += 1;
+                    if n == batch {
+                        break 'scan;
+                    }
+                    p = prev;
+                }
+            }
+        }
+    }
+    if n == 0 {
+        drop(h);
+        return if wait_ms != u32::MAX { Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000) } else { Next::Idle(seen_frees) };
+    }
+    drop(h);
+
+    // REPORT, without the lock.
+    let mut ok = [false; crate::config::MAX_REPORT_BATCH as usize];
+    let t0 = os::now_ns();
+    let calls = match mode {
+        ReportMode::Punch => punch(&targets[..n], &mut ok[..n]),
+        ReportMode::Free => advise(s, &targets[..n], libc::MADV_FREE, &mut ok[..n]),
+        _ => advise(s, &targets[..n], libc::MADV_DONTNEED, &mut ok[..n]),
+    };
+    let ns = os::now_ns() - t0;
+    let reads_zero = match mode {
+        ReportMode::Punch => true,
+        ReportMode::Free => false,
+        _ => dontneed_zeroes(),
+    };
+
+    // RETURN, under the lock.
+    let mut h = s.heap.lock();
+    let mut bytes = 0u64;
+    let mut zeroed_lost = 0u64;
+    let mut failures = 0u64;
+    for (i, &done) in ok[..n].iter().enumerate() {
+        if !done {
+            h.unisolate(i, |st| st);
+            failures += 1;
+            continue;
+        }
+        let before: Inflight = h.inflight[i];
+        h.unisolate(i, |st| match st {
+            PageState::Reported => PageState::Reported,
+            _ if reads_zero => PageState::Reported,
+            _ => PageState::LazyFree,
+        });
+        let pages = 1u64 << before.order;
+        bytes += (pages - (before.counts.reported + before.counts.lazy) as u64) << PAGE_SHIFT;
+        zeroed_lost += (before.counts.zeroed as u64) << PAGE_SHIFT;
+    }
+    let r = &mut h.reclaim;
+    r.reported_bytes += bytes;
+    r.zeroed_then_reported_bytes += zeroed_lost;
+    r.report_calls += calls;
+    r.report_batches += 1;
+    r.report_ns += ns;
+    r.report_failures += failures;
+    Next::Again
+}
+
+/// The pidfd of this process for `process_madvise`, or -1 when it cannot be used.
+fn pidfd(s: &Shared) -> i32 {
+    let fd = s.pidfd.load(Ordering::Relaxed);
+    if fd != -1 {
+        return fd.max(-1);
+    }
+    match os::pidfd_self() {
+        Ok(fd) => {
+            if s.pidfd.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                os::close(fd);
+            }
+            s.pidfd.load(Ordering::Relaxed).max(-1)
+        }
+        Err(_) => {
+            s.pidfd.store(-2, Ordering::Relaxed);
+            -1
+        }
+    }
+}
+
+/// `madvise` the batch: one `process_madvise` on this process where the kernel accepts the
+/// advice (Linux 6.13 and later accept every advice on oneself), else one `madvise` per block.
+/// Returns the system calls made; `ok[i]` says whether block `i` was advised.
+fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
+    let mut calls = 0;
+    let fd = if targets.len() > 1 { pidfd(s) } else { -1 };
+    if fd >= 0 {
+        let mut iov = [libc::iovec { iov_base: core::ptr::null_mut(), iov_len: 0 }; crate::config::MAX_REPORT_BATCH as usize];
+        for (v, t) in iov.iter_mut().zip(targets) {
+            *v = libc::iovec { iov_base: t.addr as *mut libc::c_void, iov_len: t.len };
+        }
+        calls += 1;
+        match os::process_madvise(fd, &iov[..targets.len()], advice) {
+            Ok(mut done) => {
+                for (i, t) in targets.iter().enumerate() {
+                    if done >= t.len {
+                        ok[i] = true;
+                        done -= t.len;
+                    } else {
+                        break;
+                    }
+                }
+            }
+            Err(e) if e == libc::EINVAL || e == libc::ENOSYS || e == libc::EPERM || e == libc::EBADF => {
+                // This kernel does not take this advice through process_madvise: stop trying.
+                if s.pidfd.compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    os::close(fd);
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    for (i, t) in targets.iter().enumerate() {
+        if !ok[i] {
+            calls += 1;
+            ok[i] = os::madvise(t.addr, t.len, advice).is_ok();
+        }
+    }
+    calls
+}
+
+/// Punch the batch's holes in the memfd, one `fallocate` per block.
+fn punch(targets: &[Target], ok: &mut [bool]) -> u64 {
+    for (i, t) in targets.iter().enumerate() {
+        ok[i] = t.fd >= 0 && os::punch_hole(t.fd, t.offset, t.len).is_ok();
+    }
+    targets.len() as u64
+}

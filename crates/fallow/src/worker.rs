@@ -1,0 +1,171 @@
+//! Background-thread plumbing shared by the reporting worker (`report.rs`) and the zeroing worker
+//! (`zero.rs`): start a thread under `SCHED_IDLE` (nice 19 where that is refused), let it sleep
+//! and be woken without a heap allocation, stop it, and restart it in a `fork` child.
+//!
+//! Design. Each worker has one futex word, `Worker::word`, in one of these states:
+//!
+//! ```text
+//!   ABSENT --start--> RUNNING --nap(t)--> NAPPING --timeout/kick--> RUNNING
+//!                        |                                            ^
+//!                        +--idle()--> IDLE --wake_idle/kick-----------+
+//!   (fork child: any --> ABSENT; the next free that finds work, or start_workers, restarts it)
+//! ```
+//!
+//! Invariants:
+//! - The allocation and free paths never make a system call for a worker unless the worker is
+//!   `IDLE` (asleep with nothing to do) and the free just created work for it: one relaxed load
+//!   of `word` per free otherwise.
+//! - No lost wake-up: a worker going idle stores `IDLE` *before* it checks for work under the
+//!   allocator lock; a free creates work under that lock and reads `word` after it, so either the
+//!   worker sees the work or the free sees `IDLE` and wakes it (futex semantics do the rest).
+//! - A worker holds an `Arc<Shared>` (not an `Allocator` handle): the last `Allocator` handle
+//!   stops and joins the workers, then the `Arc`s go away.
+//! - Starting a thread uses `pthread_create` directly: no Rust heap allocation (the preload
+//!   library's `malloc` may be the one that ends up here).
+
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+
+use crate::os;
+
+/// No thread (never started, disabled at start, or a `fork` child).
+pub const ABSENT: u32 = 4;
+/// Working, or about to sleep.
+pub const RUNNING: u32 = 0;
+/// Asleep with nothing to do: a free that creates work wakes it.
+pub const IDLE: u32 = 1;
+/// Asleep for a set time (waiting for blocks to age, or for demand): only `kick` wakes it early.
+pub const NAPPING: u32 = 2;
+/// Woken: the next sleep returns at once.
+pub const KICKED: u32 = 3;
+
+pub struct Worker {
+    pub word: AtomicU32,
+    stop: AtomicBool,
+    /// `pthread_t` of the thread, 0 when none.
+    thread: AtomicUsize,
+    /// The process that started the thread (a `fork` child has none of its parent's threads).
+    pid: AtomicI32,
+    /// Set in a `fork` child whose parent ran this worker: restart it when work appears.
+    pub restart_wanted: AtomicBool,
+    pub name: &'static [u8],
+}
+
+pub type Entry = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+
+impl Worker {
+    pub const fn new(name: &'static [u8]) -> Worker {
+        Worker {
+            word: AtomicU32::new(ABSENT),
+            stop: AtomicBool::new(false),
+            thread: AtomicUsize::new(0),
+            pid: AtomicI32::new(0),
+            restart_wanted: AtomicBool::new(false),
+            name,
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.thread.load(Ordering::Acquire) != 0 && self.pid.load(Ordering::Relaxed) == unsafe { libc::getpid() }
+    }
+
+    /// Start the thread running `entry(arg)`. `Err(errno)` when `pthread_create` refuses; the
+    /// caller then still owns `arg`. Called with no allocator lock held, by one thread at a time
+    /// (the caller serialises through `claim_start`).
+    pub fn start(&self, entry: Entry, arg: *mut libc::c_void) -> Result<(), i32> {
+        self.stop.store(false, Ordering::Relaxed);
+        self.word.store(RUNNING, Ordering::SeqCst);
+        let mut tid: libc::pthread_t = 0;
+        let r = unsafe { libc::pthread_create(&mut tid, core::ptr::null(), entry, arg) };
+        if r != 0 {
+            self.word.store(ABSENT, Ordering::SeqCst);
+            return Err(r);
+        }
+        self.pid.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+        self.thread.store(tid as usize, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether this caller won the right to start the worker (`ABSENT` -> `RUNNING` claimed by
+    /// swapping in `KICKED`, so that two frees cannot both start it).
+    pub fn claim_start(&self) -> bool {
+        self.word.compare_exchange(ABSENT, KICKED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// Give the claim back (start refused or not wanted).
+    pub fn release_claim(&self) {
+        self.word.store(ABSENT, Ordering::SeqCst);
+    }
+
+    /// Called by the thread itself first: lower its priority and name it.
+    pub fn on_thread_start(&self) -> bool {
+        let mut name = [0u8; 16];
+        let n = self.name.len().min(15);
+        name[..n].copy_from_slice(&self.name[..n]);
+        unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr() as *const libc::c_char) };
+        os::set_idle_priority()
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Wake the worker whatever it is doing (tunables changed, stop).
+    pub fn kick(&self) {
+        let old = self.word.swap(KICKED, Ordering::SeqCst);
+        if old == ABSENT {
+            self.word.store(ABSENT, Ordering::SeqCst);
+            return;
+        }
+        if old == IDLE || old == NAPPING {
+            os::futex_wake_all(&self.word);
+        }
+    }
+
+    /// Wake the worker if it sleeps idle (the free path; the caller has seen `IDLE`).
+    pub fn wake_idle(&self) {
+        if self.word.compare_exchange(IDLE, KICKED, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+            os::futex_wake_all(&self.word);
+        }
+    }
+
+    /// Sleep for `ns` unless kicked meanwhile.
+    pub fn nap(&self, ns: u64) {
+        if self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+            os::futex_wait(&self.word, NAPPING, Some(ns));
+        }
+        self.word.store(RUNNING, Ordering::SeqCst);
+    }
+
+    /// Sleep until woken, unless `has_work` (checked after announcing `IDLE`) says otherwise.
+    pub fn idle(&self, has_work: impl FnOnce() -> bool) {
+        // (On a failed exchange the word was KICKED: do not sleep.)
+        let announced = self.word.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::Relaxed).is_ok();
+        if announced && !has_work() {
+            // A safety net: wake once a minute even if a wake-up were ever missed.
+            os::futex_wait(&self.word, IDLE, Some(60_000_000_000));
+        }
+        self.word.store(RUNNING, Ordering::SeqCst);
+    }
+
+    /// Stop and join the thread (the last allocator handle is going away).
+    pub fn stop_and_join(&self) {
+        if !self.running() {
+            return;
+        }
+        self.stop.store(true, Ordering::Release);
+        self.kick();
+        let tid = self.thread.swap(0, Ordering::AcqRel);
+        if tid != 0 {
+            unsafe { libc::pthread_join(tid as libc::pthread_t, core::ptr::null_mut()) };
+        }
+        self.word.store(ABSENT, Ordering::SeqCst);
+    }
+
+    /// In a `fork` child: the thread does not exist here. Forget it; ask for a restart if it ran.
+    pub fn forget_after_fork(&self) {
+        let ran = self.thread.swap(0, Ordering::AcqRel) != 0;
+        self.word.store(ABSENT, Ordering::SeqCst);
+        self.stop.store(false, Ordering::Relaxed);
+        self.restart_wanted.store(ran, Ordering::Relaxed);
+    }
+}

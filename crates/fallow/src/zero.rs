@@ -1,0 +1,188 @@
+//! Background pre-zeroing: a thread under `SCHED_IDLE` zeroes dirty free memory a chunk at a
+//! time, as much as `ZERO` requests are likely to ask for soon, so that those requests skip the
+//! memset (seed 000, PG_zero). Also keeps the opt-in `populated_reserve` resident and zeroed.
+//!
+//! State machine of the zeroing worker (`run`):
+//!
+//! ```text
+//!   IDLE --free of a dirty block >= zero_order (futex wake)--> MEASURE
+//!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
+//!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
+//!            zeroed_reserve (and at least populated_reserve).
+//!     zeroed free >= target        -> NAP 1 s if dirty blocks remain (demand may grow), else IDLE
+//!     a dirty block qualifies      -> ISOLATE one chunk of it (the half holding dirty pages at
+//!                                     each split), unlock, ZERO its Dirty/LazyFree pages with
+//!                                     non-temporal stores, relock, RETURN them as Zeroed -> MEASURE
+//!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
+//!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> MEASURE
+//! ```
+//!
+//! Invariants:
+//! - Only `Dirty` and `LazyFree` pages are written; `Reported` pages read zero already and are
+//!   never faulted in (except for `populated_reserve`, which asks for exactly that), `Zeroed`
+//!   pages are never zeroed twice: the state is per page and survives split and merge, so there
+//!   is no double clearing (Alexander Duyck's objection).
+//! - A block whose age passed `report_delay` is left alone while reporting is on: the reporter
+//!   is about to give it back, and zeroing it would be wasted work (reviewers' objection). Only
+//!   `populated_reserve` zeroes such blocks.
+//! - The chunk being zeroed is isolated (`Tag::Isolated`, on no list): no allocation receives it
+//!   and none waits for it while other memory is free. The lock is not held while zeroing.
+//! - The thread runs under `SCHED_IDLE`: it gets CPU time only when a CPU would be idle.
+
+use std::sync::Arc;
+
+use crate::heap::{Shared, ZERO_SLOT};
+use crate::os::{self, PAGE_SHIFT};
+use crate::page::{Class, PageState, NIL};
+
+/// Time constant of the demand estimate: a burst of `ZERO` requests keeps memory zeroed for
+/// about this long.
+pub const DEMAND_TAU_S: f64 = 5.0;
+/// Blocks examined per list per step.
+const SCAN_LIMIT: u32 = 256;
+const NAP_NS: u64 = 1_000_000_000;
+
+pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    let shared = unsafe { Arc::from_raw(arg as *const Shared) };
+    shared.zeroer.on_thread_start();
+    crate::nt::calibrate();
+    run(&shared);
+    core::ptr::null_mut()
+}
+
+/// The rate of `ZERO` requests, as a decayed sum of their bytes.
+struct Demand {
+    last_total: u64,
+    last_ns: u64,
+    bytes: f64,
+}
+
+enum Next {
+    Again,
+    Nap,
+    Idle(u64),
+}
+
+fn run(s: &Shared) {
+    // Every ZERO request since the allocator began counts once (the thread may start late: it
+    // calibrates first, at idle priority).
+    let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
+    while !s.zeroer.stopping() {
+        match zero_one_chunk(s, &mut d) {
+            Next::Again => {}
+            Next::Nap => s.zeroer.nap(NAP_NS),
+            Next::Idle(seen_frees) => s.zeroer.idle(|| s.heap.lock().counters.free_calls != seen_frees),
+        }
+    }
+}
+
+fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
+    let now_ms = s.now_ms();
+    let now_ns = os::now_ns();
+    let mut h = s.heap.lock();
+    let t = h.tunables;
+    let seen_frees = h.counters.free_calls;
+    if !t.zeroing {
+        return Next::Idle(seen_frees);
+    }
+    // MEASURE
+    let c = h.counters;
+    let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes;
+    let dt = now_ns.saturating_sub(d.last_ns) as f64 / 1e9;
+    d.bytes = d.bytes * (-dt / DEMAND_TAU_S).exp() + total.saturating_sub(d.last_total) as f64;
+    d.last_total = total;
+    d.last_ns = now_ns;
+    h.reclaim.zero_demand_bytes = d.bytes as u64;
+    let target = ((d.bytes as u64 + t.zeroed_reserve as u64) >> PAGE_SHIFT).max((t.populated_reserve >> PAGE_SHIFT) as u64);
+    let populated_target = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    let (_, zeroed) = h.resident_free_pages();
+    let dirty_left = h.has_dirty(t.zero_order);
+    if zeroed >= target {
+        return if dirty_left { Next::Nap } else { Next::Idle(seen_frees) };
+    }
+    let for_population = zeroed < populated_target;
+    let chunk_order = (t.zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
+
+    // Find a dirty block: young first (most recently freed at the list heads).
+    let mut found = None;
+    'find: for ai in 0..h.narenas {
+        let a = h.arena(ai);
+        for order in t.zero_order..=a.max_order {
+            let mut p = a.heads[Class::Dirty as usize][order as usize];
+            let mut scanned = 0;
+            while p != NIL && scanned < SCAN_LIMIT {
+                scanned += 1;
+                let m = a.meta(p);
+                let age = now_ms.saturating_sub(m.freed_at_ms);
+                if !t.report || age < t.report_delay_ms || for_population {
+                    found = Some((ai, p, order));
+                    break 'find;
+                }
+                p = m.next;
+            }
+        }
+    }
+    let mut populate = false;
+    if found.is_none() && for_population {
+        // No dirty memory to zero: make reported memory resident and zero instead.
+        'find2: for ai in 0..h.narenas {
+            let a = h.arena(ai);
+            for order in t.zero_order.min(chunk_order)..=a.max_order {
+                let p = a.heads[Class::Reported as usize][order as usize];
+                if p != NIL {
+                    found = Some((ai, p, order));
+                    populate = true;
+                    break 'find2;
+                }
+            }
+        }
+    }
+    let Some((ai, pfn, order)) = found else {
+        return if dirty_left { Next::Nap } else { Next::Idle(seen_frees) };
+    };
+
+    // ISOLATE
+    let rec = if order > chunk_order {
+        h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order)
+    } else {
+        h.isolate(ZERO_SLOT, ai, pfn)
+    };
+    let a = h.arena(ai);
+    let states = a.states();
+    let base = a.addr(rec.pfn);
+    drop(h);
+
+    // ZERO (or POPULATE), without the lock. The state bytes of an isolated block change only
+    // under the lock when it is returned, so reading them here is safe.
+    let t0 = os::now_ns();
+    let mut zeroed_pages = 0u64;
+    let mut populated_pages = 0u64;
+    states.for_each_run(rec.pfn, 1 << rec.order, |start, n, st| {
+        let addr = base + (((start - rec.pfn) as usize) << PAGE_SHIFT);
+        let len = (n as usize) << PAGE_SHIFT;
+        match st {
+            PageState::Dirty | PageState::LazyFree => {
+                unsafe { crate::nt::zero(addr, len) };
+                zeroed_pages += n as u64;
+            }
+            PageState::Reported if populate => {
+                os::populate_write(addr, len);
+                populated_pages += n as u64;
+            }
+            _ => {}
+        }
+    });
+    let ns = os::now_ns() - t0;
+
+    // RETURN
+    let mut h = s.heap.lock();
+    h.unisolate(ZERO_SLOT, |st| match st {
+        PageState::Dirty | PageState::LazyFree => PageState::Zeroed,
+        PageState::Reported if populate => PageState::Zeroed,
+        st => st,
+    });
+    h.reclaim.zeroed_background_bytes += zeroed_pages << PAGE_SHIFT;
+    h.reclaim.populated_bytes += populated_pages << PAGE_SHIFT;
+    h.reclaim.zeroing_ns += ns;
+    Next::Again
+}

@@ -1,0 +1,200 @@
+//! Background pre-zeroing (issue 4): idle dirty memory becomes Zeroed (state and contents) and
+//! serves ZERO without a memset; concurrency with the worker in tight loops; zeroing off zeroes
+//! nothing; populated_reserve. No timing is asserted: waits are bounded polls for liveness.
+
+use std::time::{Duration, Instant};
+
+use fallow::{os, Allocator, Config, Flags, PageState, Tunables};
+
+const PAGE: usize = 4096;
+
+fn config(t: Tunables) -> Config {
+    Config { arena_size: 256 << 20, max_order: 12, tunables: t, ..Config::default() }
+}
+
+fn zeroing(reserve: usize) -> Tunables {
+    Tunables { report: false, zeroing: true, zeroed_reserve: reserve, ..Tunables::default() }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "gave up waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
+    unsafe { std::slice::from_raw_parts(p, len) }.iter().all(|&b| b == byte)
+}
+
+/// Bytes of `[lo, lo + len)` whose recorded free state is `state`.
+fn bytes_in_state(a: &Allocator, lo: usize, len: usize, state: PageState) -> usize {
+    a.free_runs()
+        .iter()
+        .filter(|r| r.2 == state)
+        .map(|&(s, l, _)| (s + l).min(lo + len).saturating_sub(s.max(lo)))
+        .sum()
+}
+
+#[test]
+fn idle_dirty_memory_becomes_zeroed_and_zero_allocs_skip_the_memset() {
+    let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
+    assert!(a.workers_running().1);
+    let len = 32 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    unsafe { core::ptr::write_bytes(p, 0xcd, len) };
+    a.free(p).unwrap();
+    wait_for("32 MiB zeroed", || bytes_in_state(&a, p as usize, len, PageState::Zeroed) == len);
+    a.check_invariants().unwrap();
+    // The contents, read straight from the (free) arena memory.
+    assert!(all_bytes(p, len, 0), "pages marked zeroed are not zero");
+    let s = a.stats();
+    assert!(s.zeroed_background_bytes >= len as u64);
+    assert_eq!(os::resident_pages(p as usize, len).unwrap() * PAGE, len, "zeroing dropped pages");
+
+    let before = a.stats().zeroed_on_alloc_bytes;
+    let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+    assert_eq!(q, p, "the zeroed block was not the one chosen");
+    assert!(all_bytes(q, len, 0));
+    assert_eq!(a.stats().zeroed_on_alloc_bytes, before, "pre-zeroed memory was memset again");
+    a.free(q).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn demand_drives_the_amount_zeroed() {
+    // No reserve: only ZERO requests make the worker zero.
+    let a = Allocator::new(config(zeroing(0))).unwrap();
+    let len = 32 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    unsafe { core::ptr::write_bytes(p, 1, len) };
+    a.free(p).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(a.stats().zeroed_background_bytes, 0, "zeroed without any demand");
+    // Demand: 16 MiB of ZERO requests.
+    let z = a.alloc(16 << 20, PAGE, Flags::ZERO).unwrap().as_ptr();
+    a.free(z).unwrap();
+    wait_for("demand-driven zeroing", || a.stats().zeroed_background_bytes > 0);
+    assert!(a.stats().zero_demand_bytes > 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn zeroing_off_zeroes_nothing() {
+    let t = Tunables { zeroing: false, ..zeroing(64 << 20) };
+    let a = Allocator::new(config(t)).unwrap();
+    assert!(!a.workers_running().1);
+    let len = 32 << 20;
+    for _ in 0..3 {
+        let p = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+        unsafe { core::ptr::write_bytes(p, 0xee, len) };
+        a.free(p).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = a.stats();
+    assert_eq!(s.zeroed_background_bytes, 0);
+    assert_eq!(s.free_zeroed_pages, 0);
+    assert!(a.free_runs().iter().all(|r| r.2 != PageState::Zeroed));
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
+    let t = Tunables {
+        report: true,
+        // Short enough for the reporter to run all the time, long enough for blocks to be
+        // young (zeroable) for a moment.
+        report_delay_ms: 30,
+        report_order: 3,
+        report_batch: 4,
+        zeroing: true,
+        zero_order: 0,
+        zero_chunk: 64 << 10,
+        zeroed_reserve: 200 << 20,
+        ..Tunables::default()
+    };
+    let a = Allocator::new(config(t)).unwrap();
+    let threads: Vec<_> = (0..4u64)
+        .map(|id| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut seed = 0x2545f4914f6cdd1du64 ^ (id << 32);
+                let mut live: Vec<(usize, usize, u64)> = Vec::new();
+                let t0 = Instant::now();
+                for i in 0.. {
+                    if i >= 3000 && i % 64 == 0 {
+                        // Run until the workers have run beside us (they get idle time only).
+                        let s = a.stats();
+                        if (s.zeroed_background_bytes > 0 && s.report_batches > 0) || t0.elapsed() > Duration::from_secs(60) {
+                            break;
+                        }
+                    }
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let len = (1 + (seed % 64) as usize) * PAGE;
+                    let zero = seed & 0x200 != 0;
+                    let p = a.alloc(len, PAGE, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr() as usize;
+                    let words = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, len / 8) };
+                    if zero {
+                        assert!(words.iter().all(|&w| w == 0), "ZERO block not zero");
+                    }
+                    let pat = (id << 56) | ((i as u64) << 8);
+                    for (k, w) in words.iter_mut().enumerate() {
+                        *w = pat ^ k as u64;
+                    }
+                    live.push((p, len, pat));
+                    if i % 16 == 0 {
+                        // Leave idle time: the workers run under SCHED_IDLE.
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                    if live.len() > 6 || seed & 3 == 0 {
+                        let (q, l, pat) = live.swap_remove((seed as usize >> 11) % live.len());
+                        let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
+                        for (k, w) in words.iter().enumerate() {
+                            assert_eq!(*w, pat ^ k as u64, "allocated block overwritten at word {k}");
+                        }
+                        a.free(q as *mut u8).unwrap();
+                    }
+                }
+                for (q, l, pat) in live {
+                    let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
+                    assert!(words.iter().enumerate().all(|(k, w)| *w == pat ^ k as u64));
+                    a.free(q as *mut u8).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert!(s.zeroed_background_bytes > 0, "the zeroing worker never ran");
+}
+
+#[test]
+fn populated_reserve_is_kept_resident_and_zeroed() {
+    let reserve = 16 << 20;
+    let t = Tunables {
+        report: true,
+        report_delay_ms: 0,
+        zeroing: true,
+        zeroed_reserve: 0,
+        populated_reserve: reserve,
+        ..Tunables::default()
+    };
+    let a = Allocator::new(config(t)).unwrap();
+    wait_for("populated reserve", || a.stats().free_zeroed_pages as usize * PAGE >= reserve);
+    // It stays: the reporter must not take it back.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(a.stats().free_zeroed_pages as usize * PAGE >= reserve);
+    let before = a.stats().zeroed_on_alloc_bytes;
+    let p = a.alloc(reserve, PAGE, Flags::ZERO | Flags::POPULATE).unwrap().as_ptr();
+    assert_eq!(os::resident_pages(p as usize, reserve).unwrap() * PAGE, reserve);
+    assert!(all_bytes(p, reserve, 0));
+    assert_eq!(a.stats().zeroed_on_alloc_bytes, before);
+    a.free(p).unwrap();
+    a.check_invariants().unwrap();
+}
