@@ -3,7 +3,7 @@
 //! (`rep stosb` / vector stores through the cache) for small ones and on other targets.
 //!
 //! Which is faster depends on the size and the machine, so `calibrate` times both once per
-//! process for sizes from 16 KiB to 8 MiB and keeps the smallest size from which the streaming
+//! process for sizes from 64 KiB to 4 MiB and keeps the smallest size from which the streaming
 //! stores win (`THRESHOLD`); until then, 256 KiB.
 //!
 //! Ordering: streaming stores are weakly ordered; `zero` ends with `sfence`, so that the zeros are
@@ -76,12 +76,14 @@ pub unsafe fn zero_streaming(addr: usize, len: usize) {
 }
 
 /// Time both methods once per process and set `THRESHOLD`. Runs on the zeroing worker (idle
-/// priority); costs a few tens of milliseconds of CPU and 8 MiB of scratch memory, given back.
+/// priority); costs some 50-100 ms of CPU and 32 MiB of scratch memory, given back. The buffer
+/// is larger than a last-level cache and is walked in order, so that, like the free memory the
+/// worker zeroes, it is cold when zeroed.
 pub fn calibrate() {
     if CALIBRATED.swap(true, Ordering::AcqRel) || !cfg!(target_arch = "x86_64") {
         return;
     }
-    const BUF: usize = 8 << 20;
+    const BUF: usize = 32 << 20;
     let Ok(buf) = os::scratch(BUF) else { return };
     unsafe { zero_cached(buf, BUF) }; // fault it in
     let time = |f: unsafe fn(usize, usize), size: usize| {
@@ -90,15 +92,15 @@ pub fn calibrate() {
         for _ in 0..3 {
             let t0 = os::now_ns();
             for i in 0..reps {
-                unsafe { f(buf + (i * size) % BUF, size) };
+                unsafe { f(buf + i * size, size) };
             }
             best = best.min(os::now_ns() - t0);
         }
         best
     };
     let mut chosen = usize::MAX;
-    let mut size = 16 << 10;
-    while size <= BUF {
+    let mut size = 64 << 10;
+    while size <= 4 << 20 {
         let cached = time(zero_cached, size);
         let streaming = time(zero_streaming, size);
         if streaming <= cached {

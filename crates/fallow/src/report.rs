@@ -51,7 +51,7 @@ use crate::page::{Class, PageState, NIL};
 const PASS_BUDGET: u32 = 16;
 const BUDGET_PAUSE_NS: u64 = 2_000_000;
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
-const SCAN_LIMIT: u32 = 1024;
+const SCAN_LIMIT: u32 = 256;
 
 /// 0: not checked yet; 1: `MADV_DONTNEED` zeroes private anonymous memory; 2: it does not.
 static DONTNEED_ZEROES: AtomicU8 = AtomicU8::new(0);
@@ -275,26 +275,36 @@ fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
         for (v, t) in iov.iter_mut().zip(targets) {
             *v = libc::iovec { iov_base: t.addr as *mut libc::c_void, iov_len: t.len };
         }
-        calls += 1;
-        match os::process_madvise(fd, &iov[..targets.len()], advice) {
-            Ok(mut done) => {
-                for (i, t) in targets.iter().enumerate() {
-                    if done >= t.len {
-                        ok[i] = true;
-                        done -= t.len;
-                    } else {
-                        break;
+        // The kernel advises at most MAX_RW_COUNT (2 GiB - 4 KiB) per call: go on from where
+        // it stopped, the partly advised iovec trimmed.
+        let (mut first, mut n) = (0usize, targets.len());
+        while first < n {
+            calls += 1;
+            match os::process_madvise(fd, &iov[first..n], advice) {
+                Ok(0) => break,
+                Ok(mut done) => {
+                    while first < n && done >= iov[first].iov_len {
+                        done -= iov[first].iov_len;
+                        ok[first] = true;
+                        first += 1;
+                    }
+                    if first < n && done > 0 {
+                        iov[first].iov_base = (iov[first].iov_base as usize + done) as *mut libc::c_void;
+                        iov[first].iov_len -= done;
                     }
                 }
-            }
-            Err(e) if e == libc::EINVAL || e == libc::ENOSYS || e == libc::EPERM || e == libc::EBADF => {
-                // This kernel does not take this advice through process_madvise: stop trying.
-                if s.pidfd.compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                    os::close(fd);
+                Err(e) if calls == 1 && (e == libc::EINVAL || e == libc::ENOSYS || e == libc::EPERM || e == libc::EBADF) => {
+                    // This kernel does not take this advice through process_madvise: stop trying.
+                    if s.pidfd.compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                        os::close(fd);
+                    }
+                    n = 0;
                 }
+                Err(_) => n = 0,
             }
-            Err(_) => {}
         }
+        // A block left partly advised is advised again whole below (harmless: done pages cost
+        // nothing the second time).
     }
     for (i, t) in targets.iter().enumerate() {
         if !ok[i] {
