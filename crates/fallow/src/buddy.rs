@@ -148,24 +148,40 @@ impl Arena {
             }
             let found = mask.trailing_zeros() as u8;
             let pfn = self.heads[class as usize][found as usize];
-            return Some(self.carve(pfn, order, npages));
+            return Some(self.carve(pfn, order, npages, prefs[0] == Class::Zeroed));
         }
         None
     }
 
-    /// Take the listed block at `pfn`, keep its first `npages` pages (aligned to `2^order`), and
-    /// free the rest: the upper halves while splitting down to `order`, then the tail beyond
-    /// `npages` (as `alloc_pages_exact` does).
-    fn carve(&mut self, pfn: u32, order: u8, npages: u32) -> Taken {
+    /// Take the listed block at `pfn`, split it down to `order` keeping at each step the half
+    /// whose pages suit the request better (a mixed block holds dirty, zeroed and reported parts),
+    /// keep the first `npages` pages of that, and free the rest: the other halves, then the tail
+    /// beyond `npages` (as `alloc_pages_exact` does).
+    fn carve(&mut self, pfn: u32, order: u8, npages: u32, zero: bool) -> Taken {
         let m = *self.meta(pfn);
         self.unlink(pfn);
-        let (mut cur, mut counts, t) = (m.order, m.counts, m.freed_at_ms);
+        let (mut pfn, mut cur, mut counts, t) = (pfn, m.order, m.counts, m.freed_at_ms);
+        // Pages a request would rather have: zero-reading ones for ZERO, resident ones otherwise.
+        let score = |c: StateCounts, n: u32| {
+            if zero {
+                2 * c.zeroed + c.reported
+            } else {
+                2 * c.dirty(n) + c.zeroed
+            }
+        };
         while cur > order {
             cur -= 1;
             let half = 1u32 << cur;
             let high = self.sub_counts(pfn, counts, half * 2, half, half);
-            counts = counts.minus(high);
-            self.push_free(pfn + half, cur, high, t);
+            let low = counts.minus(high);
+            if score(high, half) > score(low, half) {
+                self.push_free(pfn, cur, low, t);
+                pfn += half;
+                counts = high;
+            } else {
+                self.push_free(pfn + half, cur, high, t);
+                counts = low;
+            }
         }
         let size = 1u32 << order;
         if npages < size {
