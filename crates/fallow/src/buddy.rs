@@ -380,6 +380,7 @@ impl Arena {
     }
 
     /// Check the invariants stated at the top of this file; returns the listed pages.
+    #[allow(clippy::needless_range_loop)]
     pub fn check_lists(&self) -> Result<u64, String> {
         let mut pages = 0u64;
         let mut blocks = [[0u32; crate::arena::ORDERS]; crate::page::CLASSES];
