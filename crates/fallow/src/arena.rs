@@ -132,11 +132,12 @@ impl Arena {
         };
         // Fresh metadata is all zero: every page `Reported`, every tag `None`. Put the top-level
         // blocks on the reported lists.
+        // (From the top down, so that the lowest block is at the head of its list.)
         let top = 1u32 << max_order;
-        let mut pfn = 0u32;
-        while pfn < arena.npages {
+        let mut pfn = arena.npages;
+        while pfn > 0 {
+            pfn -= top;
             arena.push_free(pfn, max_order, StateCounts::uniform(PageState::Reported, top), 0);
-            pfn += top;
         }
         Ok(arena)
     }

@@ -1,0 +1,42 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, clippy::not_unsafe_ptr_arg_deref)]
+
+use fallow::{os, Allocator, Config, PageState};
+
+/// A small allocator: 1 MiB blocks, 16 MiB arenas (so that growth is exercised too).
+pub fn small() -> Allocator {
+    Allocator::new(Config { arena_size: 16 << 20, max_order: 8, ..Config::default() }).unwrap()
+}
+
+pub fn all_zero(ptr: *const u8, len: usize) -> bool {
+    let s = unsafe { std::slice::from_raw_parts(ptr, len) };
+    let (pre, words, post) = unsafe { s.align_to::<u64>() };
+    pre.iter().all(|b| *b == 0) && words.iter().all(|w| *w == 0) && post.iter().all(|b| *b == 0)
+}
+
+pub fn all_eq(ptr: *const u8, len: usize, v: u8) -> bool {
+    unsafe { std::slice::from_raw_parts(ptr, len) }.iter().all(|b| *b == v)
+}
+
+/// Check that every free page's recorded state is true: `Zeroed` pages read zero, `Reported`
+/// pages are not resident (by `mincore`; reading them would map the zero page, so they are not read).
+pub fn check_free_states(a: &Allocator) -> Result<(), String> {
+    for (addr, len, state) in a.free_runs() {
+        match state {
+            PageState::Zeroed => {
+                if !all_zero(addr as *const u8, len) {
+                    return Err(format!("zeroed run {addr:#x}+{len} holds data"));
+                }
+            }
+            PageState::Reported => {
+                let r = os::resident_pages(addr, len).unwrap();
+                if r != 0 {
+                    return Err(format!("reported run {addr:#x}+{len} has {r} resident pages"));
+                }
+            }
+            PageState::Allocated => return Err(format!("free run {addr:#x} marked allocated")),
+            PageState::Dirty | PageState::LazyFree => {}
+        }
+    }
+    Ok(())
+}
