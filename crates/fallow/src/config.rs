@@ -138,8 +138,8 @@ impl Tunables {
 
     pub fn validate(&self, cfg: &Config) -> Result<(), Error> {
         let bad = |setting, message| Err(Error::Config { setting, message });
-        if self.report_order > cfg.max_order {
-            return bad("report_order", "must be between 0 and max_order");
+        if self.report_order > MAX_ORDER_LIMIT {
+            return bad("report_order", "must be between 0 and 30 (above max_order means max_order)");
         }
         if cfg.thp && self.report_order < 9 {
             return bad("report_order", "must be between 9 (2 MiB) and max_order when thp is on");
@@ -159,16 +159,22 @@ impl Tunables {
             }
             _ => {}
         }
-        if self.zero_order > cfg.max_order {
-            return bad("zero_order", "must be between 0 and max_order");
+        if self.zero_order > MAX_ORDER_LIMIT {
+            return bad("zero_order", "must be between 0 and 30 (above max_order means max_order)");
         }
         if !self.zero_chunk.is_power_of_two() || self.zero_chunk < 4096 || self.zero_chunk > 1 << 30 {
-            return bad("zero_chunk", "must be a power of two between 4 KiB and 1 GiB");
-        }
-        if self.zero_chunk > 4096 << cfg.max_order {
-            return bad("zero_chunk", "must be a power of two between 4 KiB and the largest block");
+            return bad("zero_chunk", "must be a power of two between 4 KiB and 1 GiB (above the largest block means the largest block)");
         }
         Ok(())
+    }
+
+    /// The settings in effect for an allocator with this configuration: orders and chunk above
+    /// the largest block mean the largest block (so that the defaults suit any `max_order`).
+    pub fn clamped(mut self, cfg: &Config) -> Tunables {
+        self.report_order = self.report_order.min(cfg.max_order);
+        self.zero_order = self.zero_order.min(cfg.max_order);
+        self.zero_chunk = self.zero_chunk.min(4096 << cfg.max_order);
+        self
     }
 }
 

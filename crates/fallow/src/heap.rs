@@ -240,7 +240,7 @@ impl Allocator {
                 arenas: [EMPTY; MAX_ARENAS],
                 narenas: 0,
                 counters: Counters::default(),
-                tunables: config.tunables,
+                tunables: config.tunables.clamped(&config),
                 reclaim: ReclaimCounters::default(),
                 inflight: [Inflight::default(); INFLIGHT],
             }),
@@ -383,22 +383,7 @@ impl Allocator {
         c.free_calls += 1;
         c.in_use_pages -= npages as u64;
         c.live_blocks -= 1;
-        // Wake a worker only when it sleeps idle and this free made work for it.
-        let s = &*self.shared;
-        let report_word = s.reporter.word.load(Ordering::Relaxed);
-        let zero_word = s.zeroer.word.load(Ordering::Relaxed);
-        if report_word == worker::RUNNING && zero_word == worker::RUNNING {
-            return Ok(());
-        }
-        let wake_report = asleep(&s.reporter, report_word) && h.tunables.report && h.has_unreported(h.tunables.report_order);
-        let wake_zero = asleep(&s.zeroer, zero_word) && h.tunables.zeroing && h.has_dirty(h.tunables.zero_order);
-        drop(h);
-        if wake_report {
-            self.wake(&s.reporter);
-        }
-        if wake_zero {
-            self.wake(&s.zeroer);
-        }
+        self.wake_workers_after_free(h);
         Ok(())
     }
 
@@ -446,6 +431,7 @@ impl Allocator {
                 a.set_states(pfn + new_pages, tail, PageState::Dirty);
                 a.free_range(pfn + new_pages, tail, PageState::Dirty, now);
                 h.counters.in_use_pages -= tail as u64;
+                self.wake_workers_after_free(h);
             }
             return Ok(true);
         }
@@ -682,11 +668,12 @@ impl Heap {
         while cur > order {
             cur -= 1;
             let half = 1u32 << cur;
-            let low = match counts.uniform_state(half * 2) {
+            // A mixed block keeps its upper half's counts in the half record (buddy.rs).
+            let high = match counts.uniform_state(half * 2) {
                 Some(s) => StateCounts::uniform(s, half),
-                None => a.count_states(p, half),
+                None => a.meta(p + half).counts,
             };
-            let high = counts.minus(low);
+            let low = counts.minus(high);
             if low.needs_zeroing(half) > 0 {
                 a.push_free(p + half, cur, high, m.freed_at_ms);
                 counts = low;
@@ -743,7 +730,11 @@ impl Heap {
                 a.states().set(p, new_state(s));
             }
         }
-        let counts = a.count_states(rec.pfn, n);
+        let mut counts = a.count_states(rec.pfn, n);
+        if counts.uniform_state(n).is_none() {
+            // Mixed after the worker's changes: the half records must describe the new states.
+            counts = a.rebuild_records(rec.pfn, rec.order);
+        }
         a.meta_mut(rec.pfn).tag = Tag::None;
         a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
         self.counters.isolated_pages -= n as u64;
@@ -752,7 +743,8 @@ impl Heap {
 }
 
 impl Allocator {
-    /// The current settings of the background workers.
+    /// The current settings of the background workers (orders and chunk clamped to the largest
+    /// block).
     pub fn tunables(&self) -> Tunables {
         self.shared.heap.lock().tunables
     }
@@ -762,7 +754,7 @@ impl Allocator {
     /// that is switched on; one switched off finishes its batch and sleeps.
     pub fn set_tunables(&self, t: Tunables) -> Result<(), Error> {
         t.validate(&self.shared.config)?;
-        self.shared.heap.lock().tunables = t;
+        self.shared.heap.lock().tunables = t.clamped(&self.shared.config);
         self.shared.reporter.kick();
         self.shared.zeroer.kick();
         self.start_workers();
@@ -796,6 +788,28 @@ impl Allocator {
             w.release_claim();
         } else {
             w.restart_wanted.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// After a free (any path that puts memory on the lists): release the lock, and wake a
+    /// worker only if it sleeps idle and the free made work for it. Costs two relaxed loads when
+    /// the workers are busy; a `FUTEX_WAKE` (outside the lock) only on the idle-to-busy edge.
+    pub(crate) fn wake_workers_after_free(&self, h: crate::lock::Guard<'_, Heap>) {
+        let s = &*self.shared;
+        let report_word = s.reporter.word.load(Ordering::Relaxed);
+        let zero_word = s.zeroer.word.load(Ordering::Relaxed);
+        if report_word == worker::RUNNING && zero_word == worker::RUNNING {
+            return;
+        }
+        let t = &h.tunables;
+        let wake_report = asleep(&s.reporter, report_word) && t.report && h.has_unreported(t.report_order);
+        let wake_zero = asleep(&s.zeroer, zero_word) && t.zeroing && h.has_dirty(t.zero_order);
+        drop(h);
+        if wake_report {
+            self.wake(&s.reporter);
+        }
+        if wake_zero {
+            self.wake(&s.zeroer);
         }
     }
 

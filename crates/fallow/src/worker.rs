@@ -111,10 +111,15 @@ impl Worker {
 
     /// Wake the worker whatever it is doing (tunables changed, stop).
     pub fn kick(&self) {
-        let old = self.word.swap(KICKED, Ordering::SeqCst);
-        if old == ABSENT {
-            self.word.store(ABSENT, Ordering::SeqCst);
-            return;
+        let mut old = self.word.load(Ordering::SeqCst);
+        loop {
+            if old == ABSENT {
+                return;
+            }
+            match self.word.compare_exchange(old, KICKED, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
         }
         if old == IDLE || old == NAPPING {
             os::futex_wake_all(&self.word);

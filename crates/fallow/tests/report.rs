@@ -211,7 +211,7 @@ fn tunables_are_validated_and_change_at_run_time() {
     };
     bad(Tunables { report_batch: 0, ..Tunables::default() }, "report_batch");
     bad(Tunables { report_batch: 1000, ..Tunables::default() }, "report_batch");
-    bad(Tunables { report_order: 13, ..Tunables::default() }, "report_order");
+    bad(Tunables { report_order: 31, ..Tunables::default() }, "report_order");
     bad(Tunables { report_mode: ReportMode::Punch, ..Tunables::default() }, "report_mode");
     bad(Tunables { zero_chunk: 3 << 20, ..Tunables::default() }, "zero_chunk");
     bad(Tunables { zero_order: 40, ..Tunables::default() }, "zero_order");
@@ -292,5 +292,28 @@ fn fork_child_gets_its_own_reporter() {
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");
     assert!(all_bytes(p, len, 3), "the child's reporting touched the parent's memory");
     a.free(p).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn thp_arenas_report_whole_huge_pages_only() {
+    let bad = Config { thp: true, max_order: 10, tunables: Tunables { report_order: 8, ..reporting(0) }, ..config(reporting(0)) };
+    match Allocator::new(bad) {
+        Err(Error::Config { setting, .. }) => assert_eq!(setting, "report_order"),
+        other => panic!("thp with report_order 8 accepted: {:?}", other.map(|_| ())),
+    }
+    let c = Config { thp: true, max_order: 10, arena_size: 64 << 20, ..config(reporting(0)) };
+    let a = Allocator::new(c).unwrap();
+    // Half of a huge page freed while the other half is live: never reported.
+    let big = a.alloc(2 << 20, 2 << 20, Flags::POPULATE).unwrap().as_ptr();
+    fill(big, 2 << 20, 1);
+    assert!(a.resize_in_place(big, 1 << 20).unwrap());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(a.stats().reported_bytes, 0, "a block below 2 MiB was reported");
+    assert_eq!(resident_bytes(unsafe { big.add(1 << 20) }, 1 << 20), 1 << 20);
+    a.free(big).unwrap();
+    wait_for("the 2 MiB block reported", || a.stats().reported_bytes >= 2 << 20);
+    assert_eq!(a.stats().reported_bytes % (2 << 20), 0, "part of a huge page was reported");
+    assert_eq!(resident_bytes(big, 2 << 20), 0);
     a.check_invariants().unwrap();
 }

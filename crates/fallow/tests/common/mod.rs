@@ -3,9 +3,13 @@
 
 use fallow::{os, Allocator, Config, PageState};
 
-/// A small allocator: 1 MiB blocks, 16 MiB arenas (so that growth is exercised too).
+/// A small allocator: 1 MiB blocks, 16 MiB arenas (so that growth is exercised too). The
+/// background workers are off: these tests assert exact page states and zeroing counters, which
+/// the zeroing and reporting workers would change under them (their own tests are report.rs and
+/// zero.rs).
 pub fn small() -> Allocator {
-    Allocator::new(Config { arena_size: 16 << 20, max_order: 8, ..Config::default() }).unwrap()
+    let tunables = fallow::Tunables::off();
+    Allocator::new(Config { arena_size: 16 << 20, max_order: 8, tunables, ..Config::default() }).unwrap()
 }
 
 pub fn all_zero(ptr: *const u8, len: usize) -> bool {
