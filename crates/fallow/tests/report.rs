@@ -317,3 +317,24 @@ fn thp_arenas_report_whole_huge_pages_only() {
     assert_eq!(resident_bytes(big, 2 << 20), 0);
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn workers_run_under_sched_idle() {
+    let a = Allocator::new(config(Tunables { zeroing: true, ..reporting(0) })).unwrap();
+    let mut found = Vec::new();
+    wait_for("both workers named and scheduled", || {
+        found.clear();
+        for e in std::fs::read_dir("/proc/self/task").unwrap() {
+            let dir = e.unwrap().path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let name = comm.trim();
+            if name == "fallow-report" || name == "fallow-zero" {
+                let tid: i32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
+                let policy = unsafe { libc::sched_getscheduler(tid) };
+                found.push((name.to_string(), policy));
+            }
+        }
+        found.len() >= 2 && found.iter().all(|(_, p)| *p == libc::SCHED_IDLE)
+    });
+    drop(a);
+}
