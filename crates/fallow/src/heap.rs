@@ -28,6 +28,10 @@ use crate::worker::{self, Worker};
 
 pub const MAX_ARENAS: usize = 64;
 
+/// How many times (100 us apart) an allocation that finds nothing free waits for blocks isolated
+/// by a background worker before it reserves a new arena.
+const ISOLATION_WAITS: u32 = 20;
+
 /// Allocation flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Flags(pub u32);
@@ -300,9 +304,21 @@ impl Allocator {
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
+        let mut waits = 0u32;
         let placed = loop {
-            if let Some(p) = self.shared.heap.lock().take(npages, order, zero) {
+            let mut h = self.shared.heap.lock();
+            if let Some(p) = h.take(npages, order, zero) {
                 break p;
+            }
+            let isolated = h.counters.isolated_pages;
+            drop(h);
+            // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
+            // zeroed, a batch being reported): wait for them a little (at most ~2 ms) rather than
+            // reserve a new arena and fault it in. Only when no other memory is free.
+            if isolated > 0 && waits < ISOLATION_WAITS {
+                waits += 1;
+                os::sleep_ns(100_000);
+                continue;
             }
             self.grow(npages as usize)?;
         };

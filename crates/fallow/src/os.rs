@@ -281,3 +281,9 @@ pub fn thread_cpu_ns() -> u64 {
 pub fn scratch(len: usize) -> OsResult<usize> {
     reserve_aligned(len, PAGE_SIZE, None)
 }
+
+/// Sleep for `ns` nanoseconds.
+pub fn sleep_ns(ns: u64) {
+    let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    unsafe { libc::nanosleep(&ts, ptr::null_mut()) };
+}
