@@ -1,0 +1,111 @@
+//! interference (the reviewers' objection to seed 000: background zeroing steals memory bandwidth
+//! and cache from the programs that run): a memory-bound loop on one thread (sums over a 64 MiB
+//! buffer, a fixed number of passes) while a second thread, paced, frees and reallocates a zeroed
+//! `--size` block through the peer and touches its pages, pausing 2 ms between cycles so that
+//! there is idle time for background work. `foreground_slowdown` is the loop's median time with
+//! the peer churning over its median time alone (measured in the same rounds, as one more turn in
+//! the interleaving). fallow against fallow-nozero is the pre-zeroing on/off comparison.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use serde_json::json;
+
+use super::{make_peers, row, Chart, Experiment, Options, Outcome};
+use crate::measure::{fmt_size, median, num, sleep_ms, summary, timed, touch_pages, Progress, Sample};
+use crate::peers::{Peer, Setup};
+
+const FOREGROUND_BYTES: usize = 64 << 20;
+const PASSES: usize = 6;
+
+fn foreground(buf: &[u64]) -> u64 {
+    let mut sum = 0u64;
+    for _ in 0..PASSES {
+        for chunk in buf.chunks(8) {
+            for &x in chunk {
+                sum = sum.wrapping_add(x);
+            }
+        }
+        sum = std::hint::black_box(sum);
+    }
+    sum
+}
+
+/// One foreground run with `peer` churning (None: alone). Returns the sample and the churn cycles.
+fn measure(buf: &[u64], peer: Option<&Peer>, size: usize) -> Result<(Sample, usize), String> {
+    let stop = AtomicBool::new(false);
+    let cycles = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let s = std::thread::scope(|sc| {
+        if let Some(p) = peer {
+            sc.spawn(|| {
+                let mut b = p.alloc(size, true, false);
+                while !stop.load(Ordering::Relaxed) {
+                    if b.is_null() {
+                        failed.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    touch_pages(b, size, 7);
+                    p.free(b, size);
+                    sleep_ms(2);
+                    b = p.alloc(size, true, false);
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                }
+                p.free(b, size);
+            });
+            sleep_ms(20);
+        }
+        let (_, s) = timed(|| std::hint::black_box(foreground(buf)));
+        stop.store(true, Ordering::Relaxed);
+        s
+    });
+    if failed.load(Ordering::Relaxed) {
+        return Err(super::alloc_failed(peer.unwrap(), size));
+    }
+    Ok((s, cycles.load(Ordering::Relaxed)))
+}
+
+pub fn run(o: &Options) -> Result<Outcome, String> {
+    let size = o.size;
+    let peers = make_peers(&o.peers, Setup { working_set: size, thp: false })?;
+    let buf: Vec<u64> = (0..FOREGROUND_BYTES / 8).map(|i| i as u64).collect();
+    let n = peers.len() + 1; // the last turn is the foreground alone
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); n];
+    let mut cycles: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut bar = Progress::new("interference", o.rounds * n);
+    for round in 0..o.rounds {
+        for i in super::round_order(n, round) {
+            let peer = peers.get(i);
+            let (s, c) = measure(&buf, peer, size)?;
+            samples[i].push(s);
+            cycles[i].push(c as f64);
+            bar.step(peer.map(|p| p.name()).unwrap_or("alone"));
+        }
+    }
+    bar.finish();
+    let alone = median(&samples[n - 1].iter().map(|s| s.wall_ms).collect::<Vec<_>>());
+    let mut results = Vec::new();
+    let mut bars = Vec::new();
+    for (i, p) in peers.iter().enumerate() {
+        let med = median(&samples[i].iter().map(|s| s.wall_ms).collect::<Vec<_>>());
+        let mut r = row(p.kind, summary(&samples[i]));
+        r.insert("foreground_slowdown".into(), num(med / alone));
+        r.insert("alone_ms".into(), num(alone));
+        r.insert("churn_cycles".into(), num(median(&cycles[i])));
+        results.push(r);
+        bars.push((p.name().to_string(), med / alone));
+    }
+    Ok(Outcome {
+        experiment: Experiment::Interference,
+        params: json!({
+            "churn_size": size, "churn_human": fmt_size(size), "foreground_bytes": FOREGROUND_BYTES,
+            "foreground_passes": PASSES, "alone_ms": num(alone), "rounds": o.rounds,
+            "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
+        }),
+        results,
+        chart: Chart {
+            title: format!("interference: memory-bound loop slowdown while {} blocks churn (lower is better)", fmt_size(size)),
+            unit: "x alone".into(),
+            bars,
+        },
+    })
+}
