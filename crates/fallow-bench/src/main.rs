@@ -102,6 +102,10 @@ struct BenchArgs {
     /// scale: alloc+free pairs per thread; stream: buffers per round.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
+    /// density: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
+    /// reading the guests' RSS.
+    #[arg(long, value_enum, default_value = "auto")]
+    enforce: experiments::Enforce,
 }
 
 /// A list of peers as given on the command line.
@@ -146,6 +150,7 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         budget: 0,
         chunk: 64 << 10,
         max_guests: 8,
+        enforce: experiments::Enforce::Auto,
         count: default_count(e),
     }
 }
@@ -171,6 +176,7 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     o.budget = a.budget.unwrap_or(0);
     o.chunk = a.chunk;
     o.max_guests = a.guests as usize;
+    o.enforce = a.enforce;
     let outcome = e.run(&o)?;
     println!("{}", outcome.chart.title);
     print!("{}", report::experiment_table(&outcome));

@@ -11,7 +11,8 @@
 //!   Idle -> ("touch", the memhog check) Touching;  any -> ("exit" or killed) Gone.
 //! A guest touches G in `--chunk`-sized allocations (memset, as the seed's program did), then frees
 //! them all and idles. While it idles the parent polls its resident set (`/proc/PID/statm`) for
-//! up to `--idle-ms`: `settle_ms` is the time until it falls under 5% of G (null if it did not),
+//! up to `--idle-ms`: `settle_ms` is the time until it falls to within 5% of G of what it was
+//! before touching (the program itself, `baseline_rss_mib`; null if it did not),
 //! `settled_rss_mib` what it is at the end of the wait.
 //!
 //! Enforcing the budget. As root with a memory cgroup (v1 `memory.limit_in_bytes`, or v2
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::{make_peers, row, Chart, Experiment, Options, Outcome};
+use super::{make_peers, row, Chart, Enforce, Experiment, Options, Outcome};
 use crate::measure::{children_cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
 use crate::peers::{Peer, PeerKind, Setup};
 
@@ -40,7 +41,7 @@ pub fn guest_main(kind: PeerKind, size: usize, chunk: usize, cgroup: Option<Path
             .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
     }
     let peer = Peer::new(kind, Setup { working_set: size, thp: false })?;
-    let chunk = chunk.clamp(4096, size);
+    let chunk = chunk.max(4096).min(size.max(4096));
     let count = size.div_ceil(chunk);
     let mut blocks: Vec<*mut u8> = Vec::with_capacity(count);
     let out = std::io::stdout();
@@ -78,6 +79,8 @@ struct Guest {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// Resident bytes once started, before touching anything (the program itself).
+    baseline: usize,
 }
 
 impl Guest {
@@ -102,9 +105,12 @@ impl Guest {
             .map_err(|e| format!("cannot start a guest: {e}"))?;
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut g = Guest { child, stdin, stdout };
+        let mut g = Guest { child, stdin, stdout, baseline: 0 };
         match g.read_line() {
-            Some(l) if l == "ready" => Ok(g),
+            Some(l) if l == "ready" => {
+                g.baseline = g.rss();
+                Ok(g)
+            }
             _ => {
                 g.stop();
                 Err(format!("{}: a guest failed to start", kind.name()))
@@ -243,6 +249,7 @@ struct Run {
     touch: Vec<Sample>,
     settled_rss_mib: Vec<f64>,
     settle_ms: Vec<Option<f64>>,
+    baseline_rss_mib: Vec<f64>,
     memhog_ms: Option<f64>,
     enforcement: &'static str,
     failcnt: Option<u64>,
@@ -252,13 +259,20 @@ struct Run {
 
 fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> Result<Run, String> {
     let g = o.size;
-    let cgroup = Cgroup::create(kind.name(), budget);
+    let cgroup = match o.enforce {
+        Enforce::Rss => None,
+        Enforce::Auto => Cgroup::create(kind.name(), budget),
+        Enforce::Cgroup => Some(Cgroup::create(kind.name(), budget).ok_or(
+            "--enforce cgroup: cannot create a memory cgroup (needs root and cgroup v1 memory or v2 with the memory controller)",
+        )?),
+    };
     let mut guests: Vec<Guest> = Vec::new();
     let mut run = Run {
         guests_fit: 0,
         touch: Vec::new(),
         settled_rss_mib: Vec::new(),
         settle_ms: Vec::new(),
+        baseline_rss_mib: Vec::new(),
         memhog_ms: None,
         enforcement: cgroup.as_ref().map(|c| c.enforcement()).unwrap_or("rss"),
         failcnt: None,
@@ -295,7 +309,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> R
                     peak = peak.max(u);
                 }
                 let waited = t0.elapsed();
-                if settled.is_none() && rss < g / 20 {
+                if settled.is_none() && rss.saturating_sub(last.baseline) < g / 20 {
                     settled = Some(waited.as_secs_f64() * 1e3);
                     break;
                 }
@@ -306,6 +320,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> R
             }
             run.settle_ms.push(settled);
             run.settled_rss_mib.push(mib(rss));
+            run.baseline_rss_mib.push(mib(last.baseline));
         }
         // memhog: the last guest still alive touches its memory once more.
         if let Some(k) = (0..guests.len()).rev().find(|&k| guests[k].alive()) {
@@ -329,6 +344,9 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> R
 
 pub fn run(o: &Options) -> Result<Outcome, String> {
     let g = o.size;
+    if g < 1 << 20 {
+        return Err(format!("density needs --size of at least 1MiB per guest (got {g} bytes)"));
+    }
     let budget = if o.budget > 0 { o.budget } else { g / 4 * 15 };
     // The peers are built here only to check that they can be (the guests build their own).
     make_peers(&o.peers, Setup { working_set: g, thp: false })?;
@@ -355,6 +373,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         r.insert("guests_fit".into(), num(fit));
         r.insert("settled_rss_mib".into(), json!(last.settled_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
         r.insert("settle_ms".into(), json!(last.settle_ms.iter().map(|x| x.map(num).unwrap_or(Value::Null)).collect::<Vec<_>>()));
+        r.insert("baseline_rss_mib".into(), json!(last.baseline_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
         r.insert("memhog_ms".into(), last.memhog_ms.map(num).unwrap_or(Value::Null));
         r.insert("enforcement".into(), json!(last.enforcement));
         r.insert("failcnt".into(), json!(last.failcnt));

@@ -1,12 +1,14 @@
 //! interference (the reviewers' objection to seed 000: background zeroing steals memory bandwidth
-//! and cache from the programs that run): a memory-bound loop on one thread (sums over a 64 MiB
-//! buffer, a fixed number of passes) while a second thread, paced, frees and reallocates a zeroed
-//! `--size` block through the peer and touches its pages, pausing 2 ms between cycles so that
-//! there is idle time for background work. `foreground_slowdown` is the loop's median time with
-//! the peer churning over its median time alone (measured in the same rounds, as one more turn in
-//! the interleaving). fallow against fallow-nozero is the pre-zeroing on/off comparison.
+//! and cache from the programs that run): a memory-bound loop on one thread (passes summing a
+//! 64 MiB buffer, for a fixed `WINDOW` of wall time) while a second thread, paced, frees and
+//! reallocates a zeroed `--size` block through the peer and touches its pages, pausing 2 ms between
+//! cycles so that there is idle time for background work. A sample is the loop's time per pass
+//! (`median_ms` is per pass); `foreground_slowdown` is the median time per pass with the peer
+//! churning over the median alone (measured in the same rounds, as one more turn in the
+//! interleaving). fallow against fallow-nozero is the pre-zeroing on/off comparison.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -15,19 +17,21 @@ use crate::measure::{fmt_size, median, num, sleep_ms, summary, timed, touch_page
 use crate::peers::{Peer, Setup};
 
 const FOREGROUND_BYTES: usize = 64 << 20;
-const PASSES: usize = 6;
+const WINDOW: Duration = Duration::from_millis(200);
 
-fn foreground(buf: &[u64]) -> u64 {
+/// Passes over `buf` until `WINDOW` has passed; the passes done.
+fn foreground(buf: &[u64]) -> usize {
+    let t0 = Instant::now();
+    let mut passes = 0;
     let mut sum = 0u64;
-    for _ in 0..PASSES {
-        for chunk in buf.chunks(8) {
-            for &x in chunk {
-                sum = sum.wrapping_add(x);
-            }
+    while t0.elapsed() < WINDOW {
+        for &x in buf {
+            sum = sum.wrapping_add(x);
         }
         sum = std::hint::black_box(sum);
+        passes += 1;
     }
-    sum
+    passes
 }
 
 /// One foreground run with `peer` churning (None: alone). Returns the sample and the churn cycles.
@@ -54,9 +58,10 @@ fn measure(buf: &[u64], peer: Option<&Peer>, size: usize) -> Result<(Sample, usi
             });
             sleep_ms(20);
         }
-        let (_, s) = timed(|| std::hint::black_box(foreground(buf)));
+        let (passes, s) = timed(|| foreground(buf));
         stop.store(true, Ordering::Relaxed);
-        s
+        let per_pass = passes.max(1) as f64;
+        Sample { wall_ms: s.wall_ms / per_pass, cpu_ms: s.cpu_ms / per_pass }
     });
     if failed.load(Ordering::Relaxed) {
         return Err(super::alloc_failed(peer.unwrap(), size));
@@ -98,7 +103,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         experiment: Experiment::Interference,
         params: json!({
             "churn_size": size, "churn_human": fmt_size(size), "foreground_bytes": FOREGROUND_BYTES,
-            "foreground_passes": PASSES, "alone_ms": num(alone), "rounds": o.rounds,
+            "window_ms": WINDOW.as_millis() as u64, "times": "median_ms, min_ms, max_ms, cpu_ms and alone_ms are per pass over the foreground buffer", "alone_ms": num(alone), "rounds": o.rounds,
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
         }),
         results,

@@ -64,6 +64,7 @@ impl Experiment {
     pub fn default_rounds(self) -> usize {
         match self {
             Experiment::Density => 1,
+            Experiment::Interference => 5,
             _ => 3,
         }
     }
@@ -94,8 +95,19 @@ pub struct Options {
     pub budget: usize,
     pub chunk: usize,
     pub max_guests: usize,
+    /// density: how the budget is enforced.
+    pub enforce: Enforce,
     /// scale: alloc+free pairs per thread; stream: buffers per round.
     pub count: usize,
+}
+
+/// density: how the budget is enforced: a memory cgroup if the machine allows it, else RSS
+/// (`Auto`); a cgroup or fail (`Cgroup`); RSS readings only (`Rss`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Enforce {
+    Auto,
+    Cgroup,
+    Rss,
 }
 
 /// What an experiment gives back: its JSON record and a chart of its main figure.
