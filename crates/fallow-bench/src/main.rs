@@ -81,9 +81,13 @@ struct BenchArgs {
     /// Draw the PNG chart here.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// pin: idle gap after the free; density: how long each guest may take to settle.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=600_000))]
-    idle_ms: u64,
+    /// pin: idle gap after the free (default 1000); density: how long each guest may take to
+    /// settle (default 3000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    idle_ms: Option<u64>,
+    /// density: run the peers at once (each with its own guests and budget) instead of in turn.
+    #[arg(long)]
+    parallel: bool,
     /// pin: mlock the memory (the VFIO pin case).
     #[arg(long)]
     lock: bool,
@@ -144,13 +148,14 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         threads: measure::online_cpus(),
         rounds: e.default_rounds(),
         peers,
-        idle_ms: 1000,
+        idle_ms: e.default_idle_ms(),
         lock: false,
         thp: false,
         budget: 0,
         chunk: 64 << 10,
         max_guests: 8,
         enforce: experiments::Enforce::Auto,
+        parallel: e == Experiment::Density,
         count: default_count(e),
     }
 }
@@ -170,7 +175,10 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     if let Some(c) = a.count {
         o.count = c as usize;
     }
-    o.idle_ms = a.idle_ms;
+    if let Some(ms) = a.idle_ms {
+        o.idle_ms = ms;
+    }
+    o.parallel = a.parallel;
     o.lock = a.lock;
     o.thp = a.thp;
     o.budget = a.budget.unwrap_or(0);
@@ -236,13 +244,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         p(Experiment::Realloc),
     );
     println!(
-        "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}); scale {} blocks; stream {} x{}; \
+        "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
          interference churn {}; realloc 1MiB..{}",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
         density["budget_human"].as_str().unwrap_or("?"),
         density["enforcement"].as_str().unwrap_or("?"),
+        density["settle_wait_ms"],
         scale["size_human"].as_str().unwrap_or("?"),
         stream["size_human"].as_str().unwrap_or("?"),
         stream["buffers_per_round"],
@@ -253,10 +262,16 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
     println!(
         "pin x glibc: glibc's time over the peer's (above 1 is faster); density fit: guests that fit (of {}); \
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
-         stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); medians of {} rounds.",
+         stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); medians over rounds \
+         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
+        density["rounds"],
+        scale["rounds"],
+        stream["rounds"],
+        interference["rounds"],
+        realloc["rounds"],
     );
     println!("results (JSON and PNG): {}  ({:.1} s)", out.display(), t0.elapsed().as_secs_f64());
     Ok(())

@@ -15,6 +15,11 @@
 //! before touching (the program itself, `baseline_rss_mib`; null if it did not),
 //! `settled_rss_mib` what it is at the end of the wait.
 //!
+//! Peers run one after another (interleaved over rounds), or with `--parallel` all at once, each
+//! with its own guests and budget: the waits overlap, which is what lets `fallow demo` include
+//! this experiment; guests of other peers then compete for the CPUs while touching (their
+//! `cpu_ms` cannot be told apart and is null).
+//!
 //! Enforcing the budget. As root with a memory cgroup (v1 `memory.limit_in_bytes`, or v2
 //! `memory.max`) the guests run in a fresh cgroup limited to B: the kernel reclaims what it can
 //! (lazily freed pages) and kills a guest when the rest will not fit; the count stops at the first
@@ -26,6 +31,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -257,7 +263,7 @@ struct Run {
     cpu_ms: f64,
 }
 
-fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> Result<Run, String> {
+fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -> Result<Run, String> {
     let g = o.size;
     let cgroup = match o.enforce {
         Enforce::Rss => None,
@@ -294,7 +300,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> R
             let touched = guest.touch();
             guests.push(guest);
             let all_alive = guests.iter_mut().all(|g| g.alive());
-            bar.step(kind.name());
+            bar.lock().unwrap().step(kind.name());
             let Some(ms) = touched.filter(|_| all_alive) else { break };
             run.guests_fit += 1;
             run.touch.push(Sample { wall_ms: ms, cpu_ms: 0.0 });
@@ -338,7 +344,8 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &mut Progress) -> R
     for mut guest in guests {
         guest.stop();
     }
-    run.cpu_ms = children_cpu_ms() - cpu0;
+    // RUSAGE_CHILDREN is process-wide: with peers in parallel it holds every peer's guests.
+    run.cpu_ms = if o.parallel { f64::NAN } else { children_cpu_ms() - cpu0 };
     result.map(|_| run)
 }
 
@@ -350,14 +357,27 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     let budget = if o.budget > 0 { o.budget } else { g / 4 * 15 };
     // The peers are built here only to check that they can be (the guests build their own).
     make_peers(&o.peers, Setup { working_set: g, thp: false })?;
-    let mut bar = Progress::new("density", o.rounds * o.peers.len() * o.max_guests.min(4));
+    let bar = Mutex::new(Progress::new("density", o.rounds * o.peers.len() * o.max_guests.min(4)));
     let mut runs: Vec<Vec<Run>> = (0..o.peers.len()).map(|_| Vec::new()).collect();
     for round in 0..o.rounds {
-        for i in super::round_order(o.peers.len(), round) {
-            runs[i].push(run_peer(o.peers[i], o, budget, &mut bar)?);
+        if o.parallel {
+            let got: Vec<Result<Run, String>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = o.peers.iter().map(|&k| {
+                    let bar = &bar;
+                    sc.spawn(move || run_peer(k, o, budget, bar))
+                }).collect();
+                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a density thread failed".into()))).collect()
+            });
+            for (i, r) in got.into_iter().enumerate() {
+                runs[i].push(r?);
+            }
+        } else {
+            for i in super::round_order(o.peers.len(), round) {
+                runs[i].push(run_peer(o.peers[i], o, budget, &bar)?);
+            }
         }
     }
-    bar.finish();
+    bar.lock().unwrap().finish();
     let mut results = Vec::new();
     let mut bars = Vec::new();
     let mut enforcement = "rss";
@@ -386,6 +406,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         params: json!({
             "guest_bytes": g, "guest_human": fmt_size(g), "budget_bytes": budget, "budget_human": fmt_size(budget),
             "chunk": o.chunk, "max_guests": o.max_guests, "settle_wait_ms": o.idle_ms, "rounds": o.rounds,
+            "peers_in_parallel": o.parallel,
             "enforcement": enforcement,
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "note": "median_ms/min_ms/max_ms: a guest's time to touch G; cpu_ms: the guests' CPU time (all guests of a run)",

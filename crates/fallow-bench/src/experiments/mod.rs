@@ -57,7 +57,7 @@ impl Experiment {
             Experiment::Scale => 16 << 10,
             Experiment::Stream => 32 << 20,
             Experiment::Interference => 16 << 20,
-            Experiment::Realloc => 256 << 20,
+            Experiment::Realloc => 128 << 20,
         }
     }
 
@@ -66,6 +66,15 @@ impl Experiment {
             Experiment::Density => 1,
             Experiment::Interference => 5,
             _ => 3,
+        }
+    }
+
+    /// pin: the idle gap; density: how long a guest may take to settle (longer than fallow's
+    /// default reporting delay of 2 s, so that reporting can show).
+    pub fn default_idle_ms(self) -> u64 {
+        match self {
+            Experiment::Density => 3000,
+            _ => 1000,
         }
     }
 
@@ -95,8 +104,9 @@ pub struct Options {
     pub budget: usize,
     pub chunk: usize,
     pub max_guests: usize,
-    /// density: how the budget is enforced.
+    /// density: how the budget is enforced; run the peers at once.
     pub enforce: Enforce,
+    pub parallel: bool,
     /// scale: alloc+free pairs per thread; stream: buffers per round.
     pub count: usize,
 }
