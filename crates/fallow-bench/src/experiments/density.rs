@@ -390,7 +390,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         s.insert("cpu_ms".into(), num(median(&rs.iter().map(|r| r.cpu_ms).collect::<Vec<_>>())));
         let mut r: Map<String, Value> = row(*kind, s);
         let fit = median(&rs.iter().map(|r| r.guests_fit as f64).collect::<Vec<_>>());
-        r.insert("guests_fit".into(), num(fit));
+        r.insert("guests_fit".into(), if fit.fract() == 0.0 { json!(fit as u64) } else { num(fit) });
         r.insert("settled_rss_mib".into(), json!(last.settled_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
         r.insert("settle_ms".into(), json!(last.settle_ms.iter().map(|x| x.map(num).unwrap_or(Value::Null)).collect::<Vec<_>>()));
         r.insert("baseline_rss_mib".into(), json!(last.baseline_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
