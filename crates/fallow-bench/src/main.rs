@@ -273,7 +273,8 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         interference["rounds"],
         realloc["rounds"],
     );
-    println!("results (JSON and PNG): {}  ({:.1} s)", out.display(), t0.elapsed().as_secs_f64());
+    let shown = std::fs::canonicalize(&out).unwrap_or(out);
+    println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
     Ok(())
 }
 

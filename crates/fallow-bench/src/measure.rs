@@ -113,7 +113,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         _ => return Err(format!("bad size unit in '{s}' (use B, KiB, MiB, GiB or TiB)")),
     };
     let bytes = n * mult;
-    if !(bytes >= 1.0) || bytes > (1u64 << 46) as f64 {
+    if bytes.is_nan() || bytes < 1.0 || bytes > (1u64 << 46) as f64 {
         return Err(format!("size '{s}' is out of range (1 byte to 64 TiB)"));
     }
     Ok(bytes as usize)

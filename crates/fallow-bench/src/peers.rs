@@ -305,7 +305,7 @@ pub fn versions() -> Vec<(&'static str, String)> {
         let mut v: *const libc::c_char = core::ptr::null();
         let mut len = core::mem::size_of::<*const libc::c_char>();
         let rc = tikv_jemalloc_sys::mallctl(
-            c"version".as_ptr(),
+            b"version\0".as_ptr() as *const libc::c_char,
             &mut v as *mut _ as *mut libc::c_void,
             &mut len,
             core::ptr::null_mut(),
@@ -320,7 +320,7 @@ pub fn versions() -> Vec<(&'static str, String)> {
     vec![
         ("glibc", glibc),
         ("jemalloc", je),
-        ("mimalloc", format!("{}.{}.{}", mi / 100, (mi / 10) % 10, mi % 10)),
+        ("mimalloc", format!("mi_version() = {mi}")),
         ("fallow", env!("CARGO_PKG_VERSION").to_string()),
     ]
 }
