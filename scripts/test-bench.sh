@@ -17,6 +17,7 @@ if ! need python3 || ! need make || ! need cc; then
 fi
 
 cargo build --release -q -p fallow-bench
+cargo test --release -q -p fallow-bench
 BIN=target/release/fallow
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT

@@ -221,3 +221,41 @@ pub fn memset_gib_per_s(len: usize, reps: usize) -> f64 {
     std::hint::black_box(&buf);
     median(&rates)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_people_write_them() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size(" 2M "), Ok(2 << 20));
+        for bad in ["", "0", "GiB", "12XB", "-1MiB", "1..2MiB", "100TiB"] {
+            assert!(parse_size(bad).is_err(), "{bad} parsed");
+        }
+        assert_eq!(fmt_size(256 << 20), "256MiB");
+        assert_eq!(fmt_size(3 << 29), "1536MiB");
+        assert_eq!(fmt_size(1000), "1000B");
+    }
+
+    #[test]
+    fn medians_and_summaries() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&[]).is_nan());
+        let s = summary(&[
+            Sample { wall_ms: 5.0, cpu_ms: 1.0 },
+            Sample { wall_ms: 1.0, cpu_ms: 2.0 },
+            Sample { wall_ms: 3.0, cpu_ms: 3.0 },
+        ]);
+        assert_eq!(s["median_ms"], json!(3.0));
+        assert_eq!(s["min_ms"], json!(1.0));
+        assert_eq!(s["max_ms"], json!(5.0));
+        assert_eq!(s["cpu_ms"], json!(2.0));
+        assert_eq!(num(f64::NAN), Value::Null);
+    }
+}

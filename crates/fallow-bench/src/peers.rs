@@ -324,3 +324,44 @@ pub fn versions() -> Vec<(&'static str, String)> {
         ("fallow", env!("CARGO_PKG_VERSION").to_string()),
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_peer_allocates_zeroes_grows_and_frees() {
+        for kind in PeerKind::ALL {
+            let p = Peer::new(kind, Setup { working_set: 8 << 20, thp: false }).unwrap();
+            let n = 3 << 20;
+            let b = p.alloc(n, false, false);
+            assert!(!b.is_null(), "{}", kind.name());
+            unsafe { core::ptr::write_bytes(b, 0xee, n) };
+            p.free(b, n);
+            let z = p.alloc(n, true, true);
+            assert!(!z.is_null());
+            let s = unsafe { core::slice::from_raw_parts(z, n) };
+            assert!(s.iter().all(|&x| x == 0), "{}: zeroed allocation had garbage", kind.name());
+            unsafe { core::ptr::write_bytes(z, 7, n) };
+            let g = p.grow(z, n, 2 * n);
+            assert!(!g.is_null());
+            let s = unsafe { core::slice::from_raw_parts(g, n) };
+            assert!(s.iter().all(|&x| x == 7), "{}: grow lost the contents", kind.name());
+            p.free(g, 2 * n);
+        }
+    }
+
+    #[test]
+    fn peer_lists_parse() {
+        assert_eq!(PeerKind::parse_list("all").unwrap().len(), PeerKind::ALL.len());
+        assert_eq!(
+            PeerKind::parse_list("glibc, fallow-nozero").unwrap(),
+            vec![PeerKind::Glibc, PeerKind::FallowNozero]
+        );
+        assert!(PeerKind::parse_list("glibc,tcmalloc").unwrap_err().contains("tcmalloc"));
+        assert!(PeerKind::parse_list(",").is_err());
+        for k in PeerKind::ALL {
+            assert_eq!(PeerKind::parse(k.name()), Some(k));
+        }
+    }
+}

@@ -99,9 +99,20 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         results.push(r);
         bars.push((p.name().to_string(), med / alone));
     }
+    // The pre-zeroing comparison: fallow's slowdown over fallow-nozero's, when both ran.
+    let slowdown_of = |name: &str| {
+        peers.iter().position(|p| p.name() == name).map(|i| {
+            median(&samples[i].iter().map(|s| s.wall_ms).collect::<Vec<_>>()) / alone
+        })
+    };
+    let zeroing_on_vs_off = match (slowdown_of("fallow"), slowdown_of("fallow-nozero")) {
+        (Some(on), Some(off)) => num(on / off),
+        _ => serde_json::Value::Null,
+    };
     Ok(Outcome {
         experiment: Experiment::Interference,
         params: json!({
+            "zeroing_on_vs_off": zeroing_on_vs_off,
             "churn_size": size, "churn_human": fmt_size(size), "foreground_bytes": FOREGROUND_BYTES,
             "window_ms": WINDOW.as_millis() as u64, "times": "median_ms, min_ms, max_ms, cpu_ms and alone_ms are per pass over the foreground buffer", "alone_ms": num(alone), "rounds": o.rounds,
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
