@@ -1,11 +1,21 @@
-# The README's two commands: `make demo` (the main job) and `make test` (every test; installs what
-# it needs on a fresh machine). CI (.ci/run) calls `make test`.
-.PHONY: demo test test-rust
+# The README's two commands: `make demo` (the main job: every experiment of the benchmark command
+# at a small default size) and `make test` (every test; installs what it needs on a fresh machine).
+# CI (.ci/run) calls `make test`.
+.PHONY: demo test test-rust test-debug test-bench
 
 demo:
-	cargo run --release -p fallow --example quickstart
+	cargo run --release -p fallow-bench -- demo
 
-test: test-rust
+test: test-rust test-debug test-bench
 
+# Every crate's unit and integration tests (core, reporting, zeroing, caches, bench, C API adapter).
 test-rust:
 	cargo test --workspace --release
+
+# The core again with debug assertions on.
+test-debug:
+	cargo test -p fallow
+
+# The benchmark command, every experiment once at a tiny size (no timing asserted).
+test-bench:
+	scripts/test-bench.sh

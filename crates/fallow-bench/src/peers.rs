@@ -121,10 +121,11 @@ pub enum FallowVariant {
 /// turns pre-zeroing off here and `NoReport` turns reporting off here, and nothing else changes.
 pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
     let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
+    let t = config.tunables;
     match variant {
         FallowVariant::Default => config,
-        FallowVariant::NoZero => config,
-        FallowVariant::NoReport => config,
+        FallowVariant::NoZero => fallow::Config { tunables: fallow::Tunables { zeroing: false, ..t }, ..config },
+        FallowVariant::NoReport => fallow::Config { tunables: fallow::Tunables { report: false, ..t }, ..config },
     }
 }
 
