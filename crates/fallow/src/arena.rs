@@ -177,6 +177,13 @@ impl Arena {
         self.states.get(pfn)
     }
 
+    /// The `BlockMeta` array (for the per-thread caches, which read and write the records of
+    /// blocks they own without the lock).
+    #[inline]
+    pub fn meta_raw(&self) -> *mut BlockMeta {
+        self.meta
+    }
+
     #[inline]
     pub fn states(&self) -> States {
         self.states

@@ -13,16 +13,17 @@
 //! and `owns` is a lock-free range check (the preload library's ownership test).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::arena::{Arena, States};
 use crate::buddy::{preference, Taken};
+use crate::cache::{self, Registry};
 use crate::config::Config;
 use crate::error::Error;
 use crate::lock::Locked;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
 use crate::stats::Stats;
 
 pub const MAX_ARENAS: usize = 64;
@@ -65,6 +66,13 @@ pub(crate) struct Counters {
     pub in_use_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
+    /// Pages handed to per-thread caches and not yet drained back, as of the last fold of each
+    /// cache's counters (`cache.rs`); wrapping, like `in_use_pages` and `live_blocks`, because a
+    /// cache's unfolded hits may move pages either way.
+    pub cached_pages: u64,
+    pub cache_hits: u64,
+    pub cache_refills: u64,
+    pub cache_drains: u64,
 }
 
 /// Everything the lock guards.
@@ -72,6 +80,8 @@ pub(crate) struct Heap {
     pub arenas: [Option<Arena>; MAX_ARENAS],
     pub narenas: usize,
     pub counters: Counters,
+    /// The per-thread caches of this allocator (`cache.rs`).
+    pub caches: Registry,
 }
 
 /// What code outside the lock may read of an arena.
@@ -79,6 +89,7 @@ struct ArenaView {
     base: AtomicUsize,
     len: AtomicUsize,
     states: AtomicUsize,
+    meta: AtomicUsize,
 }
 
 pub(crate) struct Shared {
@@ -87,6 +98,12 @@ pub(crate) struct Shared {
     published: AtomicUsize,
     pub config: Config,
     epoch_ns: u64,
+    /// Identity of this allocator for the per-thread caches (never reused in a process).
+    pub(crate) cache_id: u64,
+    /// How many orders the per-thread caches serve (0: caches off).
+    pub(crate) cache_orders: u32,
+    /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
+    pub(crate) drain_generation: AtomicU64,
 }
 
 /// A page allocator. Cloning gives another handle to the same allocator.
@@ -175,15 +192,24 @@ impl Allocator {
         config.validate()?;
         const EMPTY: Option<Arena> = None;
         let shared = Shared {
-            heap: Locked::new(Heap { arenas: [EMPTY; MAX_ARENAS], narenas: 0, counters: Counters::default() }),
+            heap: Locked::new(Heap {
+                arenas: [EMPTY; MAX_ARENAS],
+                narenas: 0,
+                counters: Counters::default(),
+                caches: Registry::new(),
+            }),
             views: core::array::from_fn(|_| ArenaView {
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 states: AtomicUsize::new(0),
+                meta: AtomicUsize::new(0),
             }),
             published: AtomicUsize::new(0),
-            config,
             epoch_ns: os::now_ns(),
+            cache_id: cache::new_allocator_id(),
+            cache_orders: if config.cache { config.cache_max_order.min(config.max_order) as u32 + 1 } else { 0 },
+            drain_generation: AtomicU64::new(0),
+            config,
         };
         let alloc = Allocator { shared: Arc::new(shared) };
         alloc.grow(0)?;
@@ -227,6 +253,16 @@ impl Allocator {
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
+        // The fast path: an exact power-of-two block of a cached order, without LOCK (whose
+        // bookkeeping needs the lock), from this thread's cache.
+        if order < self.shared.cache_orders as u8 && npages == 1 << order && !flags.contains(Flags::LOCK) {
+            if let Some(tc) = cache::current(self) {
+                if let Some(p) = tc.alloc(self, order, zero) {
+                    self.prepare(&p, flags)?;
+                    return Ok(unsafe { NonNull::new_unchecked(p.addr as *mut u8) });
+                }
+            }
+        }
         let placed = loop {
             if let Some(p) = self.shared.heap.lock().take(npages, order, zero) {
                 break p;
@@ -238,7 +274,7 @@ impl Allocator {
     }
 
     /// After the lock: zero what must be zeroed, mark the pages allocated, populate, lock.
-    fn prepare(&self, p: &Placed, flags: Flags) -> Result<(), Error> {
+    pub(crate) fn prepare(&self, p: &Placed, flags: Flags) -> Result<(), Error> {
         let t = &p.taken;
         let states = self.states_of(p.arena);
         let zero = flags.contains(Flags::ZERO);
@@ -280,6 +316,15 @@ impl Allocator {
     }
 
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
+        // The fast path: a live block of a cached order goes to this thread's cache. Anything
+        // that does not look exactly like one takes the validated path below.
+        if self.shared.cache_orders > 0 {
+            if let Some(tc) = cache::current(self) {
+                if tc.free(self, addr, size) {
+                    return Ok(());
+                }
+            }
+        }
         let mut h = self.shared.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let actual = (npages as usize) << PAGE_SHIFT;
@@ -308,8 +353,8 @@ impl Allocator {
         a.release_live(pfn, npages, now);
         let c = &mut h.counters;
         c.free_calls += 1;
-        c.in_use_pages -= npages as u64;
-        c.live_blocks -= 1;
+        c.in_use_pages = c.in_use_pages.wrapping_sub(npages as u64);
+        c.live_blocks = c.live_blocks.wrapping_sub(1);
         Ok(())
     }
 
@@ -356,7 +401,7 @@ impl Allocator {
                 a.meta_mut(pfn).npages = new_pages;
                 a.set_states(pfn + new_pages, tail, PageState::Dirty);
                 a.free_range(pfn + new_pages, tail, StateCounts::default(), now);
-                h.counters.in_use_pages -= tail as u64;
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(tail as u64);
             }
             return Ok(true);
         }
@@ -403,6 +448,10 @@ impl Allocator {
         s.zeroed_on_alloc_bytes = c.zeroed_on_alloc_bytes;
         s.reused_reported_bytes = c.reused_reported_bytes;
         s.locked_bytes = c.locked_bytes;
+        s.cache_hits = c.cache_hits;
+        s.cache_refills = c.cache_refills;
+        s.cache_drains = c.cache_drains;
+        cache::add_to_stats(&h, &mut s);
         s
     }
 
@@ -434,14 +483,52 @@ impl Allocator {
         v.base.store(arena.base, Ordering::Relaxed);
         v.len.store(arena.len, Ordering::Relaxed);
         v.states.store(arena.states().raw() as usize, Ordering::Relaxed);
+        v.meta.store(arena.meta_raw() as usize, Ordering::Relaxed);
         h.arenas[i] = Some(arena);
         h.narenas += 1;
         self.shared.published.store(h.narenas, Ordering::Release);
         Ok(())
     }
 
-    fn states_of(&self, arena: usize) -> States {
+    pub(crate) fn states_of(&self, arena: usize) -> States {
         States::from_raw(self.shared.views[arena].states.load(Ordering::Relaxed) as *const AtomicU8)
+    }
+
+    /// The `BlockMeta` array of an arena, without the lock (for the per-thread caches).
+    #[inline]
+    pub(crate) fn meta_of(&self, arena: usize) -> *mut BlockMeta {
+        self.shared.views[arena].meta.load(Ordering::Relaxed) as *mut BlockMeta
+    }
+
+    #[inline]
+    pub(crate) fn arena_base(&self, arena: usize) -> usize {
+        self.shared.views[arena].base.load(Ordering::Relaxed)
+    }
+
+    /// The arena holding `addr` and its base address, without the lock.
+    #[inline]
+    pub(crate) fn arena_of(&self, addr: usize) -> Option<(usize, usize)> {
+        let n = self.shared.published.load(Ordering::Acquire);
+        for (i, v) in self.shared.views[..n].iter().enumerate() {
+            let base = v.base.load(Ordering::Relaxed);
+            if addr.wrapping_sub(base) < v.len.load(Ordering::Relaxed) {
+                return Some((i, base));
+            }
+        }
+        None
+    }
+
+    /// Ask every thread's cache of this allocator to drain back to the free lists (for the
+    /// reporting worker, when memory has been idle past its delay). Each thread does so at its
+    /// next allocation or free on this allocator; a cache never holds more than the bound stated
+    /// in docs/design.md ("Per-thread caches").
+    pub fn request_cache_drain(&self) {
+        self.shared.drain_generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drain the calling thread's cache of this allocator back to the free lists now.
+    pub fn drain_thread_cache(&self) {
+        cache::drain_current(self);
     }
 
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`).
@@ -468,13 +555,15 @@ impl Allocator {
             listed_pages += a.check_lists().map_err(|e| format!("arena {ai}: {e}"))?;
         }
         let c = &h.counters;
-        if listed_pages + c.in_use_pages + c.isolated_pages != total {
+        // Wrapping: a cache's unfolded hits move pages between `in_use` and `cached` (cache.rs).
+        let sum = listed_pages.wrapping_add(c.in_use_pages).wrapping_add(c.cached_pages).wrapping_add(c.isolated_pages);
+        if sum != total {
             return Err(format!(
-                "pages do not add up: {listed_pages} listed + {} in use + {} isolated != {total}",
-                c.in_use_pages, c.isolated_pages
+                "pages do not add up: {listed_pages} listed + {} in use + {} cached + {} isolated != {total}",
+                c.in_use_pages as i64, c.cached_pages as i64, c.isolated_pages
             ));
         }
-        Ok(())
+        cache::check(&h)
     }
 
     /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests).
@@ -489,6 +578,7 @@ impl Allocator {
                 });
             });
         }
+        cache::free_runs(&h, &mut out);
         out
     }
 }

@@ -8,6 +8,7 @@
 //! - `arena`: a reservation and its side metadata;
 //! - `buddy`: free lists, split and merge over one arena;
 //! - `heap`: the allocator itself (flags, free with validation, growth, statistics);
+//! - `cache`: per-thread page caches, the lock-free fast path;
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -20,6 +21,7 @@
 
 pub mod arena;
 pub mod buddy;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod heap;
