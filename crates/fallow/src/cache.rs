@@ -744,7 +744,7 @@ pub(crate) fn drain_current(a: &Allocator) {
 
 /// Add every registered cache's contents (as free memory) and unfolded events to `s`.
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
-    let mut in_use = s.bytes_in_use >> PAGE_SHIFT;
+    let mut in_use = h.counters.in_use_pages;
     for c in h.caches.iter() {
         for class in 0..CLASSES {
             for o in 0..c.orders {

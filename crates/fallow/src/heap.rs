@@ -63,6 +63,9 @@ pub(crate) struct Counters {
     pub zeroed_on_alloc_bytes: u64,
     pub reused_reported_bytes: u64,
     pub locked_bytes: u64,
+    /// Wrapping (read as signed): a block served by a per-thread cache and freed on the locked
+    /// path is subtracted here before the cache's hit is folded in. `stats()` adds the unfolded
+    /// hits of every cache, which makes the sum exact.
     pub in_use_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
@@ -142,8 +145,8 @@ impl Heap {
     fn account_taken(&mut self, t: &Taken, zero: bool) {
         let c = &mut self.counters;
         c.alloc_calls += 1;
-        c.in_use_pages += t.npages as u64;
-        c.live_blocks += 1;
+        c.in_use_pages = c.in_use_pages.wrapping_add(t.npages as u64);
+        c.live_blocks = c.live_blocks.wrapping_add(1);
         c.reused_reported_bytes += ((t.counts.reported + t.counts.lazy) as u64) << PAGE_SHIFT;
         if zero {
             let memset = t.counts.needs_zeroing(t.npages) as u64;
@@ -410,7 +413,7 @@ impl Allocator {
             Some(counts) => {
                 a.set_states(pfn + npages, new_pages - npages, PageState::Allocated);
                 a.meta_mut(pfn).npages = new_pages;
-                h.counters.in_use_pages += (new_pages - npages) as u64;
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_add((new_pages - npages) as u64);
                 h.counters.reused_reported_bytes += ((counts.reported + counts.lazy) as u64) << PAGE_SHIFT;
                 Ok(true)
             }
