@@ -135,7 +135,11 @@ fn table(rounds: usize) {
         for (si, &size) in sizes.iter().enumerate() {
             for (ti, &threads) in thread_counts.iter().enumerate() {
                 for (pi, (_, p)) in peers.iter().enumerate() {
-                    let (w, c) = run(p.as_ref(), size, threads, iters_for(size));
+                    // About 30 ms per run: a short calibration run sets the count (slow peers
+                    // would otherwise take minutes).
+                    let (probe, _) = run(p.as_ref(), size, threads, 200);
+                    let iters = ((30e6 / probe.max(1.0)) as usize).clamp(200, iters_for(size));
+                    let (w, c) = run(p.as_ref(), size, threads, iters);
                     res[pi][si][ti].0.push(w);
                     res[pi][si][ti].1.push(c);
                 }

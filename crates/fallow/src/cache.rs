@@ -70,7 +70,7 @@ use crate::buddy::preference;
 use crate::buddy::Taken;
 use crate::heap::{Allocator, Heap, Placed, Shared};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
@@ -150,9 +150,12 @@ pub(crate) struct ThreadCache {
     /// `base + cap - 1`).
     ndirty: [Owned; MAX_ORDERS],
     nzero: [Owned; MAX_ORDERS],
-    /// Gauges of what the cache holds: blocks by class and order, pages by state.
-    blocks: [[Owned; MAX_ORDERS]; CLASSES],
-    pages: [Owned; 4], // dirty, zeroed, reported, lazy
+    /// Gauges of what the cache holds beyond "all pages dirty" (the common case, a block freed
+    /// into the cache, touches none of them): pages zeroed, reported and lazily freed, and blocks
+    /// of class `Zeroed` and `Reported` per order. Dirty pages and dirty-class blocks are derived
+    /// from the stack sizes.
+    extra_pages: [Owned; 3],
+    class_blocks: [[Owned; MAX_ORDERS]; 2],
     events: Events,
     /// The drain generation this cache last obeyed (owner only).
     seen_generation: Cell<u64>,
@@ -264,8 +267,8 @@ impl ThreadCache {
             nentries: total as usize,
             ndirty: Default::default(),
             nzero: Default::default(),
-            blocks: Default::default(),
-            pages: Default::default(),
+            extra_pages: Default::default(),
+            class_blocks: Default::default(),
             events: Events::default(),
             seen_generation: Cell::new(a.shared.drain_generation.load(Relaxed)),
             next: Cell::new(ptr::null_mut()),
@@ -279,31 +282,52 @@ impl ThreadCache {
         unsafe { self.entries.add(i as usize) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn gauge(&self, e: &Entry, order: usize, sign: bool) {
-        let n = 1u64 << order;
-        let c = e.counts();
-        let class = c.class(n as u32) as usize;
-        let dirty = n - (e.zeroed + e.reported + e.lazy) as u64;
-        let vals = [dirty, e.zeroed as u64, e.reported as u64, e.lazy as u64];
+        if e.zeroed | e.reported | e.lazy != 0 {
+            self.gauge_mixed(e, order, sign);
+        }
+    }
+
+    #[inline(never)]
+    fn gauge_mixed(&self, e: &Entry, order: usize, sign: bool) {
+        let vals = [e.zeroed as u64, e.reported as u64, e.lazy as u64];
+        let class = e.counts().class(1 << order);
+        let cb = match class {
+            Class::Dirty => None,
+            Class::Zeroed => Some(&self.class_blocks[0][order]),
+            Class::Reported => Some(&self.class_blocks[1][order]),
+        };
         if sign {
-            self.blocks[class][order].add(1);
-            for (g, v) in self.pages.iter().zip(vals) {
-                if v != 0 {
-                    g.add(v);
-                }
+            cb.map(|g| g.add(1));
+            for (g, v) in self.extra_pages.iter().zip(vals) {
+                g.add(v);
             }
         } else {
-            self.blocks[class][order].sub(1);
-            for (g, v) in self.pages.iter().zip(vals) {
-                if v != 0 {
-                    g.sub(v);
-                }
+            cb.map(|g| g.sub(1));
+            for (g, v) in self.extra_pages.iter().zip(vals) {
+                g.sub(v);
             }
         }
     }
 
-    #[inline]
+    /// Blocks by class and order, and pages by state (dirty, zeroed, reported, lazy).
+    fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
+        let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
+        let mut total = 0u64;
+        for o in 0..self.orders {
+            let n = self.ndirty[o].get() + self.nzero[o].get();
+            total += n << o;
+            let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
+            blocks[Class::Zeroed as usize][o] = z;
+            blocks[Class::Reported as usize][o] = r;
+            blocks[Class::Dirty as usize][o] = n.wrapping_sub(z).wrapping_sub(r);
+        }
+        let x: Vec<u64> = self.extra_pages.iter().map(|g| g.get()).collect();
+        (blocks, [total.wrapping_sub(x[0] + x[1] + x[2]), x[0], x[1], x[2]])
+    }
+
+    #[inline(always)]
     fn push(&self, o: usize, e: Entry) {
         let (nd, nz) = (self.ndirty[o].get() as u32, self.nzero[o].get() as u32);
         debug_assert!(nd + nz < self.cap[o]);
@@ -317,7 +341,7 @@ impl ThreadCache {
         self.gauge(&e, o, true);
     }
 
-    #[inline]
+    #[inline(always)]
     fn pop_dirty(&self, o: usize) -> Option<Entry> {
         let nd = self.ndirty[o].get() as u32;
         if nd == 0 {
@@ -329,7 +353,7 @@ impl ThreadCache {
         Some(e)
     }
 
-    #[inline]
+    #[inline(always)]
     fn pop_zero(&self, o: usize) -> Option<Entry> {
         let nz = self.nzero[o].get() as u32;
         if nz == 0 {
@@ -746,17 +770,17 @@ pub(crate) fn drain_current(a: &Allocator) {
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
     let mut in_use = h.counters.in_use_pages;
     for c in h.caches.iter() {
+        let (blocks, p) = c.gauges();
         for class in 0..CLASSES {
             for o in 0..c.orders {
-                s.free_blocks[class][o] += c.blocks[class][o].get();
+                s.free_blocks[class][o] += blocks[class][o];
             }
         }
-        let p = &c.pages;
-        s.free_dirty_pages += p[0].get();
-        s.free_zeroed_pages += p[1].get();
-        s.free_reported_pages += p[2].get();
-        s.free_lazy_pages += p[3].get();
-        s.cached_pages += p.iter().map(|g| g.get()).sum::<u64>();
+        s.free_dirty_pages += p[0];
+        s.free_zeroed_pages += p[1];
+        s.free_reported_pages += p[2];
+        s.free_lazy_pages += p[3];
+        s.cached_pages += p.iter().sum::<u64>();
         let ev = &c.events;
         s.alloc_calls += ev.alloc_hits.get();
         s.free_calls += ev.free_hits.get();
@@ -778,6 +802,7 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
     for c in h.caches.iter() {
         net = net.wrapping_add(c.events.alloc_pages.get()).wrapping_sub(c.events.free_pages.get());
         let mut gauge = [0u64; 4];
+        let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
         c.for_each_entry(|o, e| {
             let n = 1u32 << o;
             pages += n as u64;
@@ -792,6 +817,7 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
             } else if real != e.counts() || (0..n).any(|i| ar.state(pfn + i) == PageState::Allocated) {
                 err = Some(format!("cached block {:#x}: entry says {:?}, pages say {real:?}", e.addr, e.counts()));
             }
+            blocks[real.class(n) as usize][o] += 1;
             gauge[0] += real.dirty(n) as u64;
             gauge[1] += real.zeroed as u64;
             gauge[2] += real.reported as u64;
@@ -800,9 +826,9 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
         if let Some(e) = err.take() {
             return Err(e);
         }
-        let g: Vec<u64> = c.pages.iter().map(|x| x.get()).collect();
-        if g != gauge {
-            return Err(format!("cache gauges {g:?} disagree with its entries {gauge:?}"));
+        let (b, g) = c.gauges();
+        if g != gauge || b != blocks {
+            return Err(format!("cache gauges {g:?} {b:?} disagree with its entries {gauge:?} {blocks:?}"));
         }
     }
     if h.counters.cached_pages.wrapping_sub(net) != pages {

@@ -253,19 +253,42 @@ impl Allocator {
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).
+    #[inline]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if let Some(p) = self.alloc_cached(size, align, flags) {
+            return Ok(p);
+        }
+        self.alloc_locked(size, align, flags)
+    }
+
+    /// The fast path (`cache.rs`): an exact power-of-two block of a cached order, without `LOCK`
+    /// (whose bookkeeping needs the lock), from this thread's cache. `None`: take the locked path
+    /// (which also reports bad requests).
+    #[inline]
+    fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
+        let orders = self.shared.cache_orders;
+        if orders == 0 || size == 0 || size > PAGE_SIZE << (orders - 1) || flags.contains(Flags::LOCK) {
+            return None;
+        }
+        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+        if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
+            return None;
+        }
+        let order = npages.trailing_zeros() as u8;
+        let p = cache::current(self)?.alloc(self, order, flags.contains(Flags::ZERO))?;
+        if flags.0 == 0 {
+            self.states_of(p.arena).fill(p.taken.pfn, p.taken.npages, PageState::Allocated);
+        } else {
+            // Without LOCK, `prepare` cannot fail.
+            self.prepare(&p, flags).ok()?;
+        }
+        Some(unsafe { NonNull::new_unchecked(p.addr as *mut u8) })
+    }
+
+    #[inline(never)]
+    fn alloc_locked(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
-        // The fast path: an exact power-of-two block of a cached order, without LOCK (whose
-        // bookkeeping needs the lock), from this thread's cache.
-        if order < self.shared.cache_orders as u8 && npages == 1 << order && !flags.contains(Flags::LOCK) {
-            if let Some(tc) = cache::current(self) {
-                if let Some(p) = tc.alloc(self, order, zero) {
-                    self.prepare(&p, flags)?;
-                    return Ok(unsafe { NonNull::new_unchecked(p.addr as *mut u8) });
-                }
-            }
-        }
         let placed = loop {
             if let Some(p) = self.shared.heap.lock().take(npages, order, zero) {
                 break p;
@@ -318,9 +341,10 @@ impl Allocator {
         self.free_checked(ptr as usize, Some(size))
     }
 
+    #[inline]
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         // The fast path: a live block of a cached order goes to this thread's cache. Anything
-        // that does not look exactly like one takes the validated path below.
+        // that does not look exactly like one takes the validated path.
         if self.shared.cache_orders > 0 {
             if let Some(tc) = cache::current(self) {
                 if tc.free(self, addr, size) {
@@ -328,6 +352,11 @@ impl Allocator {
                 }
             }
         }
+        self.free_locked(addr, size)
+    }
+
+    #[inline(never)]
+    fn free_locked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         let mut h = self.shared.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let actual = (npages as usize) << PAGE_SHIFT;
