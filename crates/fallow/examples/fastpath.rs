@@ -123,6 +123,10 @@ fn table(rounds: usize) {
         ("fallow cache", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
         ("fallow cache<=2M", Box::new(fallow_with(true, 9, d.cache_batch_pages, 1024))),
         ("fallow nocache", Box::new(fallow_with(false, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
+        // The locked path's own cost, with 4 MiB top blocks instead of 1 GiB ones (splitting and
+        // merging a mixed 1 GiB block scans its state bytes: see docs/design.md).
+        ("fallow nocache mo10", Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap()))),
+        ("fallow cache mo10", Box::new(Fallow(Allocator::new(Config { max_order: 10, ..Config::default() }).unwrap()))),
         ("jemalloc", Box::new(Global(Jemalloc))),
         ("mimalloc", Box::new(Global(MiMalloc))),
         ("glibc", Box::new(Global(System))),
@@ -147,7 +151,7 @@ fn table(rounds: usize) {
         }
     }
     println!("median ns per alloc+free pair, per thread, over {rounds} rounds: wall / CPU");
-    print!("{:<18}", "peer");
+    print!("{:<20}", "peer");
     for &size in &sizes {
         for &t in &thread_counts {
             print!(" {:>16}", format!("{}K x{}", size >> 10, t));
@@ -155,7 +159,7 @@ fn table(rounds: usize) {
     }
     println!();
     for (pi, (name, _)) in peers.iter().enumerate() {
-        print!("{name:<18}");
+        print!("{name:<20}");
         for si in 0..sizes.len() {
             for ti in 0..thread_counts.len() {
                 let (w, c) = &res[pi][si][ti];
@@ -166,37 +170,54 @@ fn table(rounds: usize) {
     }
 }
 
-/// Sizing of batch and high mark: a burst pattern (allocate 256 blocks of 4 KiB, free them all)
-/// and the single-block loop, 1 and 2 threads, for several (batch, high) settings.
+/// Sizing of batch and high mark: the single-block loop and bursts (allocate N blocks of 4 KiB,
+/// free them all) of 64, 256 and 1024 blocks, 1 and 2 threads, for several (batch, high) settings.
 fn sweep(rounds: usize) {
-    let settings = [(8u32, 32u32), (16, 64), (32, 128), (63, 256), (128, 512)];
+    let settings = [(8u32, 32u32), (16, 64), (32, 128), (32, 256), (63, 256), (128, 512)];
     let peers: Vec<Fallow> = settings.iter().map(|&(b, h)| fallow_with(true, 3, b, h)).collect();
-    let mut res = vec![vec![Vec::new(); 4]; settings.len()];
+    let cols = ["loop x1", "loop x2", "b64 x1", "b64 x2", "b256 x1", "b256 x2", "b1024 x1", "b1024 x2"];
+    let mut res = vec![vec![(Vec::new(), Vec::new()); cols.len()]; settings.len()];
     for _ in 0..rounds {
         for (i, p) in peers.iter().enumerate() {
-            res[i][0].push(run(p, 4096, 1, 200_000).0);
-            res[i][1].push(run(p, 4096, 2, 200_000).0);
-            res[i][2].push(burst(p, 1, 256, 400));
-            res[i][3].push(burst(p, 2, 256, 400));
+            let mut k = 0;
+            for t in [1, 2] {
+                let r = run(p, 4096, t, 100_000);
+                res[i][k].0.push(r.0);
+                res[i][k].1.push(r.1);
+                k += 1;
+            }
+            for n in [64, 256, 1024] {
+                for t in [1, 2] {
+                    let r = burst(p, t, n, 100_000 / n);
+                    res[i][k].0.push(r.0);
+                    res[i][k].1.push(r.1);
+                    k += 1;
+                }
+            }
         }
     }
-    println!("median wall ns per pair over {rounds} rounds: loop x1, loop x2, burst(256) x1, burst(256) x2");
+    println!("median ns per pair over {rounds} rounds, wall/CPU per thread; bN = burst of N blocks");
+    print!("{:<20}", "");
+    for c in cols {
+        print!(" {c:>12}");
+    }
+    println!();
     for (i, (b, h)) in settings.iter().enumerate() {
-        print!("batch {b:>3} high {h:>3}:");
+        print!("{:<20}", format!("batch {b} high {h}"));
         for r in &res[i] {
-            print!(" {:>8.1}", median(r.clone()));
+            print!(" {:>12}", format!("{:.1}/{:.1}", median(r.0.clone()), median(r.1.clone())));
         }
         println!();
     }
 }
 
-fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> f64 {
-    let per: Vec<u64> = std::thread::scope(|s| {
+fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> (f64, f64) {
+    let per: Vec<(u64, u64)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(move || {
                     let mut v = Vec::with_capacity(n);
-                    let t0 = Instant::now();
+                    let (t0, c0) = (Instant::now(), thread_cpu_ns());
                     for _ in 0..reps {
                         for _ in 0..n {
                             let b = p.alloc(4096);
@@ -207,19 +228,22 @@ fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> f64 {
                             p.free(b, 4096);
                         }
                     }
-                    t0.elapsed().as_nanos() as u64
+                    (t0.elapsed().as_nanos() as u64, thread_cpu_ns() - c0)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    per.iter().sum::<u64>() as f64 / (threads * n * reps) as f64
+    let d = (threads * n * reps) as f64;
+    (per.iter().map(|x| x.0).sum::<u64>() as f64 / d, per.iter().map(|x| x.1).sum::<u64>() as f64 / d)
 }
 
 fn count(peer: &str, size: usize, n: usize) {
     let p: Box<dyn Peer> = match peer {
         "fallow" => Box::new(fallow_with(true, 3, 32, 128)),
         "fallow-nocache" => Box::new(fallow_with(false, 3, 32, 128)),
+        "fallow-nocache-mo10" => Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap())),
+        "fallow-cache9" => Box::new(fallow_with(true, 9, 32, 128)),
         "jemalloc" => Box::new(Global(Jemalloc)),
         "mimalloc" => Box::new(Global(MiMalloc)),
         _ => panic!("peer: fallow, fallow-nocache, jemalloc or mimalloc"),
