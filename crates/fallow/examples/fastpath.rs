@@ -121,7 +121,7 @@ fn table(rounds: usize) {
     let d = Config::default();
     let peers: Vec<(&str, Box<dyn Peer>)> = vec![
         ("fallow cache", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
-        ("fallow cache<=2M", Box::new(fallow_with(true, 9, d.cache_batch_pages, 1024))),
+        ("fallow cache<=2M", Box::new(fallow_with(true, 9, d.cache_batch_pages, d.cache_high_pages))),
         ("fallow nocache", Box::new(fallow_with(false, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
         // The locked path's own cost, with 4 MiB top blocks instead of 1 GiB ones (splitting and
         // merging a mixed 1 GiB block scans its state bytes: see docs/design.md).
@@ -240,10 +240,10 @@ fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> (f64, f64) {
 
 fn count(peer: &str, size: usize, n: usize) {
     let p: Box<dyn Peer> = match peer {
-        "fallow" => Box::new(fallow_with(true, 3, 32, 128)),
-        "fallow-nocache" => Box::new(fallow_with(false, 3, 32, 128)),
+        "fallow" => Box::new(Fallow(Allocator::new(Config::default()).unwrap())),
+        "fallow-nocache" => Box::new(Fallow(Allocator::new(Config { cache: false, ..Config::default() }).unwrap())),
         "fallow-nocache-mo10" => Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap())),
-        "fallow-cache9" => Box::new(fallow_with(true, 9, 32, 128)),
+        "fallow-cache9" => Box::new(Fallow(Allocator::new(Config { cache_max_order: 9, ..Config::default() }).unwrap())),
         "jemalloc" => Box::new(Global(Jemalloc)),
         "mimalloc" => Box::new(Global(MiMalloc)),
         _ => panic!("peer: fallow, fallow-nocache, jemalloc or mimalloc"),

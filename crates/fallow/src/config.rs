@@ -29,10 +29,10 @@ pub struct Config {
     /// Largest cached order (0..=9). Default 3 (32 KiB), as Linux's per-CPU lists.
     pub cache_max_order: u8,
     /// Pages moved per refill under one hold of the lock, per order (`>> order` blocks, at least
-    /// one). Default 32 (see docs/design.md, "Per-thread caches", for the measurement).
+    /// one). Default 63, as Linux (see docs/design.md, "Per-thread caches", for the measurement).
     pub cache_batch_pages: u32,
     /// Most pages one thread may hold per order in one allocator's cache (`>> order` blocks, at
-    /// least two); a full list drains half. Default 128.
+    /// least two); a full list drains half. Default 256 (4 MiB per thread for orders 0..3).
     pub cache_high_pages: u32,
 }
 
@@ -45,8 +45,8 @@ impl Default for Config {
             backing: Backing::Anonymous,
             cache: true,
             cache_max_order: 3,
-            cache_batch_pages: 32,
-            cache_high_pages: 128,
+            cache_batch_pages: 63,
+            cache_high_pages: 256,
         }
     }
 }
