@@ -160,9 +160,8 @@ fn table(rounds: usize) {
     println!();
     for (pi, (name, _)) in peers.iter().enumerate() {
         print!("{name:<20}");
-        for si in 0..sizes.len() {
-            for ti in 0..thread_counts.len() {
-                let (w, c) = &res[pi][si][ti];
+        for row in &res[pi] {
+            for (w, c) in row {
                 print!(" {:>16}", format!("{:.1}/{:.1}", median(w.clone()), median(c.clone())));
             }
         }

@@ -299,12 +299,16 @@ impl ThreadCache {
             Class::Reported => Some(&self.class_blocks[1][order]),
         };
         if sign {
-            cb.map(|g| g.add(1));
+            if let Some(g) = cb {
+                g.add(1);
+            }
             for (g, v) in self.extra_pages.iter().zip(vals) {
                 g.add(v);
             }
         } else {
-            cb.map(|g| g.sub(1));
+            if let Some(g) = cb {
+                g.sub(1);
+            }
             for (g, v) in self.extra_pages.iter().zip(vals) {
                 g.sub(v);
             }
@@ -312,6 +316,7 @@ impl ThreadCache {
     }
 
     /// Blocks by class and order, and pages by state (dirty, zeroed, reported, lazy).
+    #[allow(clippy::needless_range_loop)]
     fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
         let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
         let mut total = 0u64;
@@ -631,7 +636,10 @@ struct Slots {
     clock: Cell<u64>,
 }
 
+// Array-repeat initialisers of the thread-local table (each use is a fresh value).
+#[allow(clippy::declare_interior_mutable_const)]
 const NO_ID: Cell<u64> = Cell::new(0);
+#[allow(clippy::declare_interior_mutable_const)]
 const NO_CACHE: Cell<*mut ThreadCache> = Cell::new(ptr::null_mut());
 
 thread_local! {
@@ -696,7 +704,7 @@ impl Slots {
         let old = self.caches[pick].replace(ptr::null_mut());
         self.ids[pick].set(0);
         if !old.is_null() {
-            if LAST.with(|c| c.get()) == old as *const _ {
+            if ptr::eq(LAST.with(|c| c.get()), old) {
                 LAST_ID.with(|c| c.set(0));
             }
             retire(old);
@@ -767,6 +775,7 @@ pub(crate) fn drain_current(a: &Allocator) {
 // ---- What the allocator's statistics and checks see of the caches (all under the lock). ----
 
 /// Add every registered cache's contents (as free memory) and unfolded events to `s`.
+#[allow(clippy::needless_range_loop)]
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
     let mut in_use = h.counters.in_use_pages;
     for c in h.caches.iter() {

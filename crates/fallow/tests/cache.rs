@@ -352,3 +352,57 @@ fn bad_cache_settings_are_refused() {
         }
     }
 }
+
+#[test]
+fn blocks_passed_between_threads_while_drains_are_requested() {
+    let a = Allocator::new(cfg()).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drainer = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                a.request_cache_drain();
+                std::thread::yield_now();
+            }
+        })
+    };
+    // A ring of three threads: each allocates, checks what it receives and frees it.
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..3).map(|_| mpsc::channel::<(usize, usize, u8)>()).unzip();
+    let mut rxs: Vec<_> = rxs.into_iter().map(Some).collect();
+    let hs: Vec<_> = (0..3)
+        .map(|t| {
+            let a = a.clone();
+            let tx = txs[(t + 1) % 3].clone();
+            let rx = rxs[t].take().unwrap();
+            std::thread::spawn(move || {
+                for i in 0..3000usize {
+                    let size = 4096 << ((i * 7 + t) % 5); // orders 0..4: cached and not
+                    let zero = i % 4 == 0;
+                    let p = a.alloc(size, 4096, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
+                    if zero {
+                        assert!(all_zero(p, size));
+                    }
+                    let v = (i as u8) | 1;
+                    unsafe { std::ptr::write_bytes(p, v, size) };
+                    tx.send((p as usize, size, v)).unwrap();
+                    while let Ok((q, len, w)) = rx.try_recv() {
+                        assert!(all_eq(q as *const u8, len, w), "block {q:#x} overwritten");
+                        a.free(q as *mut u8).unwrap();
+                    }
+                }
+                drop(tx);
+                for (q, len, w) in rx {
+                    assert!(all_eq(q as *const u8, len, w));
+                    a.free(q as *mut u8).unwrap();
+                }
+            })
+        })
+        .collect();
+    drop(txs);
+    for h in hs {
+        h.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drainer.join().unwrap();
+    all_returned(&a);
+}
