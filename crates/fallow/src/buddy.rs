@@ -7,11 +7,16 @@
 //!   is derived from its `counts`, and `counts` equals what its pages' state bytes say.
 //! - Two free buddies of the same order never both sit on lists: freeing merges them.
 //! - An isolated block (`Tag::Isolated`) is on no list and is never merged until it is returned.
+//! - Half records: for every free or isolated block, and every aligned sub-block S of it whose pages
+//!   are not all in one state, `meta(S.start + |S|/2).counts` holds the counts of S's upper half.
+//!   So a mixed block splits, and any aligned part of it is counted, in O(order) steps without
+//!   reading state bytes. Merging writes the record (the upper buddy's counts); a worker that
+//!   changes the states inside an isolated block rebuilds them (`rebuild_records`).
 //! - `nonempty[class]` has bit k set exactly when `heads[class][k] != NIL`.
 //!
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
-use crate::arena::Arena;
+use crate::arena::{Arena, ORDERS};
 use crate::page::{Class, PageState, StateCounts, Tag, META_FREED_START, NIL};
 
 /// The class order in which a request looks for memory.
@@ -95,45 +100,87 @@ impl Arena {
                 break;
             }
             self.unlink(buddy);
+            if pfn > buddy {
+                // This block is the upper half of the merged one: leave its half record.
+                self.meta_mut(pfn).counts = counts;
+            }
+            self.meta_mut(pfn.max(buddy)).tag = Tag::None;
             counts = counts.plus(b.counts);
             t = t.max(b.freed_at_ms);
-            let high = pfn.max(buddy);
-            self.meta_mut(high).tag = Tag::None;
             pfn = pfn.min(buddy);
             order += 1;
         }
         self.push_free(pfn, order, counts, t);
     }
 
-    /// Free `[pfn, pfn + n)` (any length) as the largest aligned blocks that tile it. The page
-    /// states must already be written; `counts` are those of the whole range.
-    pub fn free_range(&mut self, pfn: u32, n: u32, counts: StateCounts, t: u32) {
-        let uniform = counts.uniform_state(n);
-        let mut p = pfn;
-        let end = pfn + n;
-        while p < end {
-            let mut order = (p.trailing_zeros().min(31) as u8).min(self.max_order);
-            while (1u32 << order) > end - p {
-                order -= 1;
+    /// Free `[pfn, pfn + n)`, whose pages are all in state `state`, as the largest aligned blocks
+    /// that tile it.
+    pub fn free_range(&mut self, pfn: u32, n: u32, state: PageState, t: u32) {
+        for_each_piece(pfn, n, self.max_order, |p, order| {
+            self.free_block(p, order, StateCounts::uniform(state, 1 << order), t)
+        });
+    }
+
+    /// Counts of the two halves of the free or isolated block `(pfn, order)` whose counts are `c`.
+    #[inline]
+    fn halves(&self, pfn: u32, order: u8, c: StateCounts) -> (StateCounts, StateCounts) {
+        let half = 1u32 << (order - 1);
+        match c.uniform_state(half * 2) {
+            Some(s) => (StateCounts::uniform(s, half), StateCounts::uniform(s, half)),
+            None => {
+                let high = self.meta(pfn + half).counts;
+                (c.minus(high), high)
             }
-            let len = 1u32 << order;
-            let c = match uniform {
-                Some(s) => StateCounts::uniform(s, len),
-                None if len == n => counts,
-                None => self.count_states(p, len),
-            };
-            self.free_block(p, order, c, t);
-            p += len;
         }
     }
 
-    /// Counts of the sub-range `[pfn + off, pfn + off + len)` of a block of `total` pages whose
-    /// counts are `counts`: free when the block is uniform, a scan otherwise.
-    fn sub_counts(&self, pfn: u32, counts: StateCounts, total: u32, off: u32, len: u32) -> StateCounts {
-        match counts.uniform_state(total) {
-            Some(s) => StateCounts::uniform(s, len),
-            None => self.count_states(pfn + off, len),
+    /// Counts of the aligned sub-block `(sub, sub_order)` of the block `(pfn, order)` with counts
+    /// `c`, by descending the half records.
+    fn counts_within(&self, mut pfn: u32, mut order: u8, mut c: StateCounts, sub: u32, sub_order: u8) -> StateCounts {
+        while order > sub_order {
+            let (low, high) = self.halves(pfn, order, c);
+            order -= 1;
+            if sub >= pfn + (1u32 << order) {
+                pfn += 1u32 << order;
+                c = high;
+            } else {
+                c = low;
+            }
         }
+        c
+    }
+
+    /// Free the parts `[start, start + n)` of unlisted blocks `(pfn, order)` with counts `c`, as
+    /// aligned pieces with their own counts. Returns the counts freed.
+    fn free_within(&mut self, parts: &[(u32, u8, StateCounts, u32, u32)], t: u32) -> StateCounts {
+        // Count every piece before freeing any: freeing writes records that counting reads.
+        let mut pieces = [(0u32, 0u8, StateCounts::default()); 2 * ORDERS];
+        let mut k = 0;
+        for &(pfn, order, c, start, n) in parts {
+            for_each_piece(start, n, order, |p, o| {
+                pieces[k] = (p, o, self.counts_within(pfn, order, c, p, o));
+                k += 1;
+            });
+        }
+        let mut freed = StateCounts::default();
+        for &(p, o, pc) in &pieces[..k] {
+            self.free_block(p, o, pc, t);
+            freed = freed.plus(pc);
+        }
+        freed
+    }
+
+    /// Recompute the half records and the counts of the isolated block `(pfn, order)` from its
+    /// state bytes (after a worker changed them). O(pages), on memory the worker just walked.
+    pub fn rebuild_records(&mut self, pfn: u32, order: u8) -> StateCounts {
+        if order == 0 {
+            return StateCounts::uniform(self.state(pfn), 1);
+        }
+        let half = 1u32 << (order - 1);
+        let low = self.rebuild_records(pfn, order - 1);
+        let high = self.rebuild_records(pfn + half, order - 1);
+        self.meta_mut(pfn + half).counts = high;
+        low.plus(high)
     }
 
     /// Take a block of exactly `npages` pages aligned to `2^order` (`npages <= 2^order`), looking
@@ -170,10 +217,9 @@ impl Arena {
             }
         };
         while cur > order {
+            let (low, high) = self.halves(pfn, cur, counts);
             cur -= 1;
             let half = 1u32 << cur;
-            let high = self.sub_counts(pfn, counts, half * 2, half, half);
-            let low = counts.minus(high);
             if score(high, half) > score(low, half) {
                 self.push_free(pfn, cur, low, t);
                 pfn += half;
@@ -185,9 +231,8 @@ impl Arena {
         }
         let size = 1u32 << order;
         if npages < size {
-            let tail = self.sub_counts(pfn, counts, size, npages, size - npages);
+            let tail = self.free_within(&[(pfn, order, counts, pfn + npages, size - npages)], t);
             counts = counts.minus(tail);
-            self.free_range(pfn + npages, size - npages, tail, t);
         }
         Taken { pfn, npages, counts }
     }
@@ -227,11 +272,13 @@ impl Arena {
             t = t.max(m.freed_at_ms);
             self.unlink(b);
         }
-        let total = need * top;
-        if npages < total {
-            let tail = self.sub_counts(run_start, counts, total, npages, total - npages);
+        if npages < need * top {
+            // The tail lies in the last top-level block.
+            let last = run_start + (need - 1) * top;
+            let lc = self.meta(last).counts;
+            let start = run_start + npages;
+            let tail = self.free_within(&[(last, self.max_order, lc, start, last + top - start)], t);
             counts = counts.minus(tail);
-            self.free_range(run_start + npages, total - npages, tail, t);
         }
         Some(Taken { pfn: run_start, npages, counts })
     }
@@ -264,15 +311,9 @@ impl Arena {
             // Free the parts of the block outside [start, end).
             let lo = start.max(b) - b;
             let hi = end.min(b + size) - b;
-            if lo > 0 {
-                let c = self.sub_counts(b, m.counts, size, 0, lo);
-                self.free_range(b, lo, c, m.freed_at_ms);
-            }
-            if hi < size {
-                let c = self.sub_counts(b, m.counts, size, hi, size - hi);
-                self.free_range(b + hi, size - hi, c, m.freed_at_ms);
-            }
-            taken = taken.plus(self.sub_counts(b, m.counts, size, lo, hi - lo));
+            let parts = [(b, order, m.counts, b, lo), (b, order, m.counts, b + hi, size - hi)];
+            let outside = self.free_within(&parts, m.freed_at_ms);
+            taken = taken.plus(m.counts.minus(outside));
         }
         Some(taken)
     }
@@ -306,7 +347,7 @@ impl Arena {
         m.tag = Tag::None;
         m.flags = META_FREED_START;
         self.set_states(pfn, npages, PageState::Dirty);
-        self.free_range(pfn, npages, StateCounts::default(), now_ms);
+        self.free_range(pfn, npages, PageState::Dirty, now_ms);
     }
 }
 
@@ -324,7 +365,22 @@ impl Arena {
         }
     }
 
+    /// Check the half records of a free block whose real counts are `c` (invariant 5).
+    fn check_records(&self, pfn: u32, order: u8, c: StateCounts) -> Result<(), String> {
+        if order == 0 || c.uniform_state(1 << order).is_some() {
+            return Ok(());
+        }
+        let half = 1u32 << (order - 1);
+        let high = self.count_states(pfn + half, half);
+        if self.meta(pfn + half).counts != high {
+            return Err(format!("half record at {} is {:?}, pages say {high:?}", pfn + half, self.meta(pfn + half).counts));
+        }
+        self.check_records(pfn, order - 1, c.minus(high))?;
+        self.check_records(pfn + half, order - 1, high)
+    }
+
     /// Check the invariants stated at the top of this file; returns the listed pages.
+    #[allow(clippy::needless_range_loop)]
     pub fn check_lists(&self) -> Result<u64, String> {
         let mut pages = 0u64;
         let mut blocks = [[0u32; crate::arena::ORDERS]; crate::page::CLASSES];
@@ -348,6 +404,7 @@ impl Arena {
                     if real != m.counts || m.counts.class(size) as usize != class {
                         return Err(format!("block {p}: counts {:?}, pages say {real:?}", m.counts));
                     }
+                    self.check_records(p, order, real)?;
                     if (p..p + size).any(|q| self.state(q) == PageState::Allocated) {
                         return Err(format!("free block {p} holds an allocated page"));
                     }
@@ -371,5 +428,20 @@ impl Arena {
             return Err("listed counters disagree with the lists".into());
         }
         Ok(pages)
+    }
+}
+
+/// Tile `[start, start + n)` with the largest aligned blocks of order at most `max_order`:
+/// `f(pfn, order)` for each, in address order.
+pub fn for_each_piece(start: u32, n: u32, max_order: u8, mut f: impl FnMut(u32, u8)) {
+    let end = start + n;
+    let mut p = start;
+    while p < end {
+        let mut order = (p.trailing_zeros().min(31) as u8).min(max_order);
+        while (1u32 << order) > end - p {
+            order -= 1;
+        }
+        f(p, order);
+        p += 1u32 << order;
     }
 }

@@ -326,10 +326,11 @@ impl ThreadCache {
             let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
             blocks[Class::Zeroed as usize][o] = z;
             blocks[Class::Reported as usize][o] = r;
-            blocks[Class::Dirty as usize][o] = n.wrapping_sub(z).wrapping_sub(r);
+            // Saturating: `stats` on one thread may read another's gauges mid-update.
+            blocks[Class::Dirty as usize][o] = n.saturating_sub(z.wrapping_add(r));
         }
         let x: Vec<u64> = self.extra_pages.iter().map(|g| g.get()).collect();
-        (blocks, [total.wrapping_sub(x[0] + x[1] + x[2]), x[0], x[1], x[2]])
+        (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
     }
 
     #[inline(always)]

@@ -432,7 +432,7 @@ impl Allocator {
                 let tail = npages - new_pages;
                 a.meta_mut(pfn).npages = new_pages;
                 a.set_states(pfn + new_pages, tail, PageState::Dirty);
-                a.free_range(pfn + new_pages, tail, StateCounts::default(), now);
+                a.free_range(pfn + new_pages, tail, PageState::Dirty, now);
                 h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(tail as u64);
             }
             return Ok(true);

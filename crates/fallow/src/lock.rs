@@ -10,6 +10,12 @@ pub struct RawLock {
     state: AtomicU32,
 }
 
+impl Default for RawLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RawLock {
     pub const fn new() -> Self {
         RawLock { state: AtomicU32::new(0) }

@@ -25,7 +25,7 @@ pub fn set_errno(value: i32) {
 /// Reserve `len` bytes of address space, aligned to `align` (a power of two), without committing
 /// memory: `MAP_NORESERVE`, private anonymous, or shared over `fd` when one is given.
 pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<usize> {
-    debug_assert!(align.is_power_of_two() && len % PAGE_SIZE == 0);
+    debug_assert!(align.is_power_of_two() && len.is_multiple_of(PAGE_SIZE));
     if let Some(fd) = fd {
         // A shared file mapping cannot be over-reserved and trimmed (the offsets would shift), so
         // reserve an anonymous hole first and map the file over its aligned part.

@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::not_unsafe_ptr_arg_deref)]
 
 use fallow::{os, Allocator, Config, PageState};
 

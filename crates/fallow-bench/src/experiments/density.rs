@@ -1,0 +1,425 @@
+//! density (seed 001, "mm: page_hinting"): how many guests fit in a memory budget when each one
+//! touches G bytes through the allocator under test, frees everything and stays idle.
+//!
+//! The seed launched 5 GB VMs on a 15 GB host, each running a program that touched 4 GB and exited
+//! inside the guest; the next VM started once the previous one had settled. Here a guest is a
+//! process (this binary re-executed in the hidden `__guest` mode), the budget B is 3.75 x G (the
+//! seed's 15/4) and at most `--guests` (8) are started.
+//!
+//! State machine of one guest, driven over its stdin/stdout:
+//!   Started -> (says "ready") Ready -> ("touch") Touching -> (says "done <ms>") Idle
+//!   Idle -> ("touch", the memhog check) Touching;  any -> ("exit" or killed) Gone.
+//! A guest touches G in `--chunk`-sized allocations (memset, as the seed's program did), then frees
+//! them all and idles. While it idles the parent polls its resident set (`/proc/PID/statm`) for
+//! up to `--idle-ms`: `settle_ms` is the time until it falls to within 5% of G of what it was
+//! before touching (the program itself, `baseline_rss_mib`; null if it did not),
+//! `settled_rss_mib` what it is at the end of the wait.
+//!
+//! Peers run one after another (interleaved over rounds), or with `--parallel` all at once, each
+//! with its own guests and budget: the waits overlap, which is what lets `fallow demo` include
+//! this experiment; guests of other peers then compete for the CPUs while touching (their
+//! `cpu_ms` cannot be told apart and is null).
+//!
+//! Enforcing the budget. As root with a memory cgroup (v1 `memory.limit_in_bytes`, or v2
+//! `memory.max`) the guests run in a fresh cgroup limited to B: the kernel reclaims what it can
+//! (lazily freed pages) and kills a guest when the rest will not fit; the count stops at the first
+//! kill, and `failcnt` says how often the limit was hit. Otherwise the parent refuses to start a
+//! guest when the guests' resident total plus G would pass B. `enforcement` says which.
+//! memhog check: the last guest still alive touches its G once more; `memhog_ms` is its time
+//! (null if the guest was killed doing it).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::{make_peers, row, Chart, Enforce, Experiment, Options, Outcome};
+use crate::measure::{children_cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
+use crate::peers::{Peer, PeerKind, Setup};
+
+/// The guest mode: serve "touch" and "exit" on stdin, answer on stdout.
+pub fn guest_main(kind: PeerKind, size: usize, chunk: usize, cgroup: Option<PathBuf>) -> Result<(), String> {
+    if let Some(dir) = cgroup {
+        std::fs::write(dir.join("cgroup.procs"), format!("{}\n", std::process::id()))
+            .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
+    }
+    let peer = Peer::new(kind, Setup { working_set: size, thp: false })?;
+    let chunk = chunk.max(4096).min(size.max(4096));
+    let count = size.div_ceil(chunk);
+    let mut blocks: Vec<*mut u8> = Vec::with_capacity(count);
+    let out = std::io::stdout();
+    let mut out = out.lock();
+    writeln!(out, "ready").map_err(|e| e.to_string())?;
+    out.flush().ok();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        match line.trim() {
+            "touch" => {
+                let t0 = Instant::now();
+                for _ in 0..count {
+                    let b = peer.alloc(chunk, false, false);
+                    if b.is_null() {
+                        return Err(format!("{}: guest could not allocate", kind.name()));
+                    }
+                    fill(b, chunk, 0x5a);
+                    blocks.push(b);
+                }
+                for b in blocks.drain(..) {
+                    peer.free(b, chunk);
+                }
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                writeln!(out, "done {ms}").map_err(|e| e.to_string())?;
+                out.flush().ok();
+            }
+            "exit" | "" => break,
+            other => return Err(format!("guest: unknown command '{other}'")),
+        }
+    }
+    Ok(())
+}
+
+struct Guest {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Resident bytes once started, before touching anything (the program itself).
+    baseline: usize,
+}
+
+impl Guest {
+    fn spawn(kind: PeerKind, o: &Options, cgroup: Option<&PathBuf>) -> Result<Guest, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("__guest")
+            .arg("--allocator")
+            .arg(kind.name())
+            .arg("--size")
+            .arg(o.size.to_string())
+            .arg("--chunk")
+            .arg(o.chunk.to_string());
+        if let Some(dir) = cgroup {
+            cmd.arg("--cgroup").arg(dir);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start a guest: {e}"))?;
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut g = Guest { child, stdin, stdout, baseline: 0 };
+        match g.read_line() {
+            Some(l) if l == "ready" => {
+                g.baseline = g.rss();
+                Ok(g)
+            }
+            _ => {
+                g.stop();
+                Err(format!("{}: a guest failed to start", kind.name()))
+            }
+        }
+    }
+
+    fn read_line(&mut self) -> Option<String> {
+        let mut s = String::new();
+        match self.stdout.read_line(&mut s) {
+            Ok(n) if n > 0 => Some(s.trim().to_string()),
+            _ => None,
+        }
+    }
+
+    /// Touch G; the guest's own time in ms, or None if it died (killed by the OOM killer).
+    fn touch(&mut self) -> Option<f64> {
+        writeln!(self.stdin, "touch").ok()?;
+        self.stdin.flush().ok()?;
+        let l = self.read_line()?;
+        l.strip_prefix("done ").and_then(|v| v.parse().ok())
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn rss(&self) -> usize {
+        std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
+            .map(|pages| pages * 4096)
+            .unwrap_or(0)
+    }
+
+    fn stop(&mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+}
+
+/// A memory cgroup limited to the budget, removed when dropped.
+struct Cgroup {
+    dir: PathBuf,
+    version: u8,
+}
+
+impl Cgroup {
+    fn create(tag: &str, limit: usize) -> Option<Cgroup> {
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let name = format!("fallow-density-{}-{tag}", std::process::id());
+        let v1 = PathBuf::from("/sys/fs/cgroup/memory");
+        if v1.join("memory.limit_in_bytes").exists() {
+            let dir = v1.join(&name);
+            if std::fs::create_dir(&dir).is_ok() {
+                let ok = std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).is_ok();
+                let cg = Cgroup { dir, version: 1 };
+                if ok {
+                    return Some(cg);
+                }
+            }
+        }
+        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+            let root = PathBuf::from(root);
+            let ctl = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+            if !ctl.split_whitespace().any(|c| c == "memory") {
+                continue;
+            }
+            let dir = root.join(&name);
+            if std::fs::create_dir(&dir).is_ok() {
+                let ok = std::fs::write(dir.join("memory.max"), limit.to_string()).is_ok()
+                    && std::fs::write(dir.join("memory.swap.max"), "0").map(|_| true).unwrap_or(true);
+                let cg = Cgroup { dir, version: 2 };
+                if ok {
+                    return Some(cg);
+                }
+            }
+        }
+        None
+    }
+
+    fn read(&self, file: &str) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
+    }
+
+    fn failcnt(&self) -> Option<u64> {
+        if self.version == 1 {
+            self.read("memory.failcnt")
+        } else {
+            let ev = std::fs::read_to_string(self.dir.join("memory.events")).ok()?;
+            ev.lines().find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
+        }
+    }
+
+    fn usage(&self) -> Option<u64> {
+        self.read(if self.version == 1 { "memory.usage_in_bytes" } else { "memory.current" })
+    }
+
+    fn enforcement(&self) -> &'static str {
+        if self.version == 1 {
+            "cgroup-v1"
+        } else {
+            "cgroup-v2"
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// What one peer's run gave.
+struct Run {
+    guests_fit: usize,
+    touch: Vec<Sample>,
+    settled_rss_mib: Vec<f64>,
+    settle_ms: Vec<Option<f64>>,
+    baseline_rss_mib: Vec<f64>,
+    memhog_ms: Option<f64>,
+    enforcement: &'static str,
+    failcnt: Option<u64>,
+    peak_usage_mib: Option<f64>,
+    cpu_ms: f64,
+}
+
+fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -> Result<Run, String> {
+    let g = o.size;
+    let cgroup = match o.enforce {
+        Enforce::Rss => None,
+        Enforce::Auto => Cgroup::create(kind.name(), budget),
+        Enforce::Cgroup => Some(Cgroup::create(kind.name(), budget).ok_or(
+            "--enforce cgroup: cannot create a memory cgroup (needs root and cgroup v1 memory or v2 with the memory controller)",
+        )?),
+    };
+    let mut guests: Vec<Guest> = Vec::new();
+    let mut run = Run {
+        guests_fit: 0,
+        touch: Vec::new(),
+        settled_rss_mib: Vec::new(),
+        settle_ms: Vec::new(),
+        baseline_rss_mib: Vec::new(),
+        memhog_ms: None,
+        enforcement: cgroup.as_ref().map(|c| c.enforcement()).unwrap_or("rss"),
+        failcnt: None,
+        peak_usage_mib: None,
+        cpu_ms: 0.0,
+    };
+    let cpu0 = children_cpu_ms();
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let mut peak = 0u64;
+    let result = (|| -> Result<(), String> {
+        for _ in 0..o.max_guests {
+            if cgroup.is_none() {
+                let resident: usize = guests.iter().map(|g| g.rss()).sum();
+                if resident + g > budget {
+                    break;
+                }
+            }
+            let mut guest = Guest::spawn(kind, o, cgroup.as_ref().map(|c| &c.dir))?;
+            let touched = guest.touch();
+            guests.push(guest);
+            let all_alive = guests.iter_mut().all(|g| g.alive());
+            bar.lock().unwrap().step(kind.name());
+            let Some(ms) = touched.filter(|_| all_alive) else { break };
+            run.guests_fit += 1;
+            run.touch.push(Sample { wall_ms: ms, cpu_ms: 0.0 });
+            // Idle: wait for the guest to give its memory back.
+            let last = guests.last().unwrap();
+            let t0 = Instant::now();
+            let mut settled = None;
+            let mut rss;
+            loop {
+                rss = last.rss();
+                if let Some(u) = cgroup.as_ref().and_then(|c| c.usage()) {
+                    peak = peak.max(u);
+                }
+                let waited = t0.elapsed();
+                if settled.is_none() && rss.saturating_sub(last.baseline) < g / 20 {
+                    settled = Some(waited.as_secs_f64() * 1e3);
+                    break;
+                }
+                if waited >= Duration::from_millis(o.idle_ms) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            run.settle_ms.push(settled);
+            run.settled_rss_mib.push(mib(rss));
+            run.baseline_rss_mib.push(mib(last.baseline));
+        }
+        // memhog: the last guest still alive touches its memory once more.
+        if let Some(k) = (0..guests.len()).rev().find(|&k| guests[k].alive()) {
+            run.memhog_ms = guests[k].touch();
+        }
+        Ok(())
+    })();
+    if let Some(c) = &cgroup {
+        run.failcnt = c.failcnt();
+        if let Some(u) = c.usage() {
+            peak = peak.max(u);
+        }
+        run.peak_usage_mib = Some(mib(peak as usize));
+    }
+    for mut guest in guests {
+        guest.stop();
+    }
+    // RUSAGE_CHILDREN is process-wide: with peers in parallel it holds every peer's guests.
+    run.cpu_ms = if o.parallel { f64::NAN } else { children_cpu_ms() - cpu0 };
+    result.map(|_| run)
+}
+
+pub fn run(o: &Options) -> Result<Outcome, String> {
+    let g = o.size;
+    if g < 1 << 20 {
+        return Err(format!("density needs --size of at least 1MiB per guest (got {g} bytes)"));
+    }
+    let budget = if o.budget > 0 { o.budget } else { g / 4 * 15 };
+    // The peers are built here only to check that they can be (the guests build their own).
+    make_peers(&o.peers, Setup { working_set: g, thp: false })?;
+    let bar = Mutex::new(Progress::new("density", o.rounds * o.peers.len() * o.max_guests.min(4)));
+    let mut runs: Vec<Vec<Run>> = (0..o.peers.len()).map(|_| Vec::new()).collect();
+    for round in 0..o.rounds {
+        if o.parallel {
+            let got: Vec<Result<Run, String>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = o.peers.iter().map(|&k| {
+                    let bar = &bar;
+                    sc.spawn(move || run_peer(k, o, budget, bar))
+                }).collect();
+                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a density thread failed".into()))).collect()
+            });
+            for (i, r) in got.into_iter().enumerate() {
+                runs[i].push(r?);
+            }
+        } else {
+            for i in super::round_order(o.peers.len(), round) {
+                runs[i].push(run_peer(o.peers[i], o, budget, &bar)?);
+            }
+        }
+    }
+    bar.lock().unwrap().finish();
+    let mut results = Vec::new();
+    let mut bars = Vec::new();
+    let mut enforcement = "rss";
+    for (i, kind) in o.peers.iter().enumerate() {
+        let rs = &runs[i];
+        let last = rs.last().unwrap();
+        enforcement = last.enforcement;
+        let touch: Vec<Sample> = rs.iter().flat_map(|r| r.touch.iter().copied()).collect();
+        let mut s = summary(&touch);
+        s.insert("cpu_ms".into(), num(median(&rs.iter().map(|r| r.cpu_ms).collect::<Vec<_>>())));
+        let mut r: Map<String, Value> = row(*kind, s);
+        let fit = median(&rs.iter().map(|r| r.guests_fit as f64).collect::<Vec<_>>());
+        r.insert("guests_fit".into(), if fit.fract() == 0.0 { json!(fit as u64) } else { num(fit) });
+        r.insert("settled_rss_mib".into(), json!(last.settled_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
+        r.insert("settle_ms".into(), json!(last.settle_ms.iter().map(|x| x.map(num).unwrap_or(Value::Null)).collect::<Vec<_>>()));
+        r.insert("baseline_rss_mib".into(), json!(last.baseline_rss_mib.iter().map(|&x| num(x)).collect::<Vec<_>>()));
+        r.insert("memhog_ms".into(), last.memhog_ms.map(num).unwrap_or(Value::Null));
+        r.insert("enforcement".into(), json!(last.enforcement));
+        r.insert("failcnt".into(), json!(last.failcnt));
+        r.insert("peak_usage_mib".into(), last.peak_usage_mib.map(num).unwrap_or(Value::Null));
+        results.push(r);
+        bars.push((kind.name().to_string(), fit));
+    }
+    Ok(Outcome {
+        experiment: Experiment::Density,
+        params: json!({
+            "guest_bytes": g, "guest_human": fmt_size(g), "budget_bytes": budget, "budget_human": fmt_size(budget),
+            "chunk": o.chunk, "max_guests": o.max_guests, "settle_wait_ms": o.idle_ms, "rounds": o.rounds,
+            "peers_in_parallel": o.parallel,
+            "enforcement": enforcement,
+            "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "note": "median_ms/min_ms/max_ms: a guest's time to touch G; cpu_ms: the guests' CPU time (all guests of a run)",
+        }),
+        results,
+        chart: Chart {
+            title: format!(
+                "density: guests of {} that fit in {} ({enforcement}; higher is better)",
+                fmt_size(g),
+                fmt_size(budget)
+            ),
+            unit: "guests".into(),
+            bars,
+        },
+    })
+}

@@ -1,0 +1,171 @@
+//! The experiments, one file each, and what they share: their options, their outcome (the JSON
+//! record and a bar chart), and running peers interleaved.
+//!
+//! Every experiment builds all its peers in this process, then for each round measures every
+//! peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
+//! comes first after an idle gap), and reports per peer the median over rounds next to min, max
+//! and the median CPU time. Comparisons are only ever made between peers of the same run.
+
+pub mod density;
+pub mod interference;
+pub mod pin;
+pub mod realloc;
+pub mod scale;
+pub mod stream;
+
+use serde_json::{Map, Value};
+
+use crate::peers::{Peer, PeerKind, Setup};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Experiment {
+    Pin,
+    Density,
+    Scale,
+    Stream,
+    Interference,
+    Realloc,
+}
+
+impl Experiment {
+    pub const ALL: [Experiment; 6] = [
+        Experiment::Pin,
+        Experiment::Density,
+        Experiment::Scale,
+        Experiment::Stream,
+        Experiment::Interference,
+        Experiment::Realloc,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Experiment::Pin => "pin",
+            Experiment::Density => "density",
+            Experiment::Scale => "scale",
+            Experiment::Stream => "stream",
+            Experiment::Interference => "interference",
+            Experiment::Realloc => "realloc",
+        }
+    }
+
+    /// Default sizes: small enough that `fallow demo` runs all six in well under two minutes on
+    /// two cores.
+    pub fn default_size(self) -> usize {
+        match self {
+            Experiment::Pin => 256 << 20,
+            Experiment::Density => 256 << 20,
+            Experiment::Scale => 16 << 10,
+            Experiment::Stream => 32 << 20,
+            Experiment::Interference => 16 << 20,
+            Experiment::Realloc => 128 << 20,
+        }
+    }
+
+    pub fn default_rounds(self) -> usize {
+        match self {
+            Experiment::Density => 1,
+            Experiment::Interference => 5,
+            _ => 3,
+        }
+    }
+
+    /// pin: the idle gap; density: how long a guest may take to settle (longer than fallow's
+    /// default reporting delay of 2 s, so that reporting can show).
+    pub fn default_idle_ms(self) -> u64 {
+        match self {
+            Experiment::Density => 3000,
+            _ => 1000,
+        }
+    }
+
+    pub fn run(self, o: &Options) -> Result<Outcome, String> {
+        match self {
+            Experiment::Pin => pin::run(o),
+            Experiment::Density => density::run(o),
+            Experiment::Scale => scale::run(o),
+            Experiment::Stream => stream::run(o),
+            Experiment::Interference => interference::run(o),
+            Experiment::Realloc => realloc::run(o),
+        }
+    }
+}
+
+/// Options of one experiment run (each experiment reads the ones it needs).
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub size: usize,
+    pub threads: usize,
+    pub rounds: usize,
+    pub peers: Vec<PeerKind>,
+    pub idle_ms: u64,
+    pub lock: bool,
+    pub thp: bool,
+    /// density: the budget in bytes (0: 3.75 x size); the allocation chunk of a guest.
+    pub budget: usize,
+    pub chunk: usize,
+    pub max_guests: usize,
+    /// density: how the budget is enforced; run the peers at once.
+    pub enforce: Enforce,
+    pub parallel: bool,
+    /// scale: alloc+free pairs per thread; stream: buffers per round.
+    pub count: usize,
+}
+
+/// density: how the budget is enforced: a memory cgroup if the machine allows it, else RSS
+/// (`Auto`); a cgroup or fail (`Cgroup`); RSS readings only (`Rss`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Enforce {
+    Auto,
+    Cgroup,
+    Rss,
+}
+
+/// What an experiment gives back: its JSON record and a chart of its main figure.
+pub struct Outcome {
+    pub experiment: Experiment,
+    pub params: Value,
+    pub results: Vec<Map<String, Value>>,
+    pub chart: Chart,
+}
+
+/// A bar chart: one bar per label.
+pub struct Chart {
+    pub title: String,
+    pub unit: String,
+    pub bars: Vec<(String, f64)>,
+}
+
+impl Outcome {
+    pub fn to_json(&self, machine: &Value) -> Value {
+        serde_json::json!({
+            "experiment": self.experiment.name(),
+            "params": self.params,
+            "machine": machine,
+            "results": self.results,
+        })
+    }
+}
+
+/// Build every peer for an experiment.
+pub fn make_peers(kinds: &[PeerKind], setup: Setup) -> Result<Vec<Peer>, String> {
+    kinds.iter().map(|&k| Peer::new(k, setup)).collect()
+}
+
+/// The order of peers in round `round`: a rotation of `0..n`.
+pub fn round_order(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| (i + round) % n)
+}
+
+/// A result row: `allocator`, `variant`, then the summary fields, then the experiment's own.
+pub fn row(kind: PeerKind, summary: Map<String, Value>) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("allocator".into(), Value::from(kind.allocator()));
+    m.insert("variant".into(), Value::from(kind.variant()));
+    m.insert("peer".into(), Value::from(kind.name()));
+    m.extend(summary);
+    m
+}
+
+pub fn alloc_failed(peer: &Peer, size: usize) -> String {
+    format!("{}: could not allocate {} bytes", peer.name(), size)
+}

@@ -1,0 +1,367 @@
+//! The peers: every allocator an experiment compares, behind one small interface.
+//!
+//! All peers live in one process and are called directly (none is the global allocator):
+//! glibc through `libc::malloc`, jemalloc through its prefixed symbols (`_rjem_*`), mimalloc
+//! through `mi_*`, `mmap` as a fresh anonymous mapping per request (the kernel's own zeroing on
+//! first touch), and fallow as an `Allocator` per peer built from [`fallow_config`].
+//!
+//! Invariants: a pointer is freed by the peer that gave it, with the size it was asked for; a
+//! peer never frees memory that an experiment still touches. A `Peer` is `Sync`: the malloc-like
+//! libraries are thread-safe and a fallow `Allocator` is shared by its clones.
+
+use fallow::{Allocator, Flags};
+
+/// Which allocator, and for fallow which variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    Glibc,
+    Jemalloc,
+    Mimalloc,
+    Mmap,
+    Fallow,
+    FallowNozero,
+    FallowNoreport,
+}
+
+impl PeerKind {
+    pub const ALL: [PeerKind; 7] = [
+        PeerKind::Glibc,
+        PeerKind::Jemalloc,
+        PeerKind::Mimalloc,
+        PeerKind::Mmap,
+        PeerKind::Fallow,
+        PeerKind::FallowNozero,
+        PeerKind::FallowNoreport,
+    ];
+
+    /// The name on the command line and in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerKind::Glibc => "glibc",
+            PeerKind::Jemalloc => "jemalloc",
+            PeerKind::Mimalloc => "mimalloc",
+            PeerKind::Mmap => "mmap",
+            PeerKind::Fallow => "fallow",
+            PeerKind::FallowNozero => "fallow-nozero",
+            PeerKind::FallowNoreport => "fallow-noreport",
+        }
+    }
+
+    /// The JSON `allocator` field.
+    pub fn allocator(self) -> &'static str {
+        match self {
+            PeerKind::Fallow | PeerKind::FallowNozero | PeerKind::FallowNoreport => "fallow",
+            other => other.name(),
+        }
+    }
+
+    /// The JSON `variant` field.
+    pub fn variant(self) -> &'static str {
+        match self {
+            PeerKind::FallowNozero => "nozero",
+            PeerKind::FallowNoreport => "noreport",
+            _ => "default",
+        }
+    }
+
+    pub fn fallow_variant(self) -> Option<FallowVariant> {
+        match self {
+            PeerKind::Fallow => Some(FallowVariant::Default),
+            PeerKind::FallowNozero => Some(FallowVariant::NoZero),
+            PeerKind::FallowNoreport => Some(FallowVariant::NoReport),
+            _ => None,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PeerKind> {
+        PeerKind::ALL.into_iter().find(|k| k.name() == s)
+    }
+
+    /// Parse a comma-separated list; `all` means every peer.
+    pub fn parse_list(s: &str) -> Result<Vec<PeerKind>, String> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part == "all" {
+                out.extend(PeerKind::ALL);
+                continue;
+            }
+            match PeerKind::parse(part) {
+                Some(k) => out.push(k),
+                None => {
+                    let names: Vec<&str> = PeerKind::ALL.iter().map(|k| k.name()).collect();
+                    return Err(format!("unknown allocator '{part}' (known: {}, all)", names.join(", ")));
+                }
+            }
+        }
+        out.dedup();
+        if out.is_empty() {
+            return Err("the allocator list is empty".into());
+        }
+        Ok(out)
+    }
+}
+
+/// The fallow variants the experiments compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallowVariant {
+    /// Every default.
+    Default,
+    /// Background pre-zeroing off.
+    NoZero,
+    /// Free page reporting off.
+    NoReport,
+}
+
+/// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
+/// address space per arena and asks for huge pages or not.
+///
+/// This is the one place where the variants differ. The core's `Config` has no pre-zeroing or
+/// reporting switch yet (they come with the background workers), so today the three variants get
+/// the same configuration and measure the same allocator; when those settings exist, `NoZero`
+/// turns pre-zeroing off here and `NoReport` turns reporting off here, and nothing else changes.
+pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
+    let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
+    match variant {
+        FallowVariant::Default => config,
+        FallowVariant::NoZero => config,
+        FallowVariant::NoReport => config,
+    }
+}
+
+/// What an experiment needs of the fallow peers' arenas.
+#[derive(Clone, Copy, Debug)]
+pub struct Setup {
+    /// The largest total the experiment holds at once, in bytes.
+    pub working_set: usize,
+    pub thp: bool,
+}
+
+pub struct Peer {
+    pub kind: PeerKind,
+    fallow: Option<Allocator>,
+    thp: bool,
+}
+
+pub const PAGE: usize = 4096;
+const HUGE: usize = 2 << 20;
+
+impl Peer {
+    pub fn new(kind: PeerKind, setup: Setup) -> Result<Peer, String> {
+        let fallow = match kind.fallow_variant() {
+            None => None,
+            Some(v) => {
+                // One arena holds the whole working set twice over (room for a grown copy); at
+                // least the largest block (1 GiB by default), which is address space only.
+                let arena = setup.working_set.saturating_mul(2).max(1 << 30);
+                let cfg = fallow_config(v, arena, setup.thp);
+                Some(Allocator::new(cfg).map_err(|e| format!("{}: {e}", kind.name()))?)
+            }
+        };
+        Ok(Peer { kind, fallow, thp: setup.thp })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    pub fn fallow(&self) -> Option<&Allocator> {
+        self.fallow.as_ref()
+    }
+
+    /// Allocate `size` bytes; `zero` asks for zeroed memory (calloc); `populate` lets the
+    /// allocator make the pages resident if it can (fallow only: the others are touched by the
+    /// caller). Null on failure.
+    pub fn alloc(&self, size: usize, zero: bool, populate: bool) -> *mut u8 {
+        let p = unsafe {
+            match self.kind {
+                PeerKind::Glibc => {
+                    if zero {
+                        libc::calloc(1, size) as *mut u8
+                    } else {
+                        libc::malloc(size) as *mut u8
+                    }
+                }
+                PeerKind::Jemalloc => {
+                    if zero {
+                        tikv_jemalloc_sys::calloc(1, size) as *mut u8
+                    } else {
+                        tikv_jemalloc_sys::malloc(size) as *mut u8
+                    }
+                }
+                PeerKind::Mimalloc => {
+                    if zero {
+                        libmimalloc_sys::mi_calloc(1, size) as *mut u8
+                    } else {
+                        libmimalloc_sys::mi_malloc(size) as *mut u8
+                    }
+                }
+                PeerKind::Mmap => {
+                    let p = libc::mmap(
+                        core::ptr::null_mut(),
+                        size,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    );
+                    if p == libc::MAP_FAILED {
+                        core::ptr::null_mut()
+                    } else {
+                        p as *mut u8
+                    }
+                }
+                _ => {
+                    let a = self.fallow.as_ref().unwrap();
+                    let mut flags = Flags::NONE;
+                    if zero {
+                        flags = flags | Flags::ZERO;
+                    }
+                    if populate {
+                        flags = flags | Flags::POPULATE;
+                    }
+                    match a.alloc(size, PAGE, flags) {
+                        Ok(p) => p.as_ptr(),
+                        Err(_) => core::ptr::null_mut(),
+                    }
+                }
+            }
+        };
+        if self.thp && !p.is_null() && self.fallow.is_none() && size >= HUGE {
+            // The malloc-like peers get huge pages the way a program asks for them.
+            let start = (p as usize).next_multiple_of(HUGE);
+            let end = (p as usize + size) & !(HUGE - 1);
+            if end > start {
+                unsafe { libc::madvise(start as *mut _, end - start, libc::MADV_HUGEPAGE) };
+            }
+        }
+        p
+    }
+
+    /// Free what `alloc` (or `grow`) gave for `size` bytes.
+    pub fn free(&self, p: *mut u8, size: usize) {
+        if p.is_null() {
+            return;
+        }
+        unsafe {
+            match self.kind {
+                PeerKind::Glibc => libc::free(p as *mut _),
+                PeerKind::Jemalloc => tikv_jemalloc_sys::free(p as *mut _),
+                PeerKind::Mimalloc => libmimalloc_sys::mi_free(p as *mut _),
+                PeerKind::Mmap => {
+                    libc::munmap(p as *mut _, size);
+                }
+                _ => {
+                    if let Err(e) = self.fallow.as_ref().unwrap().free(p) {
+                        eprintln!("fallow: {}: free failed: {e}", self.name());
+                        std::process::exit(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Grow a block of `old` bytes to `new` bytes, keeping its contents (realloc). Null on failure
+    /// (the old block is then still live).
+    pub fn grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
+        unsafe {
+            match self.kind {
+                PeerKind::Glibc => libc::realloc(p as *mut _, new) as *mut u8,
+                PeerKind::Jemalloc => tikv_jemalloc_sys::realloc(p as *mut _, new) as *mut u8,
+                PeerKind::Mimalloc => libmimalloc_sys::mi_realloc(p as *mut _, new) as *mut u8,
+                PeerKind::Mmap => self.move_grow(p, old, new),
+                _ => {
+                    let a = self.fallow.as_ref().unwrap();
+                    match a.resize_in_place(p, new) {
+                        Ok(true) => p,
+                        _ => self.move_grow(p, old, new),
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new block, a copy, a free: what `mmap` and fallow do when they cannot grow in place.
+    unsafe fn move_grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
+        let q = self.alloc(new, false, false);
+        if q.is_null() {
+            return q;
+        }
+        core::ptr::copy_nonoverlapping(p, q, old.min(new));
+        self.free(p, old);
+        q
+    }
+}
+
+/// Versions of the libraries, for the `machine` record.
+pub fn versions() -> Vec<(&'static str, String)> {
+    let glibc = unsafe {
+        extern "C" {
+            fn gnu_get_libc_version() -> *const libc::c_char;
+        }
+        std::ffi::CStr::from_ptr(gnu_get_libc_version()).to_string_lossy().into_owned()
+    };
+    let mi = unsafe { libmimalloc_sys::mi_version() };
+    let je = unsafe {
+        let mut v: *const libc::c_char = core::ptr::null();
+        let mut len = core::mem::size_of::<*const libc::c_char>();
+        let rc = tikv_jemalloc_sys::mallctl(
+            b"version\0".as_ptr() as *const libc::c_char,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+            core::ptr::null_mut(),
+            0,
+        );
+        if rc == 0 && !v.is_null() {
+            std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned()
+        } else {
+            "unknown".into()
+        }
+    };
+    vec![
+        ("glibc", glibc),
+        ("jemalloc", je),
+        ("mimalloc", format!("mi_version() = {mi}")),
+        ("fallow", env!("CARGO_PKG_VERSION").to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_peer_allocates_zeroes_grows_and_frees() {
+        for kind in PeerKind::ALL {
+            let p = Peer::new(kind, Setup { working_set: 8 << 20, thp: false }).unwrap();
+            let n = 3 << 20;
+            let b = p.alloc(n, false, false);
+            assert!(!b.is_null(), "{}", kind.name());
+            unsafe { core::ptr::write_bytes(b, 0xee, n) };
+            p.free(b, n);
+            let z = p.alloc(n, true, true);
+            assert!(!z.is_null());
+            let s = unsafe { core::slice::from_raw_parts(z, n) };
+            assert!(s.iter().all(|&x| x == 0), "{}: zeroed allocation had garbage", kind.name());
+            unsafe { core::ptr::write_bytes(z, 7, n) };
+            let g = p.grow(z, n, 2 * n);
+            assert!(!g.is_null());
+            let s = unsafe { core::slice::from_raw_parts(g, n) };
+            assert!(s.iter().all(|&x| x == 7), "{}: grow lost the contents", kind.name());
+            p.free(g, 2 * n);
+        }
+    }
+
+    #[test]
+    fn peer_lists_parse() {
+        assert_eq!(PeerKind::parse_list("all").unwrap().len(), PeerKind::ALL.len());
+        assert_eq!(
+            PeerKind::parse_list("glibc, fallow-nozero").unwrap(),
+            vec![PeerKind::Glibc, PeerKind::FallowNozero]
+        );
+        assert!(PeerKind::parse_list("glibc,tcmalloc").unwrap_err().contains("tcmalloc"));
+        assert!(PeerKind::parse_list(",").is_err());
+        for k in PeerKind::ALL {
+            assert_eq!(PeerKind::parse(k.name()), Some(k));
+        }
+    }
+}

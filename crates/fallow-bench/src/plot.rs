@@ -1,0 +1,96 @@
+//! PNG bar charts of an experiment's main figure, one bar per peer. Text is drawn with a font
+//! compiled into the binary (Ubuntu Light, from the `epaint_default_fonts` crate) so that a
+//! machine without system fonts draws the same charts.
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::FontStyle;
+
+use crate::experiments::Chart;
+
+static FONT: Once = Once::new();
+
+fn register_font() {
+    FONT.call_once(|| {
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, epaint_default_fonts::UBUNTU_LIGHT);
+    });
+}
+
+/// Draw `chart` as a horizontal bar chart into the PNG file `path`. When the values span more
+/// than two decades the axis is logarithmic (the bars start at the decade below the smallest).
+pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
+    register_font();
+    let bars: Vec<&(String, f64)> = chart.bars.iter().filter(|(_, v)| v.is_finite() && *v >= 0.0).collect();
+    let height = 120 + 34 * bars.len().max(1) as u32;
+    let root = BitMapBackend::new(path, (900, height)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let max = bars.iter().map(|(_, v)| *v).fold(0.0f64, f64::max);
+    let min_pos = bars.iter().map(|(_, v)| *v).filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+    let log = max > 0.0 && min_pos.is_finite() && max / min_pos > 100.0;
+    // Bar lengths in axis units: the value, or its log10 on a log axis.
+    let (lo, hi) = if log {
+        (min_pos.log10().floor(), max.log10() + 0.25)
+    } else {
+        (0.0, if max > 0.0 { max * 1.15 } else { 1.0 })
+    };
+    let x_of = |v: f64| if log { v.max(10f64.powf(lo)).log10() } else { v };
+    let n = bars.len().max(1) as i32;
+    let unit = if log { format!("{} (log scale)", chart.unit) } else { chart.unit.clone() };
+    let mut ctx = ChartBuilder::on(&root)
+        .caption(&chart.title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(170)
+        .build_cartesian_2d(lo..hi, (0..(n - 1).max(1)).into_segmented())
+        .map_err(|e| err(&e))?;
+    let labels: Vec<String> = bars.iter().map(|(l, _)| l.clone()).collect();
+    let label_of = |seg: &SegmentValue<i32>| match seg {
+        SegmentValue::CenterOf(i) => labels.get((n - 1 - *i) as usize).cloned().unwrap_or_default(),
+        _ => String::new(),
+    };
+    let tick = |x: &f64| if log { format_value(10f64.powf(*x)) } else { format_value(*x) };
+    ctx.configure_mesh()
+        .disable_y_mesh()
+        .y_labels(bars.len().max(1))
+        .y_label_formatter(&label_of)
+        .x_label_formatter(&tick)
+        .x_desc(unit.as_str())
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let fallow_color = RGBColor(200, 120, 50);
+    let peer_color = RGBColor(70, 110, 170);
+    ctx.draw_series(bars.iter().enumerate().map(|(k, (label, v))| {
+        let y = n - 1 - k as i32;
+        let color = if label.starts_with("fallow") { fallow_color } else { peer_color };
+        let mut r = Rectangle::new(
+            [(lo, SegmentValue::Exact(y)), (x_of(*v), SegmentValue::Exact(y + 1))],
+            color.filled(),
+        );
+        r.set_margin(4, 4, 0, 0);
+        r
+    }))
+    .map_err(|e| err(&e))?;
+    let style = TextStyle::from(("sans-serif", 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    ctx.draw_series(bars.iter().enumerate().map(|(k, (_, v))| {
+        let y = n - 1 - k as i32;
+        Text::new(format!(" {}", format_value(*v)), (x_of(*v), SegmentValue::CenterOf(y)), style.clone())
+    }))
+    .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+pub fn format_value(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}

@@ -1,0 +1,159 @@
+//! Text output: a table per experiment (`fallow bench`) and the one summary table of
+//! `fallow demo`, plus writing the JSON and PNG files.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::experiments::{Experiment, Outcome};
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            if n.is_u64() || n.is_i64() {
+                n.to_string()
+            } else {
+                crate::plot::format_value(x)
+            }
+        }
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(cell).collect::<Vec<_>>().join(" "),
+        Value::Bool(b) => b.to_string(),
+        Value::Object(_) => "{..}".into(),
+    }
+}
+
+fn render(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| if i == 0 { format!("{c:<w$}", w = widths[i]) } else { format!("{c:>w$}", w = widths[i]) })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let mut out = line(header);
+    out.push('\n');
+    out.push_str(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+    out.push('\n');
+    for r in rows {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    out
+}
+
+/// One experiment's table: a row per result, a column per field.
+pub fn experiment_table(o: &Outcome) -> String {
+    let skip = ["allocator", "variant", "peer"];
+    let keys: Vec<String> = o
+        .results
+        .first()
+        .map(|r| r.keys().filter(|k| !skip.contains(&k.as_str())).cloned().collect())
+        .unwrap_or_default();
+    let mut header = vec!["peer".to_string()];
+    header.extend(keys.iter().cloned());
+    let rows: Vec<Vec<String>> = o
+        .results
+        .iter()
+        .map(|r| {
+            let mut row = vec![cell(&r["peer"])];
+            row.extend(keys.iter().map(|k| cell(r.get(k).unwrap_or(&Value::Null))));
+            row
+        })
+        .collect();
+    render(&header, &rows)
+}
+
+fn find<'a>(outcomes: &'a [Outcome], e: Experiment, peer: &str) -> Vec<&'a Map<String, Value>> {
+    outcomes
+        .iter()
+        .filter(|o| o.experiment == e)
+        .flat_map(|o| o.results.iter())
+        .filter(|r| r.get("peer").and_then(Value::as_str) == Some(peer))
+        .collect()
+}
+
+/// The demo's one table: a row per peer, the main figure of each experiment as columns.
+pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> String {
+    let header: Vec<String> = [
+        "peer",
+        "pin ms",
+        "pin x glibc",
+        "density fit",
+        "settled MiB",
+        "scale ns 1t",
+        &format!("scale ns {threads}t"),
+        "stream GiB/s",
+        "interference",
+        "realloc ms",
+        "cpu ms (pin)",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let get = |e: Experiment, peer: &str, key: &str| -> String {
+        find(outcomes, e, peer).first().and_then(|r| r.get(key)).map(cell).unwrap_or_else(|| "-".into())
+    };
+    let scale = |peer: &str, t: usize| -> String {
+        find(outcomes, Experiment::Scale, peer)
+            .into_iter()
+            .find(|r| r.get("threads").and_then(Value::as_u64) == Some(t as u64))
+            .and_then(|r| r.get("ns_per_pair"))
+            .map(cell)
+            .unwrap_or_else(|| "-".into())
+    };
+    let settled = |peer: &str| -> String {
+        find(outcomes, Experiment::Density, peer)
+            .first()
+            .and_then(|r| r.get("settled_rss_mib"))
+            .and_then(Value::as_array)
+            .map(|a| {
+                let v: Vec<f64> = a.iter().filter_map(Value::as_f64).collect();
+                crate::plot::format_value(crate::measure::median(&v))
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    let rows: Vec<Vec<String>> = peers
+        .iter()
+        .map(|p| {
+            vec![
+                p.to_string(),
+                get(Experiment::Pin, p, "median_ms"),
+                get(Experiment::Pin, p, "ratio_vs_glibc"),
+                get(Experiment::Density, p, "guests_fit"),
+                settled(p),
+                scale(p, 1),
+                scale(p, threads),
+                get(Experiment::Stream, p, "gib_per_s"),
+                get(Experiment::Interference, p, "foreground_slowdown"),
+                get(Experiment::Realloc, p, "median_ms"),
+                get(Experiment::Pin, p, "cpu_ms"),
+            ]
+        })
+        .collect();
+    render(&header, &rows)
+}
+
+pub fn write_json(value: &Value, path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+pub fn write_plot(o: &Outcome, path: &Path) -> Result<(), String> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    crate::plot::draw(&o.chart, path)
+}
