@@ -406,3 +406,49 @@ fn blocks_passed_between_threads_while_drains_are_requested() {
     drainer.join().unwrap();
     all_returned(&a);
 }
+
+#[test]
+fn fork_child_keeps_working_with_other_threads_caches_frozen() {
+    let a = Allocator::new(cfg()).unwrap();
+    // Another thread holds cache entries while this one forks.
+    let (hold_tx, hold_rx) = mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let other = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let p = a.alloc(8192, 4096, Flags::NONE).unwrap().as_ptr();
+            a.free(p).unwrap();
+            ready_tx.send(()).unwrap();
+            hold_rx.recv().unwrap();
+        })
+    };
+    ready_rx.recv().unwrap();
+    let p = a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr();
+    a.free(p).unwrap();
+    a.before_fork();
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        a.after_fork_child();
+        let ok = (|| {
+            let mut ps = Vec::new();
+            for i in 0..200usize {
+                ps.push(a.alloc(4096 << (i % 4), 4096, Flags::ZERO).ok()?.as_ptr());
+            }
+            for p in ps {
+                a.free(p).ok()?;
+            }
+            a.check_invariants().ok()?;
+            let s = a.stats();
+            (s.bytes_in_use == 0 && s.cached_pages > 0).then_some(())
+        })();
+        unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
+    }
+    a.after_fork_parent();
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");
+    hold_tx.send(()).unwrap();
+    other.join().unwrap();
+    a.drain_thread_cache();
+    all_returned(&a);
+}
