@@ -26,6 +26,17 @@ pub struct Config {
     /// Free page reporting and background pre-zeroing (changeable at run time with
     /// `Allocator::set_tunables`).
     pub tunables: Tunables,
+    /// Per-thread page caches (`cache.rs`, seed 002): blocks of orders `0..=cache_max_order` are
+    /// served and taken back without the lock. Default on.
+    pub cache: bool,
+    /// Largest cached order (0..=9). Default 3 (32 KiB), as Linux's per-CPU lists.
+    pub cache_max_order: u8,
+    /// Pages moved per refill under one hold of the lock, per order (`>> order` blocks, at least
+    /// one). Default 63, as Linux (see docs/design.md, "Per-thread caches", for the measurement).
+    pub cache_batch_pages: u32,
+    /// Most pages one thread may hold per order in one allocator's cache (`>> order` blocks, at
+    /// least two); a full list drains half. Default 256 (4 MiB per thread for orders 0..3).
+    pub cache_high_pages: u32,
 }
 
 impl Default for Config {
@@ -36,6 +47,10 @@ impl Default for Config {
             thp: false,
             backing: Backing::Anonymous,
             tunables: Tunables::default(),
+            cache: true,
+            cache_max_order: 3,
+            cache_batch_pages: 63,
+            cache_high_pages: 256,
         }
     }
 }
@@ -52,6 +67,18 @@ impl Config {
             return Err(Error::Config {
                 setting: "max_order",
                 message: "must be at least 9 (2 MiB) when thp is on",
+            });
+        }
+        if self.cache_max_order > crate::cache::CACHE_ORDER_LIMIT {
+            return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 9 (4 KiB to 2 MiB)" });
+        }
+        if !(1..=4096).contains(&self.cache_high_pages) {
+            return Err(Error::Config { setting: "cache_high_pages", message: "must be between 1 and 4096" });
+        }
+        if self.cache_batch_pages == 0 || self.cache_batch_pages > self.cache_high_pages {
+            return Err(Error::Config {
+                setting: "cache_batch_pages",
+                message: "must be between 1 and cache_high_pages",
             });
         }
         self.tunables.validate(self)

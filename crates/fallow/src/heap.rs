@@ -13,16 +13,17 @@
 //! and `owns` is a lock-free range check (the preload library's ownership test).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::arena::{Arena, States};
 use crate::buddy::{preference, Taken};
+use crate::cache::{self, Registry};
 use crate::config::{Config, Tunables};
 use crate::error::Error;
 use crate::lock::Locked;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{Class, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
 use crate::stats::{ReclaimCounters, Stats};
 use crate::worker::{self, Worker};
 
@@ -67,6 +68,9 @@ pub(crate) struct Counters {
     pub zeroed_on_alloc_bytes: u64,
     pub reused_reported_bytes: u64,
     pub locked_bytes: u64,
+    /// Wrapping (read as signed): a block served by a per-thread cache and freed on the locked
+    /// path is subtracted here before the cache's hit is folded in. `stats()` adds the unfolded
+    /// hits of every cache, which makes the sum exact.
     pub in_use_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
@@ -74,6 +78,13 @@ pub(crate) struct Counters {
     pub reported_blocks_reused: u64,
     /// Background-zeroed pages handed to a request that did not ask for zeros (bytes).
     pub zeroed_wasted_bytes: u64,
+    /// Pages handed to per-thread caches and not yet drained back, as of the last fold of each
+    /// cache's counters (`cache.rs`); wrapping, like `in_use_pages` and `live_blocks`, because a
+    /// cache's unfolded hits may move pages either way.
+    pub cached_pages: u64,
+    pub cache_hits: u64,
+    pub cache_refills: u64,
+    pub cache_drains: u64,
 }
 
 /// Everything the lock guards.
@@ -89,6 +100,8 @@ pub(crate) struct Heap {
     /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker. Kept here
     /// so that a `fork` child, which has no workers, can put them back.
     pub inflight: [Inflight; INFLIGHT],
+    /// The per-thread caches of this allocator (`cache.rs`).
+    pub caches: Registry,
 }
 
 /// One isolated block.
@@ -110,6 +123,7 @@ struct ArenaView {
     base: AtomicUsize,
     len: AtomicUsize,
     states: AtomicUsize,
+    meta: AtomicUsize,
 }
 
 pub(crate) struct Shared {
@@ -118,6 +132,12 @@ pub(crate) struct Shared {
     published: AtomicUsize,
     pub config: Config,
     epoch_ns: u64,
+    /// Identity of this allocator for the per-thread caches (never reused in a process).
+    pub(crate) cache_id: u64,
+    /// How many orders the per-thread caches serve (0: caches off).
+    pub(crate) cache_orders: u32,
+    /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
+    pub(crate) drain_generation: AtomicU64,
     /// The free page reporting worker (report.rs) and the zeroing worker (zero.rs).
     pub(crate) reporter: Worker,
     pub(crate) zeroer: Worker,
@@ -138,6 +158,23 @@ impl Shared {
 /// A page allocator. Cloning gives another handle to the same allocator.
 pub struct Allocator {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Allocator {
+    /// Another handle to `shared`, unless its last handle is already gone (then its workers are
+    /// stopped or stopping, and nothing may start them again).
+    pub(crate) fn revive(shared: &Arc<Shared>) -> Option<Allocator> {
+        let mut n = shared.handles.load(Ordering::Relaxed);
+        loop {
+            if n == 0 {
+                return None;
+            }
+            match shared.handles.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(Allocator { shared: shared.clone() }),
+                Err(m) => n = m,
+            }
+        }
+    }
 }
 
 impl Clone for Allocator {
@@ -185,8 +222,8 @@ impl Heap {
     fn account_taken(&mut self, t: &Taken, zero: bool) {
         let c = &mut self.counters;
         c.alloc_calls += 1;
-        c.in_use_pages += t.npages as u64;
-        c.live_blocks += 1;
+        c.in_use_pages = c.in_use_pages.wrapping_add(t.npages as u64);
+        c.live_blocks = c.live_blocks.wrapping_add(1);
         c.reused_reported_bytes += ((t.counts.reported + t.counts.lazy) as u64) << PAGE_SHIFT;
         if zero {
             let memset = t.counts.needs_zeroing(t.npages) as u64;
@@ -247,19 +284,24 @@ impl Allocator {
                 tunables: config.tunables.clamped(&config),
                 reclaim: ReclaimCounters::default(),
                 inflight: [Inflight::default(); INFLIGHT],
+                caches: Registry::new(),
             }),
             views: core::array::from_fn(|_| ArenaView {
                 base: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
                 states: AtomicUsize::new(0),
+                meta: AtomicUsize::new(0),
             }),
             published: AtomicUsize::new(0),
-            config,
             epoch_ns: os::now_ns(),
             reporter: Worker::new(b"fallow-report"),
             zeroer: Worker::new(b"fallow-zero"),
             handles: AtomicUsize::new(1),
             pidfd: AtomicI32::new(-1),
+            cache_id: cache::new_allocator_id(),
+            cache_orders: if config.cache { config.cache_max_order.min(config.max_order) as u32 + 1 } else { 0 },
+            drain_generation: AtomicU64::new(0),
+            config,
         };
         let alloc = Allocator { shared: Arc::new(shared) };
         alloc.grow(0)?;
@@ -301,7 +343,40 @@ impl Allocator {
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).
+    #[inline]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if let Some(p) = self.alloc_cached(size, align, flags) {
+            return Ok(p);
+        }
+        self.alloc_locked(size, align, flags)
+    }
+
+    /// The fast path (`cache.rs`): an exact power-of-two block of a cached order, without `LOCK`
+    /// (whose bookkeeping needs the lock), from this thread's cache. `None`: take the locked path
+    /// (which also reports bad requests).
+    #[inline]
+    fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
+        let orders = self.shared.cache_orders;
+        if orders == 0 || size == 0 || size > PAGE_SIZE << (orders - 1) || flags.contains(Flags::LOCK) {
+            return None;
+        }
+        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+        if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
+            return None;
+        }
+        let order = npages.trailing_zeros() as u8;
+        let p = cache::current(self)?.alloc(self, order, flags.contains(Flags::ZERO))?;
+        if flags.0 == 0 {
+            self.states_of(p.arena).fill(p.taken.pfn, p.taken.npages, PageState::Allocated);
+        } else {
+            // Without LOCK, `prepare` cannot fail.
+            self.prepare(&p, flags).ok()?;
+        }
+        Some(unsafe { NonNull::new_unchecked(p.addr as *mut u8) })
+    }
+
+    #[inline(never)]
+    fn alloc_locked(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
         let mut waits = 0u32;
@@ -327,7 +402,7 @@ impl Allocator {
     }
 
     /// After the lock: zero what must be zeroed, mark the pages allocated, populate, lock.
-    fn prepare(&self, p: &Placed, flags: Flags) -> Result<(), Error> {
+    pub(crate) fn prepare(&self, p: &Placed, flags: Flags) -> Result<(), Error> {
         let t = &p.taken;
         let states = self.states_of(p.arena);
         let zero = flags.contains(Flags::ZERO);
@@ -368,7 +443,22 @@ impl Allocator {
         self.free_checked(ptr as usize, Some(size))
     }
 
+    #[inline]
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
+        // The fast path: a live block of a cached order goes to this thread's cache. Anything
+        // that does not look exactly like one takes the validated path.
+        if self.shared.cache_orders > 0 {
+            if let Some(tc) = cache::current(self) {
+                if tc.free(self, addr, size) {
+                    return Ok(());
+                }
+            }
+        }
+        self.free_locked(addr, size)
+    }
+
+    #[inline(never)]
+    fn free_locked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         let mut h = self.shared.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let actual = (npages as usize) << PAGE_SHIFT;
@@ -397,8 +487,8 @@ impl Allocator {
         a.release_live(pfn, npages, now);
         let c = &mut h.counters;
         c.free_calls += 1;
-        c.in_use_pages -= npages as u64;
-        c.live_blocks -= 1;
+        c.in_use_pages = c.in_use_pages.wrapping_sub(npages as u64);
+        c.live_blocks = c.live_blocks.wrapping_sub(1);
         self.wake_workers_after_free(h);
         Ok(())
     }
@@ -446,7 +536,7 @@ impl Allocator {
                 a.meta_mut(pfn).npages = new_pages;
                 a.set_states(pfn + new_pages, tail, PageState::Dirty);
                 a.free_range(pfn + new_pages, tail, PageState::Dirty, now);
-                h.counters.in_use_pages -= tail as u64;
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(tail as u64);
                 self.wake_workers_after_free(h);
             }
             return Ok(true);
@@ -456,7 +546,7 @@ impl Allocator {
             Some(counts) => {
                 a.set_states(pfn + npages, new_pages - npages, PageState::Allocated);
                 a.meta_mut(pfn).npages = new_pages;
-                h.counters.in_use_pages += (new_pages - npages) as u64;
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_add((new_pages - npages) as u64);
                 h.counters.reused_reported_bytes += ((counts.reported + counts.lazy) as u64) << PAGE_SHIFT;
                 Ok(true)
             }
@@ -497,6 +587,10 @@ impl Allocator {
         s.reported_blocks_reused = c.reported_blocks_reused;
         s.zeroing_wasted_bytes = c.zeroed_wasted_bytes + h.reclaim.zeroed_then_reported_bytes;
         h.reclaim.fill(&mut s);
+        s.cache_hits = c.cache_hits;
+        s.cache_refills = c.cache_refills;
+        s.cache_drains = c.cache_drains;
+        cache::add_to_stats(&h, &mut s);
         s
     }
 
@@ -528,14 +622,52 @@ impl Allocator {
         v.base.store(arena.base, Ordering::Relaxed);
         v.len.store(arena.len, Ordering::Relaxed);
         v.states.store(arena.states().raw() as usize, Ordering::Relaxed);
+        v.meta.store(arena.meta_raw() as usize, Ordering::Relaxed);
         h.arenas[i] = Some(arena);
         h.narenas += 1;
         self.shared.published.store(h.narenas, Ordering::Release);
         Ok(())
     }
 
-    fn states_of(&self, arena: usize) -> States {
+    pub(crate) fn states_of(&self, arena: usize) -> States {
         States::from_raw(self.shared.views[arena].states.load(Ordering::Relaxed) as *const AtomicU8)
+    }
+
+    /// The `BlockMeta` array of an arena, without the lock (for the per-thread caches).
+    #[inline]
+    pub(crate) fn meta_of(&self, arena: usize) -> *mut BlockMeta {
+        self.shared.views[arena].meta.load(Ordering::Relaxed) as *mut BlockMeta
+    }
+
+    #[inline]
+    pub(crate) fn arena_base(&self, arena: usize) -> usize {
+        self.shared.views[arena].base.load(Ordering::Relaxed)
+    }
+
+    /// The arena holding `addr` and its base address, without the lock.
+    #[inline]
+    pub(crate) fn arena_of(&self, addr: usize) -> Option<(usize, usize)> {
+        let n = self.shared.published.load(Ordering::Acquire);
+        for (i, v) in self.shared.views[..n].iter().enumerate() {
+            let base = v.base.load(Ordering::Relaxed);
+            if addr.wrapping_sub(base) < v.len.load(Ordering::Relaxed) {
+                return Some((i, base));
+            }
+        }
+        None
+    }
+
+    /// Ask every thread's cache of this allocator to drain back to the free lists (for the
+    /// reporting worker, when memory has been idle past its delay). Each thread does so at its
+    /// next allocation or free on this allocator; a cache never holds more than the bound stated
+    /// in docs/design.md ("Per-thread caches").
+    pub fn request_cache_drain(&self) {
+        self.shared.drain_generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drain the calling thread's cache of this allocator back to the free lists now.
+    pub fn drain_thread_cache(&self) {
+        cache::drain_current(self);
     }
 
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`).
@@ -588,13 +720,15 @@ impl Allocator {
                 return Err(format!("in-flight block {} is not tagged isolated", r.pfn));
             }
         }
-        if listed_pages + c.in_use_pages + c.isolated_pages != total {
+        // Wrapping: a cache's unfolded hits move pages between `in_use` and `cached` (cache.rs).
+        let sum = listed_pages.wrapping_add(c.in_use_pages).wrapping_add(c.cached_pages).wrapping_add(c.isolated_pages);
+        if sum != total {
             return Err(format!(
-                "pages do not add up: {listed_pages} listed + {} in use + {} isolated != {total}",
-                c.in_use_pages, c.isolated_pages
+                "pages do not add up: {listed_pages} listed + {} in use + {} cached + {} isolated != {total}",
+                c.in_use_pages as i64, c.cached_pages as i64, c.isolated_pages
             ));
         }
-        Ok(())
+        cache::check(&h)
     }
 
     /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests).
@@ -609,6 +743,7 @@ impl Allocator {
                 });
             });
         }
+        cache::free_runs(&h, &mut out);
         out
     }
 }

@@ -10,6 +10,7 @@
 //! - `heap`: the allocator itself (flags, free with validation, growth, statistics);
 //! - `worker`: background-thread plumbing; `report`: free page reporting; `zero`: background
 //!   pre-zeroing; `nt`: zeroing with non-temporal stores;
+//! - `cache`: per-thread page caches, the lock-free fast path;
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -22,6 +23,7 @@
 
 pub mod arena;
 pub mod buddy;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod heap;

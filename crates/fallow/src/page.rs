@@ -182,6 +182,9 @@ pub enum Tag {
     /// First page of a free block taken off the lists by a background worker (being reported or
     /// zeroed): neither allocatable nor mergeable until it is returned.
     Isolated = 3,
+    /// First page of a free block held in a per-thread cache (`cache.rs`): on no list, never
+    /// merged, its pages keep their free states; written by the owning thread without the lock.
+    Cached = 4,
 }
 
 /// Flags of [`BlockMeta::flags`].

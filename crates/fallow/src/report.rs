@@ -101,9 +101,11 @@ enum Next {
 
 fn run(s: &Shared) {
     let mut budget = PASS_BUDGET;
+    let mut reported_since_idle = false;
     while !s.reporter.stopping() {
         match report_one_batch(s) {
             Next::Again => {
+                reported_since_idle = true;
                 budget -= 1;
                 if budget == 0 {
                     budget = PASS_BUDGET;
@@ -116,6 +118,13 @@ fn run(s: &Shared) {
             }
             Next::Idle(seen_frees) => {
                 budget = PASS_BUDGET;
+                if reported_since_idle {
+                    // Memory sat idle past the delay: ask the per-thread caches to give theirs
+                    // back too (each does at its next call; cache.rs). Their blocks come back
+                    // younger than the delay and are reported once it has passed.
+                    reported_since_idle = false;
+                    s.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                }
                 s.reporter.idle(|| s.heap.lock().counters.free_calls != seen_frees);
             }
         }

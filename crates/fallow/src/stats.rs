@@ -33,6 +33,14 @@ pub struct Stats {
     pub reused_reported_bytes: u64,
     /// Bytes `mlock`ed at this moment.
     pub locked_bytes: u64,
+    /// Free pages held in per-thread caches (already counted in the free pages by state and in
+    /// `free_blocks`: memory in a cache is free).
+    pub cached_pages: u64,
+    /// Allocations and frees served by a per-thread cache without the lock.
+    pub cache_hits: u64,
+    /// Batched refills and drains of per-thread caches (each one hold of the lock).
+    pub cache_refills: u64,
+    pub cache_drains: u64,
     // ---- Free page reporting (report.rs) ----
     /// Bytes given back to the kernel (pages that were resident when reported).
     pub reported_bytes: u64,
@@ -159,6 +167,14 @@ impl std::fmt::Display for Stats {
             b(self.populated_bytes),
             b(self.zeroing_wasted_bytes),
             b(self.zero_demand_bytes)
+        )?;
+        writeln!(
+            f,
+            "thread caches: {:>10.1} MiB cached, {} hits, {} refills, {} drains",
+            mib(self.cached_pages),
+            self.cache_hits,
+            self.cache_refills,
+            self.cache_drains
         )?;
         write!(f, "free blocks by order:\n{}", self.buddyinfo())
     }
