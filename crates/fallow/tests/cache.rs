@@ -7,10 +7,11 @@ mod common;
 use std::sync::mpsc;
 
 use common::*;
-use fallow::{Allocator, Config, Error, Flags, PageState};
+use fallow::{os, Allocator, Config, Error, Flags, PageState, Tunables};
 
+/// Workers off: these tests check exact states and counters, which the workers would change.
 fn cfg() -> Config {
-    Config { arena_size: 16 << 20, max_order: 8, ..Config::default() }
+    Config { arena_size: 16 << 20, max_order: 8, tunables: Tunables::off(), ..Config::default() }
 }
 
 /// Everything free, nothing cached, every free page listed, invariants and page states true.
@@ -451,4 +452,48 @@ fn fork_child_keeps_working_with_other_threads_caches_frozen() {
     other.join().unwrap();
     a.drain_thread_cache();
     all_returned(&a);
+}
+
+#[test]
+fn thread_exit_then_reporting_gives_every_cached_page_back_to_the_kernel() {
+    // Reporting on (tiny delay, 1 MiB blocks): pages cached by threads that exit are drained and
+    // then reported, so the kernel (mincore) and the statistics agree that nothing stays resident.
+    let t = Tunables { report: true, report_delay_ms: 10, report_order: 8, zeroing: false, ..Tunables::off() };
+    let a = Allocator::new(Config { tunables: t, arena_size: 128 << 20, ..cfg() }).unwrap();
+    let hs: Vec<_> = (0..3)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for i in 0..600usize {
+                    let size = 4096 << ((i + t) % 4);
+                    let p = a.alloc(size, 4096, Flags::NONE).unwrap().as_ptr();
+                    unsafe { std::ptr::write_bytes(p, 0x5a, size) };
+                    held.push(p as usize);
+                }
+                for p in held {
+                    a.free(p as *mut u8).unwrap();
+                }
+                assert!(a.stats().cached_pages > 0);
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    assert_eq!(a.stats().arenas, 1);
+    let base = a.free_runs().iter().map(|r| r.0).min().unwrap();
+    let len = a.stats().reserved_bytes as usize;
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = a.stats();
+        let resident = os::resident_pages(base, len).unwrap();
+        if s.cached_pages == 0 && s.free_reported_pages * 4096 == s.reserved_bytes && resident == 0 {
+            break;
+        }
+        assert!(t0.elapsed().as_secs() < 180, "not all reported: {resident} resident pages\n{s}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    a.check_invariants().unwrap();
+    check_free_states(&a).unwrap();
 }
