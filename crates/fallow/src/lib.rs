@@ -8,6 +8,7 @@
 //! - `arena`: a reservation and its side metadata;
 //! - `buddy`: free lists, split and merge over one arena;
 //! - `heap`: the allocator itself (flags, free with validation, growth, statistics);
+//! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -22,6 +23,7 @@ pub mod arena;
 pub mod buddy;
 pub mod config;
 pub mod error;
+pub mod global;
 pub mod heap;
 pub mod lock;
 pub mod os;
@@ -30,6 +32,7 @@ pub mod stats;
 
 pub use config::{Backing, Config};
 pub use error::Error;
+pub use global::FallowAlloc;
 pub use heap::{Allocator, Flags};
 pub use page::PageState;
 pub use stats::Stats;
