@@ -313,6 +313,32 @@ impl Allocator {
         Ok(())
     }
 
+    /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
+    /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero
+    /// and are not resident, so they are listed `Reported` rather than `Dirty`. A locked block is
+    /// freed as by `free` (its pages were resident).
+    pub fn free_reported(&self, ptr: *mut u8) -> Result<(), Error> {
+        let addr = ptr as usize;
+        let now = self.now_ms();
+        let mut h = self.shared.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let a = h.arenas[ai].as_mut().unwrap();
+        if a.meta(pfn).flags & META_LOCKED != 0 {
+            drop(h);
+            return self.free(ptr);
+        }
+        let m = a.meta_mut(pfn);
+        m.tag = Tag::None;
+        m.flags = META_FREED_START;
+        a.set_states(pfn, npages, PageState::Reported);
+        a.free_range(pfn, npages, StateCounts::uniform(PageState::Reported, npages), now);
+        let c = &mut h.counters;
+        c.free_calls += 1;
+        c.in_use_pages -= npages as u64;
+        c.live_blocks -= 1;
+        Ok(())
+    }
+
     /// Bytes usable in the live block at `ptr` (page-rounded), or `None` if `ptr` is not the start
     /// of a live block of this allocator.
     pub fn usable_size(&self, ptr: *const u8) -> Option<usize> {
