@@ -1,5 +1,6 @@
 //! Configuration by environment: `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`,
-//! `FALLOW_ZEROING`, `FALLOW_THP`, `FALLOW_STATS`.
+//! `FALLOW_ZEROING`, `FALLOW_THP`, `FALLOW_STATS`, and `FALLOW_ARENA_SIZE` (bytes reserved per
+//! arena, rounded up to the largest block; 0, the default, means the machine's RAM).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`). A value that
 //! does not parse prints one warning naming the variable and the default used, and the default
@@ -40,6 +41,7 @@ pub struct EnvSettings {
     pub zeroing: ZeroingMode,
     pub thp: bool,
     pub stats: bool,
+    pub arena_size: usize,
 }
 
 impl Default for EnvSettings {
@@ -51,6 +53,7 @@ impl Default for EnvSettings {
             zeroing: ZeroingMode::Idle,
             thp: false,
             stats: false,
+            arena_size: 0,
         }
     }
 }
@@ -111,6 +114,12 @@ pub fn parse<'a>(get: impl Fn(&CStr) -> Option<&'a [u8]>, warn: &mut dyn FnMut(&
             _ => bad("FALLOW_THP", v, "0 or 1", &0),
         }
     }
+    if let Some(v) = get(c"FALLOW_ARENA_SIZE") {
+        match parse_size(v) {
+            Some(n) => s.arena_size = n,
+            None => bad("FALLOW_ARENA_SIZE", v, "a size in bytes (suffix k, m or g allowed)", &"0 (the machine's RAM)"),
+        }
+    }
     if let Some(v) = get(c"FALLOW_STATS") {
         match v {
             b"0" | b"" => s.stats = false,
@@ -144,6 +153,7 @@ fn parse_size(v: &[u8]) -> Option<usize> {
 /// once the core's configuration has the background workers' tunables (branch `reclaim`).
 pub fn apply_env_tunables(config: &mut fallow::Config, env: &EnvSettings) {
     config.thp = env.thp;
+    config.arena_size = env.arena_size;
     if config.thp && config.max_order < 9 {
         config.max_order = 9;
     }
@@ -173,6 +183,7 @@ mod tests {
             ("FALLOW_ZEROING", "off"),
             ("FALLOW_THP", "1"),
             ("FALLOW_STATS", "1"),
+            ("FALLOW_ARENA_SIZE", "2G"),
         ]);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(
@@ -183,7 +194,8 @@ mod tests {
                 report_delay_ms: 500,
                 zeroing: ZeroingMode::Off,
                 thp: true,
-                stats: true
+                stats: true,
+                arena_size: 2 << 30,
             }
         );
         let mut c = fallow::Config::default();
@@ -200,15 +212,17 @@ mod tests {
             ("FALLOW_ZEROING", "busy"),
             ("FALLOW_THP", "yes"),
             ("FALLOW_STATS", "2"),
+            ("FALLOW_ARENA_SIZE", "-1"),
         ]);
         assert_eq!(s, EnvSettings::default());
-        assert_eq!(w.len(), 6, "{w:?}");
+        assert_eq!(w.len(), 7, "{w:?}");
         assert!(w[0].contains("FALLOW_THRESHOLD=\"lots\"") && w[0].contains("default 262144"), "{}", w[0]);
         assert!(w[1].contains("FALLOW_REPORT") && w[1].contains("default dontneed"));
         assert!(w[2].contains("FALLOW_REPORT_DELAY_MS") && w[2].contains("default 2000"));
         assert!(w[3].contains("FALLOW_ZEROING") && w[3].contains("default idle"));
         assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 0"));
-        assert!(w[5].contains("FALLOW_STATS"));
+        assert!(w[5].contains("FALLOW_ARENA_SIZE"));
+        assert!(w[6].contains("FALLOW_STATS"));
         let (_, w) = run(&[("FALLOW_THRESHOLD", "99999999999999999999g")]);
         assert_eq!(w.len(), 1);
     }
