@@ -265,14 +265,14 @@ static char expected[128];
 static void *volatile victim;
 static void invalid_free(char *a) { (void)a; free((char *)victim + 8192); }
 static void double_free(char *a) { (void)a; void *v = victim; free(v); v = victim; free(v); }
-static void never_allocated(char *a) { (void)a; free((char *)victim + 64 * MiB); }
+static void never_allocated(char *a) { (void)a; free((char *)victim + 64 * MiB + 16); }
 
 static int test_bad_free(void) {
     victim = malloc(1 * MiB);
     CHECK(victim && stat_of(S_LIVE) > 0, "victim from fallow");
     snprintf(expected, sizeof expected, "fallow: free(): invalid pointer %p", (void *)((char *)victim + 8192));
     if (expect_abort(invalid_free, expected)) return 1;
-    snprintf(expected, sizeof expected, "fallow: free(): invalid pointer %p", (void *)((char *)victim + 64 * MiB));
+    snprintf(expected, sizeof expected, "fallow: free(): invalid pointer %p", (void *)((char *)victim + 64 * MiB + 16));
     if (expect_abort(never_allocated, expected)) return 1;
     snprintf(expected, sizeof expected, "fallow: free(): double free %p", victim);
     if (expect_abort(double_free, expected)) return 1;
