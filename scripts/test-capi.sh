@@ -56,6 +56,9 @@ cat "$out/warn.log"
 LD_PRELOAD=$so ls / > /dev/null
 LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null
 
+step "redis-server (links jemalloc, asks malloc_usable_size) under the preload"
+tests/preload/redis_check.sh "$so" "$out/redis"
+
 if [[ ${SKIP_NUMPY:-0} == 1 ]]; then
     echo "SKIP_NUMPY=1: numpy part skipped"
     exit 0
