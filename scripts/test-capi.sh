@@ -29,6 +29,7 @@ for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
 done
 cargo test -q -p fallow-preload
 cargo test -q -p fallow --lib global
+cargo test -q -p fallow --test global_alloc
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release
