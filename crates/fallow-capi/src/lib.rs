@@ -8,6 +8,9 @@
 //!   the error path either.
 //! - Nothing here allocates on the alloc/free paths (the core does not either).
 
+// The safety contracts of these functions are those of their C declarations (fallow.h).
+#![allow(clippy::missing_safety_doc)]
+
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use core::fmt::Write;

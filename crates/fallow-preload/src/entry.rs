@@ -152,7 +152,7 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
 
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
-    if !align.is_power_of_two() || align % core::mem::size_of::<usize>() != 0 {
+    if !align.is_power_of_two() || align < core::mem::size_of::<usize>() {
         return libc::EINVAL;
     }
     let saved = fallow::os::errno();

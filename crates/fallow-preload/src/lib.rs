@@ -9,6 +9,9 @@
 //! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
 //!   that no Rust code in this library comes back through the interposed `malloc`.
 
+// The safety contracts of the exported functions are those of malloc(3) and friends.
+#![allow(clippy::missing_safety_doc)]
+
 pub mod entry;
 pub mod env;
 pub mod libc_heap;
