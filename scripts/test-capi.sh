@@ -66,9 +66,10 @@ if [[ ${SKIP_NUMPY:-0} == 1 ]]; then
 fi
 
 step "numpy in .venv"
-if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
+# meson and ninja: numpy's test_mem_policy and test_array_interface build small C extensions.
+if [[ ! -x .venv/bin/meson ]] || ! .venv/bin/python -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
     python3 -m venv .venv
-    .venv/bin/pip install -q numpy pytest hypothesis
+    .venv/bin/pip install -q numpy pytest hypothesis meson ninja
 fi
 .venv/bin/python -c 'import numpy; print("numpy", numpy.__version__)'
 
@@ -81,12 +82,13 @@ allocs=$(sed -n 's/.*calls: *\([0-9]*\) allocs.*/\1/p' "$out/numpy_zeros.err" | 
 (( allocs >= 80 )) || fail "fallow served only $allocs allocations"
 awk -v s="$skipped" 'BEGIN { exit !(s >= 64) }' || fail "zeroing skipped for only $skipped MiB"
 
-# The part of numpy._core that fits the time budget here (about 2.5 minutes per run on a busy
-# 2-core machine; all of numpy._core takes about 40): the array object, numeric functions and
-# indexing. scripts/numpy-full-suite.sh runs all of numpy._core and the whole suite.
+# The part of numpy._core that fits the time budget here (about 2 minutes per run on a busy
+# 2-core machine; all of numpy._core takes about 7): the array object, numeric functions and
+# indexing, numpy's memory-handler policy. scripts/numpy-full-suite.sh runs all of numpy._core and the whole suite.
 step "numpy._core tests without and with the preload (same outcome per test)"
 tests/preload/numpy_core.sh "$root/.venv" "$so" "$out/numpy" \
-    numpy._core.tests.test_multiarray numpy._core.tests.test_numeric numpy._core.tests.test_item_selection
+    numpy._core.tests.test_multiarray numpy._core.tests.test_numeric numpy._core.tests.test_item_selection \
+    numpy._core.tests.test_mem_policy numpy._core.tests.test_array_interface
 
 echo
 echo "test-capi: all passed"
