@@ -1,12 +1,12 @@
 # The README's two commands: `make demo` (the main job: every experiment of the benchmark command
 # at a small default size) and `make test` (every test; installs what it needs on a fresh machine).
 # CI (.ci/run) calls `make test`.
-.PHONY: demo test test-rust test-debug test-bench
+.PHONY: demo test test-rust test-debug test-bench test-capi numpy-full-suite
 
 demo:
 	cargo run --release -p fallow-bench -- demo
 
-test: test-rust test-debug test-bench
+test: test-rust test-debug test-bench test-capi
 
 # Every crate's unit and integration tests (core, reporting, zeroing, caches, bench, C API adapter).
 test-rust:
@@ -19,3 +19,12 @@ test-debug:
 # The benchmark command, every experiment once at a tiny size (no timing asserted).
 test-bench:
 	scripts/test-bench.sh
+
+# The C API (static and shared, through pkg-config) and the LD_PRELOAD library: C tests, redis-server,
+# and numpy's numpy._core tests with and without the preload (creates .venv).
+test-capi:
+	scripts/test-capi.sh
+
+# Not part of `make test` (about 15 minutes): numpy's whole test suite with and without the preload.
+numpy-full-suite:
+	scripts/numpy-full-suite.sh

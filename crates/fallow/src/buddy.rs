@@ -342,13 +342,14 @@ impl Arena {
         m.flags = (m.flags & !META_FREED_START) | flags;
     }
 
-    /// Give back a live block whose pages have been written `Dirty`.
-    pub fn release_live(&mut self, pfn: u32, npages: u32, now_ms: u32) {
+    /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`
+    /// when the caller moved its pages away).
+    pub fn release_live(&mut self, pfn: u32, npages: u32, state: PageState, now_ms: u32) {
         let m = self.meta_mut(pfn);
         m.tag = Tag::None;
         m.flags = META_FREED_START;
-        self.set_states(pfn, npages, PageState::Dirty);
-        self.free_range(pfn, npages, PageState::Dirty, now_ms);
+        self.set_states(pfn, npages, state);
+        self.free_range(pfn, npages, state, now_ms);
     }
 }
 

@@ -484,13 +484,38 @@ impl Allocator {
             }
         }
         let a = h.arenas[ai].as_mut().unwrap();
-        a.release_live(pfn, npages, now);
+        a.release_live(pfn, npages, PageState::Dirty, now);
+        self.account_free(h, npages);
+        Ok(())
+    }
+
+    /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
+    /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero
+    /// and are not resident, so they are listed `Reported` rather than `Dirty`. A locked block is
+    /// freed as by `free` (its pages were resident).
+    pub fn free_reported(&self, ptr: *mut u8) -> Result<(), Error> {
+        let addr = ptr as usize;
+        let now = self.now_ms();
+        let mut h = self.shared.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let a = h.arenas[ai].as_mut().unwrap();
+        if a.meta(pfn).flags & META_LOCKED != 0 {
+            drop(h);
+            return self.free(ptr);
+        }
+        a.release_live(pfn, npages, PageState::Reported, now);
+        self.account_free(h, npages);
+        Ok(())
+    }
+
+    /// After a live block went back on the lists: count it, release the lock, wake a worker if
+    /// the free made work for it.
+    fn account_free(&self, mut h: crate::lock::Guard<'_, Heap>, npages: u32) {
         let c = &mut h.counters;
         c.free_calls += 1;
         c.in_use_pages = c.in_use_pages.wrapping_sub(npages as u64);
         c.live_blocks = c.live_blocks.wrapping_sub(1);
         self.wake_workers_after_free(h);
-        Ok(())
     }
 
     /// Bytes usable in the live block at `ptr` (page-rounded), or `None` if `ptr` is not the start

@@ -11,6 +11,7 @@
 //! - `worker`: background-thread plumbing; `report`: free page reporting; `zero`: background
 //!   pre-zeroing; `nt`: zeroing with non-temporal stores;
 //! - `cache`: per-thread page caches, the lock-free fast path;
+//! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -26,6 +27,7 @@ pub mod buddy;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod global;
 pub mod heap;
 pub mod lock;
 pub mod nt;
@@ -38,6 +40,7 @@ pub(crate) mod zero;
 
 pub use config::{Backing, Config, ReportMode, Tunables};
 pub use error::Error;
+pub use global::FallowAlloc;
 pub use heap::{Allocator, Flags};
 pub use page::PageState;
 pub use stats::Stats;

@@ -1,0 +1,374 @@
+//! The C API (`include/fallow.h`): handles, configuration, allocation with flags, free,
+//! statistics, tunables, and error reporting by return code + `errno` + a thread-local message.
+//!
+//! Invariants.
+//! - A `fallow_allocator *` is a `Box<Allocator>` leaked to C; `fallow_destroy` takes it back.
+//! - Failing calls return an errno value, store it in `errno` and write the message into a
+//!   fixed thread-local buffer (`LAST_ERROR`, NUL-terminated, truncated to fit): no allocation on
+//!   the error path either.
+//! - Nothing here allocates on the alloc/free paths (the core does not either).
+
+// The safety contracts of these functions are those of their C declarations (fallow.h).
+#![allow(clippy::missing_safety_doc)]
+
+use core::cell::UnsafeCell;
+use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use core::fmt::Write;
+use core::ptr;
+
+use core_fallow::global::StackBuf;
+use core_fallow::{Allocator, Backing, Config, Error, Flags, ReportMode, Tunables};
+
+pub const FALLOW_ZERO: c_uint = 1;
+pub const FALLOW_POPULATE: c_uint = 2;
+pub const FALLOW_LOCK: c_uint = 4;
+const ALL_FLAGS: c_uint = FALLOW_ZERO | FALLOW_POPULATE | FALLOW_LOCK;
+
+const MSG_LEN: usize = 512;
+
+thread_local! {
+    static LAST_ERROR: UnsafeCell<[u8; MSG_LEN]> = const { UnsafeCell::new([0; MSG_LEN]) };
+}
+
+/// Record a failure: message into the thread-local buffer, `errno`, and the return code.
+fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
+    let mut b = StackBuf::<MSG_LEN>::new();
+    let _ = b.write_fmt(msg);
+    LAST_ERROR.with(|cell| {
+        let buf = unsafe { &mut *cell.get() };
+        let n = b.as_bytes().len().min(MSG_LEN - 1);
+        buf[..n].copy_from_slice(&b.as_bytes()[..n]);
+        buf[n] = 0;
+    });
+    core_fallow::os::set_errno(code);
+    code
+}
+
+fn fail_with(e: Error) -> c_int {
+    fail(e.errno(), format_args!("{e}"))
+}
+
+#[repr(C)]
+pub struct FallowConfig {
+    pub arena_size: usize,
+    pub max_order: u32,
+    pub thp: c_int,
+    pub backing: c_int,
+}
+
+#[repr(C)]
+pub struct FallowStats {
+    pub bytes_in_use: u64,
+    pub live_blocks: u64,
+    pub free_dirty_pages: u64,
+    pub free_zeroed_pages: u64,
+    pub free_reported_pages: u64,
+    pub free_lazy_pages: u64,
+    pub isolated_pages: u64,
+    pub reserved_bytes: u64,
+    pub arenas: u64,
+    pub alloc_calls: u64,
+    pub free_calls: u64,
+    pub zero_skipped_bytes: u64,
+    pub zeroed_on_alloc_bytes: u64,
+    pub reused_reported_bytes: u64,
+    pub locked_bytes: u64,
+    pub free_blocks: [[u64; 31]; 3],
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_config_init(c: *mut FallowConfig) {
+    if c.is_null() {
+        return;
+    }
+    let d = Config::default();
+    *c = FallowConfig { arena_size: d.arena_size, max_order: d.max_order as u32, thp: d.thp as c_int, backing: 0 };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Allocator) -> c_int {
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_create: out is NULL"));
+    }
+    let mut config = Config::default();
+    if let Some(c) = c.as_ref() {
+        if c.max_order > 255 {
+            return fail(libc::EINVAL, format_args!("bad setting max_order: must be between 0 and 30"));
+        }
+        config.arena_size = c.arena_size;
+        config.max_order = c.max_order as u8;
+        config.thp = match c.thp {
+            0 => false,
+            1 => true,
+            _ => return fail(libc::EINVAL, format_args!("bad setting thp: must be 0 or 1")),
+        };
+        config.backing = match c.backing {
+            0 => Backing::Anonymous,
+            1 => Backing::Memfd,
+            _ => {
+                return fail(
+                    libc::EINVAL,
+                    format_args!("bad setting backing: must be FALLOW_BACKING_ANONYMOUS (0) or FALLOW_BACKING_MEMFD (1)"),
+                )
+            }
+        };
+    }
+    match Allocator::new(config) {
+        Ok(a) => {
+            *out = Box::into_raw(Box::new(a));
+            0
+        }
+        Err(e) => fail_with(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_destroy(a: *mut Allocator) {
+    if !a.is_null() {
+        drop(Box::from_raw(a));
+    }
+}
+
+macro_rules! handle {
+    ($a:expr, $f:literal) => {
+        match $a.as_ref() {
+            Some(a) => a,
+            None => return fail(libc::EINVAL, format_args!(concat!($f, ": allocator is NULL"))),
+        }
+    };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_alloc(
+    a: *mut Allocator,
+    size: usize,
+    align: usize,
+    flags: c_uint,
+    out: *mut *mut c_void,
+) -> c_int {
+    let a = handle!(a, "fallow_alloc");
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_alloc: out is NULL"));
+    }
+    if flags & !ALL_FLAGS != 0 {
+        return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
+    }
+    let align = if align == 0 { core_fallow::os::PAGE_SIZE } else { align };
+    match a.alloc(size, align, Flags(flags)) {
+        Ok(p) => {
+            *out = p.as_ptr() as *mut c_void;
+            0
+        }
+        Err(e) => {
+            *out = ptr::null_mut();
+            fail_with(e)
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int {
+    let a = handle!(a, "fallow_free");
+    match a.free(p as *mut u8) {
+        Ok(()) => 0,
+        Err(e) => fail_with(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_free_sized(a: *mut Allocator, p: *mut c_void, size: usize) -> c_int {
+    let a = handle!(a, "fallow_free_sized");
+    match a.free_sized(p as *mut u8, size) {
+        Ok(()) => 0,
+        Err(e) => fail_with(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_resize_in_place(
+    a: *mut Allocator,
+    p: *mut c_void,
+    new_size: usize,
+    resized: *mut c_int,
+) -> c_int {
+    let a = handle!(a, "fallow_resize_in_place");
+    match a.resize_in_place(p as *mut u8, new_size) {
+        Ok(done) => {
+            if !resized.is_null() {
+                *resized = done as c_int;
+            }
+            0
+        }
+        Err(e) => fail_with(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_usable_size(a: *mut Allocator, p: *const c_void) -> usize {
+    match a.as_ref() {
+        Some(a) => a.usable_size(p as *const u8).unwrap_or(0),
+        None => 0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_owns(a: *const Allocator, p: *const c_void) -> c_int {
+    match a.as_ref() {
+        Some(a) => a.owns(p as *const u8) as c_int,
+        None => 0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowStats) -> c_int {
+    let a = handle!(a, "fallow_stats_read");
+    let Some(out) = out.as_mut() else {
+        return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
+    };
+    let s = a.stats();
+    out.bytes_in_use = s.bytes_in_use;
+    out.live_blocks = s.live_blocks;
+    out.free_dirty_pages = s.free_dirty_pages;
+    out.free_zeroed_pages = s.free_zeroed_pages;
+    out.free_reported_pages = s.free_reported_pages;
+    out.free_lazy_pages = s.free_lazy_pages;
+    out.isolated_pages = s.isolated_pages;
+    out.reserved_bytes = s.reserved_bytes;
+    out.arenas = s.arenas;
+    out.alloc_calls = s.alloc_calls;
+    out.free_calls = s.free_calls;
+    out.zero_skipped_bytes = s.zero_skipped_bytes;
+    out.zeroed_on_alloc_bytes = s.zeroed_on_alloc_bytes;
+    out.reused_reported_bytes = s.reused_reported_bytes;
+    out.locked_bytes = s.locked_bytes;
+    for (c, row) in s.free_blocks.iter().enumerate().take(3) {
+        for (o, n) in row.iter().enumerate().take(31) {
+            out.free_blocks[c][o] = *n;
+        }
+    }
+    0
+}
+
+/// The tunables of the background workers, by their C name.
+const TUNABLES: [&str; 11] = [
+    "report",
+    "report_order",
+    "report_delay_ms",
+    "report_batch",
+    "resident_free_min",
+    "report_mode",
+    "zeroing",
+    "zero_order",
+    "zero_chunk",
+    "zeroed_reserve",
+    "populated_reserve",
+];
+
+fn tunable_name(name: *const c_char, func: &str) -> Result<&'static str, c_int> {
+    if name.is_null() {
+        return Err(fail(libc::EINVAL, format_args!("{func}: name is NULL")));
+    }
+    let n = unsafe { CStr::from_ptr(name) }.to_bytes();
+    match TUNABLES.iter().find(|t| t.as_bytes() == n) {
+        Some(t) => Ok(t),
+        None => Err(fail(
+            libc::EINVAL,
+            format_args!("{func}: unknown tunable {:?}", core::str::from_utf8(n).unwrap_or("<not utf-8>")),
+        )),
+    }
+}
+
+/// Read one tunable as the C API's `uint64_t`.
+fn get_field(t: &Tunables, name: &str) -> u64 {
+    match name {
+        "report" => t.report as u64,
+        "report_order" => t.report_order as u64,
+        "report_delay_ms" => t.report_delay_ms as u64,
+        "report_batch" => t.report_batch as u64,
+        "resident_free_min" => t.resident_free_min as u64,
+        "report_mode" => match t.report_mode {
+            ReportMode::Auto => 0,
+            ReportMode::DontNeed => 1,
+            ReportMode::Free => 2,
+            ReportMode::Punch => 3,
+        },
+        "zeroing" => t.zeroing as u64,
+        "zero_order" => t.zero_order as u64,
+        "zero_chunk" => t.zero_chunk as u64,
+        "zeroed_reserve" => t.zeroed_reserve as u64,
+        _ => t.populated_reserve as u64, // "populated_reserve" (names are checked before)
+    }
+}
+
+/// Write one tunable from a `uint64_t`; values that do not fit the field are out of range.
+fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> {
+    let range = |message| Error::Config { setting: name, message };
+    let flag = |v: u64| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(range("must be 0 (off) or 1 (on)")),
+    };
+    let small = |v: u64| u8::try_from(v).map_err(|_| range("must be between 0 and 30"));
+    let size = |v: u64| usize::try_from(v).map_err(|_| range("too large"));
+    match name {
+        "report" => t.report = flag(v)?,
+        "report_order" => t.report_order = small(v)?,
+        "report_delay_ms" => t.report_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
+        "report_batch" => t.report_batch = u32::try_from(v).map_err(|_| range("must be between 1 and 256 blocks"))?,
+        "resident_free_min" => t.resident_free_min = size(v)?,
+        "report_mode" => {
+            t.report_mode = match v {
+                0 => ReportMode::Auto,
+                1 => ReportMode::DontNeed,
+                2 => ReportMode::Free,
+                3 => ReportMode::Punch,
+                _ => return Err(range("must be 0 (auto), 1 (dontneed), 2 (free) or 3 (punch)")),
+            }
+        }
+        "zeroing" => t.zeroing = flag(v)?,
+        "zero_order" => t.zero_order = small(v)?,
+        "zero_chunk" => t.zero_chunk = size(v)?,
+        "zeroed_reserve" => t.zeroed_reserve = size(v)?,
+        _ => t.populated_reserve = size(v)?,
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_set_tunable(a: *mut Allocator, name: *const c_char, value: u64) -> c_int {
+    let a = handle!(a, "fallow_set_tunable");
+    let name = match tunable_name(name, "fallow_set_tunable") {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let mut t = a.tunables();
+    match set_field(&mut t, name, value).and_then(|()| a.set_tunables(t)) {
+        Ok(()) => 0,
+        Err(e) => fail_with(e),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallow_get_tunable(a: *mut Allocator, name: *const c_char, value: *mut u64) -> c_int {
+    let a = handle!(a, "fallow_get_tunable");
+    if value.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_get_tunable: value is NULL"));
+    }
+    match tunable_name(name, "fallow_get_tunable") {
+        Ok(t) => {
+            *value = get_field(&a.tunables(), t);
+            0
+        }
+        Err(code) => code,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn fallow_last_error() -> *const c_char {
+    LAST_ERROR.with(|cell| cell.get() as *const c_char)
+}
+
+#[no_mangle]
+pub extern "C" fn fallow_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
+}

@@ -1,0 +1,22 @@
+//! `libfallow_preload.so`: an `LD_PRELOAD` drop-in that serves large `malloc`, `calloc`,
+//! `realloc` and aligned requests from one process-wide fallow allocator and everything else
+//! from glibc. See docs/design.md, "C API and preload".
+//!
+//! - `entry`: the exported `malloc` family and the routing rules;
+//! - `remap`: `realloc` of fallow blocks (in place, by moving pages, across the threshold);
+//! - `process`: lazy settings and allocator, `fork` handlers, statistics at exit;
+//! - `env`: `FALLOW_*` environment variables;
+//! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
+//!   that no Rust code in this library comes back through the interposed `malloc`.
+
+// The safety contracts of the exported functions are those of malloc(3) and friends.
+#![allow(clippy::missing_safety_doc)]
+
+pub mod entry;
+pub mod env;
+pub mod libc_heap;
+pub mod process;
+pub mod remap;
+
+#[global_allocator]
+static RUST_HEAP: libc_heap::LibcHeap = libc_heap::LibcHeap;

@@ -1,0 +1,81 @@
+//! glibc's own allocator, reached by its `__libc_*` names so that nothing here comes back through
+//! the interposed `malloc`; and the Rust global allocator of this library, built on them (the core
+//! allocates its `Arc` and nothing else from the Rust heap, but any Rust allocation made inside a
+//! preloaded `malloc` must not recurse).
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::ffi::c_void;
+
+extern "C" {
+    pub fn __libc_malloc(size: usize) -> *mut c_void;
+    pub fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    pub fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    pub fn __libc_free(p: *mut c_void);
+    pub fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+}
+
+/// glibc's `malloc` guarantees this alignment.
+const MALLOC_ALIGN: usize = 16;
+
+pub struct LibcHeap;
+
+unsafe impl GlobalAlloc for LibcHeap {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if l.align() <= MALLOC_ALIGN {
+            __libc_malloc(l.size()) as *mut u8
+        } else {
+            __libc_memalign(l.align(), l.size()) as *mut u8
+        }
+    }
+
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        if l.align() <= MALLOC_ALIGN {
+            __libc_calloc(1, l.size()) as *mut u8
+        } else {
+            let p = self.alloc(l);
+            if !p.is_null() {
+                core::ptr::write_bytes(p, 0, l.size());
+            }
+            p
+        }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+        __libc_free(p as *mut c_void)
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
+        if l.align() <= MALLOC_ALIGN {
+            return __libc_realloc(p as *mut c_void, new_size) as *mut u8;
+        }
+        let q = self.alloc(Layout::from_size_align_unchecked(new_size, l.align()));
+        if !q.is_null() {
+            core::ptr::copy_nonoverlapping(p, q, l.size().min(new_size));
+            __libc_free(p as *mut c_void);
+        }
+        q
+    }
+}
+
+/// glibc's `malloc_usable_size` (ours interposes the name): looked up once in libc.so.6 itself,
+/// not with `RTLD_NEXT`, which in a program linking jemalloc would find jemalloc's.
+pub fn libc_usable_size(p: *mut c_void) -> usize {
+    use core::sync::atomic::{AtomicUsize, Ordering};
+    static FN: AtomicUsize = AtomicUsize::new(0);
+    let mut f = FN.load(Ordering::Acquire);
+    if f == 0 {
+        unsafe {
+            let h = libc::dlopen(b"libc.so.6\0".as_ptr() as *const _, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if !h.is_null() {
+                f = libc::dlsym(h, b"malloc_usable_size\0".as_ptr() as *const _) as usize;
+            }
+        }
+        if f == 0 {
+            // Cannot happen with glibc; an answer of 0 makes callers copy nothing they do not own.
+            return 0;
+        }
+        FN.store(f, Ordering::Release);
+    }
+    let f: unsafe extern "C" fn(*mut c_void) -> usize = unsafe { core::mem::transmute(f) };
+    unsafe { f(p) }
+}

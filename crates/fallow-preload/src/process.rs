@@ -1,0 +1,195 @@
+//! The process-wide state of the preload library: the settings from the environment and the one
+//! fallow allocator, both created lazily, the `fork` handlers and the statistics at exit.
+//!
+//! Two small state machines, each one atomic byte:
+//! - settings: `UNPARSED -> PARSING -> PARSED`. Parsing calls only `getenv` and `write`, never
+//!   `malloc`, so a thread that finds `PARSING` spins until `PARSED` (nanoseconds). Until the
+//!   settings are parsed `THRESHOLD` is 0, which sends every request to the slow path that
+//!   parses them; afterwards it holds the threshold.
+//! - allocator: `UNINIT -> INITIALIZING -> READY | FAILED`, entered on the first request at or
+//!   above the threshold. Creating the allocator allocates (its `Arc`, through glibc) and
+//!   registers `pthread_atfork` and `atexit` handlers, which may call `malloc`: every request
+//!   made while the state is not `READY`, by this thread or another, goes to glibc. That is
+//!   always correct because ownership is decided by address (`Allocator::owns`), never by
+//!   who was asked.
+//!
+//! Fork: prepare takes the allocator lock (`before_fork`), so that no other thread is inside
+//! the allocator when the address space is copied; the parent releases it, the child resets it
+//! and restarts the background workers (`after_fork_child`).
+
+use core::cell::UnsafeCell;
+use core::fmt::Write;
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use fallow::global::StackBuf;
+use fallow::{Allocator, Config};
+
+use crate::env::{self, EnvSettings};
+
+const UNPARSED: u8 = 0;
+const PARSING: u8 = 1;
+const PARSED: u8 = 2;
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+struct Slot<T>(UnsafeCell<MaybeUninit<T>>);
+unsafe impl<T> Sync for Slot<T> {}
+
+static SETTINGS_STATE: AtomicU8 = AtomicU8::new(UNPARSED);
+static SETTINGS: Slot<EnvSettings> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
+/// Requests of at least this many bytes go to fallow; 0 until the settings are parsed.
+static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// The largest block fallow serves (larger requests go to glibc); set with the allocator.
+static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
+
+static ALLOC_STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static ALLOC: Slot<Allocator> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
+
+/// The threshold, parsing the settings first if nobody has.
+#[inline]
+pub fn threshold() -> usize {
+    match THRESHOLD.load(Ordering::Relaxed) {
+        0 => settings().threshold,
+        t => t,
+    }
+}
+
+#[cold]
+pub fn settings() -> &'static EnvSettings {
+    loop {
+        match SETTINGS_STATE.compare_exchange(UNPARSED, PARSING, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => {
+                let s = env::from_environment();
+                unsafe { (*SETTINGS.0.get()).write(s) };
+                SETTINGS_STATE.store(PARSED, Ordering::Release);
+                THRESHOLD.store(s.threshold, Ordering::Relaxed);
+            }
+            Err(PARSED) => return unsafe { (*SETTINGS.0.get()).assume_init_ref() },
+            Err(_) => core::hint::spin_loop(),
+        }
+    }
+}
+
+/// The allocator if it exists (for ownership checks: no allocator, no pointer of ours).
+#[inline]
+pub fn existing() -> Option<&'static Allocator> {
+    if ALLOC_STATE.load(Ordering::Acquire) == READY {
+        Some(unsafe { (*ALLOC.0.get()).assume_init_ref() })
+    } else {
+        None
+    }
+}
+
+/// The allocator that owns `p`, if any.
+#[inline]
+pub fn owner(p: *const u8) -> Option<&'static Allocator> {
+    existing().filter(|a| a.owns(p))
+}
+
+/// The allocator for a request of `size` bytes aligned to `align`, creating it on first use;
+/// `None` sends the request to glibc (too small, too large, or the allocator is being created or
+/// could not be).
+#[inline]
+pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
+    if size < threshold() {
+        return None;
+    }
+    let a = match ALLOC_STATE.load(Ordering::Acquire) {
+        READY => unsafe { (*ALLOC.0.get()).assume_init_ref() },
+        UNINIT => init()?,
+        _ => return None,
+    };
+    let max = MAX_BLOCK.load(Ordering::Relaxed);
+    if size > max || align > max {
+        return None;
+    }
+    Some(a)
+}
+
+#[cold]
+fn init() -> Option<&'static Allocator> {
+    if ALLOC_STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Acquire).is_err() {
+        return existing();
+    }
+    let s = settings();
+    let mut config = Config::default();
+    env::apply_env_tunables(&mut config, s);
+    match Allocator::new(config) {
+        Ok(a) => {
+            MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
+            unsafe { (*ALLOC.0.get()).write(a) };
+            unsafe {
+                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+                if s.stats {
+                    libc::atexit(print_stats_at_exit);
+                }
+            }
+            ALLOC_STATE.store(READY, Ordering::Release);
+            existing()
+        }
+        Err(e) => {
+            let mut b = StackBuf::<256>::new();
+            let _ = writeln!(b, "fallow: cannot create the allocator ({e}); glibc serves everything");
+            fallow::os::write_stderr(b.as_bytes());
+            ALLOC_STATE.store(FAILED, Ordering::Release);
+            None
+        }
+    }
+}
+
+extern "C" fn fork_prepare() {
+    if let Some(a) = existing() {
+        a.before_fork();
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(a) = existing() {
+        a.after_fork_parent();
+    }
+}
+
+extern "C" fn fork_child() {
+    if let Some(a) = existing() {
+        a.after_fork_child();
+    }
+}
+
+/// `FALLOW_STATS=1`: the statistics on stderr at exit, formatted on the stack.
+extern "C" fn print_stats_at_exit() {
+    let Some(a) = existing() else { return };
+    let s = a.stats();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let page = fallow::os::PAGE_SIZE as u64;
+    let mut b = StackBuf::<1024>::new();
+    let _ = writeln!(b, "fallow: stats at exit (pid {})", unsafe { libc::getpid() });
+    let _ = writeln!(b, "fallow:   calls:     {} allocs, {} frees", s.alloc_calls, s.free_calls);
+    let _ = writeln!(b, "fallow:   in use:    {:.1} MiB in {} blocks", mib(s.bytes_in_use), s.live_blocks);
+    let _ = writeln!(
+        b,
+        "fallow:   free:      {:.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free",
+        mib(s.free_dirty_pages * page),
+        mib(s.free_zeroed_pages * page),
+        mib(s.free_reported_pages * page),
+        mib(s.free_lazy_pages * page)
+    );
+    let _ = writeln!(
+        b,
+        "fallow:   zeroing:   {:.1} MiB skipped, {:.1} MiB memset on allocation",
+        mib(s.zero_skipped_bytes),
+        mib(s.zeroed_on_alloc_bytes)
+    );
+    let _ = writeln!(
+        b,
+        "fallow:   realloc:   {} page moves (mremap), {} copies",
+        crate::remap::MOVES.load(Ordering::Relaxed),
+        crate::remap::COPIES.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(b, "fallow:   reported reuse: {:.1} MiB", mib(s.reused_reported_bytes));
+    let _ = writeln!(b, "fallow:   reserved:  {:.1} MiB in {} arenas", mib(s.reserved_bytes), s.arenas);
+    fallow::os::write_stderr(b.as_bytes());
+}

@@ -1,0 +1,102 @@
+//! `realloc` of a block fallow owns: in place when it can, otherwise by moving the pages rather
+//! than the bytes, and across the threshold in either direction.
+//!
+//! Order of preference for a block that stays at or above the threshold:
+//! 1. `Allocator::resize_in_place`: shrinking gives the tail back to the free lists; growing
+//!    takes the free pages right after the block.
+//! 2. Move the pages: take a new block, then `mremap(old, len, len, MAYMOVE | FIXED | DONTUNMAP,
+//!    new)`: the kernel moves the page-table entries of the old block onto the start of the new
+//!    one, no byte is copied, and with `MREMAP_DONTUNMAP` the old range stays mapped with no
+//!    pages behind it, so the arena keeps no hole and the old pages read zero: they are freed as
+//!    `Reported` (`Allocator::free_reported`), which is exactly their state.
+//! 3. Copy the bytes (`memcpy`) when the move is refused (old kernel, a range over several
+//!    mappings, the mapping-count budget spent) or the block is small.
+//!
+//! Every move splits the arena's mapping (the moved pages form a mapping of their own, which the
+//! kernel does not merge with its neighbours), so moves are limited to blocks of at least
+//! `MOVE_MIN` bytes and to `MOVE_BUDGET` per process, far below `vm.max_map_count` (65530).
+//! `MOVES` and `COPIES` count what happened (printed with `FALLOW_STATS=1`).
+
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use fallow::{Allocator, Flags};
+
+use crate::entry::die;
+use crate::libc_heap::__libc_malloc;
+use crate::process;
+
+/// Blocks smaller than this are copied: copying 1 MiB costs about as much as the system calls
+/// and mapping split a move costs.
+pub const MOVE_MIN: usize = 1 << 20;
+pub const MOVE_BUDGET: u64 = 8192;
+
+pub static MOVES: AtomicU64 = AtomicU64::new(0);
+pub static COPIES: AtomicU64 = AtomicU64::new(0);
+static MOVE_REFUSED: AtomicBool = AtomicBool::new(false);
+
+const MREMAP_DONTUNMAP: i32 = 4;
+
+/// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`.
+pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
+    let stays = size >= process::threshold() && size <= a.max_block();
+    if stays {
+        match a.resize_in_place(p, size) {
+            Ok(true) => return p,
+            Ok(false) => {}
+            Err(e) => die("realloc", &e),
+        }
+    }
+    let old = match a.usable_size(p) {
+        Some(n) => n,
+        None => die("realloc", &fallow::Error::InvalidPointer { addr: p as usize }),
+    };
+    if stays {
+        if let Ok(q) = a.alloc(size, 16, Flags::NONE) {
+            let q = q.as_ptr();
+            if old >= MOVE_MIN && move_pages(p, q, old) {
+                if let Err(e) = a.free_reported(p) {
+                    die("realloc", &e)
+                }
+                MOVES.fetch_add(1, Ordering::Relaxed);
+            } else {
+                ptr::copy_nonoverlapping(p, q, old.min(size));
+                if let Err(e) = a.free(p) {
+                    die("realloc", &e)
+                }
+                COPIES.fetch_add(1, Ordering::Relaxed);
+            }
+            return q;
+        }
+    }
+    // Leaving fallow (below the threshold, above the largest block, or fallow is exhausted).
+    let q = __libc_malloc(size) as *mut u8;
+    if q.is_null() {
+        fallow::os::set_errno(libc::ENOMEM);
+        return q;
+    }
+    ptr::copy_nonoverlapping(p, q, old.min(size));
+    if let Err(e) = a.free(p) {
+        die("realloc", &e)
+    }
+    q
+}
+
+/// Move the pages of `[from, from + len)` onto `[to, to + len)`, leaving `from` mapped and empty.
+/// `false` (nothing changed) when the kernel refuses.
+unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
+    if MOVE_REFUSED.load(Ordering::Relaxed) || MOVES.load(Ordering::Relaxed) >= MOVE_BUDGET {
+        return false;
+    }
+    let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | MREMAP_DONTUNMAP;
+    let r = libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void);
+    if r == libc::MAP_FAILED {
+        if fallow::os::errno() == libc::EINVAL {
+            // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.
+            MOVE_REFUSED.store(true, Ordering::Relaxed);
+        }
+        return false;
+    }
+    debug_assert_eq!(r as usize, to as usize);
+    true
+}

@@ -1,0 +1,282 @@
+//! `FallowAlloc`: a `GlobalAlloc` for Rust programs that serves large requests from one
+//! process-wide fallow allocator and everything else from the system allocator (`std::alloc::System`),
+//! the Rust counterpart of the LD_PRELOAD library:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static A: fallow::FallowAlloc = fallow::FallowAlloc::new();
+//! ```
+//!
+//! Invariants.
+//! - Ownership is decided by address: a pointer is fallow's iff `Allocator::owns` says so (a
+//!   lock-free range check), so `dealloc`/`realloc` never need to know who served the request,
+//!   and a request served by the system during start-up is freed by the system later.
+//! - The allocator is created lazily by the first large request. Creating it allocates from the
+//!   Rust heap (its `Arc`), which comes back here: a small state machine
+//!   `UNINIT -> INITIALIZING -> READY` (or `FAILED`) in one atomic routes every request made while
+//!   the state is not `READY` to the system, so there is no recursion and no thread ever waits.
+//! - Requests above the largest fallow block, or with an alignment above it, go to the system.
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::cell::UnsafeCell;
+use core::mem::MaybeUninit;
+use core::ptr;
+use core::sync::atomic::{AtomicU8, Ordering};
+use std::alloc::System;
+
+use crate::config::Config;
+use crate::heap::{Allocator, Flags};
+use crate::os::PAGE_SIZE;
+
+const UNINIT: u8 = 0;
+const INITIALIZING: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+/// Default threshold: requests of at least this many bytes go to fallow (see docs/design.md,
+/// "C API and preload", for the measurement behind it).
+pub const DEFAULT_THRESHOLD: usize = 256 << 10;
+
+/// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
+/// `System`.
+pub struct FallowAlloc {
+    state: AtomicU8,
+    threshold: usize,
+    config: Option<Config>,
+    alloc: UnsafeCell<MaybeUninit<Allocator>>,
+}
+
+unsafe impl Sync for FallowAlloc {}
+
+impl FallowAlloc {
+    /// The default threshold and the default configuration.
+    pub const fn new() -> FallowAlloc {
+        FallowAlloc::with_threshold(DEFAULT_THRESHOLD)
+    }
+
+    /// Requests of at least `threshold` bytes go to fallow (at least one page).
+    pub const fn with_threshold(threshold: usize) -> FallowAlloc {
+        FallowAlloc {
+            state: AtomicU8::new(UNINIT),
+            threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
+            config: None,
+            alloc: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// A threshold and a configuration of the process-wide allocator.
+    pub const fn with_config(threshold: usize, config: Config) -> FallowAlloc {
+        FallowAlloc {
+            state: AtomicU8::new(UNINIT),
+            threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
+            config: Some(config),
+            alloc: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// The fallow allocator behind this adapter, once a large request has created it.
+    pub fn allocator(&self) -> Option<&Allocator> {
+        if self.state.load(Ordering::Acquire) == READY {
+            Some(unsafe { (*self.alloc.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
+    /// The allocator, creating it on first use; `None` while another call is creating it (or if
+    /// creating it failed), in which case the caller uses the system allocator.
+    #[cold]
+    fn init(&self) -> Option<&Allocator> {
+        if self
+            .state
+            .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Acquire)
+            .is_err()
+        {
+            return self.allocator();
+        }
+        let config = self.config.clone().unwrap_or_default();
+        match Allocator::new(config) {
+            Ok(a) => {
+                unsafe { (*self.alloc.get()).write(a) };
+                self.state.store(READY, Ordering::Release);
+                self.allocator()
+            }
+            Err(_) => {
+                self.state.store(FAILED, Ordering::Release);
+                None
+            }
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> Option<&Allocator> {
+        match self.state.load(Ordering::Acquire) {
+            READY => Some(unsafe { (*self.alloc.get()).assume_init_ref() }),
+            UNINIT => self.init(),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn wants(&self, layout: &Layout) -> Option<&Allocator> {
+        if layout.size() < self.threshold {
+            return None;
+        }
+        let a = self.get()?;
+        if layout.size() > a.max_block() || layout.align() > a.max_block() {
+            return None;
+        }
+        Some(a)
+    }
+
+    #[inline]
+    fn owner(&self, p: *const u8) -> Option<&Allocator> {
+        let a = self.allocator()?;
+        if a.owns(p) {
+            Some(a)
+        } else {
+            None
+        }
+    }
+
+    fn alloc_flags(&self, layout: Layout, flags: Flags) -> *mut u8 {
+        if let Some(a) = self.wants(&layout) {
+            if let Ok(p) = a.alloc(layout.size(), layout.align(), flags) {
+                return p.as_ptr();
+            }
+            // Exhaustion of fallow's reservation: the system may still have room.
+        }
+        unsafe {
+            if flags.contains(Flags::ZERO) {
+                System.alloc_zeroed(layout)
+            } else {
+                System.alloc(layout)
+            }
+        }
+    }
+}
+
+impl Default for FallowAlloc {
+    fn default() -> Self {
+        FallowAlloc::new()
+    }
+}
+
+unsafe impl GlobalAlloc for FallowAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.alloc_flags(layout, Flags::NONE)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.alloc_flags(layout, Flags::ZERO)
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        match self.owner(p) {
+            Some(a) => {
+                if let Err(e) = a.free(p) {
+                    crate::global::die("dealloc", &e);
+                }
+            }
+            None => System.dealloc(p, layout),
+        }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old = layout.size();
+        let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+        if let Some(a) = self.owner(p) {
+            // Stays large: try in place first (grows into free pages after it, shrink gives the
+            // tail back).
+            if new_size >= self.threshold && new_size <= a.max_block() {
+                match a.resize_in_place(p, new_size) {
+                    Ok(true) => return p,
+                    Ok(false) => {}
+                    Err(e) => die("realloc", &e),
+                }
+            }
+        } else if old < self.threshold && new_size < self.threshold {
+            return System.realloc(p, layout, new_size);
+        }
+        let q = self.alloc(new_layout);
+        if q.is_null() {
+            return q;
+        }
+        ptr::copy_nonoverlapping(p, q, old.min(new_size));
+        self.dealloc(p, layout);
+        q
+    }
+}
+
+/// A bad pointer handed to the global allocator is memory corruption: say which and abort,
+/// without allocating.
+#[cold]
+pub(crate) fn die(op: &str, e: &crate::error::Error) -> ! {
+    let mut buf = crate::global::StackBuf::<256>::new();
+    let _ = core::fmt::Write::write_fmt(&mut buf, format_args!("fallow: {op}(): {e}\n"));
+    crate::os::write_stderr(buf.as_bytes());
+    std::process::abort()
+}
+
+/// A fixed buffer that `fmt::Write` fills without allocating (truncating when full).
+pub struct StackBuf<const N: usize> {
+    buf: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> StackBuf<N> {
+    pub const fn new() -> Self {
+        StackBuf { buf: [0; N], len: 0 }
+    }
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl<const N: usize> Default for StackBuf<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> core::fmt::Write for StackBuf<N> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let n = s.len().min(N - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
+        self.len += n;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_size_and_frees_by_address() {
+        static A: FallowAlloc = FallowAlloc::with_threshold(64 << 10);
+        unsafe {
+            let small = A.alloc(Layout::from_size_align(100, 8).unwrap());
+            let big = A.alloc_zeroed(Layout::from_size_align(1 << 20, 4096).unwrap());
+            let a = A.allocator().expect("created by the large request");
+            assert!(!a.owns(small));
+            assert!(a.owns(big));
+            assert_eq!(*big.add((1 << 20) - 1), 0);
+            *big = 7;
+            // Grow across the threshold from small and shrink back below it.
+            let grown = A.realloc(small, Layout::from_size_align(100, 8).unwrap(), 200 << 10);
+            assert!(a.owns(grown));
+            let shrunk = A.realloc(grown, Layout::from_size_align(200 << 10, 8).unwrap(), 50);
+            assert!(!a.owns(shrunk));
+            let big2 = A.realloc(big, Layout::from_size_align(1 << 20, 4096).unwrap(), 3 << 20);
+            assert_eq!(*big2, 7);
+            A.dealloc(shrunk, Layout::from_size_align(50, 8).unwrap());
+            A.dealloc(big2, Layout::from_size_align(3 << 20, 4096).unwrap());
+            assert_eq!(a.stats().live_blocks, 0);
+            a.check_invariants().unwrap();
+        }
+    }
+}

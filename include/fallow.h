@@ -1,0 +1,110 @@
+/* fallow.h: the C API of fallow, a page allocator that zeroes free pages while the machine is
+ * idle and returns unused pages to the kernel.
+ *
+ * Link with -lfallow (target/release/libfallow.so or libfallow.a; pkg-config file fallow.pc in
+ * target/release). Every function is thread-safe. Functions that can fail return 0 on success
+ * or an errno value (ENOMEM, EINVAL, ...), also stored in errno; fallow_last_error() then gives a
+ * message naming the cause (and the address, for a bad pointer). No function here calls malloc
+ * on the allocation and free paths.
+ */
+#ifndef FALLOW_H
+#define FALLOW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Allocation flags (may be or-ed). */
+#define FALLOW_ZERO     1u /* contents read zero (no memset for pages known zeroed or reported) */
+#define FALLOW_POPULATE 2u /* every page resident on return */
+#define FALLOW_LOCK     4u /* mlock the block (implies resident); fails with EPERM/ENOMEM by RLIMIT_MEMLOCK */
+
+/* Backing of the arenas. */
+#define FALLOW_BACKING_ANONYMOUS 0
+#define FALLOW_BACKING_MEMFD     1
+
+typedef struct fallow_allocator fallow_allocator;
+
+typedef struct fallow_config {
+    size_t arena_size;  /* bytes reserved per arena; 0: the machine's RAM */
+    uint32_t max_order; /* largest block = 4 KiB << max_order, 0..30; default 18 (1 GiB) */
+    int thp;            /* 1: ask for transparent huge pages (needs max_order >= 9) */
+    int backing;        /* FALLOW_BACKING_* */
+} fallow_config;
+
+#define FALLOW_CLASSES 3 /* free-list classes: 0 dirty, 1 zeroed, 2 reported */
+#define FALLOW_ORDERS 31
+
+typedef struct fallow_stats {
+    uint64_t bytes_in_use;          /* bytes in live blocks (page-rounded) */
+    uint64_t live_blocks;
+    uint64_t free_dirty_pages;      /* free pages by state */
+    uint64_t free_zeroed_pages;
+    uint64_t free_reported_pages;
+    uint64_t free_lazy_pages;
+    uint64_t isolated_pages;        /* free pages held by a background worker right now */
+    uint64_t reserved_bytes;        /* address space reserved ... */
+    uint64_t arenas;                /* ... in this many arenas */
+    uint64_t alloc_calls;
+    uint64_t free_calls;
+    uint64_t zero_skipped_bytes;    /* FALLOW_ZERO bytes served without a memset */
+    uint64_t zeroed_on_alloc_bytes; /* FALLOW_ZERO bytes memset on allocation */
+    uint64_t reused_reported_bytes; /* reported bytes handed out again */
+    uint64_t locked_bytes;          /* bytes mlocked now */
+    uint64_t free_blocks[FALLOW_CLASSES][FALLOW_ORDERS]; /* free blocks by class and order */
+} fallow_stats;
+
+/* The default configuration. */
+void fallow_config_init(fallow_config *config);
+
+/* Create an allocator (config NULL: the default). */
+int fallow_create(const fallow_config *config, fallow_allocator **out);
+
+/* Destroy an allocator and unmap all its memory, live blocks included. NULL is ignored. */
+void fallow_destroy(fallow_allocator *a);
+
+/* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
+ * with FALLOW_* flags; *out receives the block. */
+int fallow_alloc(fallow_allocator *a, size_t size, size_t align, unsigned flags, void **out);
+
+/* Free a block (EINVAL for an address that is not a live block, or a double free). */
+int fallow_free(fallow_allocator *a, void *p);
+
+/* Free a block, checking its size (EINVAL when it does not match the block's pages). */
+int fallow_free_sized(fallow_allocator *a, void *p, size_t size);
+
+/* Resize in place: *resized is 1 when done (shrinking always succeeds; growing needs the pages
+ * after the block to be free), 0 when the caller must move the block. */
+int fallow_resize_in_place(fallow_allocator *a, void *p, size_t new_size, int *resized);
+
+/* Usable bytes of the live block at p (page-rounded), 0 if p is not one. */
+size_t fallow_usable_size(fallow_allocator *a, const void *p);
+
+/* 1 if p lies in a's reservation (a lock-free range check), else 0. */
+int fallow_owns(const fallow_allocator *a, const void *p);
+
+/* A snapshot of the statistics. */
+int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
+
+/* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
+ * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),
+ * "zeroing", "zero_order", "zero_chunk", "zeroed_reserve", "populated_reserve".
+ * Booleans are 0 or 1, sizes in bytes, orders as powers of two of 4 KiB. EINVAL, with a message
+ * naming the setting and its accepted range, for an unknown name or a value out of range. */
+int fallow_set_tunable(fallow_allocator *a, const char *name, uint64_t value);
+int fallow_get_tunable(fallow_allocator *a, const char *name, uint64_t *value);
+
+/* The message of the last failed call on this thread ("" if none): a thread-local buffer, valid
+ * until the next failing call on this thread. */
+const char *fallow_last_error(void);
+
+/* The library version, "MAJOR.MINOR.PATCH". */
+const char *fallow_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FALLOW_H */

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Tests of the C API and the LD_PRELOAD library (issue 7). Run from anywhere; works on a fresh
+# Debian machine (installs what it lacks, idempotently). About 8 minutes, most of it a part of
+# numpy's numpy._core suite run twice (without and with the preload).
+#   scripts/test-capi.sh            everything
+#   SKIP_NUMPY=1 scripts/test-capi.sh   without the numpy suite
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=$root/target/capi-tests
+mkdir -p "$out"
+
+step() { printf '\n== %s\n' "$*"; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+step "system packages"
+missing=()
+for pkg in gcc pkg-config python3-venv python3-pip file time; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+step "cargo build --release and unit tests"
+cargo build --release -p fallow-capi -p fallow-preload
+for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
+    [[ -f target/release/$f ]] || fail "target/release/$f missing"
+done
+cargo test -q -p fallow-preload
+cargo test -q -p fallow --lib global
+cargo test -q -p fallow --test global_alloc
+
+step "C API test (shared library through pkg-config, and static library)"
+export PKG_CONFIG_PATH=$root/target/release
+gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_test" tests/c/capi_test.c $(pkg-config --cflags --libs fallow) -lpthread
+gcc -O2 -Wall -Werror -o "$out/capi_test_static" tests/c/capi_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
+"$out/capi_test"
+"$out/capi_test_static" > "$out/capi_static.log" || { cat "$out/capi_static.log"; fail "static C API test"; }
+echo "static: $(grep -c '^ok' "$out/capi_static.log") ok"
+
+step "preload tests"
+so=$root/target/release/libfallow_preload.so
+gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
+LD_PRELOAD=$so "$out/preload_test"
+FALLOW_ARENA_SIZE=1g LD_PRELOAD=$so "$out/preload_test" calloc_recycled
+LD_PRELOAD=$so "$out/preload_test" fork_exec
+FALLOW_THRESHOLD=1m LD_PRELOAD=$so "$out/preload_test" threshold 1048576
+LD_PRELOAD=$so "$out/preload_test" threshold 262144
+# A bad setting: one warning naming the variable and the default, and the program runs on.
+FALLOW_THRESHOLD=lots FALLOW_REPORT=sometimes LD_PRELOAD=$so "$out/preload_test" threshold 262144 2> "$out/warn.log"
+cat "$out/warn.log"
+[[ $(grep -c 'FALLOW_THRESHOLD="lots".*default 262144' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD warning"
+[[ $(grep -c 'FALLOW_REPORT="sometimes".*default dontneed' "$out/warn.log") == 1 ]] || fail "FALLOW_REPORT warning"
+[[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
+# Ordinary programs run under the preload (no large allocation: the allocator is never created).
+LD_PRELOAD=$so ls / > /dev/null
+LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null
+
+step "redis-server (links jemalloc, asks malloc_usable_size) under the preload"
+tests/preload/redis_check.sh "$so" "$out/redis"
+
+if [[ ${SKIP_NUMPY:-0} == 1 ]]; then
+    echo "SKIP_NUMPY=1: numpy part skipped"
+    exit 0
+fi
+
+step "numpy in .venv"
+# meson and ninja: numpy's test_mem_policy and test_array_interface build small C extensions.
+if [[ ! -x .venv/bin/meson ]] || ! .venv/bin/python -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
+    python3 -m venv .venv
+    .venv/bin/pip install -q numpy pytest hypothesis meson ninja
+fi
+.venv/bin/python -c 'import numpy; print("numpy", numpy.__version__)'
+
+step "numpy workload with FALLOW_STATS=1 (zeroing skipped)"
+LD_PRELOAD=$so FALLOW_STATS=1 .venv/bin/python tests/preload/numpy_zeros.py 2> "$out/numpy_zeros.err"
+cat "$out/numpy_zeros.err"
+skipped=$(sed -n 's/.*zeroing: *\([0-9.]*\) MiB skipped.*/\1/p' "$out/numpy_zeros.err" | head -1)
+allocs=$(sed -n 's/.*calls: *\([0-9]*\) allocs.*/\1/p' "$out/numpy_zeros.err" | head -1)
+[[ -n $skipped && -n $allocs ]] || fail "no statistics printed at exit"
+(( allocs >= 80 )) || fail "fallow served only $allocs allocations"
+awk -v s="$skipped" 'BEGIN { exit !(s >= 64) }' || fail "zeroing skipped for only $skipped MiB"
+
+# The part of numpy._core that fits the time budget here (about 2 minutes per run on a busy
+# 2-core machine; all of numpy._core takes about 7): the array object, numeric functions and
+# indexing, numpy's memory-handler policy. scripts/numpy-full-suite.sh runs all of numpy._core and the whole suite.
+step "numpy._core tests without and with the preload (same outcome per test)"
+tests/preload/numpy_core.sh "$root/.venv" "$so" "$out/numpy" \
+    numpy._core.tests.test_multiarray numpy._core.tests.test_numeric numpy._core.tests.test_item_selection \
+    numpy._core.tests.test_mem_policy numpy._core.tests.test_array_interface
+
+echo
+echo "test-capi: all passed"

@@ -1,0 +1,189 @@
+/* Test of the C API (include/fallow.h), built against libfallow.so and libfallow.a by
+ * scripts/test-capi.sh. Prints "ok <name>" per test; exit status = number of failures. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fallow.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define MiB (1024UL * 1024)
+#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s: ", __FILE__, __LINE__, #c); fprintf(stderr, __VA_ARGS__); fprintf(stderr, " [last error: %s]\n", fallow_last_error()); return 1; } } while (0)
+
+static int resident(void *p, size_t n) {
+    unsigned char v[4096];
+    size_t pages = n / 4096;
+    if (pages > sizeof v || mincore(p, n, v)) return -1;
+    int r = 0;
+    for (size_t i = 0; i < pages; i++) r += v[i] & 1;
+    return r;
+}
+
+static int test_config_and_create(void) {
+    fallow_config c;
+    fallow_config_init(&c);
+    CHECK(c.max_order == 18 && c.arena_size == 0 && c.thp == 0 && c.backing == FALLOW_BACKING_ANONYMOUS, "defaults");
+    fallow_allocator *a = NULL;
+    c.max_order = 31;
+    errno = 0;
+    CHECK(fallow_create(&c, &a) == EINVAL && errno == EINVAL && a == NULL, "max_order 31 refused");
+    CHECK(strstr(fallow_last_error(), "max_order") != NULL, "message names the setting: %s", fallow_last_error());
+    c.max_order = 18; c.backing = 7;
+    CHECK(fallow_create(&c, &a) == EINVAL && strstr(fallow_last_error(), "backing"), "bad backing");
+    c.backing = FALLOW_BACKING_ANONYMOUS; c.thp = 1; c.max_order = 8;
+    CHECK(fallow_create(&c, &a) == EINVAL && strstr(fallow_last_error(), "thp"), "thp needs order 9");
+    CHECK(fallow_create(NULL, &a) == 0 && a, "default create");
+    fallow_destroy(a);
+    c.thp = 1; c.max_order = 12; c.arena_size = 64 * MiB; c.backing = FALLOW_BACKING_MEMFD;
+    CHECK(fallow_create(&c, &a) == 0, "memfd + thp create");
+    void *p;
+    CHECK(fallow_alloc(a, 3 * MiB, 0, FALLOW_ZERO, &p) == 0 && ((unsigned char *)p)[3 * MiB - 1] == 0, "memfd alloc");
+    CHECK(fallow_free(a, p) == 0, "memfd free");
+    fallow_destroy(a);
+    fallow_destroy(NULL);
+    CHECK(strcmp(fallow_version(), "0.1.0") >= 0, "version %s", fallow_version());
+    return 0;
+}
+
+static int test_alloc_flags(void) {
+    fallow_config c; fallow_config_init(&c);
+    c.arena_size = 256 * MiB; c.max_order = 14; /* 64 MiB blocks */
+    fallow_allocator *a;
+    CHECK(fallow_create(&c, &a) == 0, "create");
+    void *p = NULL;
+    /* Plain, aligned. */
+    CHECK(fallow_alloc(a, 100000, 65536, 0, &p) == 0 && (uintptr_t)p % 65536 == 0, "aligned alloc");
+    CHECK(fallow_owns(a, p) && !fallow_owns(a, &c), "owns");
+    CHECK(fallow_usable_size(a, p) == 102400, "usable size %zu", fallow_usable_size(a, p));
+    memset(p, 0xEE, 100000);
+    CHECK(fallow_free(a, p) == 0, "free");
+    /* ZERO over recycled dirty pages reads zero and is counted as memset. */
+    fallow_stats s0, s1;
+    CHECK(fallow_stats_read(a, &s0) == 0, "stats");
+    CHECK(s0.free_dirty_pages >= 25, "dirty pages after free: %lu", (unsigned long)s0.free_dirty_pages);
+    void *q;
+    CHECK(fallow_alloc(a, 8 * MiB, 0, FALLOW_ZERO, &q) == 0, "zero alloc");
+    for (size_t i = 0; i < 8 * MiB; i++) CHECK(((unsigned char *)q)[i] == 0, "byte %zu", i);
+    CHECK(fallow_stats_read(a, &s1) == 0, "stats");
+    CHECK(s1.zero_skipped_bytes + s1.zeroed_on_alloc_bytes - s0.zero_skipped_bytes - s0.zeroed_on_alloc_bytes == 8 * MiB,
+          "zero accounting: skipped %lu memset %lu", (unsigned long)s1.zero_skipped_bytes, (unsigned long)s1.zeroed_on_alloc_bytes);
+    CHECK(s1.live_blocks == 1 && s1.bytes_in_use == 8 * MiB && s1.alloc_calls == 2 && s1.free_calls == 1, "counters");
+    CHECK(s1.reserved_bytes == 256 * MiB && s1.arenas == 1, "reserved %lu", (unsigned long)s1.reserved_bytes);
+    uint64_t listed = 0;
+    for (int k = 0; k < FALLOW_CLASSES; k++) for (int o = 0; o < FALLOW_ORDERS; o++) listed += s1.free_blocks[k][o] << o;
+    CHECK(listed == s1.free_dirty_pages + s1.free_zeroed_pages + s1.free_reported_pages + s1.free_lazy_pages, "free blocks add up");
+    /* POPULATE: every page resident on return. */
+    void *r;
+    CHECK(fallow_alloc(a, 4 * MiB, 0, FALLOW_POPULATE, &r) == 0, "populate");
+    CHECK(resident(r, 4 * MiB) == 1024, "resident pages %d", resident(r, 4 * MiB));
+    /* Resize in place: shrink always, grow into the free pages after it. */
+    int done = -1;
+    CHECK(fallow_resize_in_place(a, r, 1 * MiB, &done) == 0 && done == 1, "shrink");
+    CHECK(fallow_usable_size(a, r) == 1 * MiB, "after shrink");
+    CHECK(fallow_resize_in_place(a, r, 2 * MiB, &done) == 0, "grow");
+    if (done) CHECK(fallow_usable_size(a, r) == 2 * MiB, "after grow");
+    CHECK(fallow_free_sized(a, r, 12345) == EINVAL && strstr(fallow_last_error(), "size mismatch"), "free_sized mismatch: %s", fallow_last_error());
+    CHECK(fallow_free_sized(a, r, fallow_usable_size(a, r)) == 0, "free_sized");
+    /* LOCK: mlock; may be refused by RLIMIT_MEMLOCK, which must then be an error, not a crash. */
+    void *l;
+    int rc = fallow_alloc(a, 1 * MiB, 0, FALLOW_LOCK | FALLOW_ZERO, &l);
+    if (rc == 0) {
+        CHECK(fallow_stats_read(a, &s1) == 0 && s1.locked_bytes == 1 * MiB, "locked bytes %lu", (unsigned long)s1.locked_bytes);
+        CHECK(resident(l, 1 * MiB) == 256, "locked block resident");
+        CHECK(fallow_free(a, l) == 0, "free locked");
+        CHECK(fallow_stats_read(a, &s1) == 0 && s1.locked_bytes == 0, "unlocked");
+    } else {
+        CHECK((rc == EPERM || rc == ENOMEM || rc == EAGAIN) && l == NULL && strstr(fallow_last_error(), "mlock"), "lock error %d", rc);
+        printf("  FALLOW_LOCK refused here (%s)\n", fallow_last_error());
+    }
+    /* Bad requests. */
+    CHECK(fallow_alloc(a, 0, 0, 0, &p) == EINVAL && errno == EINVAL, "zero size");
+    CHECK(fallow_alloc(a, 4096, 3000, 0, &p) == EINVAL && strstr(fallow_last_error(), "alignment"), "bad alignment");
+    CHECK(fallow_alloc(a, 4096, 0, 64, &p) == EINVAL && strstr(fallow_last_error(), "flag"), "unknown flag");
+    CHECK(fallow_alloc(a, SIZE_MAX / 2, 0, 0, &p) == ENOMEM && errno == ENOMEM && p == NULL, "too large");
+    CHECK(fallow_free(a, q) == 0, "free q");
+    fallow_destroy(a);
+    return 0;
+}
+
+static int test_bad_pointers(void) {
+    fallow_allocator *a;
+    CHECK(fallow_create(NULL, &a) == 0, "create");
+    void *p;
+    CHECK(fallow_alloc(a, 1 * MiB, 0, 0, &p) == 0, "alloc");
+    char want[128];
+    snprintf(want, sizeof want, "%p", (void *)((char *)p + 4096));
+    CHECK(fallow_free(a, (char *)p + 4096) == EINVAL && strstr(fallow_last_error(), want), "interior pointer: %s", fallow_last_error());
+    CHECK(fallow_free(a, p) == 0, "free");
+    snprintf(want, sizeof want, "double free of %p", p);
+    CHECK(fallow_free(a, p) == EINVAL && strstr(fallow_last_error(), want), "double free: %s", fallow_last_error());
+    int x;
+    CHECK(fallow_free(a, &x) == EINVAL && strstr(fallow_last_error(), "invalid pointer"), "foreign pointer");
+    CHECK(fallow_usable_size(a, p) == 0, "usable size of freed block");
+    CHECK(fallow_alloc(NULL, 1, 0, 0, &p) == EINVAL && strstr(fallow_last_error(), "NULL"), "NULL allocator");
+    fallow_stats s;
+    CHECK(fallow_stats_read(a, &s) == 0 && s.live_blocks == 0, "nothing live");
+    fallow_destroy(a);
+    return 0;
+}
+
+static int test_tunables(void) {
+    fallow_allocator *a;
+    CHECK(fallow_create(NULL, &a) == 0, "create");
+    uint64_t v;
+    CHECK(fallow_set_tunable(a, "no_such_thing", 1) == EINVAL && strstr(fallow_last_error(), "no_such_thing"), "unknown name");
+    CHECK(fallow_get_tunable(a, "no_such_thing", &v) == EINVAL, "unknown name (get)");
+    CHECK(fallow_set_tunable(a, "report_delay_ms", 500) == 0, "set: %s", fallow_last_error());
+    CHECK(fallow_get_tunable(a, "report_delay_ms", &v) == 0 && v == 500, "round trip %lu", (unsigned long)v);
+    CHECK(fallow_set_tunable(a, "zeroing", 0) == 0 && fallow_get_tunable(a, "zeroing", &v) == 0 && v == 0, "zeroing off");
+    CHECK(fallow_set_tunable(a, "report_mode", 2) == 0 && fallow_get_tunable(a, "report_mode", &v) == 0 && v == 2, "mode free");
+    CHECK(fallow_set_tunable(a, "report_batch", 100000) == EINVAL && strstr(fallow_last_error(), "report_batch"), "out of range refused");
+    CHECK(fallow_set_tunable(a, "zeroing", 7) == EINVAL && strstr(fallow_last_error(), "zeroing"), "bad flag refused");
+    CHECK(fallow_set_tunable(a, "report_mode", 3) == EINVAL && strstr(fallow_last_error(), "report_mode"), "punch on anonymous memory refused");
+    CHECK(fallow_get_tunable(a, "report_batch", &v) == 0 && v == 32, "refused values change nothing (%lu)", (unsigned long)v);
+    fallow_destroy(a);
+    return 0;
+}
+
+/* The error message is per thread. */
+static void *other_thread(void *arg) {
+    fallow_allocator *a = arg;
+    void *p;
+    fallow_alloc(a, 0, 0, 0, &p);
+    return (void *)(strstr(fallow_last_error(), "zero bytes") != NULL ? (void *)1 : NULL);
+}
+
+static int test_threads(void) {
+    fallow_allocator *a;
+    CHECK(fallow_create(NULL, &a) == 0, "create");
+    void *p;
+    fallow_alloc(a, 4096, 3, 0, &p);
+    pthread_t t; void *res;
+    pthread_create(&t, NULL, other_thread, a);
+    pthread_join(t, &res);
+    CHECK(res == (void *)1, "other thread's message");
+    CHECK(strstr(fallow_last_error(), "alignment"), "this thread's message kept: %s", fallow_last_error());
+    fallow_destroy(a);
+    return 0;
+}
+
+int main(void) {
+    struct { const char *name; int (*fn)(void); } tests[] = {
+        { "config_and_create", test_config_and_create },
+        { "alloc_flags", test_alloc_flags },
+        { "bad_pointers", test_bad_pointers },
+        { "tunables", test_tunables },
+        { "thread_local_errors", test_threads },
+    };
+    int failures = 0;
+    for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {
+        int r = tests[i].fn();
+        printf("%s %s\n", r ? "FAIL" : "ok", tests[i].name);
+        failures += r != 0;
+    }
+    return failures;
+}

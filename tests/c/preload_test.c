@@ -1,0 +1,421 @@
+/* Tests of libfallow_preload.so, run under LD_PRELOAD by scripts/test-capi.sh:
+ *   preload_test [name...]     (no name: every test)
+ * Each test prints "ok <name>" or "FAIL <name>: why" and the exit status is the number of
+ * failures. Whether a block came from fallow is checked through fallow_preload_stats (looked up
+ * with dlsym), so the tests fail if the library is not preloaded. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MiB (1024UL * 1024)
+#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s\n", __FILE__, __LINE__, #c); fprintf(stderr, "  " __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
+
+enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES, S_N };
+static size_t (*stats_fn)(uint64_t *, size_t);
+
+static uint64_t stat_of(int i) {
+    uint64_t v[S_N] = {0};
+    if (!stats_fn) stats_fn = (size_t (*)(uint64_t *, size_t))dlsym(RTLD_DEFAULT, "fallow_preload_stats");
+    if (!stats_fn) { fprintf(stderr, "fallow_preload_stats not found: is libfallow_preload.so preloaded?\n"); exit(100); }
+    stats_fn(v, S_N);
+    return v[i];
+}
+
+/* Run with FALLOW_ARENA_SIZE=1g: the whole arena is dirtied first, so that calloc can only be
+ * served from recycled (dirty) pages, which it must zero. */
+static int test_calloc_recycled(void) {
+    size_t arena = 1024 * MiB;
+    uint64_t reported0 = stat_of(S_REPORTED);
+    unsigned char *all = malloc(arena);
+    CHECK(all && reported0 == 0 && stat_of(S_LIVE) == 1, "run with FALLOW_ARENA_SIZE=1g (reported pages %lu)", (unsigned long)reported0);
+    (void)all;
+    CHECK(stat_of(S_REPORTED) == 0, "the 1 GiB block did not take the whole arena");
+    memset(all, 0xA5, arena);
+    free(all);
+    for (int round = 0; round < 20; round++) {
+        size_t n = (1 + round % 7) * MiB + 12345;
+        uint64_t live = stat_of(S_LIVE), memset_before = stat_of(S_MEMSET);
+        unsigned char *q = calloc(1, n);
+        CHECK(q, "calloc");
+        CHECK(stat_of(S_LIVE) == live + 1, "calloc(%zu) not served by fallow", n);
+        for (size_t i = 0; i < n; i++) CHECK(q[i] == 0, "byte %zu of recycled calloc is %#x", i, q[i]);
+        CHECK(stat_of(S_MEMSET) >= memset_before + n - 4096, "recycled dirty pages were not memset (%lu -> %lu)",
+              (unsigned long)memset_before, (unsigned long)stat_of(S_MEMSET));
+        memset(q, 0x5A, n);
+        free(q);
+    }
+    errno = 0;
+    CHECK(calloc(SIZE_MAX / 2, 3) == NULL && errno == ENOMEM, "calloc overflow");
+    return 0;
+}
+
+static int test_calloc_fresh(void) {
+    /* Fresh (never touched) memory: zeroing is skipped. */
+    uint64_t skipped = stat_of(S_SKIPPED);
+    unsigned char *f = calloc(64, MiB);
+    CHECK(f && f[0] == 0 && f[64 * MiB - 1] == 0, "fresh calloc");
+    CHECK(stat_of(S_SKIPPED) >= skipped + 60 * MiB, "fresh pages were memset: skipped %lu -> %lu",
+          (unsigned long)skipped, (unsigned long)stat_of(S_SKIPPED));
+    free(f);
+    return 0;
+}
+
+struct worker { int id; int iters; int failed; };
+
+static uint64_t pattern(int id, int it, size_t off) { return ((uint64_t)id << 48) ^ ((uint64_t)it << 24) ^ off; }
+
+static void *pattern_worker(void *arg) {
+    struct worker *w = arg;
+    enum { LIVE = 12 };
+    struct { unsigned char *p; size_t n; int it; } live[LIVE] = {{0}};
+    unsigned seed = 1234u + w->id;
+    for (int it = 0; it < w->iters; it++) {
+        int slot = rand_r(&seed) % LIVE;
+        if (live[slot].p) {
+            size_t n = live[slot].n;
+            for (size_t off = 0; off + 8 <= n; off += 4096) {
+                uint64_t v; memcpy(&v, live[slot].p + off, 8);
+                if (v != pattern(w->id, live[slot].it, off)) { fprintf(stderr, "  thread %d: pattern broken at +%zu\n", w->id, off); w->failed = 1; }
+            }
+            free(live[slot].p);
+            live[slot].p = NULL;
+        }
+        size_t n = 1024 + (size_t)(rand_r(&seed) % (6 * MiB));
+        size_t align = (size_t)1 << (4 + rand_r(&seed) % 18); /* 16 B .. 2 MiB */
+        unsigned char *p = NULL;
+        switch (rand_r(&seed) % 4) {
+        case 0: p = malloc(n); align = 16; break;
+        case 1: if (posix_memalign((void **)&p, align, n)) p = NULL; break;
+        case 2: n = (n + align - 1) / align * align; p = aligned_alloc(align, n); break;
+        case 3: p = calloc(1, n); align = 16;
+            for (size_t off = 0; off < n; off += 4096) if (p && p[off]) { fprintf(stderr, "  calloc not zero\n"); w->failed = 1; }
+            break;
+        }
+        if (!p) { fprintf(stderr, "  thread %d: allocation of %zu failed\n", w->id, n); w->failed = 1; continue; }
+        if ((uintptr_t)p % align) { fprintf(stderr, "  thread %d: %p not aligned to %zu\n", w->id, (void *)p, align); w->failed = 1; }
+        if (malloc_usable_size(p) < n) { fprintf(stderr, "  usable size %zu < %zu\n", malloc_usable_size(p), n); w->failed = 1; }
+        for (size_t off = 0; off + 8 <= n; off += 4096) { uint64_t v = pattern(w->id, it, off); memcpy(p + off, &v, 8); }
+        live[slot].p = p; live[slot].n = n; live[slot].it = it;
+    }
+    for (int i = 0; i < LIVE; i++) free(live[i].p);
+    return NULL;
+}
+
+static int test_threads(void) {
+    enum { T = 6 };
+    pthread_t th[T]; struct worker w[T];
+    uint64_t live = stat_of(S_LIVE);
+    for (int i = 0; i < T; i++) { w[i] = (struct worker){ i + 1, 400, 0 }; pthread_create(&th[i], NULL, pattern_worker, &w[i]); }
+    for (int i = 0; i < T; i++) { pthread_join(th[i], NULL); CHECK(!w[i].failed, "thread %d", i); }
+    CHECK(stat_of(S_LIVE) == live, "live blocks %lu before, %lu after", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
+    return 0;
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed) { for (size_t i = 0; i < n; i += 511) p[i] = (unsigned char)(seed + i * 7); }
+static int same(const unsigned char *p, size_t n, unsigned seed) { for (size_t i = 0; i < n; i += 511) if (p[i] != (unsigned char)(seed + i * 7)) return 0; return 1; }
+
+static int test_realloc(void) {
+    uint64_t live0 = stat_of(S_LIVE);
+    unsigned char *p = malloc(300 * 1024);
+    CHECK(p && stat_of(S_LIVE) == live0 + 1, "300 KiB not from fallow");
+    fill(p, 300 * 1024, 1);
+    size_t sizes[] = { 600 * 1024, 5 * MiB, 64 * MiB, 3 * MiB, 300 * 1024 };
+    size_t have = 300 * 1024;
+    for (unsigned i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        size_t keep = have < sizes[i] ? have : sizes[i];
+        p = realloc(p, sizes[i]);
+        CHECK(p, "realloc to %zu", sizes[i]);
+        CHECK(same(p, keep, 1), "prefix of %zu bytes lost at realloc to %zu", keep, sizes[i]);
+        fill(p, sizes[i], 1);
+        have = sizes[i];
+    }
+    /* Down across the threshold: glibc takes it over. */
+    p = realloc(p, 1000);
+    CHECK(p && same(p, 1000, 1), "shrink below threshold");
+    CHECK(stat_of(S_LIVE) == live0, "fallow block not freed when crossing below the threshold");
+    /* Up across the threshold from a glibc block. */
+    p = realloc(p, 2 * MiB);
+    CHECK(p && same(p, 1000, 1), "grow above threshold");
+    CHECK(stat_of(S_LIVE) == live0 + 1, "grown block not from fallow");
+    free(p);
+    /* Force a move: a block with a live neighbour right after it cannot grow in place. */
+    uint64_t moves = stat_of(S_MOVES), copies = stat_of(S_COPIES);
+    unsigned char *a = malloc(8 * MiB), *b = malloc(8 * MiB);
+    CHECK(a && b, "two blocks");
+    fill(a, 8 * MiB, 7);
+    unsigned char *c = realloc(a, 40 * MiB);
+    CHECK(c && same(c, 8 * MiB, 7), "moved block kept its contents");
+    CHECK(stat_of(S_MOVES) + stat_of(S_COPIES) > moves + copies, "realloc neither moved nor copied");
+    printf("  realloc 8 -> 40 MiB with a live neighbour: %s\n", stat_of(S_MOVES) > moves ? "pages moved (mremap)" : "bytes copied");
+    /* The old place reads zero again when reused. */
+    unsigned char *z = calloc(1, 8 * MiB);
+    CHECK(z, "calloc after move");
+    for (size_t i = 0; i < 8 * MiB; i += 4096) CHECK(z[i] == 0, "calloc after move not zero at %zu", i);
+    free(z); free(b); free(c);
+    errno = 0;
+    CHECK(reallocarray(NULL, SIZE_MAX / 4, 8) == NULL && errno == ENOMEM, "reallocarray overflow");
+    CHECK(stat_of(S_LIVE) == live0, "leaked blocks");
+    return 0;
+}
+
+static int test_aligned(void) {
+    void *p;
+    CHECK(posix_memalign(&p, 2 * MiB, 3 * MiB) == 0 && (uintptr_t)p % (2 * MiB) == 0, "posix_memalign 2 MiB");
+    free(p);
+    CHECK(posix_memalign(&p, 24, 1 * MiB) == EINVAL, "posix_memalign bad alignment");
+    p = aligned_alloc(65536, 1 * MiB); CHECK(p && (uintptr_t)p % 65536 == 0, "aligned_alloc"); free(p);
+    p = memalign(3000, 1 * MiB); CHECK(p && (uintptr_t)p % 4096 == 0, "memalign rounds 3000 up"); free(p);
+    p = valloc(1 * MiB); CHECK(p && (uintptr_t)p % 4096 == 0, "valloc"); free(p);
+    p = pvalloc(1 * MiB + 1); CHECK(p && malloc_usable_size(p) >= 1 * MiB + 4096, "pvalloc rounds up"); free(p);
+    p = malloc(1 * MiB + 1); CHECK(p && malloc_usable_size(p) == 1 * MiB + 4096, "usable size of a fallow block: %zu", malloc_usable_size(p)); free(p);
+    p = malloc(100); CHECK(p && malloc_usable_size(p) >= 100 && malloc_usable_size(p) < 4096, "usable size of a glibc block"); free(p);
+    CHECK(malloc_usable_size(NULL) == 0, "usable size of NULL");
+    return 0;
+}
+
+static volatile int stop_workers;
+static void *churn(void *arg) {
+    (void)arg;
+    unsigned seed = 99;
+    while (!stop_workers) {
+        size_t n = 256 * 1024 + rand_r(&seed) % (4 * MiB);
+        unsigned char *p = (rand_r(&seed) & 1) ? malloc(n) : calloc(1, n);
+        if (p) { p[0] = 1; p[n - 1] = 2; }
+        void *s = malloc(rand_r(&seed) % 2000 + 1);
+        free(p); free(s);
+    }
+    return NULL;
+}
+
+static int test_fork_threads(void) {
+    enum { T = 4, FORKS = 60 };
+    pthread_t th[T];
+    stop_workers = 0;
+    for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, churn, NULL);
+    int bad = 0;
+    for (int f = 0; f < FORKS; f++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(30); /* a deadlock shows as SIGALRM */
+            unsigned char *p = calloc(1, 3 * MiB);
+            if (!p) _exit(2);
+            for (size_t i = 0; i < 3 * MiB; i += 4096) if (p[i]) _exit(3);
+            memset(p, 1, 3 * MiB);
+            p = realloc(p, 20 * MiB);
+            if (!p || p[3 * MiB - 1] != 1) _exit(4);
+            free(p);
+            void *s = malloc(10); free(s);
+            _exit(0);
+        }
+        int st;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "  child %d: %s %d\n", f, WIFSIGNALED(st) ? "signal" : "exit", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            bad++;
+        }
+    }
+    stop_workers = 1;
+    for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+    CHECK(bad == 0, "%d of %d children failed", bad, FORKS);
+    return 0;
+}
+
+/* Run fn in a child with stderr captured; expect SIGABRT and `want` in the message. */
+static int expect_abort(void (*fn)(char *addr_out), const char *want) {
+    int fds[2];
+    if (pipe(fds)) return 1;
+    char addr[64] = {0};
+    int afd[2];
+    if (pipe(afd)) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2); close(fds[0]); close(afd[0]);
+        struct rlimit no_core = {0, 0}; setrlimit(RLIMIT_CORE, &no_core);
+        char a[64] = {0};
+        fn(a);
+        _exit(0); /* not reached when fn aborts as it must */
+    }
+    close(fds[1]); close(afd[1]);
+    char buf[1024] = {0};
+    ssize_t n, got = 0;
+    while ((n = read(fds[0], buf + got, sizeof buf - 1 - got)) > 0) got += n;
+    close(fds[0]); close(afd[0]);
+    int st; waitpid(pid, &st, 0);
+    (void)addr;
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "child was not aborted (status %#x), stderr: %s", st, buf);
+    CHECK(strstr(buf, want) != NULL, "stderr %s lacks \"%s\"", buf, want);
+    printf("  message: %s", buf);
+    return 0;
+}
+
+static char expected[128];
+static void *volatile victim;
+static void invalid_free(char *a) { (void)a; free((char *)victim + 8192); }
+static void double_free(char *a) { (void)a; void *v = victim; free(v); v = victim; free(v); }
+static void never_allocated(char *a) { (void)a; free((char *)victim + 64 * MiB + 16); }
+
+static int test_bad_free(void) {
+    victim = malloc(1 * MiB);
+    CHECK(victim && stat_of(S_LIVE) > 0, "victim from fallow");
+    snprintf(expected, sizeof expected, "fallow: free(): invalid pointer %p", (void *)((char *)victim + 8192));
+    if (expect_abort(invalid_free, expected)) return 1;
+    snprintf(expected, sizeof expected, "fallow: free(): invalid pointer %p", (void *)((char *)victim + 64 * MiB + 16));
+    if (expect_abort(never_allocated, expected)) return 1;
+    snprintf(expected, sizeof expected, "fallow: free(): double free %p", victim);
+    if (expect_abort(double_free, expected)) return 1;
+    free(victim);
+    return 0;
+}
+
+static int test_exhaustion(void) {
+    errno = 0;
+    CHECK(malloc(SIZE_MAX / 2) == NULL && errno == ENOMEM, "malloc(SIZE_MAX/2)");
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Limit the address space to what is mapped now + 2 GiB, then take 512 MiB blocks
+         * (without touching them) until refused: fallow's reservation is used up, glibc's mmap
+         * is refused too, and the answer must be NULL + ENOMEM. */
+        void *first = malloc(1 * MiB); /* the allocator exists before the limit */
+        FILE *f = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (!f || fscanf(f, "%lu", &pages) != 1) _exit(10);
+        fclose(f);
+        struct rlimit r = { pages * 4096 + 2048 * MiB, pages * 4096 + 2048 * MiB };
+        if (setrlimit(RLIMIT_AS, &r)) _exit(11);
+        int n = 0;
+        for (; n < 200; n++) {
+            errno = 0;
+            if (!malloc(512 * MiB)) break;
+        }
+        if (n == 200) _exit(12);          /* never refused */
+        if (errno != ENOMEM) _exit(13);
+        free(first);
+        _exit(0);
+    }
+    int st; waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exhaustion child status %#x", st);
+    return 0;
+}
+
+static int count_dir(const char *path) {
+    DIR *d = opendir(path); int n = 0;
+    if (!d) return -1;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r"); int n = 0, c;
+    if (!f) return -1;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+
+static int test_fork_exec(void) {
+    enum { N = 2000 };
+    void *big = malloc(4 * MiB); /* the allocator and its fork handlers exist */
+    CHECK(big && stat_of(S_LIVE) > 0, "allocator created");
+    int fds0 = count_dir("/proc/self/fd"), maps0 = count_lines("/proc/self/maps");
+    double t0 = now(), first = 0;
+    for (int i = 0; i < N; i++) {
+        void *p = malloc(1 * MiB + i); /* the parent keeps allocating between forks */
+        pid_t pid = fork();
+        if (pid == 0) { execl("/bin/true", "true", (char *)NULL); _exit(127); }
+        int st;
+        CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d", i);
+        free(p);
+        if (i == N / 10 - 1) first = now() - t0;
+    }
+    double total = now() - t0;
+    int fds1 = count_dir("/proc/self/fd"), maps1 = count_lines("/proc/self/maps");
+    printf("  %d fork+exec: first 10%% %.2f s, last 90%% %.2f s (%.2f ms each), fds %d -> %d, mappings %d -> %d\n",
+           N, first, total - first, (total - first) * 1000 / (N - N / 10), fds0, fds1, maps0, maps1);
+    CHECK(fds1 == fds0, "descriptors leaked: %d -> %d", fds0, fds1);
+    CHECK(maps1 <= maps0 + 2, "mappings grew: %d -> %d", maps0, maps1);
+    free(big);
+    return 0;
+}
+
+/* For the shell script: `preload_test threshold N`: blocks of N-1 bytes come from glibc, of N
+ * bytes from fallow. */
+static int test_threshold(size_t t) {
+    uint64_t live = stat_of(S_LIVE);
+    void *big0 = malloc(64 * MiB); /* create the allocator whatever the threshold */
+    CHECK(big0, "64 MiB");
+    live = stat_of(S_LIVE);
+    void *below = malloc(t - 1);
+    CHECK(stat_of(S_LIVE) == live, "%zu bytes (threshold - 1) went to fallow", t - 1);
+    void *at = malloc(t);
+    CHECK(stat_of(S_LIVE) == live + 1, "%zu bytes (the threshold) did not go to fallow", t);
+    free(below); free(at); free(big0);
+    return 0;
+}
+
+static int zeros_workload(void) {
+    /* `np.zeros`-like: calloc, touch, free, repeatedly. */
+    for (int i = 0; i < 50; i++) {
+        unsigned char *p = calloc(32, MiB);
+        if (!p) return 1;
+        for (size_t j = 0; j < 32 * MiB; j += 4096) p[j] = 1;
+        free(p);
+    }
+    return 0;
+}
+
+struct test { const char *name; int (*fn)(void); };
+static const struct test tests[] = {
+    { "calloc_fresh", test_calloc_fresh },
+    { "threads", test_threads },
+    { "realloc", test_realloc },
+    { "aligned", test_aligned },
+    { "fork_threads", test_fork_threads },
+    { "bad_free", test_bad_free },
+    { "exhaustion", test_exhaustion },
+    { "zeros_workload", zeros_workload },
+};
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    if (argc == 2 && !strcmp(argv[1], "calloc_recycled")) {
+        int r = test_calloc_recycled();
+        printf("%s calloc_recycled\n", r ? "FAIL" : "ok");
+        return r;
+    }
+    if (argc == 2 && !strcmp(argv[1], "fork_exec")) {
+        /* In a fresh process: fork time grows with the parent's resident memory, which the
+         * other tests leave high (free dirty pages stay resident until reported). */
+        int r = test_fork_exec();
+        printf("%s fork_exec\n", r ? "FAIL" : "ok");
+        return r;
+    }
+    if (argc == 3 && !strcmp(argv[1], "threshold")) {
+        int r = test_threshold(strtoull(argv[2], NULL, 0));
+        printf("%s threshold %s\n", r ? "FAIL" : "ok", argv[2]);
+        return r;
+    }
+    int failures = 0;
+    for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {
+        int wanted = argc == 1;
+        for (int a = 1; a < argc; a++) wanted |= !strcmp(argv[a], tests[i].name);
+        if (!wanted) continue;
+        int r = tests[i].fn();
+        printf("%s %s\n", r ? "FAIL" : "ok", tests[i].name);
+        failures += r != 0;
+    }
+    return failures;
+}
