@@ -34,7 +34,7 @@ static uint64_t stat_of(int i) {
     return v[i];
 }
 
-/* Run with FALLOW_ARENA_SIZE=1g: the whole arena is dirtied first, so that calloc can only be
+/* Run with FALLOW_ARENA_SIZE=1g FALLOW_ZEROING=off FALLOW_REPORT=off: the whole arena is dirtied first, so that calloc can only be
  * served from recycled (dirty) pages, which it must zero. */
 static int test_calloc_recycled(void) {
     size_t arena = 1024 * MiB;
