@@ -54,6 +54,15 @@ typedef struct fallow_stats {
     uint64_t zeroed_on_alloc_bytes; /* FALLOW_ZERO bytes memset on allocation */
     uint64_t reused_reported_bytes; /* reported bytes handed out again */
     uint64_t locked_bytes;          /* bytes mlocked now */
+    uint64_t cached_pages; /* free pages held in per-thread caches (counted as free) */
+    uint64_t cache_hits; /* allocations and frees served by a per-thread cache */
+    uint64_t reported_bytes; /* bytes given back to the kernel by the reporting worker */
+    uint64_t report_calls; /* reporting system calls */
+    uint64_t report_batches;
+    uint64_t report_ns; /* nanoseconds spent in reporting system calls */
+    uint64_t reported_blocks_reused; /* blocks handed out that held reported pages */
+    uint64_t zeroed_background_bytes; /* bytes zeroed by the background worker */
+    uint64_t zeroing_wasted_bytes; /* background-zeroed bytes reported or handed out without being used as zero */
     uint64_t free_blocks[FALLOW_CLASSES][FALLOW_ORDERS]; /* free blocks by class and order */
 } fallow_stats;
 

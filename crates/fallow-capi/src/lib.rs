@@ -73,6 +73,15 @@ pub struct FallowStats {
     pub zeroed_on_alloc_bytes: u64,
     pub reused_reported_bytes: u64,
     pub locked_bytes: u64,
+    pub cached_pages: u64,
+    pub cache_hits: u64,
+    pub reported_bytes: u64,
+    pub report_calls: u64,
+    pub report_batches: u64,
+    pub report_ns: u64,
+    pub reported_blocks_reused: u64,
+    pub zeroed_background_bytes: u64,
+    pub zeroing_wasted_bytes: u64,
     pub free_blocks: [[u64; 31]; 3],
 }
 
@@ -241,6 +250,15 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
     out.zeroed_on_alloc_bytes = s.zeroed_on_alloc_bytes;
     out.reused_reported_bytes = s.reused_reported_bytes;
     out.locked_bytes = s.locked_bytes;
+    out.cached_pages = s.cached_pages;
+    out.cache_hits = s.cache_hits;
+    out.reported_bytes = s.reported_bytes;
+    out.report_calls = s.report_calls;
+    out.report_batches = s.report_batches;
+    out.report_ns = s.report_ns;
+    out.reported_blocks_reused = s.reported_blocks_reused;
+    out.zeroed_background_bytes = s.zeroed_background_bytes;
+    out.zeroing_wasted_bytes = s.zeroing_wasted_bytes;
     for (c, row) in s.free_blocks.iter().enumerate().take(3) {
         for (o, n) in row.iter().enumerate().take(31) {
             out.free_blocks[c][o] = *n;

@@ -22,7 +22,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::time::Instant;
 
-use fallow::{Allocator, Config, Flags};
+use fallow::{Allocator, Config, Flags, Tunables};
 use mimalloc::MiMalloc;
 use tikv_jemallocator::Jemalloc;
 
@@ -121,10 +121,13 @@ fn table(rounds: usize) {
     let d = Config::default();
     let peers: Vec<(&str, Box<dyn Peer>)> = vec![
         ("fallow cache", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
+        // The same with reporting and pre-zeroing off: the workers' cost on this loop (the seed's
+        // page-fault check found 1-2%).
+        ("fallow cache noworkers", Box::new(Fallow(Allocator::new(Config { tunables: Tunables::off(), ..Config::default() }).unwrap()))),
         ("fallow cache<=2M", Box::new(fallow_with(true, 9, d.cache_batch_pages, d.cache_high_pages))),
         ("fallow nocache", Box::new(fallow_with(false, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
-        // The locked path's own cost, with 4 MiB top blocks instead of 1 GiB ones (splitting and
-        // merging a mixed 1 GiB block scans its state bytes: see docs/design.md).
+        // The locked path's own cost, with 4 MiB top blocks instead of 1 GiB ones (fewer levels
+        // to split and merge).
         ("fallow nocache mo10", Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap()))),
         ("fallow cache mo10", Box::new(Fallow(Allocator::new(Config { max_order: 10, ..Config::default() }).unwrap()))),
         ("jemalloc", Box::new(Global(Jemalloc))),

@@ -2,6 +2,9 @@
 //! memset, young memory is not reported, concurrency, MADV_FREE never counts as zeroed,
 //! validated tunables. No timing is asserted: waits are bounded polls for liveness only.
 
+mod common;
+
+use common::wait_for;
 use std::time::{Duration, Instant};
 
 use fallow::{os, Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
@@ -16,15 +19,6 @@ fn reporting(delay_ms: u32) -> Tunables {
     Tunables { report: true, report_delay_ms: delay_ms, zeroing: false, ..Tunables::default() }
 }
 
-/// Poll `cond` every 20 ms for at most 180 s (the workers run only on idle CPU time, so a busy
-/// machine delays them) (a liveness bound, not a timing assertion).
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < Duration::from_secs(180), "gave up waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn fill(p: *mut u8, len: usize, byte: u8) {
     unsafe { core::ptr::write_bytes(p, byte, len) };

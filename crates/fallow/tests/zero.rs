@@ -2,6 +2,9 @@
 //! serves ZERO without a memset; concurrency with the worker in tight loops; zeroing off zeroes
 //! nothing; populated_reserve. No timing is asserted: waits are bounded polls for liveness.
 
+mod common;
+
+use common::wait_for;
 use std::time::{Duration, Instant};
 
 use fallow::{os, Allocator, Config, Flags, PageState, Tunables};
@@ -16,13 +19,6 @@ fn zeroing(reserve: usize) -> Tunables {
     Tunables { report: false, zeroing: true, zeroed_reserve: reserve, ..Tunables::default() }
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < Duration::from_secs(180), "gave up waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
     unsafe { std::slice::from_raw_parts(p, len) }.iter().all(|&b| b == byte)

@@ -44,3 +44,13 @@ pub fn check_free_states(a: &Allocator) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Poll `cond` every 20 ms for at most 180 s (the workers run only on idle CPU time, so a busy
+/// machine delays them): a liveness bound, not a timing assertion.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(180), "gave up waiting for: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
