@@ -59,15 +59,18 @@ unsafe impl GlobalAlloc for LibcHeap {
 
 /// glibc's `malloc_usable_size` (ours interposes the name): looked up once in libc.so.6 itself,
 /// not with `RTLD_NEXT`, which in a program linking jemalloc would find jemalloc's.
-pub fn libc_usable_size(p: *mut c_void) -> usize {
+///
+/// # Safety
+/// `p` is null or a live pointer of glibc's heap (glibc's own contract).
+pub unsafe fn libc_usable_size(p: *mut c_void) -> usize {
     use core::sync::atomic::{AtomicUsize, Ordering};
     static FN: AtomicUsize = AtomicUsize::new(0);
     let mut f = FN.load(Ordering::Acquire);
     if f == 0 {
         unsafe {
-            let h = libc::dlopen(b"libc.so.6\0".as_ptr() as *const _, libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
             if !h.is_null() {
-                f = libc::dlsym(h, b"malloc_usable_size\0".as_ptr() as *const _) as usize;
+                f = libc::dlsym(h, c"malloc_usable_size".as_ptr()) as usize;
             }
         }
         if f == 0 {

@@ -13,6 +13,7 @@ fn large_from_fallow_small_from_system_from_many_threads() {
     assert!(big.iter().all(|&b| b == 0));
     let a = A.allocator().expect("the first large request creates the allocator");
     assert!(a.owns(big.as_ptr()));
+    #[allow(clippy::useless_vec)] // a heap allocation through the global allocator is the point
     let small = vec![1u8; 100];
     assert!(!a.owns(small.as_ptr()));
     // A vector growing from small to large crosses the threshold through realloc.
