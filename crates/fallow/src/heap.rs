@@ -882,10 +882,32 @@ impl Heap {
         self.inflight[slot].used = false;
         let a = self.arenas[rec.arena as usize].as_mut().unwrap();
         let n = 1u32 << rec.order;
+        let counts = match rec.counts.uniform_state(n) {
+            // The common case (a whole dirty block reported, a dirty chunk zeroed): one state
+            // before, one after, a memset of the state bytes and no scan under the lock.
+            Some(s) => {
+                let t = new_state(s);
+                if t != s {
+                    a.set_states(rec.pfn, n, t);
+                }
+                StateCounts::uniform(t, n)
+            }
+            None => Self::rewrite_mixed(a, rec.pfn, rec.order, &new_state),
+        };
+        a.meta_mut(rec.pfn).tag = Tag::None;
+        a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
+        self.counters.isolated_pages -= n as u64;
+        rec.counts
+    }
+
+    /// `unisolate` of a block whose pages are in several states: rewrite them run by run, count
+    /// them, and rebuild the half records if the result is still mixed.
+    fn rewrite_mixed(a: &mut Arena, pfn: u32, order: u8, new_state: &impl Fn(PageState) -> PageState) -> StateCounts {
+        let n = 1u32 << order;
         let mut runs: [(u32, u32, PageState); 32] = [(0, 0, PageState::Dirty); 32];
         let mut nruns = 0;
         let mut rewrote_all = true;
-        a.for_each_run(rec.pfn, n, |start, len, s| {
+        a.for_each_run(pfn, n, |start, len, s| {
             let t = new_state(s);
             if t != s {
                 if nruns < runs.len() {
@@ -901,20 +923,17 @@ impl Heap {
         }
         if !rewrote_all {
             // Many runs: one page at a time.
-            for p in rec.pfn..rec.pfn + n {
+            for p in pfn..pfn + n {
                 let s = a.state(p);
                 a.states().set(p, new_state(s));
             }
         }
-        let mut counts = a.count_states(rec.pfn, n);
+        let mut counts = a.count_states(pfn, n);
         if counts.uniform_state(n).is_none() {
             // Mixed after the worker's changes: the half records must describe the new states.
-            counts = a.rebuild_records(rec.pfn, rec.order);
+            counts = a.rebuild_records(pfn, order);
         }
-        a.meta_mut(rec.pfn).tag = Tag::None;
-        a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
-        self.counters.isolated_pages -= n as u64;
-        rec.counts
+        counts
     }
 }
 
