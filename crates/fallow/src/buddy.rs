@@ -207,7 +207,7 @@ impl Arena {
     fn carve(&mut self, pfn: u32, order: u8, npages: u32, zero: bool) -> Taken {
         let m = *self.meta(pfn);
         self.unlink(pfn);
-        let (mut pfn, mut cur, mut counts, t) = (pfn, m.order, m.counts, m.freed_at_ms);
+        let t = m.freed_at_ms;
         // Pages a request would rather have, in the order of `preference`: resident ones, and of
         // those zeroed ones for ZERO, dirty ones otherwise.
         let score = |c: StateCounts, n: u32| {
@@ -217,19 +217,8 @@ impl Arena {
                 2 * c.dirty(n) + c.zeroed
             }
         };
-        while cur > order {
-            let (low, high) = self.halves(pfn, cur, counts);
-            cur -= 1;
-            let half = 1u32 << cur;
-            if score(high, half) > score(low, half) {
-                self.push_free(pfn, cur, low, t);
-                pfn += half;
-                counts = high;
-            } else {
-                self.push_free(pfn + half, cur, high, t);
-                counts = low;
-            }
-        }
+        let (pfn, mut counts) =
+            self.split_down(pfn, m.order, m.counts, order, t, |low, high, half| score(high, half) > score(low, half));
         let size = 1u32 << order;
         if npages < size {
             let tail = self.free_within(&[(pfn, order, counts, pfn + npages, size - npages)], t);
@@ -238,8 +227,37 @@ impl Arena {
         Taken { pfn, npages, counts }
     }
 
-    /// Take `npages` pages (more than the largest block) as a run of adjacent free top-level
-    /// blocks, preferring runs with more non-reported pages last... simply the first run found.
+    /// Split the unlisted block `(pfn, from)` whose counts are `counts` down to order `to`,
+    /// keeping at each step the upper half when `keep_high(low, high, half_pages)` says so and
+    /// listing the other half (freed at `t`). Returns the kept block and its counts.
+    pub fn split_down(
+        &mut self,
+        mut pfn: u32,
+        from: u8,
+        mut counts: StateCounts,
+        to: u8,
+        t: u32,
+        keep_high: impl Fn(StateCounts, StateCounts, u32) -> bool,
+    ) -> (u32, StateCounts) {
+        let mut cur = from;
+        while cur > to {
+            let (low, high) = self.halves(pfn, cur, counts);
+            cur -= 1;
+            let half = 1u32 << cur;
+            if keep_high(low, high, half) {
+                self.push_free(pfn, cur, low, t);
+                pfn += half;
+                counts = high;
+            } else {
+                self.push_free(pfn + half, cur, high, t);
+                counts = low;
+            }
+        }
+        (pfn, counts)
+    }
+
+    /// Take `npages` pages (more than the largest block) as the first run of adjacent free
+    /// top-level blocks long enough.
     pub fn take_run(&mut self, npages: u32) -> Option<Taken> {
         let top = 1u32 << self.max_order;
         let need = npages.div_ceil(top);

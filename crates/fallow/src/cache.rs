@@ -575,8 +575,8 @@ impl ThreadCache {
             return; // see "Validation" at the top
         }
         ar.meta_mut(pfn).tag = Tag::None;
-        let counts = ar.count_states(pfn, n);
-        ar.free_block(pfn, o as u8, counts, now);
+        // The entry's counts are its pages' states: they do not change while the block is cached.
+        ar.free_block(pfn, o as u8, e.counts(), now);
     }
 
     /// Move the fast path's events into the allocator's counters (under the lock).

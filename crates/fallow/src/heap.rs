@@ -840,29 +840,12 @@ impl Heap {
         let a = self.arenas[ai].as_mut().unwrap();
         let m = *a.meta(pfn);
         a.unlink(pfn);
-        let (mut p, mut cur, mut counts) = (pfn, m.order, m.counts);
-        while cur > order {
-            cur -= 1;
-            let half = 1u32 << cur;
-            // A mixed block keeps its upper half's counts in the half record (buddy.rs).
-            let high = match counts.uniform_state(half * 2) {
-                Some(s) => StateCounts::uniform(s, half),
-                None => a.meta(p + half).counts,
-            };
-            let low = counts.minus(high);
-            if low.needs_zeroing(half) > 0 {
-                a.push_free(p + half, cur, high, m.freed_at_ms);
-                counts = low;
-            } else {
-                a.push_free(p, cur, low, m.freed_at_ms);
-                p += half;
-                counts = high;
-            }
-        }
+        let (p, counts) =
+            a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| low.needs_zeroing(half) == 0);
         let mm = a.meta_mut(p);
         mm.tag = Tag::Isolated;
-        mm.order = cur;
-        let rec = Inflight { used: true, arena: ai as u16, order: cur, pfn: p, counts, freed_at_ms: m.freed_at_ms };
+        mm.order = order;
+        let rec = Inflight { used: true, arena: ai as u16, order, pfn: p, counts, freed_at_ms: m.freed_at_ms };
         self.finish_isolate(slot, rec)
     }
 
