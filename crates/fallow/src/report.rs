@@ -43,7 +43,7 @@ use core::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::config::ReportMode;
-use crate::heap::{Inflight, Shared};
+use crate::heap::Shared;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, PageState, NIL};
 
@@ -233,15 +233,14 @@ fn report_one_batch(s: &Shared) -> Next {
             failures += 1;
             continue;
         }
-        let before: Inflight = h.inflight[i];
-        h.unisolate(i, |st| match st {
+        let pages = 1u64 << h.inflight[i].order;
+        let before = h.unisolate(i, |st| match st {
             PageState::Reported => PageState::Reported,
             _ if reads_zero => PageState::Reported,
             _ => PageState::LazyFree,
         });
-        let pages = 1u64 << before.order;
-        bytes += (pages - (before.counts.reported + before.counts.lazy) as u64) << PAGE_SHIFT;
-        zeroed_lost += (before.counts.zeroed as u64) << PAGE_SHIFT;
+        bytes += (pages - (before.reported + before.lazy) as u64) << PAGE_SHIFT;
+        zeroed_lost += (before.zeroed as u64) << PAGE_SHIFT;
     }
     let r = &mut h.reclaim;
     r.reported_bytes += bytes;
