@@ -8,39 +8,53 @@
 //!
 //! Design
 //! ------
-//! A cache belongs to one (thread, allocator) pair. For each cached order it keeps, in one array
-//! of `cap` entries, two stacks: blocks that need no zeroing (every page `Zeroed` or `Reported`)
-//! grow down from the top, the others ("dirty") grow up from the bottom. An entry records the
-//! block's address, arena and per-state page counts. A block's pages keep their free states while
-//! it is cached, so a `ZERO` request served from the cache memsets exactly the pages whose byte
-//! says `Dirty` or `LazyFree`, as the locked path does.
+//! A cache belongs to one (thread, allocator) pair and holds at most `cache_high_pages` pages
+//! (its high mark) over all orders. It serves the orders `k <= cache_max_order` whose blocks fit
+//! in half the high mark (`2^k <= cache_high_pages / 2`). For each order it keeps, in one array
+//! of `cap(k) = min(cache_high_pages >> k, 256)` entries, two stacks: blocks that need no
+//! zeroing (every page `Zeroed` or `Reported`) grow down from the top, the others ("dirty") grow
+//! up from the bottom. An entry is one word, the block's address with its arena and a `MIXED` bit
+//! in the low bits; a mixed entry (some page not `Dirty`) has its per-state page counts in a side
+//! array at the same index. A block's pages keep their free states while it is cached, so a
+//! `ZERO` request served from the cache memsets exactly the pages whose byte says `Dirty` or
+//! `LazyFree`, as the locked path does.
 //!
 //! States of a block with respect to the caches (`Tag` on its first page):
 //!
 //! ```text
 //!   Free (listed) --refill, under lock--> Cached --hit alloc, owner, no lock--> Alloc (live)
 //!   Alloc --hit free, freeing thread, no lock--> Cached (pages Dirty, FREED_START set)
-//!   Cached --drain (full: half; thread exit, drain request: all), under lock--> Free (merged)
+//!   Cached --drain (over the high mark: down to half; thread exit, drain request: all),
+//!          under lock--> Free (merged)
 //! ```
 //!
 //! Invariants (checked by `check`, called from `Allocator::check_invariants`):
 //! 1. A cached block of order k is aligned to 2^k pages, has `Tag::Cached` on its first page, is
 //!    on no free list and sits in exactly one cache entry; its pages are in free states and the
-//!    entry's counts equal what their state bytes say; zero-stack entries need no zeroing.
-//! 2. `Counters::cached_pages` (folded) minus each registered cache's unfolded net hits (pages
-//!    allocated from it minus pages freed into it since its last fold) equals the pages in all
-//!    entries; listed + in use + cached + isolated pages = reserved pages (modulo 2^64).
-//! 3. A cache holds at most `cap(k)` blocks of order k, so at most
-//!    `cache_orders * cache_high_pages` pages (plus rounding for high orders; see docs/design.md).
+//!    entry's counts (zero for an entry without `MIXED`) equal what their state bytes say;
+//!    zero-stack entries need no zeroing.
+//! 2. A cache's `pages` is the pages in its entries, and is at most its high mark.
+//!    `Counters::cached_pages` (folded) plus each registered cache's unfolded net hits
+//!    (`pages - accounted`) equals the pages in all entries; listed + in use + cached + isolated
+//!    pages = reserved pages (modulo 2^64).
+//! 3. A cache holds at most `cap(k)` blocks of order k.
 //!
 //! Threads and locks. Only the owning thread reads or writes a cache's entries and stack sizes,
 //! and only it changes the tags and page states of the blocks in them. Refill and drain move a
 //! batch of blocks under ONE hold of the allocator lock, and fold the thread's counters into the
 //! allocator's at the same time. Per-thread counters are atomics written by their one owner with a
 //! plain load and store (no `lock` prefix); `stats` reads them under the allocator lock, and the
-//! owner resets them only under that lock, so a fold is never counted twice nor missed.
+//! owner changes `accounted` and resets the event counters only under that lock, so a fold is
+//! never counted twice nor missed.
 //!
-//! Validation. A hit `free` first checks, with single atomic loads of the block's record, that the
+//! The hit path. An allocation hit pops an entry, checks and rewrites the block record's `HitWord`
+//! (one 8-byte load and store: tag, flags, page count), writes the pages' state bytes (one store
+//! for up to 8 pages) and bumps two owner-only counters. A free hit finds the arena by a range
+//! check, loads the `HitWord`, and does the same in reverse. Nothing is read that another thread
+//! writes often: the arena views and the `HitPath` fields of `Shared` sit on cache lines of their
+//! own, written only when an arena is installed or a drain is requested.
+//!
+//! Validation. A hit `free` first checks, with one atomic load of the block's `HitWord`, that the
 //! address is the first page of a live block of a cached order that is not `mlock`ed and that the
 //! size matches; anything else goes to the locked, validating path, which reports a block tagged
 //! `Cached` with `FREED_START` as a double free. A double free that races with the first free on
@@ -62,20 +76,24 @@
 //! After the table's destructor has run, every call takes the locked path.
 
 use core::cell::Cell;
+use core::num::NonZeroUsize;
 use core::ptr;
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use crate::buddy::preference;
 use crate::buddy::Taken;
-use crate::heap::{Allocator, Heap, Placed, Shared};
+use crate::config::Config;
+use crate::heap::{Allocator, Flags, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
+use crate::page::{Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
 pub const CACHE_ORDER_LIMIT: u8 = 9;
 const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
+/// Most blocks of one order a cache holds (the stack capacity of the small orders).
+const STACK_MAX: u32 = 256;
 /// Allocators one thread keeps caches for at once; a further one takes the slot used longest ago.
 const SLOTS: usize = 8;
 
@@ -85,80 +103,142 @@ pub(crate) fn new_allocator_id() -> u64 {
     NEXT_ID.fetch_add(1, Relaxed)
 }
 
+/// How many orders (`0..n`) the caches of an allocator with `cfg` serve: up to `cache_max_order`
+/// (and `max_order`), and only orders whose block fits in half the high mark, so that a cache
+/// drained down to half its high mark always has room for the block being freed.
+pub(crate) fn orders_served(cfg: &Config) -> u32 {
+    if !cfg.cache || cfg.cache_high_pages < 2 {
+        return 0;
+    }
+    let fit = (cfg.cache_high_pages / 2).ilog2() as u8;
+    cfg.cache_max_order.min(cfg.max_order).min(fit) as u32 + 1
+}
+
 /// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
 #[derive(Default)]
 struct Owned(AtomicU64);
 
 impl Owned {
-    #[inline]
+    #[inline(always)]
     fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
-    #[inline]
+    #[inline(always)]
     fn set(&self, v: u64) {
         self.0.store(v, Relaxed)
     }
-    #[inline]
+    #[inline(always)]
     fn add(&self, v: u64) {
         self.set(self.get().wrapping_add(v))
     }
-    #[inline]
+    #[inline(always)]
     fn sub(&self, v: u64) {
         self.set(self.get().wrapping_sub(v))
     }
 }
 
-/// One cached block.
-#[derive(Clone, Copy, Default)]
-struct Entry {
-    addr: usize,
-    arena: u16,
+/// One cached block in one word: its page-aligned address, its arena in bits 1..=6, and `MIXED`
+/// in bit 0 when its counts (some page not `Dirty`) are in the side array.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Entry(NonZeroUsize);
+
+const MIXED: usize = 1;
+const ARENA_SHIFT: u32 = 1;
+const _: () = assert!(MAX_ARENAS << ARENA_SHIFT < 1 << PAGE_SHIFT);
+
+impl Entry {
+    #[inline(always)]
+    fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
+        Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
+    }
+    #[inline(always)]
+    fn addr(self) -> usize {
+        self.0.get() & !((1 << PAGE_SHIFT) - 1)
+    }
+    #[inline(always)]
+    fn arena(self) -> usize {
+        (self.0.get() >> ARENA_SHIFT) & (MAX_ARENAS - 1)
+    }
+    #[inline(always)]
+    fn mixed(self) -> bool {
+        self.0.get() & MIXED != 0
+    }
+}
+
+/// Page counts of a mixed entry (its block has at most 512 pages).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+struct Mixed {
     zeroed: u16,
     reported: u16,
     lazy: u16,
 }
 
-impl Entry {
-    fn counts(&self) -> StateCounts {
+impl Mixed {
+    fn of(c: StateCounts) -> Mixed {
+        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 }
+    }
+    #[inline(always)]
+    fn counts(self) -> StateCounts {
         StateCounts { zeroed: self.zeroed as u32, reported: self.reported as u32, lazy: self.lazy as u32 }
     }
 }
 
-/// Events of the fast path since the last fold into the allocator's counters.
+/// The two stacks of one order.
+#[derive(Default)]
+struct Stack {
+    /// First index in the entry arrays, and capacity in blocks.
+    base: u32,
+    cap: u32,
+    /// Dirty stack size (grows up from `base`), zero stack size (grows down from
+    /// `base + cap - 1`).
+    ndirty: Owned,
+    nzero: Owned,
+}
+
+impl Stack {
+    #[inline(always)]
+    fn len(&self) -> u32 {
+        (self.ndirty.get() + self.nzero.get()) as u32
+    }
+}
+
+/// Events of the rarer paths (mixed blocks, `ZERO` requests) since the last fold.
 #[derive(Default)]
 struct Events {
-    alloc_hits: Owned,
-    alloc_pages: Owned,
-    free_hits: Owned,
-    free_pages: Owned,
     zero_skipped_bytes: Owned,
     zeroed_on_alloc_bytes: Owned,
     reused_reported_bytes: Owned,
 }
 
+#[repr(C)]
 pub(crate) struct ThreadCache {
-    owner: Weak<Shared>,
-    id: u64,
-    /// Per order: first index in `entries`, capacity and batch, in blocks.
-    base: [u32; MAX_ORDERS],
-    cap: [u32; MAX_ORDERS],
-    batch: [u32; MAX_ORDERS],
-    orders: usize,
+    // What every hit touches, first.
     entries: *mut Entry,
+    mixed: *mut Mixed,
+    /// Pages in the entries, and the high mark.
+    pages: Owned,
+    high: u64,
+    /// Hits since the last fold.
+    alloc_hits: Owned,
+    free_hits: Owned,
+    /// The drain generation this cache last obeyed (owner only).
+    seen_generation: Cell<u64>,
+    orders: usize,
+    stacks: [Stack; MAX_ORDERS],
+    // Rarely touched.
+    /// `pages` as of the last fold, refill or drain (changed under the lock only).
+    accounted: Owned,
+    /// Blocks per refill, per order.
+    batch: [u32; MAX_ORDERS],
     nentries: usize,
-    /// Per order: dirty stack size (grows up from `base`), zero stack size (grows down from
-    /// `base + cap - 1`).
-    ndirty: [Owned; MAX_ORDERS],
-    nzero: [Owned; MAX_ORDERS],
     /// Gauges of what the cache holds beyond "all pages dirty" (the common case, a block freed
     /// into the cache, touches none of them): pages zeroed, reported and lazily freed, and blocks
-    /// of class `Zeroed` and `Reported` per order. Dirty pages and dirty-class blocks are derived
-    /// from the stack sizes.
+    /// of class `Zeroed` and `Reported` per order. Dirty pages and dirty-class blocks are derived.
     extra_pages: [Owned; 3],
     class_blocks: [[Owned; MAX_ORDERS]; 2],
     events: Events,
-    /// The drain generation this cache last obeyed (owner only).
-    seen_generation: Cell<u64>,
+    owner: Weak<Shared>,
+    id: u64,
     // The registry's links, read and written under the allocator lock only.
     next: Cell<*mut ThreadCache>,
     prev: Cell<*mut ThreadCache>,
@@ -214,86 +294,77 @@ impl Registry {
     }
 }
 
-// ---- Atomic access to the fields of a block record that the fast path reads or writes. ----
-
-#[inline]
-unsafe fn tag_of(m: *mut BlockMeta) -> u8 {
-    (*(ptr::addr_of_mut!((*m).tag) as *const AtomicU8)).load(Relaxed)
-}
-#[inline]
-unsafe fn set_tag(m: *mut BlockMeta, t: Tag) {
-    (*(ptr::addr_of_mut!((*m).tag) as *const AtomicU8)).store(t as u8, Relaxed)
-}
-#[inline]
-unsafe fn flags_of(m: *mut BlockMeta) -> u8 {
-    (*(ptr::addr_of_mut!((*m).flags) as *const AtomicU8)).load(Relaxed)
-}
-#[inline]
-unsafe fn set_flags(m: *mut BlockMeta, f: u8) {
-    (*(ptr::addr_of_mut!((*m).flags) as *const AtomicU8)).store(f, Relaxed)
-}
-#[inline]
-unsafe fn npages_of(m: *mut BlockMeta) -> u32 {
-    (*(ptr::addr_of_mut!((*m).npages) as *const AtomicU32)).load(Relaxed)
-}
-#[inline]
-unsafe fn set_npages(m: *mut BlockMeta, n: u32) {
-    (*(ptr::addr_of_mut!((*m).npages) as *const AtomicU32)).store(n, Relaxed)
-}
-
 impl ThreadCache {
     fn new(a: &Allocator) -> ThreadCache {
         let cfg = a.config();
-        let orders = a.shared.cache_orders as usize;
-        let mut base = [0u32; MAX_ORDERS];
-        let mut cap = [0u32; MAX_ORDERS];
+        let orders = a.shared.hit.cache_orders as usize;
+        let mut stacks: [Stack; MAX_ORDERS] = Default::default();
         let mut batch = [0u32; MAX_ORDERS];
         let mut total = 0u32;
         for o in 0..orders {
-            cap[o] = (cfg.cache_high_pages >> o).max(2);
-            batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap[o] / 2);
-            base[o] = total;
-            total += cap[o];
+            let cap = (cfg.cache_high_pages >> o).min(STACK_MAX);
+            stacks[o].base = total;
+            stacks[o].cap = cap;
+            batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
+            total += cap;
         }
-        let entries = Box::into_raw(vec![Entry::default(); total as usize].into_boxed_slice()) as *mut Entry;
+        let entries = Box::into_raw(vec![Entry::new(1 << PAGE_SHIFT, 0, false); total as usize].into_boxed_slice());
+        let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
         ThreadCache {
-            owner: Arc::downgrade(&a.shared),
-            id: a.shared.cache_id,
-            base,
-            cap,
-            batch,
+            entries: entries as *mut Entry,
+            mixed: mixed as *mut Mixed,
+            pages: Owned::default(),
+            high: cfg.cache_high_pages as u64,
+            alloc_hits: Owned::default(),
+            free_hits: Owned::default(),
+            seen_generation: Cell::new(a.shared.hit.drain_generation.load(Relaxed)),
             orders,
-            entries,
+            stacks,
+            accounted: Owned::default(),
+            batch,
             nentries: total as usize,
-            ndirty: Default::default(),
-            nzero: Default::default(),
             extra_pages: Default::default(),
             class_blocks: Default::default(),
             events: Events::default(),
-            seen_generation: Cell::new(a.shared.drain_generation.load(Relaxed)),
+            owner: Arc::downgrade(&a.shared),
+            id: a.shared.hit.cache_id,
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
         }
     }
 
-    #[inline]
-    fn slot(&self, i: u32) -> *mut Entry {
+    #[inline(always)]
+    fn entry(&self, i: u32) -> *mut Entry {
         debug_assert!((i as usize) < self.nentries);
         unsafe { self.entries.add(i as usize) }
     }
 
     #[inline(always)]
-    fn gauge(&self, e: &Entry, order: usize, sign: bool) {
-        if e.zeroed | e.reported | e.lazy != 0 {
-            self.gauge_mixed(e, order, sign);
+    fn mixed_at(&self, i: u32) -> *mut Mixed {
+        debug_assert!((i as usize) < self.nentries);
+        unsafe { self.mixed.add(i as usize) }
+    }
+
+    /// The entry at index `i`, with its counts.
+    #[inline(always)]
+    fn read(&self, i: u32) -> (Entry, Mixed) {
+        let e = unsafe { *self.entry(i) };
+        let m = if e.mixed() { unsafe { *self.mixed_at(i) } } else { Mixed::default() };
+        (e, m)
+    }
+
+    #[inline(always)]
+    fn write(&self, i: u32, e: Entry, m: Mixed) {
+        unsafe { *self.entry(i) = e };
+        if e.mixed() {
+            unsafe { *self.mixed_at(i) = m };
         }
     }
 
     #[inline(never)]
-    fn gauge_mixed(&self, e: &Entry, order: usize, sign: bool) {
-        let vals = [e.zeroed as u64, e.reported as u64, e.lazy as u64];
-        let class = e.counts().class(1 << order);
-        let cb = match class {
+    fn gauge_mixed(&self, m: Mixed, order: usize, sign: bool) {
+        let vals = [m.zeroed as u64, m.reported as u64, m.lazy as u64];
+        let cb = match m.counts().class(1 << order) {
             Class::Dirty => None,
             Class::Zeroed => Some(&self.class_blocks[0][order]),
             Class::Reported => Some(&self.class_blocks[1][order]),
@@ -319,131 +390,205 @@ impl ThreadCache {
     #[allow(clippy::needless_range_loop)]
     fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
         let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
-        let mut total = 0u64;
         for o in 0..self.orders {
-            let n = self.ndirty[o].get() + self.nzero[o].get();
-            total += n << o;
+            let n = self.stacks[o].len() as u64;
             let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
             blocks[Class::Zeroed as usize][o] = z;
             blocks[Class::Reported as usize][o] = r;
             // Saturating: `stats` on one thread may read another's gauges mid-update.
             blocks[Class::Dirty as usize][o] = n.saturating_sub(z.wrapping_add(r));
         }
-        let x: Vec<u64> = self.extra_pages.iter().map(|g| g.get()).collect();
+        let x = [self.extra_pages[0].get(), self.extra_pages[1].get(), self.extra_pages[2].get()];
+        let total = self.pages.get();
         (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
     }
 
+    /// Push a block freed by this thread (every page `Dirty`).
     #[inline(always)]
-    fn push(&self, o: usize, e: Entry) {
-        let (nd, nz) = (self.ndirty[o].get() as u32, self.nzero[o].get() as u32);
-        debug_assert!(nd + nz < self.cap[o]);
-        if e.counts().needs_zeroing(1 << o) == 0 {
-            unsafe { *self.slot(self.base[o] + self.cap[o] - 1 - nz) = e };
-            self.nzero[o].set(nz as u64 + 1);
+    fn push_dirty(&self, o: usize, e: Entry) {
+        let s = &self.stacks[o];
+        let nd = s.ndirty.get() as u32;
+        debug_assert!(s.len() < s.cap && !e.mixed());
+        unsafe { *self.entry(s.base + nd) = e };
+        s.ndirty.set(nd as u64 + 1);
+    }
+
+    /// Push any block (refill).
+    fn push(&self, o: usize, e: Entry, m: Mixed) {
+        let s = &self.stacks[o];
+        let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
+        debug_assert!(nd + nz < s.cap);
+        if e.mixed() && m.counts().needs_zeroing(1 << o) == 0 {
+            self.write(s.base + s.cap - 1 - nz, e, m);
+            s.nzero.set(nz as u64 + 1);
         } else {
-            unsafe { *self.slot(self.base[o] + nd) = e };
-            self.ndirty[o].set(nd as u64 + 1);
+            self.write(s.base + nd, e, m);
+            s.ndirty.set(nd as u64 + 1);
         }
-        self.gauge(&e, o, true);
+        if e.mixed() {
+            self.gauge_mixed(m, o, true);
+        }
     }
 
     #[inline(always)]
-    fn pop_dirty(&self, o: usize) -> Option<Entry> {
-        let nd = self.ndirty[o].get() as u32;
+    fn pop_dirty(&self, o: usize) -> Option<(Entry, Mixed)> {
+        let s = &self.stacks[o];
+        let nd = s.ndirty.get() as u32;
         if nd == 0 {
             return None;
         }
-        self.ndirty[o].set(nd as u64 - 1);
-        let e = unsafe { *self.slot(self.base[o] + nd - 1) };
-        self.gauge(&e, o, false);
-        Some(e)
+        s.ndirty.set(nd as u64 - 1);
+        let (e, m) = self.read(s.base + nd - 1);
+        if e.mixed() {
+            self.gauge_mixed(m, o, false);
+        }
+        Some((e, m))
     }
 
     #[inline(always)]
-    fn pop_zero(&self, o: usize) -> Option<Entry> {
-        let nz = self.nzero[o].get() as u32;
+    fn pop_zero(&self, o: usize) -> Option<(Entry, Mixed)> {
+        let s = &self.stacks[o];
+        let nz = s.nzero.get() as u32;
         if nz == 0 {
             return None;
         }
-        self.nzero[o].set(nz as u64 - 1);
-        let e = unsafe { *self.slot(self.base[o] + self.cap[o] - nz) };
-        self.gauge(&e, o, false);
-        Some(e)
+        s.nzero.set(nz as u64 - 1);
+        let (e, m) = self.read(s.base + s.cap - nz);
+        self.gauge_mixed(m, o, false);
+        Some((e, m))
     }
 
+    /// The next block for a request, in the locked path's order of preference (`preference`):
+    /// a plain request takes a dirty block, else the top of the zero-reading stack; a `ZERO`
+    /// request takes the top of the zero-reading stack if it is `Zeroed`-class, else a dirty block
+    /// (a memset costs ~20x less than faulting a reported page back in), else the top of the
+    /// zero-reading stack. `refill` leaves each batch's best zero-reading block on top.
     #[inline]
-    fn pop(&self, o: usize, zero: bool) -> Option<Entry> {
+    fn pop(&self, o: usize, zero: bool) -> Option<(Entry, Mixed)> {
         if zero {
-            self.pop_zero(o)
-        } else {
-            self.pop_dirty(o).or_else(|| self.pop_zero(o))
+            let s = &self.stacks[o];
+            let nz = s.nzero.get() as u32;
+            if nz > 0 {
+                let (_, m) = self.read(s.base + s.cap - nz);
+                if m.counts().class(1 << o) == Class::Zeroed {
+                    return self.pop_zero(o);
+                }
+            }
+        }
+        match self.pop_dirty(o) {
+            Some(x) => Some(x),
+            None => self.pop_zero(o),
         }
     }
 
-    /// Serve a block of `order` (`2^order` pages) from the cache, refilling it when empty. The
-    /// caller runs `Allocator::prepare` on the result. `None`: the free lists are empty too.
-    #[inline]
-    pub(crate) fn alloc(&self, a: &Allocator, order: u8, zero: bool) -> Option<Placed> {
-        self.obey_drain_request(a);
+    /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
+    /// `order`, when there is one, all of its pages `Dirty` and still `Cached`. No call, no lock,
+    /// no read-modify-write; `None` (nothing changed): take `alloc`.
+    #[inline(always)]
+    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<usize> {
+        let o = order as usize;
+        debug_assert!(o < self.orders);
+        let s = unsafe { self.stacks.get_unchecked(o) };
+        let nd = s.ndirty.get() as u32;
+        if nd == 0 {
+            return None;
+        }
+        let e = unsafe { *self.entry(s.base + nd - 1) };
+        if e.mixed() {
+            return None;
+        }
+        let n = 1u32 << order;
+        let v = a.view(e.arena());
+        let pfn = ((e.addr() - v.base()) >> PAGE_SHIFT) as u32;
+        let m = unsafe { v.meta().add(pfn as usize) };
+        let w = unsafe { HitWord::load(m) };
+        if w.tag() != Tag::Cached as u8 {
+            return None;
+        }
+        s.ndirty.set(nd as u64 - 1);
+        unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
+        v.states().fill(pfn, n, PageState::Allocated);
+        self.pages.sub(n as u64);
+        self.alloc_hits.add(1);
+        Some(e.addr())
+    }
+
+    /// Serve a block of `order` (`2^order` pages) from the cache, refilling it when empty, and
+    /// prepare it for `flags` (no `LOCK`). `None`: the free lists are empty too.
+    #[inline(never)]
+    pub(crate) fn alloc(&self, a: &Allocator, order: u8, flags: Flags) -> Option<usize> {
         let o = order as usize;
         let n = 1u32 << order;
+        let zero = flags.contains(Flags::ZERO);
         loop {
-            let e = match self.pop(o, zero) {
-                Some(e) => e,
-                None => {
-                    self.refill(a, order, zero);
-                    match self.pop(o, zero) {
-                        Some(e) => e,
-                        // A ZERO request with no zero-reading block left: memset a dirty one.
-                        None if zero => self.pop_dirty(o)?,
-                        None => return None,
-                    }
-                }
+            let (e, mixed) = match self.pop(o, zero) {
+                Some(x) => x,
+                None => self.alloc_slow(a, order, zero)?,
             };
-            let pfn = ((e.addr - a.arena_base(e.arena as usize)) >> PAGE_SHIFT) as u32;
-            let m = unsafe { a.meta_of(e.arena as usize).add(pfn as usize) };
-            if unsafe { tag_of(m) } != Tag::Cached as u8 {
+            let v = a.view(e.arena());
+            let pfn = ((e.addr() - v.base()) >> PAGE_SHIFT) as u32;
+            let m = unsafe { v.meta().add(pfn as usize) };
+            let w = unsafe { HitWord::load(m) };
+            self.pages.sub(n as u64);
+            if w.tag() != Tag::Cached as u8 {
                 // Taken by a racing double free elsewhere: forget the entry (see the top).
                 continue;
             }
-            unsafe {
-                set_npages(m, n);
-                set_flags(m, flags_of(m) & !META_FREED_START);
-                set_tag(m, Tag::Alloc);
+            unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
+            self.alloc_hits.add(1);
+            if flags.0 == 0 && !e.mixed() {
+                v.states().fill(pfn, n, PageState::Allocated);
+                return Some(e.addr());
             }
-            let counts = e.counts();
-            let ev = &self.events;
-            ev.alloc_hits.add(1);
-            ev.alloc_pages.add(n as u64);
-            if e.reported + e.lazy != 0 {
-                ev.reused_reported_bytes.add(((e.reported + e.lazy) as u64) << PAGE_SHIFT);
-            }
-            if zero {
-                let memset = counts.needs_zeroing(n) as u64;
-                ev.zeroed_on_alloc_bytes.add(memset << PAGE_SHIFT);
-                ev.zero_skipped_bytes.add((n as u64 - memset) << PAGE_SHIFT);
-            }
-            return Some(Placed { arena: e.arena as usize, taken: Taken { pfn, npages: n, counts }, addr: e.addr });
+            return Some(self.alloc_prepare(a, e, mixed.counts(), pfn, n, flags));
         }
     }
 
-    /// Take the live block at `addr` into the cache if it is exactly a live, unlocked block of a
-    /// cached order (and of `size`, if given). `false`: the caller takes the validated path.
-    #[inline]
-    pub(crate) fn free(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+    /// The hit's tail for a mixed block or a request with flags: count, then `prepare`.
+    #[inline(never)]
+    fn alloc_prepare(&self, a: &Allocator, e: Entry, counts: StateCounts, pfn: u32, n: u32, flags: Flags) -> usize {
+        let ev = &self.events;
+        if counts.reported + counts.lazy != 0 {
+            ev.reused_reported_bytes.add(((counts.reported + counts.lazy) as u64) << PAGE_SHIFT);
+        }
+        if flags.contains(Flags::ZERO) {
+            let memset = counts.needs_zeroing(n) as u64;
+            ev.zeroed_on_alloc_bytes.add(memset << PAGE_SHIFT);
+            ev.zero_skipped_bytes.add((n as u64 - memset) << PAGE_SHIFT);
+        }
+        let p = Placed { arena: e.arena(), taken: Taken { pfn, npages: n, counts }, addr: e.addr() };
+        // Without LOCK, `prepare` cannot fail.
+        let _ = a.prepare(&p, flags);
+        e.addr()
+    }
+
+    /// Empty stacks: obey a drain request, refill, pop again.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, a: &Allocator, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
+        self.obey_drain_request(a);
+        self.refill(a, order, zero);
+        self.pop(order as usize, zero)
+    }
+
+    /// The hit path of `free`: as `free`, but `false` (nothing changed) also when the cache must
+    /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
+    #[inline(always)]
+    pub(crate) fn free_hit(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
             return false;
         }
-        let Some((ai, base)) = a.arena_of(addr) else { return false };
-        let pfn = ((addr - base) >> PAGE_SHIFT) as u32;
-        let m = unsafe { a.meta_of(ai).add(pfn as usize) };
-        let n = unsafe {
-            if tag_of(m) != Tag::Alloc as u8 || flags_of(m) & META_LOCKED != 0 {
-                return false;
-            }
-            npages_of(m)
-        };
-        if !n.is_power_of_two() || n.trailing_zeros() as usize >= self.orders || pfn & (n - 1) != 0 {
+        let Some((ai, v)) = a.view_of(addr) else { return false };
+        let pfn = ((addr - v.base()) >> PAGE_SHIFT) as u32;
+        let m = unsafe { v.meta().add(pfn as usize) };
+        let w = unsafe { HitWord::load(m) };
+        let n = w.npages();
+        if w.tag() != Tag::Alloc as u8
+            || w.flags() & META_LOCKED != 0
+            || !n.is_power_of_two()
+            || n.trailing_zeros() as usize >= self.orders
+            || pfn & (n - 1) != 0
+        {
             return false;
         }
         if let Some(size) = size {
@@ -451,25 +596,103 @@ impl ThreadCache {
                 return false;
             }
         }
-        self.obey_drain_request(a);
         let o = n.trailing_zeros() as usize;
-        if (self.ndirty[o].get() + self.nzero[o].get()) as u32 == self.cap[o] {
-            self.drain(a, o, self.cap[o] / 2);
+        let s = unsafe { self.stacks.get_unchecked(o) };
+        if self.pages.get() + n as u64 > self.high
+            || s.len() == s.cap
+            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+        {
+            return false;
         }
-        a.states_of(ai).fill(pfn, n, PageState::Dirty);
-        unsafe {
-            set_flags(m, META_FREED_START);
-            set_tag(m, Tag::Cached);
-        }
-        self.push(o, Entry { addr, arena: ai as u16, zeroed: 0, reported: 0, lazy: 0 });
-        self.events.free_hits.add(1);
-        self.events.free_pages.add(n as u64);
+        v.states().fill(pfn, n, PageState::Dirty);
+        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        self.push_dirty(o, Entry::new(addr, ai, false));
+        self.pages.add(n as u64);
+        self.free_hits.add(1);
         true
+    }
+
+    /// Take the live block at `addr` into the cache if it is exactly a live, unlocked block of a
+    /// cached order (and of `size`, if given), draining first if needed. `false`: the caller
+    /// takes the validated path.
+    #[inline(never)]
+    pub(crate) fn free(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+        if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
+            return false;
+        }
+        let Some((ai, v)) = a.view_of(addr) else { return false };
+        let pfn = ((addr - v.base()) >> PAGE_SHIFT) as u32;
+        let m = unsafe { v.meta().add(pfn as usize) };
+        let w = unsafe { HitWord::load(m) };
+        let n = w.npages();
+        if w.tag() != Tag::Alloc as u8
+            || w.flags() & META_LOCKED != 0
+            || !n.is_power_of_two()
+            || n.trailing_zeros() as usize >= self.orders
+            || pfn & (n - 1) != 0
+        {
+            return false;
+        }
+        if let Some(size) = size {
+            if size.div_ceil(1 << PAGE_SHIFT) != n as usize {
+                return false;
+            }
+        }
+        let o = n.trailing_zeros() as usize;
+        let s = &self.stacks[o];
+        if self.pages.get() + n as u64 > self.high
+            || s.len() == s.cap
+            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+        {
+            self.make_room(a, o);
+        }
+        v.states().fill(pfn, n, PageState::Dirty);
+        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        self.push_dirty(o, Entry::new(addr, ai, false));
+        self.pages.add(n as u64);
+        self.free_hits.add(1);
+        true
+    }
+
+    /// Before a free hit: obey a drain request, or drain the cache down to half its high mark
+    /// and the stack of order `o` down to half its capacity.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&self, a: &Allocator, o: usize) {
+        let g = a.shared.hit.drain_generation.load(Relaxed);
+        if g != self.seen_generation.get() {
+            self.seen_generation.set(g);
+            self.drain_all(a);
+            return;
+        }
+        let now = a.now_ms();
+        let mut h = a.shared.heap.lock();
+        self.fold(&mut h);
+        self.drain_to_half(&mut h, o, now);
+        a.wake_workers_after_free(h);
+    }
+
+    /// Under the lock: the stack of order `o` down to half its capacity if it is full, then the
+    /// pages down to half the high mark, order `o` first, then the largest orders.
+    fn drain_to_half(&self, h: &mut Heap, o: usize, now: u32) {
+        let s = &self.stacks[o];
+        if s.len() == s.cap {
+            self.drain_locked(h, o, s.cap.div_ceil(2), now);
+        }
+        let half = self.high / 2;
+        let order = core::iter::once(o).chain((0..self.orders).rev().filter(|&k| k != o));
+        for k in order {
+            let over = self.pages.get().saturating_sub(half);
+            if over == 0 {
+                break;
+            }
+            self.drain_locked(h, k, over.div_ceil(1 << k) as u32, now);
+        }
     }
 
     #[inline]
     fn obey_drain_request(&self, a: &Allocator) {
-        let g = a.shared.drain_generation.load(Relaxed);
+        let g = a.shared.hit.drain_generation.load(Relaxed);
         if g != self.seen_generation.get() {
             self.seen_generation.set(g);
             self.drain_all(a);
@@ -477,18 +700,21 @@ impl ThreadCache {
     }
 
     /// Move up to a batch of blocks of `order` from the free lists into the cache, under one hold
-    /// of the lock.
+    /// of the lock (first draining the cache to half its high mark if the batch has no room).
     #[cold]
     fn refill(&self, a: &Allocator, order: u8, zero: bool) {
         let o = order as usize;
-        let room = self.cap[o] - (self.ndirty[o].get() + self.nzero[o].get()) as u32;
-        let want = self.batch[o].min(room);
-        if want == 0 {
-            return;
-        }
         let n = 1u32 << order;
+        let now = a.now_ms();
         let mut h = a.shared.heap.lock();
         self.fold(&mut h);
+        if self.pages.get() + n as u64 > self.high {
+            self.drain_to_half(&mut h, o, now);
+        }
+        let s = &self.stacks[o];
+        let room = ((self.high - self.pages.get()) >> order) as u32;
+        let want = self.batch[o].min(s.cap - s.len()).min(room);
+        let nz0 = s.nzero.get() as u32;
         h.counters.cache_refills += 1;
         let narenas = h.narenas;
         let mut got = 0;
@@ -500,28 +726,28 @@ impl ThreadCache {
             while got < want {
                 let Some(t) = ar.take(n, order, preference(zero)) else { break };
                 ar.meta_mut(t.pfn).tag = Tag::Cached;
-                let addr = ar.addr(t.pfn);
-                let c = t.counts;
-                self.push(
-                    o,
-                    Entry { addr, arena: ai as u16, zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 },
-                );
+                let mixed = t.counts != StateCounts::default();
+                self.push(o, Entry::new(ar.addr(t.pfn), ai, mixed), Mixed::of(t.counts));
                 got += 1;
             }
             if got == want {
                 break;
             }
         }
-        h.counters.cached_pages = h.counters.cached_pages.wrapping_add((got * n) as u64);
-    }
-
-    /// Give back the `k` oldest blocks of order `o` (dirty ones first) under one hold of the lock.
-    #[cold]
-    fn drain(&self, a: &Allocator, o: usize, k: u32) {
-        let now = a.now_ms();
-        let mut h = a.shared.heap.lock();
-        self.fold(&mut h);
-        self.drain_locked(&mut h, o, k, now);
+        // `take` went in order of preference: put the best zero-reading block on top.
+        let (b, top) = (s.base + s.cap, s.nzero.get() as u32);
+        let (mut i, mut j) = (b - top, b - nz0);
+        while i + 1 < j {
+            j -= 1;
+            let (x, y) = (self.read(i), self.read(j));
+            self.write(i, y.0, y.1);
+            self.write(j, x.0, x.1);
+            i += 1;
+        }
+        let moved = (got * n) as u64;
+        self.pages.add(moved);
+        self.accounted.add(moved);
+        h.counters.cached_pages = h.counters.cached_pages.wrapping_add(moved);
         a.wake_workers_after_free(h);
     }
 
@@ -530,90 +756,97 @@ impl ThreadCache {
         let now = a.now_ms();
         let mut h = a.shared.heap.lock();
         self.fold(&mut h);
-        for o in 0..self.orders {
-            self.drain_locked(&mut h, o, self.cap[o], now);
-        }
+        self.drain_all_locked(&mut h, now);
         a.wake_workers_after_free(h);
     }
 
+    fn drain_all_locked(&self, h: &mut Heap, now: u32) {
+        for o in 0..self.orders {
+            self.drain_locked(h, o, self.stacks[o].cap, now);
+        }
+    }
+
+    /// Give back the `k` oldest blocks of order `o` (dirty ones first).
     fn drain_locked(&self, h: &mut Heap, o: usize, k: u32, now: u32) {
-        let (nd, nz) = (self.ndirty[o].get() as u32, self.nzero[o].get() as u32);
+        let s = &self.stacks[o];
+        let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
         if nd + nz == 0 || k == 0 {
             return;
         }
         h.counters.cache_drains += 1;
-        let (b, cap) = (self.base[o], self.cap[o]);
+        let (b, cap) = (s.base, s.cap);
         // Oldest dirty blocks: the bottom of the dirty stack.
         let kd = k.min(nd);
         for i in 0..kd {
-            let e = unsafe { *self.slot(b + i) };
-            self.give_back(h, o, &e, now);
+            self.give_back(h, o, self.read(b + i), now);
         }
         for i in kd..nd {
-            unsafe { *self.slot(b + i - kd) = *self.slot(b + i) };
+            let (e, m) = self.read(b + i);
+            self.write(b + i - kd, e, m);
         }
-        self.ndirty[o].set((nd - kd) as u64);
+        s.ndirty.set((nd - kd) as u64);
         // Then the oldest zero-reading ones: the top of the array.
         let kz = (k - kd).min(nz);
         for i in 0..kz {
-            let e = unsafe { *self.slot(b + cap - 1 - i) };
-            self.give_back(h, o, &e, now);
+            self.give_back(h, o, self.read(b + cap - 1 - i), now);
         }
         for i in kz..nz {
-            unsafe { *self.slot(b + cap - 1 - (i - kz)) = *self.slot(b + cap - 1 - i) };
+            let (e, m) = self.read(b + cap - 1 - i);
+            self.write(b + cap - 1 - (i - kz), e, m);
         }
-        self.nzero[o].set((nz - kz) as u64);
+        s.nzero.set((nz - kz) as u64);
     }
 
-    fn give_back(&self, h: &mut Heap, o: usize, e: &Entry, now: u32) {
-        self.gauge(e, o, false);
-        let n = 1u32 << o;
-        h.counters.cached_pages = h.counters.cached_pages.wrapping_sub(n as u64);
-        let ar = h.arenas[e.arena as usize].as_mut().unwrap();
-        let pfn = ar.pfn(e.addr);
+    fn give_back(&self, h: &mut Heap, o: usize, (e, m): (Entry, Mixed), now: u32) {
+        if e.mixed() {
+            self.gauge_mixed(m, o, false);
+        }
+        let n = 1u64 << o;
+        self.pages.sub(n);
+        self.accounted.sub(n);
+        h.counters.cached_pages = h.counters.cached_pages.wrapping_sub(n);
+        let ar = h.arenas[e.arena()].as_mut().unwrap();
+        let pfn = ar.pfn(e.addr());
         if ar.meta(pfn).tag != Tag::Cached {
             return; // see "Validation" at the top
         }
         ar.meta_mut(pfn).tag = Tag::None;
         // The entry's counts are its pages' states: they do not change while the block is cached.
-        ar.free_block(pfn, o as u8, e.counts(), now);
+        ar.free_block(pfn, o as u8, m.counts(), now);
     }
 
-    /// Move the fast path's events into the allocator's counters (under the lock).
+    /// Move the fast path's events into the allocator's counters (under the lock). The pages that
+    /// hits moved since the last fold are `pages - accounted`: freed into the cache when positive.
     fn fold(&self, h: &mut Heap) {
-        let ev = &self.events;
         let c = &mut h.counters;
-        let (ah, ap, fh, fp) = (ev.alloc_hits.get(), ev.alloc_pages.get(), ev.free_hits.get(), ev.free_pages.get());
+        let (ah, fh) = (self.alloc_hits.get(), self.free_hits.get());
+        let net = self.pages.get().wrapping_sub(self.accounted.get());
         c.alloc_calls += ah;
         c.free_calls += fh;
         c.cache_hits += ah + fh;
         c.live_blocks = c.live_blocks.wrapping_add(ah).wrapping_sub(fh);
-        c.in_use_pages = c.in_use_pages.wrapping_add(ap).wrapping_sub(fp);
-        c.cached_pages = c.cached_pages.wrapping_sub(ap).wrapping_add(fp);
+        c.in_use_pages = c.in_use_pages.wrapping_sub(net);
+        c.cached_pages = c.cached_pages.wrapping_add(net);
+        self.accounted.set(self.pages.get());
+        let ev = &self.events;
         c.zero_skipped_bytes += ev.zero_skipped_bytes.get();
         c.zeroed_on_alloc_bytes += ev.zeroed_on_alloc_bytes.get();
         c.reused_reported_bytes += ev.reused_reported_bytes.get();
-        for x in [
-            &ev.alloc_hits,
-            &ev.alloc_pages,
-            &ev.free_hits,
-            &ev.free_pages,
-            &ev.zero_skipped_bytes,
-            &ev.zeroed_on_alloc_bytes,
-            &ev.reused_reported_bytes,
-        ] {
+        for x in [&self.alloc_hits, &self.free_hits, &ev.zero_skipped_bytes, &ev.zeroed_on_alloc_bytes, &ev.reused_reported_bytes] {
             x.set(0);
         }
     }
 
-    fn for_each_entry(&self, mut f: impl FnMut(usize, &Entry)) {
+    fn for_each_entry(&self, mut f: impl FnMut(usize, Entry, Mixed)) {
         for o in 0..self.orders {
-            let (b, cap) = (self.base[o], self.cap[o]);
-            for i in 0..self.ndirty[o].get() as u32 {
-                f(o, unsafe { &*self.slot(b + i) });
+            let s = &self.stacks[o];
+            for i in 0..s.ndirty.get() as u32 {
+                let (e, m) = self.read(s.base + i);
+                f(o, e, m);
             }
-            for i in 0..self.nzero[o].get() as u32 {
-                f(o, unsafe { &*self.slot(b + cap - 1 - i) });
+            for i in 0..s.nzero.get() as u32 {
+                let (e, m) = self.read(s.base + s.cap - 1 - i);
+                f(o, e, m);
             }
         }
     }
@@ -621,7 +854,10 @@ impl ThreadCache {
 
 impl Drop for ThreadCache {
     fn drop(&mut self) {
-        unsafe { drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, self.nentries))) };
+        unsafe {
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, self.nentries)));
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed, self.nentries)));
+        }
     }
 }
 
@@ -656,11 +892,21 @@ thread_local! {
     static TABLE: Slots = const { Slots { ids: [NO_ID; SLOTS], caches: [NO_CACHE; SLOTS], used: [NO_ID; SLOTS], clock: Cell::new(0) } };
 }
 
+/// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
+/// call, no registration).
+#[inline(always)]
+pub(crate) fn last(a: &Allocator) -> Option<&ThreadCache> {
+    if LAST_ID.with(|c| c.get()) == a.shared.hit.cache_id {
+        return Some(unsafe { &*LAST.with(|c| c.get()) });
+    }
+    None
+}
+
 /// The calling thread's cache of `a`, made at first use; `None` when caches are off for `a`, while
 /// the thread is being set up or torn down, or on a re-entrant call.
 #[inline]
 pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
-    let id = a.shared.cache_id;
+    let id = a.shared.hit.cache_id;
     if LAST_ID.with(|c| c.get()) == id {
         return Some(unsafe { &*LAST.with(|c| c.get()) });
     }
@@ -669,7 +915,7 @@ pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
 
 #[cold]
 fn attach(a: &Allocator) -> Option<*const ThreadCache> {
-    if a.shared.cache_orders == 0 {
+    if a.shared.hit.cache_orders == 0 {
         return None;
     }
     match STATE.with(|s| s.get()) {
@@ -690,7 +936,7 @@ fn attach(a: &Allocator) -> Option<*const ThreadCache> {
 
 impl Slots {
     fn find_or_make(&self, a: &Allocator) -> Option<*const ThreadCache> {
-        let id = a.shared.cache_id;
+        let id = a.shared.hit.cache_id;
         let now = self.clock.get() + 1;
         self.clock.set(now);
         for i in 0..SLOTS {
@@ -751,9 +997,7 @@ fn retire(c: *mut ThreadCache) {
         let now = shared.now_ms();
         let mut h = shared.heap.lock();
         tc.fold(&mut h);
-        for o in 0..tc.orders {
-            tc.drain_locked(&mut h, o, tc.cap[o], now);
-        }
+        tc.drain_all_locked(&mut h, now);
         h.caches.unlink(c);
         // Wake a worker for what the drain freed, through a handle only while the allocator has
         // some (a handle made here would otherwise stop its workers when dropped).
@@ -767,12 +1011,12 @@ fn retire(c: *mut ThreadCache) {
 
 /// `Allocator::drain_thread_cache`.
 pub(crate) fn drain_current(a: &Allocator) {
-    if a.shared.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
+    if a.shared.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
         return;
     }
     let _ = TABLE.try_with(|t| {
         for i in 0..SLOTS {
-            if t.ids[i].get() == a.shared.cache_id {
+            if t.ids[i].get() == a.shared.hit.cache_id {
                 unsafe { (*t.caches[i].get()).drain_all(a) };
             }
         }
@@ -797,12 +1041,13 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
         s.free_reported_pages += p[2];
         s.free_lazy_pages += p[3];
         s.cached_pages += p.iter().sum::<u64>();
+        let (ah, fh) = (c.alloc_hits.get(), c.free_hits.get());
+        s.alloc_calls += ah;
+        s.free_calls += fh;
+        s.cache_hits += ah + fh;
+        s.live_blocks = s.live_blocks.wrapping_add(ah).wrapping_sub(fh);
+        in_use = in_use.wrapping_sub(c.pages.get().wrapping_sub(c.accounted.get()));
         let ev = &c.events;
-        s.alloc_calls += ev.alloc_hits.get();
-        s.free_calls += ev.free_hits.get();
-        s.cache_hits += ev.alloc_hits.get() + ev.free_hits.get();
-        s.live_blocks = s.live_blocks.wrapping_add(ev.alloc_hits.get()).wrapping_sub(ev.free_hits.get());
-        in_use = in_use.wrapping_add(ev.alloc_pages.get()).wrapping_sub(ev.free_pages.get());
         s.zero_skipped_bytes += ev.zero_skipped_bytes.get();
         s.zeroed_on_alloc_bytes += ev.zeroed_on_alloc_bytes.get();
         s.reused_reported_bytes += ev.reused_reported_bytes.get();
@@ -816,22 +1061,25 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
     let mut net = 0u64;
     let mut err = None;
     for c in h.caches.iter() {
-        net = net.wrapping_add(c.events.alloc_pages.get()).wrapping_sub(c.events.free_pages.get());
+        net = net.wrapping_add(c.pages.get().wrapping_sub(c.accounted.get()));
+        let mut mine = 0u64;
         let mut gauge = [0u64; 4];
         let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
-        c.for_each_entry(|o, e| {
+        c.for_each_entry(|o, e, m| {
             let n = 1u32 << o;
-            pages += n as u64;
-            let Some(ar) = h.arenas.get(e.arena as usize).and_then(|a| a.as_ref()) else {
-                err = Some(format!("cached block {:#x}: no arena {}", e.addr, e.arena));
+            mine += n as u64;
+            let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) else {
+                err = Some(format!("cached block {:#x}: no arena {}", e.addr(), e.arena()));
                 return;
             };
-            let pfn = ar.pfn(e.addr);
+            let pfn = ar.pfn(e.addr());
             let real = ar.count_states(pfn, n);
             if pfn & (n - 1) != 0 || ar.meta(pfn).tag != Tag::Cached {
-                err = Some(format!("cached block {:#x} of order {o}: misaligned or tag {:?}", e.addr, ar.meta(pfn).tag));
-            } else if real != e.counts() || (0..n).any(|i| ar.state(pfn + i) == PageState::Allocated) {
-                err = Some(format!("cached block {:#x}: entry says {:?}, pages say {real:?}", e.addr, e.counts()));
+                err = Some(format!("cached block {:#x} of order {o}: misaligned or tag {:?}", e.addr(), ar.meta(pfn).tag));
+            } else if real != m.counts() || e.mixed() != (real != StateCounts::default()) {
+                err = Some(format!("cached block {:#x}: entry says {:?} (mixed {}), pages say {real:?}", e.addr(), m.counts(), e.mixed()));
+            } else if (0..n).any(|i| ar.state(pfn + i) == PageState::Allocated) {
+                err = Some(format!("cached block {:#x} holds an allocated page", e.addr()));
             }
             blocks[real.class(n) as usize][o] += 1;
             gauge[0] += real.dirty(n) as u64;
@@ -842,14 +1090,18 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
         if let Some(e) = err.take() {
             return Err(e);
         }
+        if mine != c.pages.get() || mine > c.high {
+            return Err(format!("cache holds {mine} pages, says {}, high mark {}", c.pages.get(), c.high));
+        }
         let (b, g) = c.gauges();
         if g != gauge || b != blocks {
             return Err(format!("cache gauges {g:?} {b:?} disagree with its entries {gauge:?} {blocks:?}"));
         }
+        pages += mine;
     }
-    if h.counters.cached_pages.wrapping_sub(net) != pages {
+    if h.counters.cached_pages.wrapping_add(net) != pages {
         return Err(format!(
-            "cached pages: counter {} - unfolded net hits {} != {pages} in entries",
+            "cached pages: counter {} + unfolded net hits {} != {pages} in entries",
             h.counters.cached_pages as i64, net as i64
         ));
     }
@@ -859,9 +1111,9 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
 /// Add the runs of every cached block to `out` (for `Allocator::free_runs`).
 pub(crate) fn free_runs(h: &Heap, out: &mut Vec<(usize, usize, PageState)>) {
     for c in h.caches.iter() {
-        c.for_each_entry(|o, e| {
-            if let Some(ar) = h.arenas.get(e.arena as usize).and_then(|a| a.as_ref()) {
-                ar.for_each_run(ar.pfn(e.addr), 1 << o, |p, n, s| {
+        c.for_each_entry(|o, e, _| {
+            if let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) {
+                ar.for_each_run(ar.pfn(e.addr()), 1 << o, |p, n, s| {
                     out.push((ar.addr(p), (n as usize) << PAGE_SHIFT, s));
                 });
             }

@@ -29,13 +29,15 @@ pub struct Config {
     /// Per-thread page caches (`cache.rs`, seed 002): blocks of orders `0..=cache_max_order` are
     /// served and taken back without the lock. Default on.
     pub cache: bool,
-    /// Largest cached order (0..=9). Default 3 (32 KiB), as Linux's per-CPU lists.
+    /// Largest cached order (0..=9). Default 9 (2 MiB), as Linux's per-CPU lists with THP.
+    /// Only orders whose block fits in half of `cache_high_pages` are cached.
     pub cache_max_order: u8,
     /// Pages moved per refill under one hold of the lock, per order (`>> order` blocks, at least
     /// one). Default 63, as Linux (see docs/design.md, "Per-thread caches", for the measurement).
     pub cache_batch_pages: u32,
-    /// Most pages one thread may hold per order in one allocator's cache (`>> order` blocks, at
-    /// least two); a full list drains half. Default 256 (4 MiB per thread for orders 0..3).
+    /// The high mark: most pages one thread may hold, over all orders, in one allocator's cache
+    /// (and at most 256 blocks per order). A free that would pass it first drains the cache to
+    /// half of it. Default 1024 (4 MiB per thread; see docs/design.md for the measurement).
     pub cache_high_pages: u32,
 }
 
@@ -48,9 +50,9 @@ impl Default for Config {
             backing: Backing::Anonymous,
             tunables: Tunables::default(),
             cache: true,
-            cache_max_order: 3,
+            cache_max_order: 9,
             cache_batch_pages: 63,
-            cache_high_pages: 256,
+            cache_high_pages: 1024,
         }
     }
 }
@@ -72,8 +74,8 @@ impl Config {
         if self.cache_max_order > crate::cache::CACHE_ORDER_LIMIT {
             return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 9 (4 KiB to 2 MiB)" });
         }
-        if !(1..=4096).contains(&self.cache_high_pages) {
-            return Err(Error::Config { setting: "cache_high_pages", message: "must be between 1 and 4096" });
+        if !(2..=65536).contains(&self.cache_high_pages) {
+            return Err(Error::Config { setting: "cache_high_pages", message: "must be between 2 and 65536" });
         }
         if self.cache_batch_pages == 0 || self.cache_batch_pages > self.cache_high_pages {
             return Err(Error::Config {

@@ -118,26 +118,53 @@ pub(crate) struct Inflight {
 pub(crate) const ZERO_SLOT: usize = crate::config::MAX_REPORT_BATCH as usize;
 pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
 
-/// What code outside the lock may read of an arena.
-struct ArenaView {
+/// What code outside the lock may read of an arena (the per-thread caches' hit path). Aligned
+/// to a cache line of its own, so that nothing written under the lock shares it.
+#[repr(C, align(64))]
+pub(crate) struct ArenaView {
     base: AtomicUsize,
     len: AtomicUsize,
     states: AtomicUsize,
     meta: AtomicUsize,
 }
 
-pub(crate) struct Shared {
-    pub heap: Locked<Heap>,
-    views: [ArenaView; MAX_ARENAS],
+impl ArenaView {
+    #[inline(always)]
+    pub(crate) fn base(&self) -> usize {
+        self.base.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    pub(crate) fn states(&self) -> States {
+        States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8)
+    }
+    #[inline(always)]
+    pub(crate) fn meta(&self) -> *mut BlockMeta {
+        self.meta.load(Ordering::Relaxed) as *mut BlockMeta
+    }
+}
+
+/// The fields of `Shared` that every hit of the per-thread caches reads, on a cache line that
+/// nothing writes but `request_cache_drain` and the installation of an arena.
+#[repr(C, align(64))]
+pub(crate) struct HitPath {
+    /// Arenas published in `views`.
     published: AtomicUsize,
-    pub config: Config,
-    epoch_ns: u64,
     /// Identity of this allocator for the per-thread caches (never reused in a process).
     pub(crate) cache_id: u64,
     /// How many orders the per-thread caches serve (0: caches off).
     pub(crate) cache_orders: u32,
+    /// Largest block they serve, in bytes (0: caches off).
+    pub(crate) cache_max_bytes: usize,
     /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
     pub(crate) drain_generation: AtomicU64,
+}
+
+pub(crate) struct Shared {
+    pub heap: Locked<Heap>,
+    views: [ArenaView; MAX_ARENAS],
+    pub(crate) hit: HitPath,
+    pub config: Config,
+    epoch_ns: u64,
     /// The free page reporting worker (report.rs) and the zeroing worker (zero.rs).
     pub(crate) reporter: Worker,
     pub(crate) zeroer: Worker,
@@ -292,15 +319,21 @@ impl Allocator {
                 states: AtomicUsize::new(0),
                 meta: AtomicUsize::new(0),
             }),
-            published: AtomicUsize::new(0),
+            hit: HitPath {
+                published: AtomicUsize::new(0),
+                cache_id: cache::new_allocator_id(),
+                cache_orders: cache::orders_served(&config),
+                cache_max_bytes: match cache::orders_served(&config) {
+                    0 => 0,
+                    n => PAGE_SIZE << (n - 1),
+                },
+                drain_generation: AtomicU64::new(0),
+            },
             epoch_ns: os::now_ns(),
             reporter: Worker::new(b"fallow-report"),
             zeroer: Worker::new(b"fallow-zero"),
             handles: AtomicUsize::new(1),
             pidfd: AtomicI32::new(-1),
-            cache_id: cache::new_allocator_id(),
-            cache_orders: if config.cache { config.cache_max_order.min(config.max_order) as u32 + 1 } else { 0 },
-            drain_generation: AtomicU64::new(0),
             config,
         };
         let alloc = Allocator { shared: Arc::new(shared) };
@@ -345,6 +378,23 @@ impl Allocator {
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).
     #[inline]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        // The hit path (cache.rs): a plain request for an exact power-of-two block of a cached
+        // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
+        if flags.0 == 0 && size.wrapping_sub(1) < self.shared.hit.cache_max_bytes {
+            let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+            if npages & (npages - 1) == 0 && (align <= PAGE_SIZE || (align.is_power_of_two() && align <= npages << PAGE_SHIFT)) {
+                if let Some(tc) = cache::last(self) {
+                    if let Some(addr) = tc.alloc_hit(self, npages.trailing_zeros() as u8) {
+                        return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
+                    }
+                }
+            }
+        }
+        self.alloc_slow(size, align, flags)
+    }
+
+    #[inline(never)]
+    fn alloc_slow(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if let Some(p) = self.alloc_cached(size, align, flags) {
             return Ok(p);
         }
@@ -356,23 +406,15 @@ impl Allocator {
     /// (which also reports bad requests).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
-        let orders = self.shared.cache_orders;
-        if orders == 0 || size == 0 || size > PAGE_SIZE << (orders - 1) || flags.contains(Flags::LOCK) {
+        if size.wrapping_sub(1) >= self.shared.hit.cache_max_bytes || flags.contains(Flags::LOCK) {
             return None;
         }
         let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
         if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
             return None;
         }
-        let order = npages.trailing_zeros() as u8;
-        let p = cache::current(self)?.alloc(self, order, flags.contains(Flags::ZERO))?;
-        if flags.0 == 0 {
-            self.states_of(p.arena).fill(p.taken.pfn, p.taken.npages, PageState::Allocated);
-        } else {
-            // Without LOCK, `prepare` cannot fail.
-            self.prepare(&p, flags).ok()?;
-        }
-        Some(unsafe { NonNull::new_unchecked(p.addr as *mut u8) })
+        let addr = cache::current(self)?.alloc(self, npages.trailing_zeros() as u8, flags)?;
+        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
 
     #[inline(never)]
@@ -434,20 +476,33 @@ impl Allocator {
     }
 
     /// Free the live block that starts at `ptr`.
+    #[inline]
     pub fn free(&self, ptr: *mut u8) -> Result<(), Error> {
         self.free_checked(ptr as usize, None)
     }
 
     /// Free the live block at `ptr`, checking that it holds `size` bytes (page-rounded).
+    #[inline]
     pub fn free_sized(&self, ptr: *mut u8, size: usize) -> Result<(), Error> {
         self.free_checked(ptr as usize, Some(size))
     }
 
-    #[inline]
+    #[inline(always)]
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
-        // The fast path: a live block of a cached order goes to this thread's cache. Anything
-        // that does not look exactly like one takes the validated path.
-        if self.shared.cache_orders > 0 {
+        // The hit path: a live block of a cached order goes to the cache this thread used last.
+        if let Some(tc) = cache::last(self) {
+            if tc.free_hit(self, addr, size) {
+                return Ok(());
+            }
+        }
+        self.free_slow(addr, size)
+    }
+
+    /// The cache with the checks the hit path skips (attach, drain first), else the validated,
+    /// locked path: anything that does not look exactly like a live cached-order block.
+    #[inline(never)]
+    fn free_slow(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
+        if self.shared.hit.cache_orders > 0 {
             if let Some(tc) = cache::current(self) {
                 if tc.free(self, addr, size) {
                     return Ok(());
@@ -529,10 +584,7 @@ impl Allocator {
     #[inline]
     pub fn owns(&self, ptr: *const u8) -> bool {
         let addr = ptr as usize;
-        let n = self.shared.published.load(Ordering::Acquire);
-        self.shared.views[..n]
-            .iter()
-            .any(|v| addr.wrapping_sub(v.base.load(Ordering::Relaxed)) < v.len.load(Ordering::Relaxed))
+        self.view_of(addr).is_some()
     }
 
     /// Resize the live block at `ptr` in place to `new_size` bytes: shrinking gives the tail back,
@@ -650,33 +702,27 @@ impl Allocator {
         v.meta.store(arena.meta_raw() as usize, Ordering::Relaxed);
         h.arenas[i] = Some(arena);
         h.narenas += 1;
-        self.shared.published.store(h.narenas, Ordering::Release);
+        self.shared.hit.published.store(h.narenas, Ordering::Release);
         Ok(())
     }
 
     pub(crate) fn states_of(&self, arena: usize) -> States {
-        States::from_raw(self.shared.views[arena].states.load(Ordering::Relaxed) as *const AtomicU8)
+        self.shared.views[arena].states()
     }
 
-    /// The `BlockMeta` array of an arena, without the lock (for the per-thread caches).
-    #[inline]
-    pub(crate) fn meta_of(&self, arena: usize) -> *mut BlockMeta {
-        self.shared.views[arena].meta.load(Ordering::Relaxed) as *mut BlockMeta
+    /// The published view of arena `i` (no lock).
+    #[inline(always)]
+    pub(crate) fn view(&self, i: usize) -> &ArenaView {
+        &self.shared.views[i]
     }
 
+    /// The arena holding `addr` and its view, without the lock.
     #[inline]
-    pub(crate) fn arena_base(&self, arena: usize) -> usize {
-        self.shared.views[arena].base.load(Ordering::Relaxed)
-    }
-
-    /// The arena holding `addr` and its base address, without the lock.
-    #[inline]
-    pub(crate) fn arena_of(&self, addr: usize) -> Option<(usize, usize)> {
-        let n = self.shared.published.load(Ordering::Acquire);
+    pub(crate) fn view_of(&self, addr: usize) -> Option<(usize, &ArenaView)> {
+        let n = self.shared.hit.published.load(Ordering::Acquire);
         for (i, v) in self.shared.views[..n].iter().enumerate() {
-            let base = v.base.load(Ordering::Relaxed);
-            if addr.wrapping_sub(base) < v.len.load(Ordering::Relaxed) {
-                return Some((i, base));
+            if addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed) {
+                return Some((i, v));
             }
         }
         None
@@ -687,7 +733,7 @@ impl Allocator {
     /// next allocation or free on this allocator; a cache never holds more than the bound stated
     /// in docs/design.md ("Per-thread caches").
     pub fn request_cache_drain(&self) {
-        self.shared.drain_generation.fetch_add(1, Ordering::Relaxed);
+        self.shared.hit.drain_generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Drain the calling thread's cache of this allocator back to the free lists now.

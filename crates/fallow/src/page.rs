@@ -195,7 +195,7 @@ pub const META_REPORT_STALE: u8 = 4; // reserved for the reporting worker
 pub const NIL: u32 = u32::MAX;
 
 /// Side record of one page; only meaningful on the first page of a block.
-#[repr(C)]
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockMeta {
     pub next: u32,
@@ -210,4 +210,54 @@ pub struct BlockMeta {
     pub counts: StateCounts,
     /// Free blocks: when the youngest part of the block was freed, in ms since the allocator began.
     pub freed_at_ms: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<BlockMeta>() == 32);
+    assert!(core::mem::offset_of!(BlockMeta, tag) == 8);
+    assert!(core::mem::offset_of!(BlockMeta, flags) == 10);
+    assert!(core::mem::offset_of!(BlockMeta, npages) == 12);
+};
+
+/// Bytes 8..16 of a block record (tag, order, flags, class, npages), which the per-thread caches'
+/// hit path loads and stores as one word without the lock: a load right after a store of the
+/// same width is forwarded from the store buffer, where byte-wide stores followed by a wider load
+/// would stall.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct HitWord(u64);
+
+impl HitWord {
+    #[inline(always)]
+    pub(crate) fn tag(self) -> u8 {
+        self.0 as u8
+    }
+    #[inline(always)]
+    pub(crate) fn flags(self) -> u8 {
+        (self.0 >> 16) as u8
+    }
+    #[inline(always)]
+    pub(crate) fn npages(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+    /// The same word with a new tag, flags and page count (order and class kept).
+    #[inline(always)]
+    pub(crate) fn with(self, tag: Tag, flags: u8, npages: u32) -> HitWord {
+        HitWord((self.0 & 0xff00_ff00) | tag as u64 | (flags as u64) << 16 | (npages as u64) << 32)
+    }
+
+    /// # Safety
+    /// `m` points into a live arena's record array.
+    #[inline(always)]
+    pub(crate) unsafe fn load(m: *mut BlockMeta) -> HitWord {
+        let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
+        HitWord((*w).load(core::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// # Safety
+    /// As `load`.
+    #[inline(always)]
+    pub(crate) unsafe fn store(self, m: *mut BlockMeta) {
+        let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
+        (*w).store(self.0, core::sync::atomic::Ordering::Relaxed)
+    }
 }

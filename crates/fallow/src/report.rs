@@ -123,7 +123,7 @@ fn run(s: &Shared) {
                     // back too (each does at its next call; cache.rs). Their blocks come back
                     // younger than the delay and are reported once it has passed.
                     reported_since_idle = false;
-                    s.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                    s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
                 }
                 s.reporter.idle(|| s.heap.lock().counters.free_calls != seen_frees);
             }

@@ -231,15 +231,24 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
     assert!(s.free_reported_pages > 0 && s.cached_pages > 0);
     unsafe { std::ptr::write_bytes(p, 0xab, 4096) };
     a.free(p).unwrap(); // dirty, in the cache
-    // A ZERO request prefers a zero-reading cached block; a plain one the dirty block.
+    // In the locked path's order of preference: a ZERO request takes a Zeroed block, else the
+    // dirty block with a memset of exactly its page (cheaper than faulting a reported page in)...
     let z = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
-    assert_ne!(z, p);
+    assert_eq!(z, p);
     assert!(all_zero(z, 4096));
-    assert_eq!(a.stats().zeroed_on_alloc_bytes, 0);
+    assert_eq!(a.stats().zeroed_on_alloc_bytes, 4096);
+    // ...and with no dirty block cached, reported memory, for plain and ZERO requests alike.
+    let reused = a.stats().reused_reported_bytes;
     let d = a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(d, p);
+    assert_ne!(d, p);
+    assert_eq!(a.stats().reused_reported_bytes, reused + 4096);
+    let r = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
+    assert!(all_zero(r, 4096));
+    assert_eq!(a.stats().zeroed_on_alloc_bytes, 4096);
+    assert_eq!(a.stats().zero_skipped_bytes, 2 * 4096);
     a.free(z).unwrap();
     a.free(d).unwrap();
+    a.free(r).unwrap();
     // Make every page dirty: take the whole arena page by page, write, free.
     let mut all = Vec::new();
     while let Ok(p) = a.alloc(4096, 4096, Flags::NONE) {
