@@ -29,8 +29,15 @@ use tikv_jemallocator::Jemalloc;
 trait Peer: Sync {
     fn alloc(&self, size: usize) -> *mut u8;
     fn free(&self, p: *mut u8, size: usize);
+    /// What the allocator says it did (fallow only).
+    fn stats(&self) -> Option<fallow::Stats> {
+        None
+    }
 }
 
+/// Each peer's handle on cache lines of its own: a handle that shares a line with what the
+/// harness writes (a thread's result slot, say) made whichever peer was made first ~10 ns slower.
+#[repr(align(128))]
 struct Fallow(Allocator);
 impl Peer for Fallow {
     #[inline]
@@ -40,6 +47,9 @@ impl Peer for Fallow {
     #[inline]
     fn free(&self, p: *mut u8, _size: usize) {
         self.0.free(p).unwrap()
+    }
+    fn stats(&self) -> Option<fallow::Stats> {
+        Some(self.0.stats())
     }
 }
 
@@ -120,16 +130,16 @@ fn iters_for(size: usize) -> usize {
 fn table(rounds: usize) {
     let d = Config::default();
     let peers: Vec<(&str, Box<dyn Peer>)> = vec![
-        ("fallow cache", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
+        ("fallow", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
         // The same with reporting and pre-zeroing off: the workers' cost on this loop (the seed's
         // page-fault check found 1-2%).
-        ("fallow cache noworkers", Box::new(Fallow(Allocator::new(Config { tunables: Tunables::off(), ..Config::default() }).unwrap()))),
-        ("fallow cache<=2M", Box::new(fallow_with(true, 9, d.cache_batch_pages, d.cache_high_pages))),
+        ("fallow noworkers", Box::new(Fallow(Allocator::new(Config { tunables: Tunables::off(), ..Config::default() }).unwrap()))),
+        // Caches for orders 0..3 only, as Linux's per-CPU lists without THP.
+        ("fallow cache<=32K", Box::new(fallow_with(true, 3, d.cache_batch_pages, d.cache_high_pages))),
         ("fallow nocache", Box::new(fallow_with(false, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
         // The locked path's own cost, with 4 MiB top blocks instead of 1 GiB ones (fewer levels
         // to split and merge).
         ("fallow nocache mo10", Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap()))),
-        ("fallow cache mo10", Box::new(Fallow(Allocator::new(Config { max_order: 10, ..Config::default() }).unwrap()))),
         ("jemalloc", Box::new(Global(Jemalloc))),
         ("mimalloc", Box::new(Global(MiMalloc))),
         ("glibc", Box::new(Global(System))),
@@ -138,10 +148,14 @@ fn table(rounds: usize) {
     let thread_counts = [1usize, 2];
     // [peer][size][threads] -> per-round (wall, cpu)
     let mut res = vec![vec![vec![(Vec::new(), Vec::new()); thread_counts.len()]; sizes.len()]; peers.len()];
-    for _ in 0..rounds {
+    for round in 0..rounds {
         for (si, &size) in sizes.iter().enumerate() {
             for (ti, &threads) in thread_counts.iter().enumerate() {
-                for (pi, (_, p)) in peers.iter().enumerate() {
+                // Each round starts with another peer: whoever runs first after a change of size
+                // or thread count pays for it (frequency, caches), and that is spread evenly.
+                for k in 0..peers.len() {
+                    let pi = (k + round) % peers.len();
+                    let p = &peers[pi].1;
                     // About 30 ms per run: a short calibration run sets the count (slow peers
                     // would otherwise take minutes).
                     let (probe, _) = run(p.as_ref(), size, threads, 200);
@@ -170,14 +184,29 @@ fn table(rounds: usize) {
         }
         println!();
     }
+    println!("\nwhat each fallow peer did over the whole run:");
+    for (name, p) in &peers {
+        if let Some(s) = p.stats() {
+            println!(
+                "{name:<20} calls {} cache hits {:.1}% refills {} drains {} reported {} MiB zeroed in background {} MiB arenas {}",
+                s.alloc_calls + s.free_calls,
+                100.0 * s.cache_hits as f64 / (s.alloc_calls + s.free_calls).max(1) as f64,
+                s.cache_refills,
+                s.cache_drains,
+                s.reported_bytes >> 20,
+                s.zeroed_background_bytes >> 20,
+                s.arenas
+            );
+        }
+    }
 }
 
 /// Sizing of batch and high mark: the single-block loop and bursts (allocate N blocks of 4 KiB,
 /// free them all) of 64, 256 and 1024 blocks, 1 and 2 threads, for several (batch, high) settings.
 fn sweep(rounds: usize) {
-    let settings = [(8u32, 32u32), (16, 64), (32, 128), (32, 256), (63, 256), (128, 512)];
-    let peers: Vec<Fallow> = settings.iter().map(|&(b, h)| fallow_with(true, 3, b, h)).collect();
-    let cols = ["loop x1", "loop x2", "b64 x1", "b64 x2", "b256 x1", "b256 x2", "b1024 x1", "b1024 x2"];
+    let settings = [(63u32, 256u32), (63, 512), (16, 1024), (32, 1024), (63, 1024), (128, 1024), (63, 2048), (63, 4096)];
+    let peers: Vec<Fallow> = settings.iter().map(|&(b, h)| fallow_with(true, 9, b, h)).collect();
+    let cols = ["loop x1", "loop x2", "b64 x1", "b64 x2", "b256 x1", "b256 x2", "b1024 x1", "b1024 x2", "64K b16", "64K b64", "2M b2", "2M b4"];
     let mut res = vec![vec![(Vec::new(), Vec::new()); cols.len()]; settings.len()];
     for _ in 0..rounds {
         for (i, p) in peers.iter().enumerate() {
@@ -190,15 +219,21 @@ fn sweep(rounds: usize) {
             }
             for n in [64, 256, 1024] {
                 for t in [1, 2] {
-                    let r = burst(p, t, n, 100_000 / n);
+                    let r = burst(p, t, 4096, n, 100_000 / n);
                     res[i][k].0.push(r.0);
                     res[i][k].1.push(r.1);
                     k += 1;
                 }
             }
+            for (size, n) in [(64 << 10, 16), (64 << 10, 64), (2 << 20, 2), (2 << 20, 4)] {
+                let r = burst(p, 1, size, n, if size > 1 << 20 { 2_000 } else { 20_000 } / n);
+                res[i][k].0.push(r.0);
+                res[i][k].1.push(r.1);
+                k += 1;
+            }
         }
     }
-    println!("median ns per pair over {rounds} rounds, wall/CPU per thread; bN = burst of N blocks");
+    println!("median ns per pair over {rounds} rounds, wall/CPU per thread; bN = burst of N blocks (4 KiB unless named; named sizes on 1 thread)");
     print!("{:<20}", "");
     for c in cols {
         print!(" {c:>12}");
@@ -213,7 +248,7 @@ fn sweep(rounds: usize) {
     }
 }
 
-fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> (f64, f64) {
+fn burst(p: &Fallow, threads: usize, size: usize, n: usize, reps: usize) -> (f64, f64) {
     let per: Vec<(u64, u64)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|_| {
@@ -222,12 +257,12 @@ fn burst(p: &Fallow, threads: usize, n: usize, reps: usize) -> (f64, f64) {
                     let (t0, c0) = (Instant::now(), thread_cpu_ns());
                     for _ in 0..reps {
                         for _ in 0..n {
-                            let b = p.alloc(4096);
+                            let b = p.alloc(size);
                             unsafe { b.write_volatile(1) };
                             v.push(b);
                         }
                         for b in v.drain(..) {
-                            p.free(b, 4096);
+                            p.free(b, size);
                         }
                     }
                     (t0.elapsed().as_nanos() as u64, thread_cpu_ns() - c0)
@@ -245,7 +280,8 @@ fn count(peer: &str, size: usize, n: usize) {
         "fallow" => Box::new(Fallow(Allocator::new(Config::default()).unwrap())),
         "fallow-nocache" => Box::new(Fallow(Allocator::new(Config { cache: false, ..Config::default() }).unwrap())),
         "fallow-nocache-mo10" => Box::new(Fallow(Allocator::new(Config { cache: false, max_order: 10, ..Config::default() }).unwrap())),
-        "fallow-cache9" => Box::new(Fallow(Allocator::new(Config { cache_max_order: 9, ..Config::default() }).unwrap())),
+        "fallow-noworkers" => Box::new(Fallow(Allocator::new(Config { tunables: Tunables::off(), ..Config::default() }).unwrap())),
+        "fallow-cache3" => Box::new(Fallow(Allocator::new(Config { cache_max_order: 3, ..Config::default() }).unwrap())),
         "jemalloc" => Box::new(Global(Jemalloc)),
         "mimalloc" => Box::new(Global(MiMalloc)),
         _ => panic!("peer: fallow, fallow-nocache, jemalloc or mimalloc"),

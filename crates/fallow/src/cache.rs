@@ -210,7 +210,8 @@ struct Events {
     reused_reported_bytes: Owned,
 }
 
-#[repr(C)]
+/// Aligned to a cache line: what the hit path writes shares no line with another thread's data.
+#[repr(C, align(64))]
 pub(crate) struct ThreadCache {
     // What every hit touches, first.
     entries: *mut Entry,
