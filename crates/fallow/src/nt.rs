@@ -2,9 +2,13 @@
 //! `_mm_stream_si128`, then one `sfence`) on x86-64 for large ranges, plain `write_bytes`
 //! (`rep stosb` / vector stores through the cache) for small ones and on other targets.
 //!
-//! Which is faster depends on the size and the machine, so `calibrate` times both once per
-//! process for sizes from 64 KiB to 4 MiB and keeps the smallest size from which the streaming
-//! stores win (`THRESHOLD`); until then, 256 KiB.
+//! Ranges from `THRESHOLD` (256 KiB) up stream: the zeroing worker's chunks (2 MiB) always do, as
+//! the design rules ask. `calibrate` times both methods for sizes from 64 KiB to 4 MiB and keeps
+//! the smallest size from which streaming wins (64 KiB on the development machine, so 256 KiB is
+//! on the right side of it). It is a measurement (`examples/reclaim_measure.rs`), not run at
+//! start-up: it costs 32 MiB of scratch memory and 50-100 ms of CPU, which every process using
+//! fallow would pay (a guest of the density experiment, in a 30 MiB memory cgroup, was killed
+//! for it before it started).
 //!
 //! Ordering: streaming stores are weakly ordered; `zero` ends with `sfence`, so that the zeros are
 //! visible to any thread that later acquires the allocator lock (which the zeroing worker takes
@@ -75,8 +79,8 @@ pub unsafe fn zero_streaming(addr: usize, len: usize) {
     zero_cached(addr, len)
 }
 
-/// Time both methods once per process and set `THRESHOLD`. Runs on the zeroing worker (idle
-/// priority); costs some 50-100 ms of CPU and 32 MiB of scratch memory, given back. The buffer
+/// Time both methods once per process and set `THRESHOLD` (a measurement: see the top). Costs
+/// some 50-100 ms of CPU and 32 MiB of scratch memory, given back. The buffer
 /// is larger than a last-level cache and is walked in order, so that, like the free memory the
 /// worker zeroes, it is cold when zeroed.
 pub fn calibrate() {

@@ -45,7 +45,6 @@ const NAP_NS: u64 = 1_000_000_000;
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     shared.zeroer.on_thread_start();
-    crate::nt::calibrate();
     run(&shared);
     core::ptr::null_mut()
 }
@@ -65,7 +64,7 @@ enum Next {
 
 fn run(s: &Shared) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
-    // calibrates first, at idle priority).
+    // runs at idle priority).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
     while !s.zeroer.stopping() {
         match zero_one_chunk(s, &mut d) {
