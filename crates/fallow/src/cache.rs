@@ -78,7 +78,7 @@
 use core::cell::Cell;
 use core::num::NonZeroUsize;
 use core::ptr;
-use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use crate::buddy::preference;
@@ -216,14 +216,18 @@ pub(crate) struct ThreadCache {
     // What every hit touches, first.
     entries: *mut Entry,
     mixed: *mut Mixed,
+    /// The owner is using the cache without the lock (see "Draining an idle thread's cache").
+    busy: AtomicU32,
+    /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
+    frozen: AtomicU32,
     /// Pages in the entries, and the high mark.
     pages: Owned,
     high: u64,
     /// Hits since the last fold.
     alloc_hits: Owned,
     free_hits: Owned,
-    /// The drain generation this cache last obeyed (owner only).
-    seen_generation: Cell<u64>,
+    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
+    seen_generation: Owned,
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
@@ -318,7 +322,9 @@ impl ThreadCache {
             high: cfg.cache_high_pages as u64,
             alloc_hits: Owned::default(),
             free_hits: Owned::default(),
-            seen_generation: Cell::new(a.shared.hit.drain_generation.load(Relaxed)),
+            busy: AtomicU32::new(0),
+            frozen: AtomicU32::new(0),
+            seen_generation: Owned(AtomicU64::new(a.shared.hit.drain_generation.load(Relaxed))),
             orders,
             stacks,
             accounted: Owned::default(),
@@ -332,6 +338,27 @@ impl ThreadCache {
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
         }
+    }
+
+    /// The owner starts using the cache without the lock: `false` if the reporting worker has
+    /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
+    /// a compiler fence here, `membarrier` on the worker's side (see the top).
+    #[inline(always)]
+    pub(crate) fn enter(&self) -> bool {
+        self.busy.store(1, Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        if self.frozen.load(Ordering::Acquire) != 0 {
+            self.busy.store(0, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// The owner is done with the cache (every write of its call is ordered before).
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        compiler_fence(Ordering::SeqCst);
+        self.busy.store(0, Ordering::Release);
     }
 
     #[inline(always)]
@@ -1022,6 +1049,66 @@ pub(crate) fn drain_current(a: &Allocator) {
             }
         }
     });
+}
+
+// ---- Draining an idle thread's cache (the reporting worker). ----
+
+/// Pages held by all caches of this allocator (under the lock; racy reads of other threads'
+/// gauges, good enough to decide whether to ask them).
+pub(crate) fn pages_held(h: &Heap) -> u64 {
+    h.caches.iter().map(|c| c.pages.get()).sum()
+}
+
+/// Drain the caches that still hold pages but have not obeyed drain request `generation`: their
+/// threads have not called this allocator since it was made, so their blocks may sit there for
+/// ever, resident and never reported. Returns the pages given back.
+///
+/// Only the owner touches a cache without the lock, inside `enter` / `leave`. The worker freezes
+/// the cache (under the lock), runs `membarrier` (a full barrier on every running thread), then,
+/// under the lock again, drains the cache only if its owner is not `busy`. This is Dekker's
+/// mutual exclusion with an asymmetric fence: the owner stores `busy` and then loads `frozen`
+/// with only a compiler fence between; the worker stores `frozen` and then loads `busy` with
+/// `membarrier` between, which orders the owner's store before its load wherever the owner was
+/// running. So either the owner sees `frozen` and keeps out (it takes the locked path, which
+/// waits for the lock the worker holds), or the worker sees `busy` and leaves that cache alone
+/// until the next request; never both in it. The hit path pays two plain stores and a load.
+/// Without `membarrier` (old kernels, seccomp), nothing is drained.
+pub(crate) fn drain_unanswered(s: &Shared, generation: u64) -> u64 {
+    let mut frozen = 0;
+    {
+        let h = s.heap.lock();
+        for c in h.caches.iter() {
+            if c.pages.get() > 0 && c.seen_generation.get() != generation {
+                c.frozen.store(1, Relaxed);
+                frozen += 1;
+            }
+        }
+    }
+    if frozen == 0 {
+        return 0;
+    }
+    let fenced = crate::os::membarrier();
+    let now = s.now_ms();
+    let mut h = s.heap.lock();
+    let mut pages = 0;
+    // Walk the registry by its raw links: draining needs the heap mutably.
+    let mut p = h.caches.head;
+    while !p.is_null() {
+        let c = unsafe { &*p };
+        p = c.next.get();
+        if c.frozen.load(Relaxed) == 0 {
+            continue; // registered after the freeze
+        }
+        if fenced && c.busy.load(Ordering::Acquire) == 0 {
+            pages += c.pages.get();
+            c.fold(&mut h);
+            c.drain_all_locked(&mut h, now);
+            c.seen_generation.set(generation);
+            h.counters.cache_remote_drains += 1;
+        }
+        c.frozen.store(0, Ordering::Release);
+    }
+    pages
 }
 
 // ---- What the allocator's statistics and checks see of the caches (all under the lock). ----

@@ -85,6 +85,8 @@ pub(crate) struct Counters {
     pub cache_hits: u64,
     pub cache_refills: u64,
     pub cache_drains: u64,
+    /// Caches of idle threads drained by the reporting worker (`cache::drain_unanswered`).
+    pub cache_remote_drains: u64,
 }
 
 /// Everything the lock guards.
@@ -384,8 +386,12 @@ impl Allocator {
             let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
             if npages & (npages - 1) == 0 && (align <= PAGE_SIZE || (align.is_power_of_two() && align <= npages << PAGE_SHIFT)) {
                 if let Some(tc) = cache::last(self) {
-                    if let Some(addr) = tc.alloc_hit(self, npages.trailing_zeros() as u8) {
-                        return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
+                    if tc.enter() {
+                        let hit = tc.alloc_hit(self, npages.trailing_zeros() as u8);
+                        tc.leave();
+                        if let Some(addr) = hit {
+                            return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
+                        }
                     }
                 }
             }
@@ -413,8 +419,13 @@ impl Allocator {
         if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
             return None;
         }
-        let addr = cache::current(self)?.alloc(self, npages.trailing_zeros() as u8, flags)?;
-        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
+        let tc = cache::current(self)?;
+        if !tc.enter() {
+            return None;
+        }
+        let addr = tc.alloc(self, npages.trailing_zeros() as u8, flags);
+        tc.leave();
+        Some(unsafe { NonNull::new_unchecked(addr? as *mut u8) })
     }
 
     #[inline(never)]
@@ -491,8 +502,12 @@ impl Allocator {
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         // The hit path: a live block of a cached order goes to the cache this thread used last.
         if let Some(tc) = cache::last(self) {
-            if tc.free_hit(self, addr, size) {
-                return Ok(());
+            if tc.enter() {
+                let hit = tc.free_hit(self, addr, size);
+                tc.leave();
+                if hit {
+                    return Ok(());
+                }
             }
         }
         self.free_slow(addr, size)
@@ -504,8 +519,12 @@ impl Allocator {
     fn free_slow(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         if self.shared.hit.cache_orders > 0 {
             if let Some(tc) = cache::current(self) {
-                if tc.free(self, addr, size) {
-                    return Ok(());
+                if tc.enter() {
+                    let hit = tc.free(self, addr, size);
+                    tc.leave();
+                    if hit {
+                        return Ok(());
+                    }
                 }
             }
         }
@@ -667,6 +686,7 @@ impl Allocator {
         s.cache_hits = c.cache_hits;
         s.cache_refills = c.cache_refills;
         s.cache_drains = c.cache_drains;
+        s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(&h, &mut s);
         s
     }

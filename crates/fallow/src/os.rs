@@ -287,3 +287,30 @@ pub fn sleep_ns(ns: u64) {
     let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
     unsafe { libc::nanosleep(&ts, ptr::null_mut()) };
 }
+
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+/// The process for which `membarrier` was registered (0: none yet; -1: not available).
+static MEMBARRIER_PID: core::sync::atomic::AtomicI32 = core::sync::atomic::AtomicI32::new(0);
+
+/// A full memory barrier on every running thread of this process (`membarrier(2)`, private
+/// expedited): the heavy side of an asymmetric fence, whose light side is a compiler fence.
+/// Registers the process first (again in a `fork` child). `false`: not available here.
+pub fn membarrier() -> bool {
+    use core::sync::atomic::Ordering::Relaxed;
+    let pid = unsafe { libc::getpid() };
+    let seen = MEMBARRIER_PID.load(Relaxed);
+    if seen == -1 {
+        return false;
+    }
+    if seen != pid {
+        let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) };
+        if r != 0 {
+            MEMBARRIER_PID.store(-1, Relaxed);
+            return false;
+        }
+        MEMBARRIER_PID.store(pid, Relaxed);
+    }
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}

@@ -44,6 +44,7 @@ use std::sync::Arc;
 
 use crate::config::ReportMode;
 use crate::heap::Shared;
+use crate::worker::Worker;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, PageState, NIL};
 
@@ -101,11 +102,11 @@ enum Next {
 
 fn run(s: &Shared) {
     let mut budget = PASS_BUDGET;
-    let mut reported_since_idle = false;
+    // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
+    let mut asked: Option<(u64, u32)> = None;
     while !s.reporter.stopping() {
         match report_one_batch(s) {
             Next::Again => {
-                reported_since_idle = true;
                 budget -= 1;
                 if budget == 0 {
                     budget = PASS_BUDGET;
@@ -118,15 +119,53 @@ fn run(s: &Shared) {
             }
             Next::Idle(seen_frees) => {
                 budget = PASS_BUDGET;
-                if reported_since_idle {
-                    // Memory sat idle past the delay: ask the per-thread caches to give theirs
-                    // back too (each does at its next call; cache.rs). Their blocks come back
-                    // younger than the delay and are reported once it has passed.
-                    reported_since_idle = false;
-                    s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                if caches_step(s, &mut asked) {
+                    continue;
                 }
-                s.reporter.idle(|| s.heap.lock().counters.free_calls != seen_frees);
+                // A free into a per-thread cache wakes nobody (the hit path stays free of that):
+                // with caches on, look again after the delay (at least 1 s) for memory they hold.
+                let t = s.heap.lock().tunables;
+                let timeout_ns = if s.hit.cache_orders > 0 && t.report {
+                    t.report_delay_ms.max(1000) as u64 * 1_000_000
+                } else {
+                    Worker::IDLE_MAX_NS
+                };
+                s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
             }
+        }
+    }
+}
+
+/// Nothing on the lists to report: memory in per-thread caches is invisible to the scan. Ask the
+/// caches to drain (each does at its next call; cache.rs), give them the reporting delay to
+/// answer, then drain those whose threads stayed idle (`cache::drain_unanswered`). Their blocks
+/// come back to the lists and are reported once the delay has passed again. `true`: keep going
+/// (a nap was taken, or blocks came back); `false`: nothing to do, go idle.
+fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> bool {
+    let (report, delay_ms, held) = {
+        let h = s.heap.lock();
+        (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
+    };
+    if !report {
+        *asked = None;
+        return false;
+    }
+    let now = s.now_ms();
+    match *asked {
+        None if held > 0 => {
+            let g = s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
+            *asked = Some((g, now));
+            s.reporter.nap(delay_ms as u64 * 1_000_000);
+            true
+        }
+        None => false,
+        Some((_, at)) if now.wrapping_sub(at) < delay_ms => {
+            s.reporter.nap((delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
+            true
+        }
+        Some((g, _)) => {
+            *asked = None;
+            crate::cache::drain_unanswered(s, g) > 0
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Stats {
     /// Batched refills and drains of per-thread caches (each one hold of the lock).
     pub cache_refills: u64,
     pub cache_drains: u64,
+    /// Caches of idle threads drained by the reporting worker (each a hold of the lock).
+    pub cache_remote_drains: u64,
     // ---- Free page reporting (report.rs) ----
     /// Bytes given back to the kernel (pages that were resident when reported).
     pub reported_bytes: u64,
@@ -170,11 +172,12 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "thread caches: {:>10.1} MiB cached, {} hits, {} refills, {} drains",
+            "thread caches: {:>10.1} MiB cached, {} hits, {} refills, {} drains, {} idle caches drained",
             mib(self.cached_pages),
             self.cache_hits,
             self.cache_refills,
-            self.cache_drains
+            self.cache_drains,
+            self.cache_remote_drains
         )?;
         write!(f, "free blocks by order:\n{}", self.buddyinfo())
     }

@@ -141,18 +141,21 @@ impl Worker {
         self.word.store(RUNNING, Ordering::SeqCst);
     }
 
-    /// Sleep until woken, unless `has_work` (checked after announcing `IDLE`) says otherwise.
-    pub fn idle(&self, has_work: impl FnOnce() -> bool) {
+    /// Sleep until woken or `timeout_ns` has passed, unless `has_work` (checked after announcing
+    /// `IDLE`) says otherwise.
+    pub fn idle(&self, timeout_ns: u64, has_work: impl FnOnce() -> bool) {
         // (On a failed exchange the word was KICKED: do not sleep.)
         let announced = self.word.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::Relaxed).is_ok();
         if announced && !has_work() {
-            // A safety net: wake once a minute even if a wake-up were ever missed.
-            os::futex_wait(&self.word, IDLE, Some(60_000_000_000));
+            os::futex_wait(&self.word, IDLE, Some(timeout_ns));
         }
         self.word.store(RUNNING, Ordering::SeqCst);
     }
 
     /// Stop and join the thread (the last allocator handle is going away).
+    /// A safety net for `idle`: wake once a minute even if a wake-up were ever missed.
+    pub const IDLE_MAX_NS: u64 = 60_000_000_000;
+
     pub fn stop_and_join(&self) {
         if !self.running() {
             return;

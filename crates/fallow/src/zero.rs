@@ -70,7 +70,7 @@ fn run(s: &Shared) {
         match zero_one_chunk(s, &mut d) {
             Next::Again => {}
             Next::Nap => s.zeroer.nap(NAP_NS),
-            Next::Idle(seen_frees) => s.zeroer.idle(|| s.heap.lock().counters.free_calls != seen_frees),
+            Next::Idle(seen_frees) => s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees),
         }
     }
 }
