@@ -8,6 +8,7 @@
 //! ```text
 //! cargo run --release -p fallow --example fastpath                  # the table (7 rounds)
 //! cargo run --release -p fallow --example fastpath -- --rounds 11
+//! cargo run --release -p fallow --example fastpath -- --size 4096     # one size only
 //! cargo run --release -p fallow --example fastpath -- --sweep       # cache batch/high sizing
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/examples/fastpath --count fallow 4096 N        # instructions (see below)
@@ -127,13 +128,15 @@ fn iters_for(size: usize) -> usize {
     scale * if size >= 1 << 20 { 20_000 } else { 200_000 }
 }
 
-fn table(rounds: usize) {
+fn table(rounds: usize, only: Option<usize>) {
     let d = Config::default();
     let peers: Vec<(&str, Box<dyn Peer>)> = vec![
         ("fallow", Box::new(fallow_with(true, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
         // The same with reporting and pre-zeroing off: the workers' cost on this loop (the seed's
         // page-fault check found 1-2%).
         ("fallow noworkers", Box::new(Fallow(Allocator::new(Config { tunables: Tunables::off(), ..Config::default() }).unwrap()))),
+        ("fallow noreport", Box::new(Fallow(Allocator::new(Config { tunables: Tunables { report: false, ..Tunables::default() }, ..Config::default() }).unwrap()))),
+        ("fallow nozero", Box::new(Fallow(Allocator::new(Config { tunables: Tunables { zeroing: false, ..Tunables::default() }, ..Config::default() }).unwrap()))),
         // Caches for orders 0..3 only, as Linux's per-CPU lists without THP.
         ("fallow cache<=32K", Box::new(fallow_with(true, 3, d.cache_batch_pages, d.cache_high_pages))),
         ("fallow nocache", Box::new(fallow_with(false, d.cache_max_order, d.cache_batch_pages, d.cache_high_pages))),
@@ -144,7 +147,10 @@ fn table(rounds: usize) {
         ("mimalloc", Box::new(Global(MiMalloc))),
         ("glibc", Box::new(Global(System))),
     ];
-    let sizes = [4096usize, 16384, 65536, 2 << 20];
+    let sizes: Vec<usize> = match only {
+        Some(size) => vec![size],
+        None => vec![4096, 16384, 65536, 2 << 20],
+    };
     let thread_counts = [1usize, 2];
     // [peer][size][threads] -> per-round (wall, cpu)
     let mut res = vec![vec![vec![(Vec::new(), Vec::new()); thread_counts.len()]; sizes.len()]; peers.len()];
@@ -204,7 +210,7 @@ fn table(rounds: usize) {
 /// Sizing of batch and high mark: the single-block loop and bursts (allocate N blocks of 4 KiB,
 /// free them all) of 64, 256 and 1024 blocks, 1 and 2 threads, for several (batch, high) settings.
 fn sweep(rounds: usize) {
-    let settings = [(63u32, 256u32), (63, 512), (16, 1024), (32, 1024), (63, 1024), (128, 1024), (63, 2048), (63, 4096)];
+    let settings = [(64u32, 256u32), (64, 512), (16, 1024), (32, 1024), (63, 1024), (64, 1024), (128, 1024), (64, 2048), (64, 4096)];
     let peers: Vec<Fallow> = settings.iter().map(|&(b, h)| fallow_with(true, 9, b, h)).collect();
     let cols = ["loop x1", "loop x2", "b64 x1", "b64 x2", "b256 x1", "b256 x2", "b1024 x1", "b1024 x2", "64K b16", "64K b64", "2M b2", "2M b4"];
     let mut res = vec![vec![(Vec::new(), Vec::new()); cols.len()]; settings.len()];
@@ -306,6 +312,7 @@ fn main() {
     } else if args.iter().any(|a| a == "--sweep") {
         sweep(rounds);
     } else {
-        table(rounds);
+        let only = args.iter().position(|a| a == "--size").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok());
+        table(rounds, only);
     }
 }

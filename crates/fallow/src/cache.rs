@@ -94,6 +94,9 @@ pub const CACHE_ORDER_LIMIT: u8 = 9;
 const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
 /// Most blocks of one order a cache holds (the stack capacity of the small orders).
 const STACK_MAX: u32 = 256;
+/// Refills of orders below this take whole aligned groups of `2^GROUP_ORDER` pages (one line of
+/// state bytes) when they can.
+const GROUP_ORDER: u8 = 6;
 /// Allocators one thread keeps caches for at once; a further one takes the slot used longest ago.
 const SLOTS: usize = 8;
 
@@ -752,6 +755,28 @@ impl ThreadCache {
                 continue;
             }
             while got < want {
+                // Small orders: a whole aligned group of 64 pages at a time when the batch has
+                // room for it, so that two threads' blocks do not share a line of state bytes
+                // (64 pages) or of block records (2 pages), which every hit writes: two threads
+                // doing hits in one line ran at 30-40 ns a pair instead of 15-20.
+                let per_group = 1u32 << GROUP_ORDER.saturating_sub(order);
+                if order < GROUP_ORDER && GROUP_ORDER <= ar.max_order && want - got >= per_group {
+                    if let Some(t) = ar.take(1 << GROUP_ORDER, GROUP_ORDER, preference(zero)) {
+                        let uniform = t.counts.uniform_state(1 << GROUP_ORDER);
+                        for i in 0..per_group {
+                            let p = t.pfn + i * n;
+                            let c = match uniform {
+                                Some(PageState::Dirty) => StateCounts::default(),
+                                Some(_) => t.counts.scaled(1 << GROUP_ORDER, n),
+                                None => ar.count_states(p, n),
+                            };
+                            ar.meta_mut(p).tag = Tag::Cached;
+                            self.push(o, Entry::new(ar.addr(p), ai, c != StateCounts::default()), Mixed::of(c));
+                        }
+                        got += per_group;
+                        continue;
+                    }
+                }
                 let Some(t) = ar.take(n, order, preference(zero)) else { break };
                 ar.meta_mut(t.pfn).tag = Tag::Cached;
                 let mixed = t.counts != StateCounts::default();

@@ -114,6 +114,14 @@ impl StateCounts {
         self.dirty(pages) + self.lazy
     }
 
+    /// The counts of any `n` of the `total` pages of a uniform block (see `uniform_state`) with
+    /// these counts.
+    #[inline]
+    pub fn scaled(self, total: u32, n: u32) -> StateCounts {
+        debug_assert!(self.uniform_state(total).is_some());
+        StateCounts { zeroed: self.zeroed / total * n, reported: self.reported / total * n, lazy: self.lazy / total * n }
+    }
+
     /// The single state of every page, when the block is uniform.
     #[inline]
     pub fn uniform_state(self, pages: u32) -> Option<PageState> {
