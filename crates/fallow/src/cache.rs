@@ -1098,7 +1098,11 @@ pub(crate) fn pages_held(h: &Heap) -> u64 {
 /// waits for the lock the worker holds), or the worker sees `busy` and leaves that cache alone
 /// until the next request; never both in it. The hit path pays two plain stores and a load.
 /// Without `membarrier` (old kernels, seccomp), nothing is drained.
-pub(crate) fn drain_unanswered(s: &Shared, generation: u64) -> u64 {
+///
+/// `freed_at_ms` is the free time the drained blocks get: the time of the request, since every
+/// block in an unanswered cache was put there before its thread's last call, which came before
+/// the request. So they are reported at the reporter's next pass, not a delay later.
+pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) -> u64 {
     let mut frozen = 0;
     {
         let h = s.heap.lock();
@@ -1113,7 +1117,6 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64) -> u64 {
         return 0;
     }
     let fenced = crate::os::membarrier();
-    let now = s.now_ms();
     let mut h = s.heap.lock();
     let mut pages = 0;
     // Walk the registry by its raw links: draining needs the heap mutably.
@@ -1127,7 +1130,7 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64) -> u64 {
         if fenced && c.busy.load(Ordering::Acquire) == 0 {
             pages += c.pages.get();
             c.fold(&mut h);
-            c.drain_all_locked(&mut h, now);
+            c.drain_all_locked(&mut h, freed_at_ms);
             c.seen_generation.set(generation);
             h.counters.cache_remote_drains += 1;
         }

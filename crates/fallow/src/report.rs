@@ -139,7 +139,8 @@ fn run(s: &Shared) {
 /// Nothing on the lists to report: memory in per-thread caches is invisible to the scan. Ask the
 /// caches to drain (each does at its next call; cache.rs), give them the reporting delay to
 /// answer, then drain those whose threads stayed idle (`cache::drain_unanswered`). Their blocks
-/// come back to the lists and are reported once the delay has passed again. `true`: keep going
+/// come back to the lists dated at the request (they were idle since at least then), so they are
+/// reported at once. `true`: keep going
 /// (a nap was taken, or blocks came back); `false`: nothing to do, go idle.
 fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> bool {
     let (report, delay_ms, held) = {
@@ -163,9 +164,9 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> bool {
             s.reporter.nap((delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
             true
         }
-        Some((g, _)) => {
+        Some((g, at)) => {
             *asked = None;
-            crate::cache::drain_unanswered(s, g) > 0
+            crate::cache::drain_unanswered(s, g, at) > 0
         }
     }
 }
