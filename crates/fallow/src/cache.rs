@@ -357,6 +357,17 @@ impl ThreadCache {
         true
     }
 
+    /// Run `f` on the cache between `enter` and `leave`; `None` if it is frozen.
+    #[inline(always)]
+    pub(crate) fn inside<R>(&self, f: impl FnOnce(&Self) -> R) -> Option<R> {
+        if !self.enter() {
+            return None;
+        }
+        let r = f(self);
+        self.leave();
+        Some(r)
+    }
+
     /// The owner is done with the cache (every write of its call is ordered before).
     #[inline(always)]
     pub(crate) fn leave(&self) {
@@ -606,6 +617,21 @@ impl ThreadCache {
     /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
     #[inline(always)]
     pub(crate) fn free_hit(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+        self.take_freed::<false>(a, addr, size)
+    }
+
+    /// Take the live block at `addr` into the cache if it is exactly a live, unlocked block of a
+    /// cached order (and of `size`, if given), draining first if needed. `false`: the caller
+    /// takes the validated path.
+    #[inline(never)]
+    pub(crate) fn free(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+        self.take_freed::<true>(a, addr, size)
+    }
+
+    /// `free_hit` (`MAY_DRAIN` false) and `free` (true): the same checks; only `free` may call
+    /// out to drain.
+    #[inline(always)]
+    fn take_freed<const MAY_DRAIN: bool>(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
             return false;
         }
@@ -633,48 +659,9 @@ impl ThreadCache {
             || s.len() == s.cap
             || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
         {
-            return false;
-        }
-        v.states().fill(pfn, n, PageState::Dirty);
-        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
-        self.push_dirty(o, Entry::new(addr, ai, false));
-        self.pages.add(n as u64);
-        self.free_hits.add(1);
-        true
-    }
-
-    /// Take the live block at `addr` into the cache if it is exactly a live, unlocked block of a
-    /// cached order (and of `size`, if given), draining first if needed. `false`: the caller
-    /// takes the validated path.
-    #[inline(never)]
-    pub(crate) fn free(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
-        if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
-            return false;
-        }
-        let Some((ai, v)) = a.view_of(addr) else { return false };
-        let pfn = ((addr - v.base()) >> PAGE_SHIFT) as u32;
-        let m = unsafe { v.meta().add(pfn as usize) };
-        let w = unsafe { HitWord::load(m) };
-        let n = w.npages();
-        if w.tag() != Tag::Alloc as u8
-            || w.flags() & META_LOCKED != 0
-            || !n.is_power_of_two()
-            || n.trailing_zeros() as usize >= self.orders
-            || pfn & (n - 1) != 0
-        {
-            return false;
-        }
-        if let Some(size) = size {
-            if size.div_ceil(1 << PAGE_SHIFT) != n as usize {
+            if !MAY_DRAIN {
                 return false;
             }
-        }
-        let o = n.trailing_zeros() as usize;
-        let s = &self.stacks[o];
-        if self.pages.get() + n as u64 > self.high
-            || s.len() == s.cap
-            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
-        {
             self.make_room(a, o);
         }
         v.states().fill(pfn, n, PageState::Dirty);

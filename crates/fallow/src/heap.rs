@@ -386,12 +386,8 @@ impl Allocator {
             let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
             if npages & (npages - 1) == 0 && (align <= PAGE_SIZE || (align.is_power_of_two() && align <= npages << PAGE_SHIFT)) {
                 if let Some(tc) = cache::last(self) {
-                    if tc.enter() {
-                        let hit = tc.alloc_hit(self, npages.trailing_zeros() as u8);
-                        tc.leave();
-                        if let Some(addr) = hit {
-                            return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
-                        }
+                    if let Some(Some(addr)) = tc.inside(|tc| tc.alloc_hit(self, npages.trailing_zeros() as u8)) {
+                        return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
                     }
                 }
             }
@@ -419,13 +415,8 @@ impl Allocator {
         if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
             return None;
         }
-        let tc = cache::current(self)?;
-        if !tc.enter() {
-            return None;
-        }
-        let addr = tc.alloc(self, npages.trailing_zeros() as u8, flags);
-        tc.leave();
-        Some(unsafe { NonNull::new_unchecked(addr? as *mut u8) })
+        let addr = cache::current(self)?.inside(|tc| tc.alloc(self, npages.trailing_zeros() as u8, flags))??;
+        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
 
     #[inline(never)]
@@ -502,12 +493,8 @@ impl Allocator {
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         // The hit path: a live block of a cached order goes to the cache this thread used last.
         if let Some(tc) = cache::last(self) {
-            if tc.enter() {
-                let hit = tc.free_hit(self, addr, size);
-                tc.leave();
-                if hit {
-                    return Ok(());
-                }
+            if tc.inside(|tc| tc.free_hit(self, addr, size)) == Some(true) {
+                return Ok(());
             }
         }
         self.free_slow(addr, size)
@@ -519,12 +506,8 @@ impl Allocator {
     fn free_slow(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         if self.shared.hit.cache_orders > 0 {
             if let Some(tc) = cache::current(self) {
-                if tc.enter() {
-                    let hit = tc.free(self, addr, size);
-                    tc.leave();
-                    if hit {
-                        return Ok(());
-                    }
+                if tc.inside(|tc| tc.free(self, addr, size)) == Some(true) {
+                    return Ok(());
                 }
             }
         }
