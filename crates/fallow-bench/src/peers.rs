@@ -306,7 +306,7 @@ pub fn versions() -> Vec<(&'static str, String)> {
         let mut v: *const libc::c_char = core::ptr::null();
         let mut len = core::mem::size_of::<*const libc::c_char>();
         let rc = tikv_jemalloc_sys::mallctl(
-            b"version\0".as_ptr() as *const libc::c_char,
+            c"version".as_ptr(),
             &mut v as *mut _ as *mut libc::c_void,
             &mut len,
             core::ptr::null_mut(),
