@@ -726,7 +726,8 @@ impl ThreadCache {
         let now = a.now_ms();
         let mut h = a.shared.heap.lock();
         self.fold(&mut h);
-        if self.pages.get() + n as u64 > self.high {
+        let drained = self.pages.get() + n as u64 > self.high;
+        if drained {
             self.drain_to_half(&mut h, o, now);
         }
         let s = &self.stacks[o];
@@ -788,7 +789,9 @@ impl ThreadCache {
         self.pages.add(moved);
         self.accounted.add(moved);
         h.counters.cached_pages = h.counters.cached_pages.wrapping_add(moved);
-        a.wake_workers_after_free(h);
+        if drained {
+            a.wake_workers_after_free(h);
+        }
     }
 
     /// Give back everything (thread exit, drain request, `drain_thread_cache`).
