@@ -86,7 +86,7 @@ use crate::buddy::Taken;
 use crate::config::Config;
 use crate::heap::{Allocator, Flags, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
-use crate::page::{Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
@@ -238,7 +238,6 @@ pub(crate) struct ThreadCache {
     accounted: Owned,
     /// Blocks per refill, per order.
     batch: [u32; MAX_ORDERS],
-    nentries: usize,
     /// Gauges of what the cache holds beyond "all pages dirty" (the common case, a block freed
     /// into the cache, touches none of them): pages zeroed, reported and lazily freed, and blocks
     /// of class `Zeroed` and `Reported` per order. Dirty pages and dirty-class blocks are derived.
@@ -332,7 +331,6 @@ impl ThreadCache {
             stacks,
             accounted: Owned::default(),
             batch,
-            nentries: total as usize,
             extra_pages: Default::default(),
             class_blocks: Default::default(),
             events: Events::default(),
@@ -347,7 +345,7 @@ impl ThreadCache {
     /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
     /// a compiler fence here, `membarrier` on the worker's side (see the top).
     #[inline(always)]
-    pub(crate) fn enter(&self) -> bool {
+    fn enter(&self) -> bool {
         self.busy.store(1, Relaxed);
         compiler_fence(Ordering::SeqCst);
         if self.frozen.load(Ordering::Acquire) != 0 {
@@ -370,20 +368,26 @@ impl ThreadCache {
 
     /// The owner is done with the cache (every write of its call is ordered before).
     #[inline(always)]
-    pub(crate) fn leave(&self) {
+    fn leave(&self) {
         compiler_fence(Ordering::SeqCst);
         self.busy.store(0, Ordering::Release);
     }
 
+    /// Entries in the arrays: the end of the last order's stack.
+    fn nentries(&self) -> usize {
+        let s = &self.stacks[self.orders - 1];
+        (s.base + s.cap) as usize
+    }
+
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut Entry {
-        debug_assert!((i as usize) < self.nentries);
+        debug_assert!((i as usize) < self.nentries());
         unsafe { self.entries.add(i as usize) }
     }
 
     #[inline(always)]
     fn mixed_at(&self, i: u32) -> *mut Mixed {
-        debug_assert!((i as usize) < self.nentries);
+        debug_assert!((i as usize) < self.nentries());
         unsafe { self.mixed.add(i as usize) }
     }
 
@@ -405,26 +409,14 @@ impl ThreadCache {
 
     #[inline(never)]
     fn gauge_mixed(&self, m: Mixed, order: usize, sign: bool) {
-        let vals = [m.zeroed as u64, m.reported as u64, m.lazy as u64];
-        let cb = match m.counts().class(1 << order) {
-            Class::Dirty => None,
-            Class::Zeroed => Some(&self.class_blocks[0][order]),
-            Class::Reported => Some(&self.class_blocks[1][order]),
-        };
-        if sign {
-            if let Some(g) = cb {
-                g.add(1);
-            }
-            for (g, v) in self.extra_pages.iter().zip(vals) {
-                g.add(v);
-            }
-        } else {
-            if let Some(g) = cb {
-                g.sub(1);
-            }
-            for (g, v) in self.extra_pages.iter().zip(vals) {
-                g.sub(v);
-            }
+        let apply = |g: &Owned, v: u64| if sign { g.add(v) } else { g.sub(v) };
+        match m.counts().class(1 << order) {
+            Class::Dirty => {}
+            Class::Zeroed => apply(&self.class_blocks[0][order], 1),
+            Class::Reported => apply(&self.class_blocks[1][order], 1),
+        }
+        for (g, v) in self.extra_pages.iter().zip([m.zeroed, m.reported, m.lazy]) {
+            apply(g, v as u64);
         }
     }
 
@@ -455,8 +447,9 @@ impl ThreadCache {
         s.ndirty.set(nd as u64 + 1);
     }
 
-    /// Push any block (refill).
-    fn push(&self, o: usize, e: Entry, m: Mixed) {
+    /// Push any block (refill), with the per-state counts of its pages.
+    fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
+        let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
         let s = &self.stacks[o];
         let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
         debug_assert!(nd + nz < s.cap);
@@ -541,18 +534,23 @@ impl ThreadCache {
         }
         let n = 1u32 << order;
         let v = a.view(e.arena());
-        let pfn = ((e.addr() - v.base()) >> PAGE_SHIFT) as u32;
-        let m = unsafe { v.meta().add(pfn as usize) };
+        let (pfn, m) = v.record(e.addr());
         let w = unsafe { HitWord::load(m) };
         if w.tag() != Tag::Cached as u8 {
             return None;
         }
         s.ndirty.set(nd as u64 - 1);
-        unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
+        self.hand_out(m, w, n);
         v.states().fill(pfn, n, PageState::Allocated);
+        Some(e.addr())
+    }
+
+    /// A block popped from the cache becomes live: its record says so, and the counters.
+    #[inline(always)]
+    fn hand_out(&self, m: *mut BlockMeta, w: HitWord, n: u32) {
+        unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
         self.pages.sub(n as u64);
         self.alloc_hits.add(1);
-        Some(e.addr())
     }
 
     /// Serve a block of `order` (`2^order` pages) from the cache, refilling it when empty, and
@@ -568,16 +566,14 @@ impl ThreadCache {
                 None => self.alloc_slow(a, order, zero)?,
             };
             let v = a.view(e.arena());
-            let pfn = ((e.addr() - v.base()) >> PAGE_SHIFT) as u32;
-            let m = unsafe { v.meta().add(pfn as usize) };
+            let (pfn, m) = v.record(e.addr());
             let w = unsafe { HitWord::load(m) };
-            self.pages.sub(n as u64);
             if w.tag() != Tag::Cached as u8 {
                 // Taken by a racing double free elsewhere: forget the entry (see the top).
+                self.pages.sub(n as u64);
                 continue;
             }
-            unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
-            self.alloc_hits.add(1);
+            self.hand_out(m, w, n);
             if flags.0 == 0 && !e.mixed() {
                 v.states().fill(pfn, n, PageState::Allocated);
                 return Some(e.addr());
@@ -604,11 +600,10 @@ impl ThreadCache {
         e.addr()
     }
 
-    /// Empty stacks: obey a drain request, refill, pop again.
+    /// Empty stacks: refill (obeying a drain request first), pop again.
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, a: &Allocator, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
-        self.obey_drain_request(a);
         self.refill(a, order, zero);
         self.pop(order as usize, zero)
     }
@@ -636,8 +631,7 @@ impl ThreadCache {
             return false;
         }
         let Some((ai, v)) = a.view_of(addr) else { return false };
-        let pfn = ((addr - v.base()) >> PAGE_SHIFT) as u32;
-        let m = unsafe { v.meta().add(pfn as usize) };
+        let (pfn, m) = v.record(addr);
         let w = unsafe { HitWord::load(m) };
         let n = w.npages();
         if w.tag() != Tag::Alloc as u8
@@ -677,16 +671,12 @@ impl ThreadCache {
     #[cold]
     #[inline(never)]
     fn make_room(&self, a: &Allocator, o: usize) {
-        let g = a.shared.hit.drain_generation.load(Relaxed);
-        if g != self.seen_generation.get() {
-            self.seen_generation.set(g);
-            self.drain_all(a);
-            return;
-        }
         let now = a.now_ms();
         let mut h = a.shared.heap.lock();
         self.fold(&mut h);
-        self.drain_to_half(&mut h, o, now);
+        if !self.obey_drain_request(a, &mut h, now) {
+            self.drain_to_half(&mut h, o, now);
+        }
         a.wake_workers_after_free(h);
     }
 
@@ -708,17 +698,21 @@ impl ThreadCache {
         }
     }
 
-    #[inline]
-    fn obey_drain_request(&self, a: &Allocator) {
+    /// Under the lock: give back everything if a drain request came since this cache last
+    /// obeyed one. `true` if one had.
+    fn obey_drain_request(&self, a: &Allocator, h: &mut Heap, now: u32) -> bool {
         let g = a.shared.hit.drain_generation.load(Relaxed);
-        if g != self.seen_generation.get() {
-            self.seen_generation.set(g);
-            self.drain_all(a);
+        if g == self.seen_generation.get() {
+            return false;
         }
+        self.seen_generation.set(g);
+        self.drain_all_locked(h, now);
+        true
     }
 
     /// Move up to a batch of blocks of `order` from the free lists into the cache, under one hold
-    /// of the lock (first draining the cache to half its high mark if the batch has no room).
+    /// of the lock (first obeying a drain request, and draining the cache to half its high mark
+    /// if the batch has no room).
     #[cold]
     fn refill(&self, a: &Allocator, order: u8, zero: bool) {
         let o = order as usize;
@@ -726,9 +720,10 @@ impl ThreadCache {
         let now = a.now_ms();
         let mut h = a.shared.heap.lock();
         self.fold(&mut h);
-        let drained = self.pages.get() + n as u64 > self.high;
-        if drained {
+        let mut drained = self.obey_drain_request(a, &mut h, now);
+        if self.pages.get() + n as u64 > self.high {
             self.drain_to_half(&mut h, o, now);
+            drained = true;
         }
         let s = &self.stacks[o];
         let room = ((self.high - self.pages.get()) >> order) as u32;
@@ -759,7 +754,7 @@ impl ThreadCache {
                                 None => ar.count_states(p, n),
                             };
                             ar.meta_mut(p).tag = Tag::Cached;
-                            self.push(o, Entry::new(ar.addr(p), ai, c != StateCounts::default()), Mixed::of(c));
+                            self.push(o, ar.addr(p), ai, c);
                         }
                         got += per_group;
                         continue;
@@ -767,8 +762,7 @@ impl ThreadCache {
                 }
                 let Some(t) = ar.take(n, order, preference(zero)) else { break };
                 ar.meta_mut(t.pfn).tag = Tag::Cached;
-                let mixed = t.counts != StateCounts::default();
-                self.push(o, Entry::new(ar.addr(t.pfn), ai, mixed), Mixed::of(t.counts));
+                self.push(o, ar.addr(t.pfn), ai, t.counts);
                 got += 1;
             }
             if got == want {
@@ -898,8 +892,9 @@ impl ThreadCache {
 impl Drop for ThreadCache {
     fn drop(&mut self) {
         unsafe {
-            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, self.nentries)));
-            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed, self.nentries)));
+            let n = self.nentries();
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, n)));
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed, n)));
         }
     }
 }

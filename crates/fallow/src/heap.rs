@@ -143,6 +143,12 @@ impl ArenaView {
     pub(crate) fn meta(&self) -> *mut BlockMeta {
         self.meta.load(Ordering::Relaxed) as *mut BlockMeta
     }
+    /// The page frame of `addr` (in this arena) and its block record.
+    #[inline(always)]
+    pub(crate) fn record(&self, addr: usize) -> (u32, *mut BlockMeta) {
+        let pfn = ((addr - self.base()) >> PAGE_SHIFT) as u32;
+        (pfn, unsafe { self.meta().add(pfn as usize) })
+    }
 }
 
 /// The fields of `Shared` that every hit of the per-thread caches reads, on a cache line that
@@ -305,6 +311,7 @@ impl Allocator {
     pub fn new(config: Config) -> Result<Allocator, Error> {
         config.validate()?;
         const EMPTY: Option<Arena> = None;
+        let cache_orders = cache::orders_served(&config);
         let shared = Shared {
             heap: Locked::new(Heap {
                 arenas: [EMPTY; MAX_ARENAS],
@@ -324,11 +331,8 @@ impl Allocator {
             hit: HitPath {
                 published: AtomicUsize::new(0),
                 cache_id: cache::new_allocator_id(),
-                cache_orders: cache::orders_served(&config),
-                cache_max_bytes: match cache::orders_served(&config) {
-                    0 => 0,
-                    n => PAGE_SIZE << (n - 1),
-                },
+                cache_orders,
+                cache_max_bytes: if cache_orders == 0 { 0 } else { PAGE_SIZE << (cache_orders - 1) },
                 drain_generation: AtomicU64::new(0),
             },
             epoch_ns: os::now_ns(),
@@ -382,17 +386,27 @@ impl Allocator {
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         // The hit path (cache.rs): a plain request for an exact power-of-two block of a cached
         // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
-        if flags.0 == 0 && size.wrapping_sub(1) < self.shared.hit.cache_max_bytes {
-            let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
-            if npages & (npages - 1) == 0 && (align <= PAGE_SIZE || (align.is_power_of_two() && align <= npages << PAGE_SHIFT)) {
-                if let Some(tc) = cache::last(self) {
-                    if let Some(Some(addr)) = tc.inside(|tc| tc.alloc_hit(self, npages.trailing_zeros() as u8)) {
-                        return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
-                    }
+        if flags.0 == 0 {
+            if let (Some(order), Some(tc)) = (self.cached_order(size, align), cache::last(self)) {
+                if let Some(Some(addr)) = tc.inside(|tc| tc.alloc_hit(self, order)) {
+                    return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
                 }
             }
         }
         self.alloc_slow(size, align, flags)
+    }
+
+    /// The order of the block the caches would serve for `size` and `align`: an exact power of
+    /// two of pages, of a cached order, aligned to its size at most.
+    #[inline(always)]
+    fn cached_order(&self, size: usize, align: usize) -> Option<u8> {
+        if size.wrapping_sub(1) >= self.shared.hit.cache_max_bytes {
+            return None;
+        }
+        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+        // A bad alignment (0, not a power of two) goes to the locked path, which reports it.
+        let aligned = align.is_power_of_two() && align <= npages << PAGE_SHIFT;
+        (npages & (npages - 1) == 0 && aligned).then_some(npages.trailing_zeros() as u8)
     }
 
     #[inline(never)]
@@ -408,14 +422,11 @@ impl Allocator {
     /// (which also reports bad requests).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
-        if size.wrapping_sub(1) >= self.shared.hit.cache_max_bytes || flags.contains(Flags::LOCK) {
+        if flags.contains(Flags::LOCK) {
             return None;
         }
-        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
-        if !npages.is_power_of_two() || !align.is_power_of_two() || align > npages << PAGE_SHIFT {
-            return None;
-        }
-        let addr = cache::current(self)?.inside(|tc| tc.alloc(self, npages.trailing_zeros() as u8, flags))??;
+        let order = self.cached_order(size, align)?;
+        let addr = cache::current(self)?.inside(|tc| tc.alloc(self, order, flags))??;
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
 

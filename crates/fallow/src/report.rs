@@ -119,18 +119,9 @@ fn run(s: &Shared) {
             }
             Next::Idle(seen_frees) => {
                 budget = PASS_BUDGET;
-                if caches_step(s, &mut asked) {
-                    continue;
+                if let Some(timeout_ns) = caches_step(s, &mut asked) {
+                    s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
                 }
-                // A free into a per-thread cache wakes nobody (the hit path stays free of that):
-                // with caches on, look again after the delay (at least 1 s) for memory they hold.
-                let t = s.heap.lock().tunables;
-                let timeout_ns = if s.hit.cache_orders > 0 && t.report {
-                    t.report_delay_ms.max(1000) as u64 * 1_000_000
-                } else {
-                    Worker::IDLE_MAX_NS
-                };
-                s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
             }
         }
     }
@@ -140,16 +131,23 @@ fn run(s: &Shared) {
 /// caches to drain (each does at its next call; cache.rs), give them the reporting delay to
 /// answer, then drain those whose threads stayed idle (`cache::drain_unanswered`). Their blocks
 /// come back to the lists dated at the request (they were idle since at least then), so they are
-/// reported at once. `true`: keep going
-/// (a nap was taken, or blocks came back); `false`: nothing to do, go idle.
-fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> bool {
+/// reported at once. `None`: keep going (a nap was taken, or blocks came back); `Some(ns)`:
+/// nothing to do, go idle for at most `ns`. A free into a per-thread cache wakes nobody (the hit
+/// path stays free of that), so with caches on the reporter looks again after the delay (at
+/// least 1 s) for memory they hold.
+fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> Option<u64> {
     let (report, delay_ms, held) = {
         let h = s.heap.lock();
         (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
     };
+    let idle_ns = if s.hit.cache_orders > 0 && report {
+        delay_ms.max(1000) as u64 * 1_000_000
+    } else {
+        Worker::IDLE_MAX_NS
+    };
     if !report {
         *asked = None;
-        return false;
+        return Some(idle_ns);
     }
     let now = s.now_ms();
     match *asked {
@@ -157,16 +155,16 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> bool {
             let g = s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
             *asked = Some((g, now));
             s.reporter.nap(delay_ms as u64 * 1_000_000);
-            true
+            None
         }
-        None => false,
+        None => Some(idle_ns),
         Some((_, at)) if now.wrapping_sub(at) < delay_ms => {
             s.reporter.nap((delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
-            true
+            None
         }
         Some((g, at)) => {
             *asked = None;
-            crate::cache::drain_unanswered(s, g, at) > 0
+            (crate::cache::drain_unanswered(s, g, at) == 0).then_some(idle_ns)
         }
     }
 }

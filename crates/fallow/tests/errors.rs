@@ -54,6 +54,8 @@ fn double_free() {
 #[test]
 fn bad_sizes_and_alignments() {
     let a = small();
+    // With this thread's cache set up and holding a 4 KiB block, so that the hit path sees them.
+    a.free(a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr()).unwrap();
     assert_eq!(a.alloc(0, 8, Flags::NONE), Err(Error::ZeroSize));
     assert!(matches!(a.alloc(4096, 3, Flags::NONE), Err(Error::BadAlignment { align: 3, .. })));
     assert!(matches!(a.alloc(4096, 0, Flags::NONE), Err(Error::BadAlignment { .. })));
