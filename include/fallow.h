@@ -100,7 +100,7 @@ int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 
 /* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
  * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),
- * "zeroing", "zero_order", "zero_chunk", "zeroed_reserve", "populated_reserve".
+ * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve".
  * Booleans are 0 or 1, sizes in bytes, orders as powers of two of 4 KiB. EINVAL, with a message
  * naming the setting and its accepted range, for an unknown name or a value out of range. */
 int fallow_set_tunable(fallow_allocator *a, const char *name, uint64_t value);

@@ -268,7 +268,7 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
 }
 
 /// The tunables of the background workers, by their C name.
-const TUNABLES: [&str; 11] = [
+const TUNABLES: [&str; 12] = [
     "report",
     "report_order",
     "report_delay_ms",
@@ -278,6 +278,7 @@ const TUNABLES: [&str; 11] = [
     "zeroing",
     "zero_order",
     "zero_chunk",
+    "zero_delay_ms",
     "zeroed_reserve",
     "populated_reserve",
 ];
@@ -313,6 +314,7 @@ fn get_field(t: &Tunables, name: &str) -> u64 {
         "zeroing" => t.zeroing as u64,
         "zero_order" => t.zero_order as u64,
         "zero_chunk" => t.zero_chunk as u64,
+        "zero_delay_ms" => t.zero_delay_ms as u64,
         "zeroed_reserve" => t.zeroed_reserve as u64,
         _ => t.populated_reserve as u64, // "populated_reserve" (names are checked before)
     }
@@ -346,6 +348,7 @@ fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> 
         "zeroing" => t.zeroing = flag(v)?,
         "zero_order" => t.zero_order = small(v)?,
         "zero_chunk" => t.zero_chunk = size(v)?,
+        "zero_delay_ms" => t.zero_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
         "zeroed_reserve" => t.zeroed_reserve = size(v)?,
         _ => t.populated_reserve = size(v)?,
     }

@@ -125,7 +125,12 @@ pub struct Tunables {
     pub zero_order: u8,
     /// Bytes zeroed per step (a power of two, 4 KiB..=1 GiB, default 2 MiB).
     pub zero_chunk: usize,
-    /// Zeroed free bytes kept beyond the measured demand (default 32 MiB).
+    /// A dirty block is zeroed only once it has been free this long (ms, default 20): a block
+    /// the program reuses sooner is still hot in its CPU cache, and zeroing it would cost the
+    /// program memory traffic and hand it a cold block (see docs/design.md, "Reuse-aware zeroing").
+    pub zero_delay_ms: u32,
+    /// Zeroed free bytes kept beyond the measured demand, once the program has asked for zeroed
+    /// memory at all (default 32 MiB).
     pub zeroed_reserve: usize,
     /// Bytes kept resident and zeroed even past the reporting delay (opt-in, default 0).
     pub populated_reserve: usize,
@@ -143,6 +148,7 @@ impl Default for Tunables {
             zeroing: true,
             zero_order: 9,
             zero_chunk: 2 << 20,
+            zero_delay_ms: 20,
             zeroed_reserve: 32 << 20,
             populated_reserve: 0,
         }
@@ -192,6 +198,9 @@ impl Tunables {
         }
         if self.zero_order > MAX_ORDER_LIMIT {
             return bad("zero_order", "must be between 0 and 30 (above max_order means max_order)");
+        }
+        if self.zero_delay_ms > 3_600_000 {
+            return bad("zero_delay_ms", "must be between 0 and 3600 s");
         }
         if !self.zero_chunk.is_power_of_two() || self.zero_chunk < 4096 || self.zero_chunk > 1 << 30 {
             return bad("zero_chunk", "must be a power of two between 4 KiB and 1 GiB (above the largest block means the largest block)");

@@ -13,7 +13,7 @@
 //! and `owns` is a lock-free range check (the preload library's ownership test).
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::arena::{Arena, States};
@@ -181,6 +181,10 @@ pub(crate) struct Shared {
     handles: AtomicUsize,
     /// pidfd of this process for `process_madvise` (-1: not opened; -2: not usable).
     pub(crate) pidfd: AtomicI32,
+    /// Set by the first `ZERO` request (never cleared): until then the zeroing worker zeroes
+    /// nothing but the populated reserve. An atomic because the per-thread caches serve `ZERO`
+    /// requests without the lock and fold their counters only at refill and drain.
+    pub(crate) zero_requested: AtomicBool,
 }
 
 impl Shared {
@@ -340,6 +344,7 @@ impl Allocator {
             zeroer: Worker::new(b"fallow-zero"),
             handles: AtomicUsize::new(1),
             pidfd: AtomicI32::new(-1),
+            zero_requested: AtomicBool::new(false),
             config,
         };
         let alloc = Allocator { shared: Arc::new(shared) };
@@ -411,6 +416,10 @@ impl Allocator {
 
     #[inline(never)]
     fn alloc_slow(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        // Relaxed: the worker only needs to see it eventually; a load first keeps the line shared.
+        if flags.contains(Flags::ZERO) && !self.shared.zero_requested.load(Ordering::Relaxed) {
+            self.shared.zero_requested.store(true, Ordering::Relaxed);
+        }
         if let Some(p) = self.alloc_cached(size, align, flags) {
             return Ok(p);
         }

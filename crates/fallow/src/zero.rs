@@ -29,6 +29,7 @@
 //!   and none waits for it while other memory is free. The lock is not held while zeroing.
 //! - The thread runs under `SCHED_IDLE`: it gets CPU time only when a CPU would be idle.
 
+use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::heap::{Shared, ZERO_SLOT};
@@ -58,7 +59,8 @@ struct Demand {
 
 enum Next {
     Again,
-    Nap,
+    /// Sleep this many ns (blocks to age, or demand to grow), unless kicked.
+    Nap(u64),
     Idle(u64),
 }
 
@@ -69,7 +71,7 @@ fn run(s: &Shared) {
     while !s.zeroer.stopping() {
         match zero_one_chunk(s, &mut d) {
             Next::Again => {}
-            Next::Nap => s.zeroer.nap(NAP_NS),
+            Next::Nap(ns) => s.zeroer.nap(ns),
             Next::Idle(seen_frees) => s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees),
         }
     }
@@ -92,32 +94,45 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     d.last_total = total;
     d.last_ns = now_ns;
     h.reclaim.zero_demand_bytes = d.bytes as u64;
-    let target = ((d.bytes as u64 + t.zeroed_reserve as u64) >> PAGE_SHIFT).max((t.populated_reserve >> PAGE_SHIFT) as u64);
     let populated_target = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    // A program that has never asked for zeroed memory gets none zeroed for it (only the opt-in
+    // populated reserve): every byte zeroed would be wasted, and would cost it memory traffic.
+    let wanted = if s.zero_requested.load(Ordering::Relaxed) {
+        (d.bytes as u64 + t.zeroed_reserve as u64) >> PAGE_SHIFT
+    } else {
+        0
+    };
+    let target = wanted.max(populated_target);
     let (_, zeroed) = h.resident_free_pages();
     let dirty_left = h.has_dirty(t.zero_order);
     if zeroed >= target {
-        return if dirty_left { Next::Nap } else { Next::Idle(seen_frees) };
+        return if dirty_left { Next::Nap(NAP_NS) } else { Next::Idle(seen_frees) };
     }
     let for_population = zeroed < populated_target;
     let chunk_order = (t.zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
 
-    // Find a dirty block: young first (most recently freed at the list heads).
+    // Find a dirty block that has stayed free for at least `zero_delay` (the program did not
+    // reuse it at once, so it is no longer hot in its CPU cache, and zeroing it takes nothing the
+    // program is about to use) and, while reporting is on, for less than `report_delay` (older
+    // blocks are the reporter's). Oldest first, from the list tails.
     let mut found = None;
+    let mut wait_ms = u32::MAX;
     'find: for ai in 0..h.narenas {
         let a = h.arena(ai);
         for order in t.zero_order..=a.max_order {
-            let mut p = a.heads[Class::Dirty as usize][order as usize];
+            let mut p = a.tails[Class::Dirty as usize][order as usize];
             let mut scanned = 0;
             while p != NIL && scanned < SCAN_LIMIT {
                 scanned += 1;
                 let m = a.meta(p);
                 let age = now_ms.saturating_sub(m.freed_at_ms);
-                if !t.report || age < t.report_delay_ms || for_population {
+                if age < t.zero_delay_ms {
+                    wait_ms = wait_ms.min(t.zero_delay_ms - age);
+                } else if !t.report || age < t.report_delay_ms || for_population {
                     found = Some((ai, p, order));
                     break 'find;
                 }
-                p = m.next;
+                p = m.prev;
             }
         }
     }
@@ -137,7 +152,14 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
         }
     }
     let Some((ai, pfn, order)) = found else {
-        return if dirty_left { Next::Nap } else { Next::Idle(seen_frees) };
+        return if wait_ms != u32::MAX {
+            // Only blocks freed too recently: look again when the oldest of them is old enough.
+            Next::Nap((wait_ms as u64 + 1) * 1_000_000)
+        } else if dirty_left {
+            Next::Nap(NAP_NS)
+        } else {
+            Next::Idle(seen_frees)
+        };
     };
 
     // ISOLATE

@@ -19,6 +19,13 @@ fn zeroing(reserve: usize) -> Tunables {
     Tunables { report: false, zeroing: true, zeroed_reserve: reserve, ..Tunables::default() }
 }
 
+/// A `ZERO` request, so that the allocator has seen demand for zeroed memory (without any, the
+/// worker zeroes nothing but the populated reserve).
+fn ask_for_zeroed_memory(a: &Allocator) {
+    let z = a.alloc(PAGE, PAGE, Flags::ZERO).unwrap();
+    a.free(z.as_ptr()).unwrap();
+}
+
 
 fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
     unsafe { std::slice::from_raw_parts(p, len) }.iter().all(|&b| b == byte)
@@ -37,6 +44,7 @@ fn bytes_in_state(a: &Allocator, lo: usize, len: usize, state: PageState) -> usi
 fn idle_dirty_memory_becomes_zeroed_and_zero_allocs_skip_the_memset() {
     let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
     assert!(a.workers_running().1);
+    ask_for_zeroed_memory(&a);
     let len = 32 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
     unsafe { core::ptr::write_bytes(p, 0xcd, len) };
@@ -77,6 +85,45 @@ fn demand_drives_the_amount_zeroed() {
 }
 
 #[test]
+fn without_any_zero_request_nothing_is_zeroed() {
+    // The default reserve, but the program only ever asks for plain memory.
+    let t = Tunables { zero_delay_ms: 0, ..zeroing(Tunables::default().zeroed_reserve) };
+    let a = Allocator::new(config(t)).unwrap();
+    let len = 32 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    unsafe { core::ptr::write_bytes(p, 1, len) };
+    a.free(p).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(a.stats().zeroed_background_bytes, 0, "zeroed for a program that never asked for zeros");
+    // The first ZERO request switches the reserve on.
+    ask_for_zeroed_memory(&a);
+    wait_for("zeroing after a ZERO request", || a.stats().zeroed_background_bytes > 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_block_freed_less_than_zero_delay_ago_is_left_alone() {
+    // A delay far longer than the test: the freed block must stay dirty (and keep its contents)
+    // however long the worker has had to look at it.
+    let t = Tunables { zero_delay_ms: 600_000, ..zeroing(64 << 20) };
+    let a = Allocator::new(config(t)).unwrap();
+    ask_for_zeroed_memory(&a);
+    let len = 8 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    unsafe { core::ptr::write_bytes(p, 0x5a, len) };
+    a.free(p).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(a.stats().zeroed_background_bytes, 0, "the worker zeroed a block freed within zero_delay");
+    assert_eq!(bytes_in_state(&a, p as usize, len, PageState::Dirty), len);
+    assert!(all_bytes(p, len, 0x5a), "the young block's contents were touched");
+    // With no delay, the same block is zeroed.
+    a.set_tunables(Tunables { zero_delay_ms: 0, ..a.tunables() }).unwrap();
+    wait_for("zeroing once the delay is gone", || bytes_in_state(&a, p as usize, len, PageState::Zeroed) == len);
+    assert!(all_bytes(p, len, 0));
+    a.check_invariants().unwrap();
+}
+
+#[test]
 fn zeroing_off_zeroes_nothing() {
     let t = Tunables { zeroing: false, ..zeroing(64 << 20) };
     let a = Allocator::new(config(t)).unwrap();
@@ -107,6 +154,7 @@ fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
         zeroing: true,
         zero_order: 0,
         zero_chunk: 64 << 10,
+        zero_delay_ms: 0,
         zeroed_reserve: 200 << 20,
         ..Tunables::default()
     };
@@ -197,8 +245,9 @@ fn populated_reserve_is_kept_resident_and_zeroed() {
 
 #[test]
 fn fork_child_takes_back_blocks_in_flight() {
-    let t = Tunables { zero_order: 0, zero_chunk: 64 << 10, ..zeroing(256 << 20) };
+    let t = Tunables { zero_order: 0, zero_chunk: 64 << 10, zero_delay_ms: 0, ..zeroing(256 << 20) };
     let a = Allocator::new(config(t)).unwrap();
+    ask_for_zeroed_memory(&a);
     let len = 128 << 20;
     for round in 0..40 {
         // Keep the worker busy: dirty memory to zero.
