@@ -29,7 +29,7 @@ for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
 done
 cargo test -q -p fallow-preload
 cargo test -q -p fallow --lib global
-cargo test -q -p fallow --test global_alloc
+cargo test -q -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release
@@ -46,6 +46,10 @@ LD_PRELOAD=$so "$out/preload_test"
 # Workers off: the test checks that recycled dirty pages are memset on the allocation path.
 FALLOW_ZEROING=off FALLOW_REPORT=off FALLOW_ARENA_SIZE=1g LD_PRELOAD=$so "$out/preload_test" calloc_recycled
 LD_PRELOAD=$so "$out/preload_test" fork_exec
+# In fresh processes: large first requests racing while the allocator is created are all
+# fallow's; under RLIMIT_AS = 4 GiB the allocator is created and a request beyond it is ENOMEM.
+LD_PRELOAD=$so "$out/preload_test" start_race
+(ulimit -v 4194304 && LD_PRELOAD=$so "$out/preload_test" rlimit)
 FALLOW_THRESHOLD=1m LD_PRELOAD=$so "$out/preload_test" threshold 1048576
 LD_PRELOAD=$so "$out/preload_test" threshold 262144
 # A bad setting: one warning naming the variable and the default, and the program runs on.

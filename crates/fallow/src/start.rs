@@ -1,0 +1,173 @@
+//! `StartGate`: the once-only creation of a process-wide allocator on first use, shared by
+//! `FallowAlloc` (`global.rs`) and the preload library.
+//!
+//! One 32-bit word, so that waiters can sleep on it with a futex:
+//! - `UNINIT` (0): nobody has started;
+//! - `tid << 2 | 1`: the thread whose kernel id is `tid` is creating the allocator;
+//! - `READY` (2) or `FAILED` (3): final.
+//!
+//! Creating an allocator allocates (its `Arc`) and may register handlers that allocate, and those
+//! requests come back to the caller's `malloc` / `GlobalAlloc`: only the creating thread's own
+//! re-entrant requests see [`Entry::Reentrant`] and go to the system allocator. Every other
+//! thread that finds the allocator being created waits (a short spin, then a futex sleep) and
+//! uses it once it is ready, so that requests racing at program start are all served by fallow.
+//! Nothing here allocates: the creator's id is in the word itself, compared with `gettid` only on
+//! this slow path.
+//!
+//! `fork` while another thread is creating: the child has the word of a creator that does not
+//! exist in it, and would wait forever. A waiter therefore checks, before each sleep, that the
+//! creator is a live thread of its own process (`tgkill(getpid(), tid, 0)`); if it is not, the
+//! creation was abandoned, and the waiter puts the word back to `UNINIT` (compare-and-swap on the
+//! exact word, so that only one thread does) and starts over: the child creates its own
+//! allocator. What the abandoned creation had reserved stays mapped, unused: address space only.
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use crate::os;
+
+const UNINIT: u32 = 0;
+const CREATING: u32 = 1;
+const READY: u32 = 2;
+const FAILED: u32 = 3;
+
+/// Spins before the first futex sleep: creation takes a few system calls, so a waiter usually
+/// sleeps; the spin only catches a creation that is about to finish.
+const SPINS: u32 = 64;
+/// A sleeping waiter wakes at least this often to check that the creator is still alive.
+const RECHECK_NS: u64 = 2_000_000;
+
+/// What a caller that found the allocator not ready does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// The allocator exists: use it.
+    Ready,
+    /// Creating it failed: use the system allocator.
+    Failed,
+    /// This caller must create it, then call [`StartGate::finish`].
+    Create,
+    /// This thread is creating it and came back here from inside the creation: use the system
+    /// allocator (waiting would wait for itself).
+    Reentrant,
+}
+
+pub struct StartGate {
+    word: AtomicU32,
+}
+
+impl StartGate {
+    pub const fn new() -> StartGate {
+        StartGate { word: AtomicU32::new(UNINIT) }
+    }
+
+    /// Whether the allocator exists (acquire: what the creator wrote before `finish` is visible).
+    #[inline]
+    pub fn is_ready(&self) -> bool {
+        self.word.load(Ordering::Acquire) == READY
+    }
+
+    /// The slow path of a request that found the allocator not ready: waits while another live
+    /// thread of this process creates it.
+    #[cold]
+    pub fn enter(&self) -> Entry {
+        let mut spins = 0;
+        loop {
+            let w = self.word.load(Ordering::Acquire);
+            match w {
+                READY => return Entry::Ready,
+                FAILED => return Entry::Failed,
+                UNINIT => {
+                    let me = os::gettid();
+                    let mine = (me as u32) << 2 | CREATING;
+                    if self.word.compare_exchange(UNINIT, mine, Ordering::Acquire, Ordering::Acquire).is_ok() {
+                        return Entry::Create;
+                    }
+                }
+                _ => {
+                    let creator = (w >> 2) as i32;
+                    if creator == os::gettid() {
+                        return Entry::Reentrant;
+                    }
+                    if spins < SPINS {
+                        spins += 1;
+                        core::hint::spin_loop();
+                        continue;
+                    }
+                    if !os::thread_alive(creator) {
+                        // Abandoned (a fork child, or the creator's thread ended): start over.
+                        let _ = self.word.compare_exchange(w, UNINIT, Ordering::AcqRel, Ordering::Relaxed);
+                        continue;
+                    }
+                    os::futex_wait(&self.word, w, Some(RECHECK_NS));
+                }
+            }
+        }
+    }
+
+    /// The creator's last step: publish the outcome and wake the waiters. Everything written
+    /// before this (the allocator itself) is visible to whoever then sees `Ready`.
+    pub fn finish(&self, ok: bool) {
+        self.word.store(if ok { READY } else { FAILED }, Ordering::Release);
+        os::futex_wake_all(&self.word);
+    }
+}
+
+impl Default for StartGate {
+    fn default() -> Self {
+        StartGate::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    #[test]
+    fn one_creator_reentry_and_waiters() {
+        let gate = Arc::new(StartGate::new());
+        let created = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (gate, created, barrier) = (gate.clone(), created.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    match gate.enter() {
+                        Entry::Create => {
+                            // The creator's own request comes back: it must not wait for itself.
+                            assert_eq!(gate.enter(), Entry::Reentrant);
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                            created.fetch_add(1, Ordering::SeqCst);
+                            gate.finish(true);
+                            true
+                        }
+                        Entry::Ready => {
+                            // A waiter returns only after the creator published.
+                            assert_eq!(created.load(Ordering::SeqCst), 1);
+                            true
+                        }
+                        _ => false,
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            assert!(h.join().unwrap());
+        }
+        assert_eq!(created.load(Ordering::SeqCst), 1);
+        assert!(gate.is_ready());
+    }
+
+    #[test]
+    fn a_creation_abandoned_by_its_thread_is_started_over() {
+        let gate = Arc::new(StartGate::new());
+        let g = gate.clone();
+        // A thread that starts creating and ends without finishing (as seen by a fork child).
+        std::thread::spawn(move || assert_eq!(g.enter(), Entry::Create)).join().unwrap();
+        assert_eq!(gate.enter(), Entry::Create);
+        gate.finish(false);
+        assert_eq!(gate.enter(), Entry::Failed);
+        assert!(!gate.is_ready());
+    }
+}
