@@ -58,6 +58,12 @@ cat "$out/warn.log"
 [[ $(grep -c 'FALLOW_THRESHOLD="lots".*default 262144' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD warning"
 [[ $(grep -c 'FALLOW_REPORT="sometimes".*default dontneed' "$out/warn.log") == 1 ]] || fail "FALLOW_REPORT warning"
 [[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
+# Values out of range: one warning each naming the value used, which applies.
+FALLOW_THRESHOLD=100 FALLOW_ARENA_SIZE=100m LD_PRELOAD=$so "$out/preload_test" threshold 4096 2> "$out/warn.log"
+cat "$out/warn.log"
+[[ $(grep -c 'FALLOW_THRESHOLD="100" is below one page.*; using 4096$' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD range warning"
+[[ $(grep -c 'FALLOW_ARENA_SIZE="100m" is below the largest block.*; using 1073741824$' "$out/warn.log") == 1 ]] || fail "FALLOW_ARENA_SIZE range warning"
+[[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
 # Ordinary programs run under the preload (no large allocation: the allocator is never created).
 LD_PRELOAD=$so ls / > /dev/null
 LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null
