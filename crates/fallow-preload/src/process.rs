@@ -8,9 +8,9 @@
 //!   parses them; afterwards it holds the threshold.
 //! - allocator: a `fallow::start::StartGate`, `UNINIT -> creating (by thread tid) -> READY |
 //!   FAILED` in one 32-bit word, entered on the first request at or above the threshold.
-//!   Creating the allocator allocates (its `Arc`, through glibc) and registers `pthread_atfork`
-//!   and `atexit` handlers, which may call `malloc`: those requests, made by the creating thread
-//!   itself, go to glibc. Any other thread that makes a large request meanwhile waits for the
+//!   Creating the allocator allocates (its `Arc`, through glibc) and may register an `atexit`
+//!   handler, which may call `malloc`: those requests, made by the creating thread itself, go to
+//!   glibc. Any other thread that makes a large request meanwhile waits for the
 //!   creation (a short spin, then a futex sleep on the word) and is served by fallow: large
 //!   requests racing at program start all get fallow memory. Requests that do go to glibc are
 //!   always handled correctly later, because ownership is decided by address
@@ -18,8 +18,10 @@
 //!
 //! A `fork` by another thread while the allocator is being created leaves the child with a
 //! creator that does not exist there: the gate sees that (the creator's tid is not a thread of
-//! the child) and the child creates its own allocator. The fork handlers are registered once per
-//! process image (`ATFORK`), whichever creation gets there, since a child inherits them.
+//! the child) and the child creates its own allocator. The fork handlers are therefore
+//! registered when the library is loaded (`.init_array`), before any thread exists, and do
+//! nothing until the allocator does: registered at creation, a `fork` between the registration
+//! and the flag that says so could leave a child with the handlers missing or twice.
 //!
 //! Fork: prepare takes the allocator lock (`before_fork`), so that no other thread is inside
 //! the allocator when the address space is copied; the parent releases it, the child resets it
@@ -52,9 +54,21 @@ static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
 
 static GATE: StartGate = StartGate::new();
 static ALLOC: Slot<Allocator> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
-/// Whether the fork and exit handlers are registered (inherited by a `fork` child, as the
-/// registrations themselves are).
-static ATFORK: AtomicBool = AtomicBool::new(false);
+/// Whether the `FALLOW_STATS` exit handler is registered (once per process image: a `fork`
+/// child inherits it).
+static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+/// Run by the dynamic loader when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
+
+extern "C" fn register_fork_handlers() {
+    // SAFETY: the handlers are `extern "C"` functions that live as long as the library (which an
+    // LD_PRELOAD library does: it is never unloaded); they only reach the allocator through
+    // `existing()`, so they do nothing before it exists.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+}
 
 /// The threshold, parsing the settings first if nobody has.
 #[inline]
@@ -134,15 +148,10 @@ fn init() -> Option<&'static Allocator> {
             // SAFETY: only the thread that got `Entry::Create` writes the slot, before the gate
             // says ready; nobody reads it until then.
             unsafe { (*ALLOC.0.get()).write(a) };
-            if !ATFORK.swap(true, Ordering::Relaxed) {
-                // SAFETY: the handlers are `extern "C"` functions that live as long as the
-                // library; they only look at the allocator through `existing()`.
-                unsafe {
-                    libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-                    if s.stats {
-                        libc::atexit(print_stats_at_exit);
-                    }
-                }
+            if s.stats && !STATS_AT_EXIT.swap(true, Ordering::Relaxed) {
+                // SAFETY: an `extern "C"` function that lives as long as the library and
+                // formats on the stack.
+                unsafe { libc::atexit(print_stats_at_exit) };
             }
             GATE.finish(true);
             existing()

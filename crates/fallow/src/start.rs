@@ -160,6 +160,40 @@ mod tests {
     }
 
     #[test]
+    fn a_fork_child_of_a_creation_in_progress_creates_its_own() {
+        let gate = Arc::new(StartGate::new());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let g = gate.clone();
+        let creator = std::thread::spawn(move || {
+            assert_eq!(g.enter(), Entry::Create);
+            started_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            g.finish(true);
+        });
+        started_rx.recv().unwrap();
+        // SAFETY: the child only calls the gate (system calls, no allocation) and `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above; a child that waits forever for the parent's creator is killed
+            // by the alarm and fails the test.
+            unsafe { libc::alarm(10) };
+            let created = gate.enter() == Entry::Create;
+            gate.finish(true);
+            let ok = created && gate.enter() == Entry::Ready;
+            // SAFETY: leaves the child without running the parent's test harness.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: `pid` is our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        go_tx.send(()).unwrap();
+        creator.join().unwrap();
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+        assert!(gate.is_ready());
+    }
+
+    #[test]
     fn a_creation_abandoned_by_its_thread_is_started_over() {
         let gate = Arc::new(StartGate::new());
         let g = gate.clone();
