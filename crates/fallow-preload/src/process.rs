@@ -136,7 +136,7 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
 fn init() -> Option<&'static Allocator> {
     match GATE.enter() {
         Entry::Ready => return existing(),
-        Entry::Failed | Entry::Reentrant => return None,
+        Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
         Entry::Create => {}
     }
     let s = settings();

@@ -90,7 +90,7 @@ impl FallowAlloc {
     fn init(&self) -> Option<&Allocator> {
         match self.gate.enter() {
             Entry::Ready => return self.allocator(),
-            Entry::Failed | Entry::Reentrant => return None,
+            Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
             Entry::Create => {}
         }
         let config = self.config.clone().unwrap_or_default();

@@ -20,6 +20,11 @@
 //! creation was abandoned, and the waiter puts the word back to `UNINIT` (compare-and-swap on the
 //! exact word, so that only one thread does) and starts over: the child creates its own
 //! allocator. What the abandoned creation had reserved stays mapped, unused: address space only.
+//!
+//! A waiter gives up after [`MAX_WAIT_NS`] and uses the system allocator for that one request
+//! ([`Entry::Stalled`]): a creation is a few system calls, so a wait that long means the creator
+//! is blocked, possibly on a lock the waiting thread holds (`pthread_create` and
+//! `dlopen` share the loader's locks, for example), and waiting on would hang the program.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -35,6 +40,8 @@ const FAILED: u32 = 3;
 const SPINS: u32 = 64;
 /// A sleeping waiter wakes at least this often to check that the creator is still alive.
 const RECHECK_NS: u64 = 2_000_000;
+/// The longest a request waits for a creation before going to the system allocator.
+pub const MAX_WAIT_NS: u64 = 1_000_000_000;
 
 /// What a caller that found the allocator not ready does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +55,9 @@ pub enum Entry {
     /// This thread is creating it and came back here from inside the creation: use the system
     /// allocator (waiting would wait for itself).
     Reentrant,
+    /// Another thread has been creating it for longer than [`MAX_WAIT_NS`]: use the system
+    /// allocator for this request.
+    Stalled,
 }
 
 pub struct StartGate {
@@ -70,6 +80,7 @@ impl StartGate {
     #[cold]
     pub fn enter(&self) -> Entry {
         let mut spins = 0;
+        let mut deadline = 0;
         loop {
             let w = self.word.load(Ordering::Acquire);
             match w {
@@ -96,6 +107,12 @@ impl StartGate {
                         // Abandoned (a fork child, or the creator's thread ended): start over.
                         let _ = self.word.compare_exchange(w, UNINIT, Ordering::AcqRel, Ordering::Relaxed);
                         continue;
+                    }
+                    let now = os::now_ns();
+                    if deadline == 0 {
+                        deadline = now + MAX_WAIT_NS;
+                    } else if now >= deadline {
+                        return Entry::Stalled;
                     }
                     os::futex_wait(&self.word, w, Some(RECHECK_NS));
                 }
@@ -191,6 +208,26 @@ mod tests {
         creator.join().unwrap();
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
         assert!(gate.is_ready());
+    }
+
+    #[test]
+    fn a_waiter_gives_up_on_a_creation_that_does_not_end() {
+        let gate = Arc::new(StartGate::new());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let g = gate.clone();
+        let creator = std::thread::spawn(move || {
+            assert_eq!(g.enter(), Entry::Create);
+            started_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            g.finish(true);
+        });
+        started_rx.recv().unwrap();
+        // The creator is alive and blocked: this thread waits, then uses the system allocator.
+        assert_eq!(gate.enter(), Entry::Stalled);
+        go_tx.send(()).unwrap();
+        creator.join().unwrap();
+        assert_eq!(gate.enter(), Entry::Ready);
     }
 
     #[test]
