@@ -29,7 +29,7 @@ for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
 done
 cargo test -q -p fallow-preload
 cargo test -q -p fallow --lib global
-cargo test -q -p fallow --test global_alloc
+cargo test -q -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release
@@ -46,6 +46,10 @@ LD_PRELOAD=$so "$out/preload_test"
 # Workers off: the test checks that recycled dirty pages are memset on the allocation path.
 FALLOW_ZEROING=off FALLOW_REPORT=off FALLOW_ARENA_SIZE=1g LD_PRELOAD=$so "$out/preload_test" calloc_recycled
 LD_PRELOAD=$so "$out/preload_test" fork_exec
+# In fresh processes: large first requests racing while the allocator is created are all
+# fallow's; under RLIMIT_AS = 4 GiB the allocator is created and a request beyond it is ENOMEM.
+LD_PRELOAD=$so "$out/preload_test" start_race
+(ulimit -v 4194304 && LD_PRELOAD=$so "$out/preload_test" rlimit)
 FALLOW_THRESHOLD=1m LD_PRELOAD=$so "$out/preload_test" threshold 1048576
 LD_PRELOAD=$so "$out/preload_test" threshold 262144
 # A bad setting: one warning naming the variable and the default, and the program runs on.
@@ -53,6 +57,12 @@ FALLOW_THRESHOLD=lots FALLOW_REPORT=sometimes LD_PRELOAD=$so "$out/preload_test"
 cat "$out/warn.log"
 [[ $(grep -c 'FALLOW_THRESHOLD="lots".*default 262144' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD warning"
 [[ $(grep -c 'FALLOW_REPORT="sometimes".*default dontneed' "$out/warn.log") == 1 ]] || fail "FALLOW_REPORT warning"
+[[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
+# Values out of range: one warning each naming the value used, which applies.
+FALLOW_THRESHOLD=100 FALLOW_ARENA_SIZE=100m LD_PRELOAD=$so "$out/preload_test" threshold 4096 2> "$out/warn.log"
+cat "$out/warn.log"
+[[ $(grep -c 'FALLOW_THRESHOLD="100" is below one page.*; using 4096$' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD range warning"
+[[ $(grep -c 'FALLOW_ARENA_SIZE="100m" is below the largest block.*; using 1073741824$' "$out/warn.log") == 1 ]] || fail "FALLOW_ARENA_SIZE range warning"
 [[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
 # Ordinary programs run under the preload (no large allocation: the allocator is never created).
 LD_PRELOAD=$so ls / > /dev/null

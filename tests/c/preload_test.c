@@ -366,6 +366,63 @@ static int test_threshold(size_t t) {
     return 0;
 }
 
+/* In a fresh process (`preload_test start_race`): 16 threads whose first requests, large, race
+ * through a barrier while nothing has created the allocator yet. The threads that find it being
+ * created wait for it, so every block is fallow's. */
+enum { RACERS = 16 };
+static pthread_barrier_t race_barrier;
+static void *racer(void *arg) {
+    pthread_barrier_wait(&race_barrier);
+    unsigned char *p = malloc(64 * MiB);
+    if (p) p[0] = 1;
+    *(void **)arg = p;
+    return NULL;
+}
+
+static int test_start_race(void) {
+    pthread_t th[RACERS];
+    void *blocks[RACERS] = {0};
+    uint64_t v[S_N];
+    CHECK(stat_of(S_LIVE) == 0 && stats_fn(v, S_N) == 0, "run in a fresh process: the allocator exists already");
+    pthread_barrier_init(&race_barrier, NULL, RACERS);
+    for (int i = 0; i < RACERS; i++) pthread_create(&th[i], NULL, racer, &blocks[i]);
+    for (int i = 0; i < RACERS; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < RACERS; i++) CHECK(blocks[i], "thread %d: malloc(64 MiB) failed", i);
+    CHECK(stat_of(S_LIVE) == RACERS, "%lu of %d racing blocks came from fallow", (unsigned long)stat_of(S_LIVE), RACERS);
+    CHECK(stat_of(S_IN_USE) == RACERS * 64 * MiB, "bytes in use %lu", (unsigned long)stat_of(S_IN_USE));
+    for (int i = 0; i < RACERS; i++) free(blocks[i]);
+    CHECK(stat_of(S_LIVE) == 0, "live blocks after freeing all: %lu", (unsigned long)stat_of(S_LIVE));
+    return 0;
+}
+
+/* Under `ulimit -v 4194304` (RLIMIT_AS 4 GiB, far below the arena the machine's RAM would ask
+ * for), in a fresh process (`preload_test rlimit`): the allocator is created and serves a large
+ * block; a request beyond the limit, and then requests until the room is used up, get NULL with
+ * errno ENOMEM (fallow refuses, then glibc refuses). */
+static int test_rlimit(void) {
+    struct rlimit r;
+    CHECK(getrlimit(RLIMIT_AS, &r) == 0 && r.rlim_cur != RLIM_INFINITY && r.rlim_cur <= 8192 * MiB,
+          "run under ulimit -v (4 GiB or less)");
+    unsigned char *p = malloc(256 * MiB);
+    CHECK(p && stat_of(S_LIVE) == 1, "256 MiB under the limit not served by fallow");
+    p[256 * MiB - 1] = 1;
+    errno = 0;
+    CHECK(malloc(r.rlim_cur) == NULL && errno == ENOMEM, "malloc of the whole limit: errno %d", errno);
+    void *held[64];
+    int n = 0;
+    for (; n < 64; n++) {
+        errno = 0;
+        if (!(held[n] = malloc(512 * MiB))) break;
+    }
+    CHECK(n < 64 && errno == ENOMEM, "512 MiB blocks until refused: %d taken, errno %d", n, errno);
+    CHECK(stat_of(S_LIVE) >= 2, "no 512 MiB block from fallow");
+    printf("  under RLIMIT_AS %lu MiB: %d blocks of 512 MiB, then NULL + ENOMEM\n", (unsigned long)(r.rlim_cur / MiB), n);
+    while (n > 0) free(held[--n]);
+    free(p);
+    CHECK(stat_of(S_LIVE) == 0, "leaked blocks");
+    return 0;
+}
+
 static int zeros_workload(void) {
     /* `np.zeros`-like: calloc, touch, free, repeatedly. */
     for (int i = 0; i < 50; i++) {
@@ -401,6 +458,16 @@ int main(int argc, char **argv) {
          * other tests leave high (free dirty pages stay resident until reported). */
         int r = test_fork_exec();
         printf("%s fork_exec\n", r ? "FAIL" : "ok");
+        return r;
+    }
+    if (argc == 2 && !strcmp(argv[1], "start_race")) {
+        int r = test_start_race();
+        printf("%s start_race\n", r ? "FAIL" : "ok");
+        return r;
+    }
+    if (argc == 2 && !strcmp(argv[1], "rlimit")) {
+        int r = test_rlimit();
+        printf("%s rlimit\n", r ? "FAIL" : "ok");
         return r;
     }
     if (argc == 3 && !strcmp(argv[1], "threshold")) {

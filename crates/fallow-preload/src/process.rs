@@ -6,12 +6,22 @@
 //!   `malloc`, so a thread that finds `PARSING` spins until `PARSED` (nanoseconds). Until the
 //!   settings are parsed `THRESHOLD` is 0, which sends every request to the slow path that
 //!   parses them; afterwards it holds the threshold.
-//! - allocator: `UNINIT -> INITIALIZING -> READY | FAILED`, entered on the first request at or
-//!   above the threshold. Creating the allocator allocates (its `Arc`, through glibc) and
-//!   registers `pthread_atfork` and `atexit` handlers, which may call `malloc`: every request
-//!   made while the state is not `READY`, by this thread or another, goes to glibc. That is
-//!   always correct because ownership is decided by address (`Allocator::owns`), never by
-//!   who was asked.
+//! - allocator: a `fallow::start::StartGate`, `UNINIT -> creating (by thread tid) -> READY |
+//!   FAILED` in one 32-bit word, entered on the first request at or above the threshold.
+//!   Creating the allocator allocates (its `Arc`, through glibc) and may register an `atexit`
+//!   handler, which may call `malloc`: those requests, made by the creating thread itself, go to
+//!   glibc. Any other thread that makes a large request meanwhile waits for the
+//!   creation (a short spin, then a futex sleep on the word) and is served by fallow: large
+//!   requests racing at program start all get fallow memory. Requests that do go to glibc are
+//!   always handled correctly later, because ownership is decided by address
+//!   (`Allocator::owns`), never by who was asked.
+//!
+//! A `fork` by another thread while the allocator is being created leaves the child with a
+//! creator that does not exist there: the gate sees that (the creator's tid is not a thread of
+//! the child) and the child creates its own allocator. The fork handlers are therefore
+//! registered when the library is loaded (`.init_array`), before any thread exists, and do
+//! nothing until the allocator does: registered at creation, a `fork` between the registration
+//! and the flag that says so could leave a child with the handlers missing or twice.
 //!
 //! Fork: prepare takes the allocator lock (`before_fork`), so that no other thread is inside
 //! the allocator when the address space is copied; the parent releases it, the child resets it
@@ -20,9 +30,10 @@
 use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use fallow::global::StackBuf;
+use fallow::start::{Entry, StartGate};
 use fallow::{Allocator, Config};
 
 use crate::env::{self, EnvSettings};
@@ -30,11 +41,6 @@ use crate::env::{self, EnvSettings};
 const UNPARSED: u8 = 0;
 const PARSING: u8 = 1;
 const PARSED: u8 = 2;
-
-const UNINIT: u8 = 0;
-const INITIALIZING: u8 = 1;
-const READY: u8 = 2;
-const FAILED: u8 = 3;
 
 struct Slot<T>(UnsafeCell<MaybeUninit<T>>);
 unsafe impl<T> Sync for Slot<T> {}
@@ -46,8 +52,23 @@ static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
 /// The largest block fallow serves (larger requests go to glibc); set with the allocator.
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
 
-static ALLOC_STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static GATE: StartGate = StartGate::new();
 static ALLOC: Slot<Allocator> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
+/// Whether the `FALLOW_STATS` exit handler is registered (once per process image: a `fork`
+/// child inherits it).
+static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+/// Run by the dynamic loader when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
+
+extern "C" fn register_fork_handlers() {
+    // SAFETY: the handlers are `extern "C"` functions that live as long as the library (which an
+    // LD_PRELOAD library does: it is never unloaded); they only reach the allocator through
+    // `existing()`, so they do nothing before it exists.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+}
 
 /// The threshold, parsing the settings first if nobody has.
 #[inline]
@@ -77,7 +98,9 @@ pub fn settings() -> &'static EnvSettings {
 /// The allocator if it exists (for ownership checks: no allocator, no pointer of ours).
 #[inline]
 pub fn existing() -> Option<&'static Allocator> {
-    if ALLOC_STATE.load(Ordering::Acquire) == READY {
+    if GATE.is_ready() {
+        // SAFETY: the gate is ready only after `init` wrote the slot, which is never written again
+        // in this process.
         Some(unsafe { (*ALLOC.0.get()).assume_init_ref() })
     } else {
         None
@@ -90,18 +113,17 @@ pub fn owner(p: *const u8) -> Option<&'static Allocator> {
     existing().filter(|a| a.owns(p))
 }
 
-/// The allocator for a request of `size` bytes aligned to `align`, creating it on first use;
-/// `None` sends the request to glibc (too small, too large, or the allocator is being created or
-/// could not be).
+/// The allocator for a request of `size` bytes aligned to `align`, creating it on first use
+/// (or waiting while another thread creates it); `None` sends the request to glibc (too small,
+/// too large, this thread is creating the allocator, or it could not be created).
 #[inline]
 pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
     if size < threshold() {
         return None;
     }
-    let a = match ALLOC_STATE.load(Ordering::Acquire) {
-        READY => unsafe { (*ALLOC.0.get()).assume_init_ref() },
-        UNINIT => init()?,
-        _ => return None,
+    let a = match existing() {
+        Some(a) => a,
+        None => init()?,
     };
     let max = MAX_BLOCK.load(Ordering::Relaxed);
     if size > max || align > max {
@@ -112,8 +134,10 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
 
 #[cold]
 fn init() -> Option<&'static Allocator> {
-    if ALLOC_STATE.compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Acquire).is_err() {
-        return existing();
+    match GATE.enter() {
+        Entry::Ready => return existing(),
+        Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
+        Entry::Create => {}
     }
     let s = settings();
     let mut config = Config::default();
@@ -121,21 +145,22 @@ fn init() -> Option<&'static Allocator> {
     match Allocator::new(config) {
         Ok(a) => {
             MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
+            // SAFETY: only the thread that got `Entry::Create` writes the slot, before the gate
+            // says ready; nobody reads it until then.
             unsafe { (*ALLOC.0.get()).write(a) };
-            unsafe {
-                libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
-                if s.stats {
-                    libc::atexit(print_stats_at_exit);
-                }
+            if s.stats && !STATS_AT_EXIT.swap(true, Ordering::Relaxed) {
+                // SAFETY: an `extern "C"` function that lives as long as the library and
+                // formats on the stack.
+                unsafe { libc::atexit(print_stats_at_exit) };
             }
-            ALLOC_STATE.store(READY, Ordering::Release);
+            GATE.finish(true);
             existing()
         }
         Err(e) => {
-            let mut b = StackBuf::<256>::new();
+            let mut b = StackBuf::<320>::new();
             let _ = writeln!(b, "fallow: cannot create the allocator ({e}); glibc serves everything");
             fallow::os::write_stderr(b.as_bytes());
-            ALLOC_STATE.store(FAILED, Ordering::Release);
+            GATE.finish(false);
             None
         }
     }

@@ -60,8 +60,77 @@ impl Listed {
 
 unsafe impl Send for Arena {}
 
+/// `x` rounded up to a multiple of `to`; saturates (a size no arena can have) instead of
+/// overflowing.
 fn round_up(x: usize, to: usize) -> usize {
-    x.div_ceil(to) * to
+    x.div_ceil(to).saturating_mul(to)
+}
+
+/// The alignment of an arena: its largest block (and at least a huge page with THP).
+fn arena_align(max_order: u8, thp: bool) -> usize {
+    (PAGE_SIZE << max_order).max(if thp { os::HUGE_PAGE_SIZE } else { PAGE_SIZE })
+}
+
+/// Address space that reserving an arena of `len` bytes (a multiple of the largest block) takes
+/// at its peak: the arena, the slack trimmed after aligning it, and its side metadata.
+pub fn footprint(len: usize, max_order: u8, thp: bool) -> usize {
+    let npages = len >> PAGE_SHIFT;
+    len.saturating_add(arena_align(max_order, thp) - PAGE_SIZE)
+        .saturating_add(round_up(npages, PAGE_SIZE))
+        .saturating_add(round_up(npages.saturating_mul(core::mem::size_of::<BlockMeta>()), PAGE_SIZE))
+}
+
+/// The address space an arena may take now: three quarters of what `RLIMIT_AS` still leaves this
+/// process; the last quarter stays for the program's own mappings (thread stacks, glibc's heaps
+/// and its directly mapped blocks, libraries). `None`: no limit. Only the address-space limit
+/// matters here: a cgroup memory limit does not refuse `MAP_NORESERVE` reservations (it counts
+/// pages when they are touched), so it does not size arenas.
+pub fn address_space_budget() -> Option<usize> {
+    os::address_space_room().map(|room| room - room / 4)
+}
+
+/// The largest block order, at most `max_order` and at least `floor`, whose one-block arena
+/// fits in the address-space budget (the configured order when there is no limit). Under a tight
+/// `RLIMIT_AS` (below about 2.7 GiB of room for the default 1 GiB blocks, which need 1 GiB of
+/// alignment slack on top of the arena) an allocator is thus created with smaller blocks rather
+/// than not at all.
+pub fn fitting_max_order(max_order: u8, floor: u8, thp: bool) -> u8 {
+    let Some(budget) = address_space_budget() else { return max_order };
+    let mut order = max_order;
+    while order > floor && footprint(PAGE_SIZE << order, order, thp) > budget {
+        order -= 1;
+    }
+    order
+}
+
+/// Reserve an arena for `want` bytes that holds at least `need`, sized to fit: first shrunk
+/// (halving, in whole largest blocks, never below what `need` takes) until its footprint fits the
+/// address-space budget, then halved again each time the kernel refuses with `ENOMEM` (the
+/// budget is an estimate: other threads map meanwhile, and `vm.overcommit_memory=2` counts even
+/// `MAP_NORESERVE` reservations). `Err((bytes last tried, errno))`.
+pub fn reserve_fitting(
+    want: usize,
+    need: usize,
+    max_order: u8,
+    backing: Backing,
+    thp: bool,
+) -> Result<Arena, (usize, i32)> {
+    let block = PAGE_SIZE << max_order;
+    let min = round_up(need.max(1), block);
+    let mut len = round_up(want.max(min), block);
+    let halve = |len: usize| round_up(len / 2, block).max(min);
+    if let Some(budget) = address_space_budget() {
+        while len > min && footprint(len, max_order, thp) > budget {
+            len = halve(len);
+        }
+    }
+    loop {
+        match Arena::reserve(len, max_order, backing, thp) {
+            Ok(a) => return Ok(a),
+            Err(libc::ENOMEM) if len > min => len = halve(len),
+            Err(e) => return Err((len, e)),
+        }
+    }
 }
 
 impl Arena {
@@ -73,7 +142,7 @@ impl Arena {
         if npages > u32::MAX as usize - 1 {
             return Err(libc::ENOMEM);
         }
-        let align = block.max(if thp { os::HUGE_PAGE_SIZE } else { PAGE_SIZE });
+        let align = arena_align(max_order, thp);
         let fd = match backing {
             Backing::Anonymous => -1,
             Backing::Memfd => os::memfd(len)?,

@@ -11,8 +11,10 @@ pub enum Error {
     BadAlignment { align: usize, max: usize },
     /// A size no arena could ever hold.
     TooLarge { size: usize },
-    /// The kernel refused more address space.
-    OutOfMemory { size: usize, errno: i32 },
+    /// No arena can hold a request of `size` bytes (0: the first arena, at creation) and the
+    /// kernel refused a new one: `tried` is the size of the last reservation asked for (0 when
+    /// none could be, all arenas being in use).
+    OutOfMemory { size: usize, tried: usize, errno: i32 },
     /// `mlock` refused (`RLIMIT_MEMLOCK`, usually); the block was given back.
     Lock { size: usize, errno: i32 },
     /// An address that fallow does not manage, or that is not the start of a live block.
@@ -49,9 +51,16 @@ impl fmt::Display for Error {
                 write!(f, "alignment {align} is not a power of two between 1 and {max}")
             }
             Error::TooLarge { size } => write!(f, "allocation of {size} bytes is too large"),
-            Error::OutOfMemory { size, errno } => {
-                write!(f, "out of memory: cannot reserve room for {size} bytes (errno {errno})")
+            Error::OutOfMemory { size: _, tried: 0, errno: _ } => {
+                write!(f, "out of memory: every arena is in use and no more can be reserved")
             }
+            Error::OutOfMemory { size: 0, tried, errno } => {
+                write!(f, "out of memory: reserving the first arena of {tried} bytes failed (errno {errno})")
+            }
+            Error::OutOfMemory { size, tried, errno } => write!(
+                f,
+                "out of memory: a request of {size} bytes needs a new arena, and reserving {tried} bytes failed (errno {errno})"
+            ),
             Error::Lock { size, errno } => write!(
                 f,
                 "mlock of {size} bytes failed (errno {errno}); raise RLIMIT_MEMLOCK (ulimit -l) or run with CAP_IPC_LOCK"

@@ -11,27 +11,25 @@
 //! - Ownership is decided by address: a pointer is fallow's iff `Allocator::owns` says so (a
 //!   lock-free range check), so `dealloc`/`realloc` never need to know who served the request,
 //!   and a request served by the system during start-up is freed by the system later.
-//! - The allocator is created lazily by the first large request. Creating it allocates from the
-//!   Rust heap (its `Arc`), which comes back here: a small state machine
-//!   `UNINIT -> INITIALIZING -> READY` (or `FAILED`) in one atomic routes every request made while
-//!   the state is not `READY` to the system, so there is no recursion and no thread ever waits.
+//! - The allocator is created lazily by the first large request, through a [`StartGate`]
+//!   (`start.rs`): `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit atomic.
+//!   Creating it allocates from the Rust heap (its `Arc`), which comes back here: the creating
+//!   thread's own requests meanwhile go to the system (no recursion); any other thread waits
+//!   for the creation and is then served by fallow, so that large requests racing at start-up
+//!   all get fallow memory. (`std::thread::current()` allocates, so the creator is known by its
+//!   kernel thread id, kept in the gate's word.)
 //! - Requests above the largest fallow block, or with an alignment above it, go to the system.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 use core::ptr;
-use core::sync::atomic::{AtomicU8, Ordering};
 use std::alloc::System;
 
 use crate::config::Config;
 use crate::heap::{Allocator, Flags};
 use crate::os::PAGE_SIZE;
-
-const UNINIT: u8 = 0;
-const INITIALIZING: u8 = 1;
-const READY: u8 = 2;
-const FAILED: u8 = 3;
+use crate::start::{Entry, StartGate};
 
 /// Default threshold: requests of at least this many bytes go to fallow (see docs/design.md,
 /// "C API and preload", for the measurement behind it).
@@ -40,7 +38,7 @@ pub const DEFAULT_THRESHOLD: usize = 256 << 10;
 /// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
 /// `System`.
 pub struct FallowAlloc {
-    state: AtomicU8,
+    gate: StartGate,
     threshold: usize,
     config: Option<Config>,
     alloc: UnsafeCell<MaybeUninit<Allocator>>,
@@ -57,7 +55,7 @@ impl FallowAlloc {
     /// Requests of at least `threshold` bytes go to fallow (at least one page).
     pub const fn with_threshold(threshold: usize) -> FallowAlloc {
         FallowAlloc {
-            state: AtomicU8::new(UNINIT),
+            gate: StartGate::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: None,
             alloc: UnsafeCell::new(MaybeUninit::uninit()),
@@ -67,7 +65,7 @@ impl FallowAlloc {
     /// A threshold and a configuration of the process-wide allocator.
     pub const fn with_config(threshold: usize, config: Config) -> FallowAlloc {
         FallowAlloc {
-            state: AtomicU8::new(UNINIT),
+            gate: StartGate::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: Some(config),
             alloc: UnsafeCell::new(MaybeUninit::uninit()),
@@ -76,33 +74,36 @@ impl FallowAlloc {
 
     /// The fallow allocator behind this adapter, once a large request has created it.
     pub fn allocator(&self) -> Option<&Allocator> {
-        if self.state.load(Ordering::Acquire) == READY {
+        if self.gate.is_ready() {
+            // SAFETY: the gate is ready only after `init` wrote the allocator, and it is never
+            // written again.
             Some(unsafe { (*self.alloc.get()).assume_init_ref() })
         } else {
             None
         }
     }
 
-    /// The allocator, creating it on first use; `None` while another call is creating it (or if
-    /// creating it failed), in which case the caller uses the system allocator.
+    /// The allocator, creating it on first use or waiting while another thread creates it;
+    /// `None` when creating it failed, or when this thread is creating it (its own requests from
+    /// inside the creation), in which case the caller uses the system allocator.
     #[cold]
     fn init(&self) -> Option<&Allocator> {
-        if self
-            .state
-            .compare_exchange(UNINIT, INITIALIZING, Ordering::Acquire, Ordering::Acquire)
-            .is_err()
-        {
-            return self.allocator();
+        match self.gate.enter() {
+            Entry::Ready => return self.allocator(),
+            Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
+            Entry::Create => {}
         }
         let config = self.config.clone().unwrap_or_default();
         match Allocator::new(config) {
             Ok(a) => {
+                // SAFETY: only the one thread that got `Entry::Create` writes the slot, before
+                // the gate says ready; nobody reads it until then.
                 unsafe { (*self.alloc.get()).write(a) };
-                self.state.store(READY, Ordering::Release);
+                self.gate.finish(true);
                 self.allocator()
             }
             Err(_) => {
-                self.state.store(FAILED, Ordering::Release);
+                self.gate.finish(false);
                 None
             }
         }
@@ -110,10 +111,11 @@ impl FallowAlloc {
 
     #[inline]
     fn get(&self) -> Option<&Allocator> {
-        match self.state.load(Ordering::Acquire) {
-            READY => Some(unsafe { (*self.alloc.get()).assume_init_ref() }),
-            UNINIT => self.init(),
-            _ => None,
+        if self.gate.is_ready() {
+            // SAFETY: as in `allocator`.
+            Some(unsafe { (*self.alloc.get()).assume_init_ref() })
+        } else {
+            self.init()
         }
     }
 

@@ -312,8 +312,13 @@ impl Heap {
 }
 
 impl Allocator {
-    pub fn new(config: Config) -> Result<Allocator, Error> {
+    /// An allocator with its first arena. Under `RLIMIT_AS` the arena is sized to fit the
+    /// address space left (`arena::reserve_fitting`), and when not even one largest block fits,
+    /// the largest block is made smaller (down to 2 MiB, order 9) rather than failing:
+    /// `config().max_order` and `max_block()` then say what was used.
+    pub fn new(mut config: Config) -> Result<Allocator, Error> {
         config.validate()?;
+        config.max_order = crate::arena::fitting_max_order(config.max_order, config.max_order.min(9), config.thp);
         const EMPTY: Option<Arena> = None;
         let cache_orders = cache::orders_served(&config);
         let shared = Shared {
@@ -711,11 +716,11 @@ impl Allocator {
         let cfg = &self.shared.config;
         let want = if cfg.arena_size == 0 { os::physical_memory() } else { cfg.arena_size };
         let need = npages << PAGE_SHIFT;
-        let arena = Arena::reserve(want.max(need), cfg.max_order, cfg.backing, cfg.thp)
-            .map_err(|errno| Error::OutOfMemory { size: need, errno })?;
+        let arena = crate::arena::reserve_fitting(want, need, cfg.max_order, cfg.backing, cfg.thp)
+            .map_err(|(tried, errno)| Error::OutOfMemory { size: need, tried, errno })?;
         let mut h = self.shared.heap.lock();
         if h.narenas == MAX_ARENAS {
-            return Err(Error::OutOfMemory { size: need, errno: libc::ENOMEM });
+            return Err(Error::OutOfMemory { size: need, tried: 0, errno: libc::ENOMEM });
         }
         let i = h.narenas;
         let v = &self.shared.views[i];

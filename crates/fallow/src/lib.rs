@@ -12,6 +12,7 @@
 //!   pre-zeroing; `nt`: zeroing with non-temporal stores;
 //! - `cache`: per-thread page caches, the lock-free fast path;
 //! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
+//! - `start`: `StartGate`, the creation of a process-wide allocator on first use;
 //! - `config`, `error`, `stats`.
 //!
 //! ```
@@ -34,6 +35,7 @@ pub mod nt;
 pub mod os;
 pub mod page;
 pub(crate) mod report;
+pub mod start;
 pub mod stats;
 pub(crate) mod worker;
 pub(crate) mod zero;

@@ -41,7 +41,10 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
         }
         return Ok(p as usize);
     }
-    let span = len.checked_add(align).ok_or(libc::ENOMEM)?;
+    // mmap returns page-aligned addresses, so `align - PAGE_SIZE` bytes of slack always hold an
+    // aligned start (none for a page alignment): less address space at the peak, which matters
+    // under `RLIMIT_AS`.
+    let span = len.checked_add(align - PAGE_SIZE).ok_or(libc::ENOMEM)?;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
     let p = unsafe {
         libc::mmap(ptr::null_mut(), span, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
@@ -167,6 +170,46 @@ pub fn physical_memory() -> usize {
     (pages as usize).saturating_mul(size as usize)
 }
 
+/// Address space this process may still map: `RLIMIT_AS` less its current size (the first field
+/// of `/proc/self/statm`, read with `open`/`read` into a stack buffer: no allocation). `None`
+/// when the limit is infinite. When the size cannot be read the whole limit is returned (the
+/// caller retries smaller reservations when the kernel refuses anyway).
+pub fn address_space_room() -> Option<usize> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0 || lim.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
+    Some(limit.saturating_sub(mapped_bytes().unwrap_or(0)))
+}
+
+/// The size of this process's address space (`/proc/self/statm`, in pages), in bytes.
+fn mapped_bytes() -> Option<usize> {
+    let mut buf = [0u8; 128];
+    // SAFETY: a NUL-terminated path; the descriptor is closed below on every path.
+    let fd = unsafe { libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `buf` is writable for its whole length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    close(fd);
+    if n <= 0 {
+        return None;
+    }
+    let mut pages: usize = 0;
+    let mut digits = 0;
+    for &c in buf[..n as usize].iter().take_while(|c| c.is_ascii_digit()) {
+        pages = pages.checked_mul(10)?.checked_add((c - b'0') as usize)?;
+        digits += 1;
+    }
+    if digits == 0 {
+        return None;
+    }
+    pages.checked_mul(PAGE_SIZE)
+}
+
 /// Monotonic time in nanoseconds.
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -216,6 +259,24 @@ pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
             i32::MAX,
         );
     }
+}
+
+/// The calling thread's kernel id (`gettid`): below 2^22 (`PID_MAX_LIMIT`), so it fits a 32-bit
+/// word with two spare bits (`start.rs`).
+pub fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Whether `tid` is a live thread of this process: `tgkill(getpid(), tid, 0)` sends no signal,
+/// only checks. A thread of another process (the parent, after `fork`) is not one.
+pub fn thread_alive(tid: i32) -> bool {
+    if tid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 is never delivered; the call only looks the thread up.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+    r == 0 || errno() != libc::ESRCH
 }
 
 /// Put the calling thread under `SCHED_IDLE`; where that is refused, at nice 19. Returns whether
