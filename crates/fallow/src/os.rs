@@ -279,16 +279,90 @@ pub fn thread_alive(tid: i32) -> bool {
     r == 0 || errno() != libc::ESRCH
 }
 
-/// Put the calling thread under `SCHED_IDLE`; where that is refused, at nice 19. Returns whether
-/// `SCHED_IDLE` took.
-pub fn set_idle_priority() -> bool {
+/// How a background worker is scheduled (`set_background_priority`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackgroundPolicy {
+    /// `SCHED_BATCH` at the process's nice value: it never preempts the program on wake-up, and
+    /// it keeps a fair share, so that when the process exits under full CPU load the kernel can
+    /// end it at once. It takes only idle CPU because the worker itself checks for an idle CPU
+    /// (`CpuLoad`) before each step.
+    Batch,
+    /// `SCHED_IDLE` (or nice 19 where refused): where the load cannot be read, the scheduler
+    /// keeps the worker off busy CPUs instead. A starved `SCHED_IDLE` thread delays the process's
+    /// exit until it runs again.
+    Idle,
+}
+
+/// Schedule the calling thread as `policy` says; returns the policy that took.
+pub fn set_background_priority(policy: BackgroundPolicy) -> BackgroundPolicy {
     let param = libc::sched_param { sched_priority: 0 };
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
-        return true;
+    // SAFETY: plain system calls on the calling thread (pid 0), with a valid parameter block.
+    unsafe {
+        if policy == BackgroundPolicy::Batch && libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0 {
+            return BackgroundPolicy::Batch;
+        }
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS, gettid() as libc::id_t, 19);
+        }
     }
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
-    false
+    BackgroundPolicy::Idle
+}
+
+/// Whether a CPU is idle right now, from the count of runnable threads in the whole system (the
+/// fourth field of `/proc/loadavg`, which counts the reader too) against the CPUs online. One
+/// `pread` of an open descriptor (a few microseconds), no allocation.
+pub struct CpuLoad {
+    fd: i32,
+    cpus: u32,
+}
+
+impl CpuLoad {
+    /// `None` where `/proc/loadavg` cannot be read (no `/proc`, a sandbox).
+    pub fn open() -> Option<CpuLoad> {
+        // SAFETY: a NUL-terminated path; the descriptor is owned by the returned value.
+        let fd = unsafe { libc::open(c"/proc/loadavg".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
+        let load = CpuLoad { fd, cpus };
+        load.runnable()?;
+        Some(load)
+    }
+
+    /// Threads runnable in the system now, the caller included.
+    fn runnable(&self) -> Option<u32> {
+        let mut buf = [0u8; 128];
+        // SAFETY: reads at most buf.len() bytes into the stack buffer.
+        let n = unsafe { libc::pread(self.fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+        if n <= 0 {
+            return None;
+        }
+        // "0.52 0.58 0.59 3/467 12345": the number before '/'.
+        let field = buf[..n as usize].split(|&b| b == b' ').nth(3)?;
+        let digits = field.split(|&b| b == b'/').next()?;
+        let mut v = 0u32;
+        for &d in digits {
+            if !d.is_ascii_digit() {
+                return None;
+            }
+            v = v.checked_mul(10)?.checked_add((d - b'0') as u32)?;
+        }
+        Some(v)
+    }
+
+    /// Whether some CPU would otherwise be idle: at most one runnable thread per CPU, counting
+    /// the caller. Unreadable counts as idle (the caller opened it successfully once).
+    pub fn cpu_idle(&self) -> bool {
+        self.runnable().is_none_or(|r| r <= self.cpus)
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        close(self.fd);
+    }
 }
 
 /// A pidfd for this process (for `process_madvise`).

@@ -84,9 +84,9 @@ pub fn dontneed_zeroes() -> bool {
 
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
-    shared.reporter.on_thread_start();
+    let mut gate = shared.reporter.on_thread_start();
     dontneed_zeroes();
-    run(&shared);
+    run(&shared, &mut gate);
     core::ptr::null_mut()
 }
 
@@ -100,11 +100,17 @@ enum Next {
     Idle(u64),
 }
 
-fn run(s: &Shared) {
+fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut budget = PASS_BUDGET;
     // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
     let mut asked: Option<(u64, u32)> = None;
     while !s.reporter.stopping() {
+        // Bounded: on a machine that is never idle, memory still goes back within about a
+        // second of its delay (a batch costs a system call, not the program's memory bandwidth).
+        let busy_naps = gate.wait(&s.reporter, 1_000_000_000);
+        if busy_naps > 0 {
+            s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
+        }
         match report_one_batch(s) {
             Next::Again => {
                 budget -= 1;

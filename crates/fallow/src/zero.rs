@@ -45,8 +45,8 @@ const NAP_NS: u64 = 1_000_000_000;
 
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
-    shared.zeroer.on_thread_start();
-    run(&shared);
+    let mut gate = shared.zeroer.on_thread_start();
+    run(&shared, &mut gate);
     core::ptr::null_mut()
 }
 
@@ -64,11 +64,16 @@ enum Next {
     Idle(u64),
 }
 
-fn run(s: &Shared) {
+fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
     // runs at idle priority).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
     while !s.zeroer.stopping() {
+        // Unbounded: zeroing ahead is worth only the idle time it uses.
+        let busy_naps = gate.wait(&s.zeroer, u64::MAX);
+        if busy_naps > 0 {
+            s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
+        }
         match zero_one_chunk(s, &mut d) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
