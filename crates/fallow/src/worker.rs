@@ -1,5 +1,5 @@
 //! Background-thread plumbing shared by the reporting worker (`report.rs`) and the zeroing worker
-//! (`zero.rs`): start a thread under `SCHED_IDLE` (nice 19 where that is refused), let it sleep
+//! (`zero.rs`): start a thread under `SCHED_BATCH` that keeps to idle CPU time (`IdleGate`), let it sleep
 //! and be woken without a heap allocation, stop it, and restart it in a `fork` child.
 //!
 //! Design. Each worker has one futex word, `Worker::word`, in one of these states:

@@ -1,20 +1,25 @@
-//! Background pre-zeroing: a thread under `SCHED_IDLE` zeroes dirty free memory a chunk at a
-//! time, as much as `ZERO` requests are likely to ask for soon, so that those requests skip the
-//! memset (seed 000, PG_zero). Also keeps the opt-in `populated_reserve` resident and zeroed.
+//! Background pre-zeroing: a thread that runs only while a CPU is idle zeroes dirty free memory a
+//! chunk at a time, as much as `ZERO` requests are likely to ask for soon, so that those requests
+//! skip the memset (seed 000, PG_zero). Also keeps the opt-in `populated_reserve` resident and
+//! zeroed.
 //!
 //! State machine of the zeroing worker (`run`):
 //!
 //! ```text
-//!   IDLE --free of a dirty block >= zero_order (futex wake)--> MEASURE
+//!   IDLE --free of a dirty block >= zero_order (futex wake)--> GATE
+//!   GATE: no CPU idle -> NAP 10 ms .. 1 s (doubling) -> GATE; else MEASURE
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
-//!            zeroed_reserve (and at least populated_reserve).
+//!            zeroed_reserve once any ZERO request was made, else 0 (and at least
+//!            populated_reserve).
 //!     zeroed free >= target        -> NAP 1 s if dirty blocks remain (demand may grow), else IDLE
-//!     a dirty block qualifies      -> ISOLATE one chunk of it (the half holding dirty pages at
+//!     a dirty block free for >= zero_delay (and < report_delay while reporting is on)
+//!                                  -> ISOLATE one chunk of it (the half holding dirty pages at
 //!                                     each split), unlock, ZERO its Dirty/LazyFree pages with
-//!                                     non-temporal stores, relock, RETURN them as Zeroed -> MEASURE
+//!                                     non-temporal stores, relock, RETURN them as Zeroed -> GATE
+//!     only dirty blocks younger than zero_delay -> NAP until the oldest is old enough -> GATE
 //!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
-//!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> MEASURE
+//!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> GATE
 //! ```
 //!
 //! Invariants:
@@ -27,7 +32,11 @@
 //!   `populated_reserve` zeroes such blocks.
 //! - The chunk being zeroed is isolated (`Tag::Isolated`, on no list): no allocation receives it
 //!   and none waits for it while other memory is free. The lock is not held while zeroing.
-//! - The thread runs under `SCHED_IDLE`: it gets CPU time only when a CPU would be idle.
+//! - A block freed less than `zero_delay` ago is never touched: a program that reuses memory at
+//!   once (free, then allocate again) keeps its block hot in its CPU cache, and neither waits for
+//!   the worker nor pays for its memory traffic (docs/design.md, "Reuse-aware zeroing").
+//! - The thread zeroes only while a CPU is idle (`worker::IdleGate`), and is scheduled so that
+//!   it never holds up the process's exit.
 
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -66,7 +75,7 @@ enum Next {
 
 fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
-    // runs at idle priority).
+    // runs only on idle CPU time).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.

@@ -137,7 +137,7 @@ fn concurrent_alloc_free_while_reporting_in_tight_loops() {
                     }
                     live.push((p, len, pat));
                     if i % 16 == 0 {
-                        // Leave idle time: the workers run under SCHED_IDLE.
+                        // Leave idle time: the workers run only while a CPU is idle.
                         std::thread::sleep(Duration::from_micros(300));
                     }
                     if live.len() > 8 || seed & 1 == 0 {
