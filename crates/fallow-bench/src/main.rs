@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Every experiment at small default sizes: one table on stdout, JSON and PNG files in --out.
+    /// Every experiment but exit at small default sizes: one table on stdout, JSON and PNG files in --out.
     Demo {
         /// Where the JSON and PNG files go.
         #[arg(long, default_value = "fallow-results")]
@@ -44,7 +44,7 @@ enum Command {
         tiny: bool,
     },
     /// One experiment.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
     Guest {
@@ -280,26 +280,13 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for e in Experiment::ALL {
+    for e in Experiment::DEMO {
         let mut o = options(e, peers.clone());
         o.threads = threads;
-        match e {
-            // The 1-thread loop at the default sweep, short measurements.
-            Experiment::Reuse => {
-                o.threads = 1;
-                o.duration_ms = 100;
-            }
-            // The default peers that the demo runs, two ways of leaving, a smaller child.
-            Experiment::Exit => {
-                let own: Vec<PeerKind> = e.default_peers().into_iter().filter(|k| peers.contains(k)).collect();
-                if !own.is_empty() {
-                    o.peers = own;
-                }
-                o.size = 64 << 20;
-                o.rounds = 2;
-                o.exits = vec![experiments::exit::Way::Return, experiments::exit::Way::Exit];
-            }
-            _ => {}
+        if e == Experiment::Reuse {
+            // The 1-thread loop over the default sweep, short measurements.
+            o.threads = 1;
+            o.duration_ms = 100;
         }
         if tiny {
             o.rounds = 1;
@@ -317,7 +304,6 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
             };
             o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
             o.duration_ms = 20;
-            o.idle_ms = if e == Experiment::Exit { 20 } else { o.idle_ms };
             o.count = match e {
                 Experiment::Scale => 500,
                 Experiment::Stream => 4,
@@ -339,13 +325,13 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         p(Experiment::Interference),
         p(Experiment::Realloc),
     );
-    let (reuse, exit) = (p(Experiment::Reuse), p(Experiment::Exit));
+    let reuse = p(Experiment::Reuse);
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
-         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; exit after {} ({}) with {} CPU hogs",
+         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -359,17 +345,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         realloc["to_human"].as_str().unwrap_or("?"),
         list(&reuse["sizes"]),
         reuse["duration_ms"],
-        exit["size_human"].as_str().unwrap_or("?"),
-        list(&exit["ways"]),
-        exit["hogs"],
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
         "pin x glibc: glibc's time over the peer's (above 1 is faster); density fit: guests that fit (of {}); \
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
-         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; exit ms: the child's exit latency \
-         (return); medians over rounds (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, exit {}).",
+         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; medians over rounds \
+         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
@@ -379,7 +362,6 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         interference["rounds"],
         realloc["rounds"],
         reuse["rounds"],
-        exit["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -390,7 +372,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { out, allocators, threads, tiny } => demo(out, allocators, threads, tiny),
-        Command::Bench(a) => bench(a),
+        Command::Bench(a) => bench(*a),
         Command::Guest { allocator, size, chunk, cgroup } => {
             experiments::density::guest_main(allocator, size, chunk, cgroup)
         }

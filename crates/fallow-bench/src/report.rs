@@ -97,7 +97,6 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
         "realloc ms",
         "reuse x glibc (1MiB calloc)",
         "reuse worst x glibc",
-        "exit ms",
         "cpu ms (pin)",
     ]
     .iter()
@@ -148,14 +147,6 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
             crate::plot::format_value(v.into_iter().fold(f64::INFINITY, f64::min))
         }
     };
-    let exit_ms = |peer: &str| -> String {
-        find(outcomes, Experiment::Exit, peer)
-            .into_iter()
-            .find(|r| r.get("way").and_then(Value::as_str) == Some("return"))
-            .and_then(|r| r.get("exit_ms"))
-            .map(cell)
-            .unwrap_or_else(|| "-".into())
-    };
     let rows: Vec<Vec<String>> = peers
         .iter()
         .map(|p| {
@@ -172,7 +163,6 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 get(Experiment::Realloc, p, "median_ms"),
                 reuse_at(p, "1MiB", "calloc"),
                 reuse_worst(p),
-                exit_ms(p),
                 get(Experiment::Pin, p, "cpu_ms"),
             ]
         })

@@ -32,8 +32,9 @@ pub enum Experiment {
 }
 
 impl Experiment {
-    /// Every experiment, in the demo's order.
-    pub const ALL: [Experiment; 8] = [
+    /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
+    /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
+    pub const DEMO: [Experiment; 7] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
@@ -41,7 +42,6 @@ impl Experiment {
         Experiment::Interference,
         Experiment::Realloc,
         Experiment::Reuse,
-        Experiment::Exit,
     ];
 
     pub fn name(self) -> &'static str {
