@@ -191,6 +191,16 @@ fn measure(kind: PeerKind, way: Way, o: &Options, exe: &std::path::Path) -> Resu
     })
 }
 
+/// A JSON number to three significant digits (exit latencies span several decades, so a ratio
+/// rounded to three decimals would read 0).
+fn significant(x: f64) -> Value {
+    if !x.is_finite() || x == 0.0 {
+        return num(x);
+    }
+    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    json!((x * scale).round() / scale)
+}
+
 pub fn run(o: &Options) -> Result<Outcome, String> {
     if o.size < PAGE {
         return Err(format!("exit needs --size of at least 4KiB (got {} bytes)", o.size));
@@ -221,7 +231,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             m.insert("way".into(), json!(way.name()));
             m.insert("hogs".into(), json!(o.hogs));
             m.insert("exit_ms".into(), num(exit_of(i)));
-            m.insert("ratio_vs_glibc".into(), glibc.map(|g| num(exit_of(g) / exit_of(i))).unwrap_or(Value::Null));
+            m.insert("ratio_vs_glibc".into(), glibc.map(|g| significant(exit_of(g) / exit_of(i))).unwrap_or(Value::Null));
             m.insert("lifetime_ms".into(), num(median(&ms.iter().map(|m| m.lifetime_ms).collect::<Vec<_>>())));
             m.extend(summary(&samples));
             m.insert("exit_ms_rounds".into(), json!(ms.iter().map(|m| num(m.exit_ms)).collect::<Vec<_>>()));
