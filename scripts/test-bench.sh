@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of the `fallow` benchmark command (crates/fallow-bench): every experiment once at a
-# tiny size, checking that the JSON record has its fields for every peer; bad arguments give a
-# clear error and a non-zero exit, never a panic; `fallow demo --tiny` writes its JSON and PNG
-# files. No timing is asserted. Run from the repository root.
+# tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it), checking that the
+# JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit,
+# never a panic; `fallow demo --tiny` writes its JSON and PNG files. No timing is asserted. Run
+# from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +22,7 @@ cargo test --release -q -p fallow-bench
 BIN=target/release/fallow
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PEERS="glibc,jemalloc,mimalloc,mmap,fallow,fallow-nozero,fallow-noreport"
+PEERS="glibc,jemalloc,mimalloc,mmap,fallow,fallow-nozero,fallow-noreport,fallow-noworkers"
 
 run() { # name, experiment, extra args...
     local name=$1 e=$2; shift 2
@@ -37,6 +38,8 @@ run scale scale --size 16KiB --threads 2 --count 200
 run stream stream --size 2MiB --count 2
 run interference interference --size 1MiB
 run realloc realloc --size 4MiB
+run reuse reuse --sizes 64KiB,1MiB --threads 2 --duration-ms 20
+run exit exit --size 8MiB --hogs 1
 
 python3 - "$OUT" "$PEERS" <<'PY'
 import json, os, sys
@@ -52,6 +55,8 @@ fields = {
     "stream": ["gib_per_s", "memset_gib_per_s"],
     "interference": ["foreground_slowdown"],
     "realloc": ["moves"],
+    "reuse": ["size", "mode", "threads", "calls_per_sec", "ratio_vs_glibc", "ratio_vs_best", "cpus_used", "calls"],
+    "exit": ["way", "hogs", "exit_ms", "lifetime_ms", "ratio_vs_glibc"],
 }
 bad = []
 for e, extra in fields.items():
@@ -76,6 +81,17 @@ for e, extra in fields.items():
         bad.append("density-rss: enforcement is not rss")
     if e == "scale" and {r["threads"] for r in d["results"]} != {1, 2}:
         bad.append("scale: threads are not 1 and 2")
+    if e == "reuse":
+        got = {(r["peer"], r["size"], r["mode"], r["threads"]) for r in d["results"]}
+        want = {(p, s, m, t) for p in peers for s in ["64KiB", "1MiB"] for m in ["malloc", "calloc"] for t in [1, 2]}
+        if got != want:
+            bad.append(f"reuse: rows are not every peer x size x mode x threads: {sorted(want - got)}")
+        if any(not r["calls"] > 0 for r in d["results"]):
+            bad.append("reuse: a measurement made no calls")
+    if e == "exit":
+        got = {(r["peer"], r["way"]) for r in d["results"]}
+        if got != {(p, w) for p in peers for w in ["return", "_exit", "signal"]}:
+            bad.append("exit: rows are not every peer x way")
     if e.startswith("density"):
         for r in d["results"]:
             if len(r["settled_rss_mib"]) != len(r["settle_ms"]) or not (0 <= r["guests_fit"] <= 2):
@@ -89,7 +105,8 @@ PY
 
 # Bad arguments: a clear error, exit status 2 (usage) or 1, no panic.
 for args in "bench nosuch" "bench pin --size 12XB" "bench pin --allocators glibc,nosuch" "bench pin --rounds 0" \
-            "bench density --size 1000" "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
+            "bench density --size 1000" "bench reuse --sizes 1MiB,4000" "bench reuse --modes memset" \
+            "bench exit --exits quit" "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
     set +e
     # shellcheck disable=SC2086
     "$BIN" $args >"$OUT/err.out" 2>"$OUT/err.txt"
@@ -103,7 +120,7 @@ done
 
 echo "test-bench: demo --tiny"
 "$BIN" demo --tiny --out "$OUT/demo" >"$OUT/demo.txt"
-for e in pin density scale stream interference realloc; do
+for e in pin density scale stream interference realloc reuse; do
     test -s "$OUT/demo/$e.json" && test -s "$OUT/demo/$e.png" || { echo "test-bench: FAILED: demo wrote no $e files"; exit 1; }
 done
 grep -q "^fallow-noreport " "$OUT/demo.txt" || { echo "test-bench: FAILED: the demo table has no fallow-noreport row"; cat "$OUT/demo.txt"; exit 1; }

@@ -27,12 +27,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Every experiment at small default sizes: one table on stdout, JSON and PNG files in --out.
+    /// Every experiment but exit at small default sizes: one table on stdout, JSON and PNG files in --out.
     Demo {
         /// Where the JSON and PNG files go.
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
-        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport, all).
+        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
+        /// fallow-noworkers, all).
         #[arg(long, default_value = "all", value_parser = parse_peers)]
         allocators: PeerList,
         /// Most threads for the scale experiment (default: the online CPUs).
@@ -43,7 +44,7 @@ enum Command {
         tiny: bool,
     },
     /// One experiment.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
     Guest {
@@ -56,6 +57,20 @@ enum Command {
         #[arg(long)]
         cgroup: Option<PathBuf>,
     },
+    /// An exit child (started by the exit experiment).
+    #[command(name = "__exit_child", hide = true)]
+    ExitChild {
+        #[arg(long, value_parser = parse_peer)]
+        allocator: PeerKind,
+        #[arg(long, value_parser = measure::parse_size)]
+        size: usize,
+        #[arg(long, value_parser = measure::parse_size)]
+        block: usize,
+        #[arg(long)]
+        idle_ms: u64,
+        #[arg(long, value_enum)]
+        way: experiments::exit::Way,
+    },
 }
 
 #[derive(clap::Args)]
@@ -63,18 +78,22 @@ struct BenchArgs {
     #[arg(value_enum)]
     experiment: Experiment,
     /// Bytes (4096, 64KiB, 512MiB, 1GiB): pin: bytes obtained; density: G per guest; scale: block;
-    /// stream: buffer; interference: churned block; realloc: final size.
+    /// stream: buffer; interference: churned block; realloc: final size; reuse: the one largest
+    /// request (instead of the sweep); exit: bytes the child touches and frees.
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
-    /// scale: most threads (1..N); default the online CPUs.
+    /// scale: most threads (1..N), default the online CPUs; reuse: the second thread count
+    /// measured beside 1 (default 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
     /// Rounds; results are medians over rounds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
-    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport, all).
-    #[arg(long, default_value = "all", value_parser = parse_peers)]
-    allocators: PeerList,
+    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
+    /// fallow-noworkers, all); default all (exit: glibc, jemalloc, mimalloc and the fallow default,
+    /// nozero and noworkers variants).
+    #[arg(long, value_parser = parse_peers)]
+    allocators: Option<PeerList>,
     /// Write the JSON record here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -82,7 +101,7 @@ struct BenchArgs {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// pin: idle gap after the free (default 1000); density: how long each guest may take to
-    /// settle (default 3000).
+    /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     idle_ms: Option<u64>,
     /// density: run the peers at once (each with its own guests and budget) instead of in turn.
@@ -110,6 +129,37 @@ struct BenchArgs {
     /// reading the guests' RSS.
     #[arg(long, value_enum, default_value = "auto")]
     enforce: experiments::Enforce,
+    /// reuse: the largest request of each size in the sweep, comma-separated (default
+    /// 256KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
+    #[arg(long, value_parser = parse_sizes)]
+    sizes: Option<SizeList>,
+    /// reuse: malloc, calloc, or both (comma-separated; default both).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    modes: Vec<experiments::reuse::Mode>,
+    /// reuse: the time of one measurement (default 300).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    duration_ms: Option<u64>,
+    /// exit: CPU-bound processes beside every measurement (default: the online CPUs; 0: none).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=256))]
+    hogs: Option<u64>,
+    /// exit: how the child leaves: return, _exit, signal (comma-separated; default all three).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    exits: Vec<experiments::exit::Way>,
+    /// exit: the child's allocation block.
+    #[arg(long, default_value = "16MiB", value_parser = measure::parse_size)]
+    block: usize,
+}
+
+/// A list of sizes as given on the command line.
+#[derive(Clone, Debug)]
+struct SizeList(Vec<usize>);
+
+fn parse_sizes(s: &str) -> Result<SizeList, String> {
+    let v: Vec<usize> = s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(measure::parse_size).collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err("the size list is empty".into());
+    }
+    Ok(SizeList(v))
 }
 
 /// A list of peers as given on the command line.
@@ -145,7 +195,7 @@ fn flatten(lists: PeerList) -> Vec<PeerKind> {
 fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
     Options {
         size: e.default_size(),
-        threads: measure::online_cpus(),
+        threads: if e == Experiment::Reuse { 2 } else { measure::online_cpus() },
         rounds: e.default_rounds(),
         peers,
         idle_ms: e.default_idle_ms(),
@@ -157,15 +207,35 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         enforce: experiments::Enforce::Auto,
         parallel: e == Experiment::Density,
         count: default_count(e),
+        sizes: Vec::new(),
+        modes: Vec::new(),
+        duration_ms: 300,
+        hogs: measure::online_cpus(),
+        exits: Vec::new(),
+        block: 16 << 20,
     }
 }
 
 fn bench(a: BenchArgs) -> Result<(), String> {
     let e = a.experiment;
-    let mut o = options(e, flatten(a.allocators));
+    let peers = a.allocators.map(flatten).unwrap_or_else(|| e.default_peers());
+    let mut o = options(e, peers);
     if let Some(s) = a.size {
         o.size = s;
+        o.sizes = vec![s];
     }
+    if let Some(s) = a.sizes {
+        o.sizes = s.0;
+    }
+    if let Some(d) = a.duration_ms {
+        o.duration_ms = d;
+    }
+    if let Some(h) = a.hogs {
+        o.hogs = h as usize;
+    }
+    o.modes = a.modes;
+    o.exits = a.exits;
+    o.block = a.block;
     if let Some(t) = a.threads {
         o.threads = t as usize;
     }
@@ -188,6 +258,9 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     let outcome = e.run(&o)?;
     println!("{}", outcome.chart.title);
     print!("{}", report::experiment_table(&outcome));
+    if let Some(line) = outcome.params.get("summary").and_then(|v| v.as_str()) {
+        println!("{line}");
+    }
     let machine = measure::machine();
     if let Some(path) = &a.json {
         report::write_json(&outcome.to_json(&machine), path)?;
@@ -207,9 +280,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
     let mut outcomes: Vec<Outcome> = Vec::new();
-    for e in Experiment::ALL {
+    for e in Experiment::DEMO {
         let mut o = options(e, peers.clone());
         o.threads = threads;
+        if e == Experiment::Reuse {
+            // The 1-thread loop over the default sweep, short measurements.
+            o.threads = 1;
+            o.duration_ms = 100;
+        }
         if tiny {
             o.rounds = 1;
             o.idle_ms = 50;
@@ -221,7 +299,11 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
                 Experiment::Stream => 4 << 20,
                 Experiment::Interference => 1 << 20,
                 Experiment::Realloc => 8 << 20,
+                Experiment::Reuse => 64 << 10,
+                Experiment::Exit => 8 << 20,
             };
+            o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
+            o.duration_ms = 20;
             o.count = match e {
                 Experiment::Scale => 500,
                 Experiment::Stream => 4,
@@ -243,9 +325,13 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         p(Experiment::Interference),
         p(Experiment::Realloc),
     );
+    let reuse = p(Experiment::Reuse);
+    let list = |v: &serde_json::Value| {
+        v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
+    };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
-         interference churn {}; realloc 1MiB..{}",
+         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -257,13 +343,16 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         stream["buffers_per_round"],
         interference["churn_human"].as_str().unwrap_or("?"),
         realloc["to_human"].as_str().unwrap_or("?"),
+        list(&reuse["sizes"]),
+        reuse["duration_ms"],
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
         "pin x glibc: glibc's time over the peer's (above 1 is faster); density fit: guests that fit (of {}); \
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
-         stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); medians over rounds \
-         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}).",
+         stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
+         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; medians over rounds \
+         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
@@ -272,6 +361,7 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         stream["rounds"],
         interference["rounds"],
         realloc["rounds"],
+        reuse["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -282,9 +372,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { out, allocators, threads, tiny } => demo(out, allocators, threads, tiny),
-        Command::Bench(a) => bench(a),
+        Command::Bench(a) => bench(*a),
         Command::Guest { allocator, size, chunk, cgroup } => {
             experiments::density::guest_main(allocator, size, chunk, cgroup)
+        }
+        Command::ExitChild { allocator, size, block, idle_ms, way } => {
+            experiments::exit::child_main(allocator, size, block, idle_ms, way)
         }
     };
     match result {

@@ -21,10 +21,11 @@ pub enum PeerKind {
     Fallow,
     FallowNozero,
     FallowNoreport,
+    FallowNoworkers,
 }
 
 impl PeerKind {
-    pub const ALL: [PeerKind; 7] = [
+    pub const ALL: [PeerKind; 8] = [
         PeerKind::Glibc,
         PeerKind::Jemalloc,
         PeerKind::Mimalloc,
@@ -32,6 +33,7 @@ impl PeerKind {
         PeerKind::Fallow,
         PeerKind::FallowNozero,
         PeerKind::FallowNoreport,
+        PeerKind::FallowNoworkers,
     ];
 
     /// The name on the command line and in tables.
@@ -44,13 +46,16 @@ impl PeerKind {
             PeerKind::Fallow => "fallow",
             PeerKind::FallowNozero => "fallow-nozero",
             PeerKind::FallowNoreport => "fallow-noreport",
+            PeerKind::FallowNoworkers => "fallow-noworkers",
         }
     }
 
     /// The JSON `allocator` field.
     pub fn allocator(self) -> &'static str {
         match self {
-            PeerKind::Fallow | PeerKind::FallowNozero | PeerKind::FallowNoreport => "fallow",
+            PeerKind::Fallow | PeerKind::FallowNozero | PeerKind::FallowNoreport | PeerKind::FallowNoworkers => {
+                "fallow"
+            }
             other => other.name(),
         }
     }
@@ -60,6 +65,7 @@ impl PeerKind {
         match self {
             PeerKind::FallowNozero => "nozero",
             PeerKind::FallowNoreport => "noreport",
+            PeerKind::FallowNoworkers => "noworkers",
             _ => "default",
         }
     }
@@ -69,6 +75,7 @@ impl PeerKind {
             PeerKind::Fallow => Some(FallowVariant::Default),
             PeerKind::FallowNozero => Some(FallowVariant::NoZero),
             PeerKind::FallowNoreport => Some(FallowVariant::NoReport),
+            PeerKind::FallowNoworkers => Some(FallowVariant::NoWorkers),
             _ => None,
         }
     }
@@ -110,15 +117,15 @@ pub enum FallowVariant {
     NoZero,
     /// Free page reporting off.
     NoReport,
+    /// Both background workers off (no pre-zeroing, no reporting): fallow's allocation paths alone.
+    NoWorkers,
 }
 
 /// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
 /// address space per arena and asks for huge pages or not.
 ///
-/// This is the one place where the variants differ. The core's `Config` has no pre-zeroing or
-/// reporting switch yet (they come with the background workers), so today the three variants get
-/// the same configuration and measure the same allocator; when those settings exist, `NoZero`
-/// turns pre-zeroing off here and `NoReport` turns reporting off here, and nothing else changes.
+/// This is the one place where the variants differ: `NoZero` turns pre-zeroing off, `NoReport`
+/// turns reporting off, `NoWorkers` turns both off (so that no background thread is started).
 pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
     let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
     let t = config.tunables;
@@ -126,6 +133,9 @@ pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fa
         FallowVariant::Default => config,
         FallowVariant::NoZero => fallow::Config { tunables: fallow::Tunables { zeroing: false, ..t }, ..config },
         FallowVariant::NoReport => fallow::Config { tunables: fallow::Tunables { report: false, ..t }, ..config },
+        FallowVariant::NoWorkers => {
+            fallow::Config { tunables: fallow::Tunables { zeroing: false, report: false, ..t }, ..config }
+        }
     }
 }
 

@@ -40,11 +40,13 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     let x_of = |v: f64| if log { v.max(10f64.powf(lo)).log10() } else { v };
     let n = bars.len().max(1) as i32;
     let unit = if log { format!("{} (log scale)", chart.unit) } else { chart.unit.clone() };
+    // Room for the longest label (about 7 pixels a character at this size).
+    let longest = bars.iter().map(|(l, _)| l.chars().count()).max().unwrap_or(0) as u32;
     let mut ctx = ChartBuilder::on(&root)
         .caption(&chart.title, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(36)
-        .y_label_area_size(170)
+        .y_label_area_size((7 * longest + 16).max(170))
         .build_cartesian_2d(lo..hi, (0..(n - 1).max(1)).into_segmented())
         .map_err(|e| err(&e))?;
     let labels: Vec<String> = bars.iter().map(|(l, _)| l.clone()).collect();
@@ -90,7 +92,11 @@ pub fn format_value(v: f64) -> String {
         format!("{v:.0}")
     } else if v >= 10.0 {
         format!("{v:.1}")
-    } else {
+    } else if v >= 0.01 || v <= 0.0 {
         format!("{v:.2}")
+    } else {
+        // Two significant digits below 0.01 (0.0038), rather than 0.00.
+        let decimals = (-v.log10()).ceil() as usize + 1;
+        format!("{v:.decimals$}")
     }
 }

@@ -95,6 +95,8 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
         "stream GiB/s",
         "interference",
         "realloc ms",
+        "reuse x glibc (1MiB calloc)",
+        "reuse worst x glibc",
         "cpu ms (pin)",
     ]
     .iter()
@@ -122,6 +124,29 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
             })
             .unwrap_or_else(|| "-".into())
     };
+    // reuse at 1 thread: one size and mode, and the lowest ratio over all of them.
+    let reuse_rows = |peer: &str| -> Vec<&Map<String, Value>> {
+        find(outcomes, Experiment::Reuse, peer)
+            .into_iter()
+            .filter(|r| r.get("threads").and_then(Value::as_u64) == Some(1))
+            .collect()
+    };
+    let reuse_at = |peer: &str, size: &str, mode: &str| -> String {
+        reuse_rows(peer)
+            .into_iter()
+            .find(|r| r.get("size").and_then(Value::as_str) == Some(size) && r.get("mode").and_then(Value::as_str) == Some(mode))
+            .and_then(|r| r.get("ratio_vs_glibc"))
+            .map(cell)
+            .unwrap_or_else(|| "-".into())
+    };
+    let reuse_worst = |peer: &str| -> String {
+        let v: Vec<f64> = reuse_rows(peer).iter().filter_map(|r| r.get("ratio_vs_glibc").and_then(Value::as_f64)).collect();
+        if v.is_empty() {
+            "-".into()
+        } else {
+            crate::plot::format_value(v.into_iter().fold(f64::INFINITY, f64::min))
+        }
+    };
     let rows: Vec<Vec<String>> = peers
         .iter()
         .map(|p| {
@@ -136,6 +161,8 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 get(Experiment::Stream, p, "gib_per_s"),
                 get(Experiment::Interference, p, "foreground_slowdown"),
                 get(Experiment::Realloc, p, "median_ms"),
+                reuse_at(p, "1MiB", "calloc"),
+                reuse_worst(p),
                 get(Experiment::Pin, p, "cpu_ms"),
             ]
         })

@@ -7,9 +7,11 @@
 //! and the median CPU time. Comparisons are only ever made between peers of the same run.
 
 pub mod density;
+pub mod exit;
 pub mod interference;
 pub mod pin;
 pub mod realloc;
+pub mod reuse;
 pub mod scale;
 pub mod stream;
 
@@ -25,16 +27,21 @@ pub enum Experiment {
     Stream,
     Interference,
     Realloc,
+    Reuse,
+    Exit,
 }
 
 impl Experiment {
-    pub const ALL: [Experiment; 6] = [
+    /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
+    /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
+    pub const DEMO: [Experiment; 7] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
         Experiment::Stream,
         Experiment::Interference,
         Experiment::Realloc,
+        Experiment::Reuse,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,11 +52,12 @@ impl Experiment {
             Experiment::Stream => "stream",
             Experiment::Interference => "interference",
             Experiment::Realloc => "realloc",
+            Experiment::Reuse => "reuse",
+            Experiment::Exit => "exit",
         }
     }
 
-    /// Default sizes: small enough that `fallow demo` runs all six in well under two minutes on
-    /// two cores.
+    /// Default sizes (reuse: what `--size` would be; its default is a sweep of sizes).
     pub fn default_size(self) -> usize {
         match self {
             Experiment::Pin => 256 << 20,
@@ -58,6 +66,24 @@ impl Experiment {
             Experiment::Stream => 32 << 20,
             Experiment::Interference => 16 << 20,
             Experiment::Realloc => 128 << 20,
+            Experiment::Reuse => 1 << 20,
+            Experiment::Exit => 256 << 20,
+        }
+    }
+
+    /// The peers when `--allocators` is not given: every one, but for exit the malloc-like
+    /// libraries and the fallow variants that differ in their background workers.
+    pub fn default_peers(self) -> Vec<PeerKind> {
+        match self {
+            Experiment::Exit => vec![
+                PeerKind::Glibc,
+                PeerKind::Jemalloc,
+                PeerKind::Mimalloc,
+                PeerKind::Fallow,
+                PeerKind::FallowNozero,
+                PeerKind::FallowNoworkers,
+            ],
+            _ => PeerKind::ALL.to_vec(),
         }
     }
 
@@ -70,10 +96,12 @@ impl Experiment {
     }
 
     /// pin: the idle gap; density: how long a guest may take to settle (longer than fallow's
-    /// default reporting delay of 2 s, so that reporting can show).
+    /// default reporting delay of 2 s, so that reporting can show); exit: the child's sleep
+    /// between freeing and leaving.
     pub fn default_idle_ms(self) -> u64 {
         match self {
             Experiment::Density => 3000,
+            Experiment::Exit => 20,
             _ => 1000,
         }
     }
@@ -86,6 +114,8 @@ impl Experiment {
             Experiment::Stream => stream::run(o),
             Experiment::Interference => interference::run(o),
             Experiment::Realloc => realloc::run(o),
+            Experiment::Reuse => reuse::run(o),
+            Experiment::Exit => exit::run(o),
         }
     }
 }
@@ -109,6 +139,16 @@ pub struct Options {
     pub parallel: bool,
     /// scale: alloc+free pairs per thread; stream: buffers per round.
     pub count: usize,
+    /// reuse: the sizes swept (empty: the default sweep), the modes (empty: both), the time of
+    /// one measurement.
+    pub sizes: Vec<usize>,
+    pub modes: Vec<reuse::Mode>,
+    pub duration_ms: u64,
+    /// exit: CPU hogs beside every measurement, the ways of leaving (empty: all), the child's
+    /// allocation block.
+    pub hogs: usize,
+    pub exits: Vec<exit::Way>,
+    pub block: usize,
 }
 
 /// density: how the budget is enforced: a memory cgroup if the machine allows it, else RSS

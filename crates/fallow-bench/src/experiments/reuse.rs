@@ -1,0 +1,296 @@
+//! reuse: the hot reuse loop of a program never tuned for fallow. Each of T threads loops
+//! `p = alloc(n)` (malloc, or calloc in the `calloc` mode), `memset(p, 7, n)`, `free(p)`, with n
+//! drawn from [size/2, size] by a per-thread xorshift generator (the same seeds for every peer),
+//! for `--duration-ms` of wall time; the figure is calls per second (all threads together).
+//!
+//! What it shows: whether fallow's background workers hurt a program that never leaves the CPU
+//! idle. Within one measurement there is no idle time at all (the loop is tight); with one thread
+//! the workers have the second core to themselves, with two they compete with the program.
+//! `fallow-noworkers` (both workers off) is fallow's allocation paths alone, so that
+//! `ratio_vs_best` (calls per second over the better of glibc and fallow-noworkers, at the same
+//! size, mode and threads) is the price, or the gain, of the workers against the best a program
+//! could otherwise have.
+//!
+//! Every measurement gets a fresh peer (a new fallow `Allocator`; the malloc-like libraries are
+//! process-wide and stay warm), built and checked untimed just before the loop and dropped after
+//! it, so that no fallow worker left from one measurement runs during the next and no peer gets
+//! idle time the others do not: between measurements there is only that setup, never a sleep.
+//! The peers of one size, mode and thread count run back to back, starting peer rotating per
+//! round. Correctness is checked untimed before and after each measurement: a zeroed block reads
+//! zero at the first and last byte of every page, the memset value persists.
+
+use std::sync::{Barrier, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::{alloc_failed, round_order, row, Chart, Experiment, Options, Outcome};
+use crate::measure::{cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
+use crate::peers::{Peer, PeerKind, Setup, PAGE};
+
+/// The default sweep: from the preload's threshold (256 KiB, below which it leaves requests to
+/// the C library) to 64 MiB.
+pub const DEFAULT_SIZES: [usize; 4] = [256 << 10, 1 << 20, 8 << 20, 64 << 20];
+
+/// The goal figure: fallow default at least this fraction of the better of glibc and
+/// fallow-noworkers, at every size.
+const GOAL: f64 = 0.97;
+
+/// How each block is obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Malloc,
+    Calloc,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Malloc => "malloc",
+            Mode::Calloc => "calloc",
+        }
+    }
+}
+
+/// One measurement's configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Config {
+    size: usize,
+    mode: Mode,
+    threads: usize,
+}
+
+/// A cheap per-thread generator (xorshift64).
+struct XorShift(u64);
+
+impl XorShift {
+    fn new(thread: usize) -> XorShift {
+        XorShift(0x9e37_79b9_7f4a_7c15 ^ ((thread as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+}
+
+/// The loop of one thread until `deadline`; the calls done, or None if an allocation failed.
+fn hot_loop(p: &Peer, c: Config, thread: usize, deadline: Instant) -> Option<u64> {
+    let mut rng = XorShift::new(thread);
+    let half = c.size / 2;
+    let zero = c.mode == Mode::Calloc;
+    let mut calls = 0u64;
+    while Instant::now() < deadline {
+        let n = half + (rng.next() % (c.size - half + 1) as u64) as usize;
+        let b = p.alloc(n, zero, false);
+        if b.is_null() {
+            return None;
+        }
+        fill(b, n, 7);
+        p.free(b, n);
+        calls += 1;
+    }
+    Some(calls)
+}
+
+/// Untimed: twice (the second time reuses what the first freed), obtain `size` bytes, check that
+/// a zeroed block reads zero at the first and last byte of every page, memset it to 7, check
+/// that the value persists, free it.
+fn check(p: &Peer, c: Config) -> Result<(), String> {
+    let zero = c.mode == Mode::Calloc;
+    let n = c.size;
+    let at = |b: *mut u8, off: usize| unsafe { core::ptr::read_volatile(b.add(off)) };
+    let edges = |off: usize| [off, (off + PAGE).min(n) - 1];
+    for _ in 0..2 {
+        let b = p.alloc(n, zero, false);
+        if b.is_null() {
+            return Err(alloc_failed(p, n));
+        }
+        let mut bad = None;
+        for page in (0..n).step_by(PAGE) {
+            for off in edges(page) {
+                if zero && bad.is_none() && at(b, off) != 0 {
+                    bad = Some(format!("{}: calloc'ed block of {n} bytes read {} at offset {off}", p.name(), at(b, off)));
+                }
+            }
+        }
+        fill(b, n, 7);
+        for page in (0..n).step_by(PAGE) {
+            for off in edges(page) {
+                if bad.is_none() && at(b, off) != 7 {
+                    bad = Some(format!("{}: the memset value did not persist at offset {off}", p.name()));
+                }
+            }
+        }
+        p.free(b, n);
+        if let Some(e) = bad {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// One measurement of `kind` in configuration `c`: (calls, wall and CPU time).
+fn measure(kind: PeerKind, c: Config, duration: Duration) -> Result<(u64, Sample), String> {
+    let peer = Peer::new(kind, Setup { working_set: c.size * c.threads * 2, thp: false })?;
+    check(&peer, c)?;
+    // The window is the main thread's: it starts before the barrier releases the loops and ends
+    // when the last has been joined, so that a loop the scheduler starts late is charged for it.
+    let barrier = Barrier::new(c.threads + 1);
+    let start: OnceLock<Instant> = OnceLock::new();
+    let (calls, sample) = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..c.threads)
+            .map(|t| {
+                let (barrier, peer, start) = (&barrier, &peer, &start);
+                sc.spawn(move || {
+                    barrier.wait();
+                    hot_loop(peer, c, t, *start.get().unwrap() + duration)
+                })
+            })
+            .collect();
+        let c0 = cpu_ms();
+        let t0 = *start.get_or_init(Instant::now);
+        barrier.wait();
+        let calls: Option<Vec<u64>> = hs.into_iter().map(|h| h.join().ok().flatten()).collect();
+        let sample = Sample { wall_ms: t0.elapsed().as_secs_f64() * 1e3, cpu_ms: cpu_ms() - c0 };
+        (calls, sample)
+    });
+    let calls = calls.ok_or_else(|| alloc_failed(&peer, c.size))?;
+    check(&peer, c)?;
+    Ok((calls.iter().sum(), sample))
+}
+
+pub fn run(o: &Options) -> Result<Outcome, String> {
+    let sizes: Vec<usize> = if o.sizes.is_empty() { DEFAULT_SIZES.to_vec() } else { o.sizes.clone() };
+    if let Some(&s) = sizes.iter().find(|&&s| s < 2 * PAGE) {
+        return Err(format!("reuse needs sizes of at least 8KiB (got {s} bytes)"));
+    }
+    let modes: Vec<Mode> = if o.modes.is_empty() { vec![Mode::Malloc, Mode::Calloc] } else { o.modes.clone() };
+    let mut thread_counts = vec![1, o.threads.max(1)];
+    thread_counts.dedup();
+    let duration = Duration::from_millis(o.duration_ms.max(1));
+    let mut configs = Vec::new();
+    for &threads in &thread_counts {
+        for &mode in &modes {
+            for &size in &sizes {
+                configs.push(Config { size, mode, threads });
+            }
+        }
+    }
+    let n = o.peers.len();
+    // Per (config, peer): each round's calls per second and sample.
+    let mut rates: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); n]; configs.len()];
+    let mut samples: Vec<Vec<Vec<Sample>>> = vec![vec![Vec::new(); n]; configs.len()];
+    let mut calls_total: Vec<Vec<u64>> = vec![vec![0; n]; configs.len()];
+    let mut bar = Progress::new("reuse", o.rounds * configs.len() * n);
+    for round in 0..o.rounds {
+        for (k, &c) in configs.iter().enumerate() {
+            for i in round_order(n, round) {
+                let (calls, s) = measure(o.peers[i], c, duration)?;
+                rates[k][i].push(calls as f64 / (s.wall_ms / 1e3));
+                samples[k][i].push(s);
+                calls_total[k][i] += calls;
+                bar.step(o.peers[i].name());
+            }
+        }
+    }
+    bar.finish();
+    let at = |kind: PeerKind| o.peers.iter().position(|&k| k == kind);
+    let (glibc, noworkers, fallow) = (at(PeerKind::Glibc), at(PeerKind::FallowNoworkers), at(PeerKind::Fallow));
+    let mut results = Vec::new();
+    let mut bars = Vec::new();
+    // The goal figure: fallow's worst ratio to the better of glibc and fallow-noworkers.
+    let mut worst: Option<(f64, Config)> = None;
+    for (k, &c) in configs.iter().enumerate() {
+        let cps = |i: usize| median(&rates[k][i]);
+        let best = [glibc, noworkers].into_iter().flatten().map(cps).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        for (i, &kind) in o.peers.iter().enumerate() {
+            let ss = &samples[k][i];
+            let mut m = Map::new();
+            m.insert("size".into(), json!(fmt_size(c.size)));
+            m.insert("mode".into(), json!(c.mode.name()));
+            m.insert("threads".into(), json!(c.threads));
+            m.insert("calls_per_sec".into(), num(cps(i).round()));
+            m.insert("ratio_vs_glibc".into(), glibc.map(|g| num(cps(i) / cps(g))).unwrap_or(Value::Null));
+            m.insert("ratio_vs_best".into(), best.map(|b| num(cps(i) / b)).unwrap_or(Value::Null));
+            m.insert("us_per_call".into(), num(1e6 * c.threads as f64 / cps(i)));
+            let cpus: Vec<f64> = ss.iter().map(|s| s.cpu_ms / s.wall_ms).collect();
+            m.insert("cpus_used".into(), num(median(&cpus)));
+            m.extend(summary(ss));
+            m.insert("calls".into(), json!(calls_total[k][i]));
+            m.insert("size_bytes".into(), json!(c.size));
+            results.push(row(kind, m));
+            if Some(i) == fallow {
+                if let Some(b) = best {
+                    let r = cps(i) / b;
+                    if worst.is_none_or(|(w, _)| r < w) {
+                        worst = Some((r, c));
+                    }
+                }
+            }
+            let value = glibc.map(|g| cps(i) / cps(g)).unwrap_or(cps(i));
+            bars.push((format!("{} {} {} x{}", kind.name(), fmt_size(c.size), c.mode.name(), c.threads), value));
+        }
+    }
+    let summary_line = match worst {
+        Some((r, c)) => format!(
+            "goal: fallow >= {GOAL}x the better of glibc and fallow-noworkers at every size: worst {r:.3}x at {} {} x{} ({})",
+            fmt_size(c.size),
+            c.mode.name(),
+            c.threads,
+            if r >= GOAL { "met" } else { "not met" }
+        ),
+        None => "goal: not computed (needs fallow and glibc or fallow-noworkers)".into(),
+    };
+    let (unit, what) = if glibc.is_some() { ("x glibc", "calls per second over glibc's") } else { ("calls/s", "calls per second") };
+    Ok(Outcome {
+        experiment: Experiment::Reuse,
+        params: json!({
+            "sizes": sizes.iter().map(|&s| fmt_size(s)).collect::<Vec<_>>(),
+            "modes": modes.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            "threads": thread_counts, "duration_ms": duration.as_millis() as u64, "rounds": o.rounds,
+            "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
+            "goal": GOAL, "fallow_worst_ratio_vs_best": worst.map(|w| num(w.0)).unwrap_or(Value::Null),
+            "summary": summary_line,
+            "note": "n uniform in [size/2, size]; calls_per_sec: all threads; ratio_vs_best: over the better of glibc and \
+                     fallow-noworkers at the same size, mode and threads; median_ms/min_ms/max_ms: the measurement's wall time; \
+                     cpu_ms: the process's CPU time over it (background workers included); cpus_used: cpu over wall",
+        }),
+        results,
+        chart: Chart {
+            title: format!("reuse: alloc, memset, free in a tight loop, {what} (higher is better)"),
+            unit: unit.into(),
+            bars,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_peer_passes_the_check_and_loops() {
+        for kind in PeerKind::ALL {
+            for mode in [Mode::Malloc, Mode::Calloc] {
+                let c = Config { size: 64 << 10, mode, threads: 2 };
+                let (calls, _) = measure(kind, c, Duration::from_millis(5)).unwrap();
+                assert!(calls > 0, "{}", kind.name());
+            }
+        }
+    }
+
+    #[test]
+    fn the_generator_stays_in_range() {
+        let mut r = XorShift::new(0);
+        let (size, half) = (1000usize, 500usize);
+        for _ in 0..10_000 {
+            let n = half + (r.next() % (size - half + 1) as u64) as usize;
+            assert!((half..=size).contains(&n));
+        }
+    }
+}
