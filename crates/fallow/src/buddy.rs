@@ -187,7 +187,27 @@ impl Arena {
     /// in the classes in the given order and, within a class, from the smallest order up. The
     /// unused rest of the block goes back on the lists at once.
     pub fn take(&mut self, npages: u32, order: u8, prefs: [Class; 3]) -> Option<Taken> {
+        self.take_preferring_hot(npages, order, prefs, None)
+    }
+
+    /// `take`, except that when `hot_since` is given (a `ZERO` request small enough to be served
+    /// better from the CPU cache: see `Heap::take`), the most recently freed dirty block that
+    /// fits is taken first if it was freed at or after `hot_since` (ms): a block the program has
+    /// just freed is still in its CPU cache, and a memset there plus the program's own writes
+    /// cost less than writing a zeroed block that the worker's non-temporal stores left in DRAM.
+    pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: [Class; 3], hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
+        if let Some(since) = hot_since {
+            let mask = self.nonempty[Class::Dirty as usize] & (!0u64 << order);
+            if mask != 0 {
+                let found = mask.trailing_zeros() as u8;
+                let pfn = self.heads[Class::Dirty as usize][found as usize];
+                if self.meta(pfn).freed_at_ms >= since {
+                    // Split as a plain request would: keep the dirty (hot) halves.
+                    return Some(self.carve(pfn, order, npages, false));
+                }
+            }
+        }
         for class in prefs {
             let mask = self.nonempty[class as usize] & (!0u64 << order);
             if mask == 0 {

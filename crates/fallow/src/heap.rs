@@ -104,6 +104,9 @@ pub(crate) struct Heap {
     pub inflight: [Inflight; INFLIGHT],
     /// The per-thread caches of this allocator (`cache.rs`).
     pub caches: Registry,
+    /// Largest `ZERO` request, in pages, that prefers a hot dirty block to a zeroed one
+    /// (`os::hot_zero_max_bytes`: a quarter of the last-level cache).
+    pub hot_zero_max_pages: u32,
 }
 
 /// One isolated block.
@@ -240,11 +243,16 @@ pub(crate) struct Placed {
 }
 
 impl Heap {
-    fn take(&mut self, npages: u32, order: u8, zero: bool) -> Option<Placed> {
+    fn take(&mut self, npages: u32, order: u8, zero: bool, now_ms: u32) -> Option<Placed> {
+        // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
+        // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
+        // zeroing": up to 8 MiB here the hot block with a memset was 1.2-1.6x faster).
+        let hot_since = (zero && npages <= self.hot_zero_max_pages && self.tunables.zeroing)
+            .then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
         for ai in 0..self.narenas {
             let a = self.arenas[ai].as_mut().unwrap();
             let got = if order <= a.max_order {
-                a.take(npages, order, preference(zero))
+                a.take_preferring_hot(npages, order, preference(zero), hot_since)
             } else {
                 a.take_run(npages)
             };
@@ -330,6 +338,7 @@ impl Allocator {
                 reclaim: ReclaimCounters::default(),
                 inflight: [Inflight::default(); INFLIGHT],
                 caches: Registry::new(),
+                hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
             }),
             views: core::array::from_fn(|_| ArenaView {
                 base: AtomicUsize::new(0),
@@ -448,10 +457,11 @@ impl Allocator {
     fn alloc_locked(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
+        let now = self.now_ms();
         let mut waits = 0u32;
         let placed = loop {
             let mut h = self.shared.heap.lock();
-            if let Some(p) = h.take(npages, order, zero) {
+            if let Some(p) = h.take(npages, order, zero, now) {
                 break p;
             }
             let isolated = h.counters.isolated_pages;

@@ -123,6 +123,39 @@ fn a_block_freed_less_than_zero_delay_ago_is_left_alone() {
     a.check_invariants().unwrap();
 }
 
+/// A `ZERO` request small enough for the CPU cache takes the dirty block the program has just
+/// freed (hot) over a block the worker zeroed earlier (cold); a larger one takes the zeroed block.
+fn zero_request_takes(len: usize) -> (bool, bool) {
+    let t = Tunables { zero_delay_ms: 0, zero_order: 0, ..zeroing(256 << 20) };
+    let a = Allocator::new(Config { arena_size: 512 << 20, max_order: 16, tunables: t, ..Config::default() }).unwrap();
+    ask_for_zeroed_memory(&a);
+    let hot = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    let cold = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    unsafe { core::ptr::write_bytes(cold, 0x11, len) };
+    a.free(cold).unwrap();
+    wait_for("the cold block zeroed", || bytes_in_state(&a, cold as usize, len, PageState::Zeroed) == len);
+    // From now on a block counts as hot for ten minutes, and the worker leaves it alone.
+    a.set_tunables(Tunables { zero_delay_ms: 600_000, ..a.tunables() }).unwrap();
+    unsafe { core::ptr::write_bytes(hot, 0x22, len) };
+    a.free(hot).unwrap();
+    let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+    assert!(all_bytes(q, len, 0), "a ZERO block is not zero");
+    a.free(q).unwrap();
+    a.check_invariants().unwrap();
+    (q == hot, q == cold)
+}
+
+#[test]
+fn a_small_zero_request_takes_the_hot_dirty_block() {
+    assert_eq!(zero_request_takes(1 << 20), (true, false), "1 MiB ZERO request did not take the just-freed block");
+}
+
+#[test]
+fn a_large_zero_request_takes_the_zeroed_block() {
+    // Above a quarter of any last-level cache the rule allows (at most 16 MiB).
+    assert_eq!(zero_request_takes(64 << 20), (false, true), "64 MiB ZERO request did not take the zeroed block");
+}
+
 #[test]
 fn zeroing_off_zeroes_nothing() {
     let t = Tunables { zeroing: false, ..zeroing(64 << 20) };
@@ -173,6 +206,8 @@ fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
                         if (s.zeroed_background_bytes > 0 && s.report_batches > 0) || t0.elapsed() > Duration::from_secs(180) {
                             break;
                         }
+                        // The workers step only while a CPU is idle: leave one idle now and then.
+                        std::thread::sleep(Duration::from_millis(5));
                     }
                     seed ^= seed << 13;
                     seed ^= seed >> 7;

@@ -28,9 +28,10 @@ use super::{alloc_failed, round_order, row, Chart, Experiment, Options, Outcome}
 use crate::measure::{cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
 use crate::peers::{Peer, PeerKind, Setup, PAGE};
 
-/// The default sweep: from the preload's threshold (256 KiB, below which it leaves requests to
-/// the C library) to 64 MiB.
-pub const DEFAULT_SIZES: [usize; 4] = [256 << 10, 1 << 20, 8 << 20, 64 << 20];
+/// The default sweep: from the preload's threshold to 64 MiB. The smallest size draws n from
+/// [256 KiB, 512 KiB], so that every request is one the preload sends to fallow (below its
+/// threshold of 256 KiB it leaves requests to the C library). Smaller sizes can be asked for.
+pub const DEFAULT_SIZES: [usize; 4] = [512 << 10, 1 << 20, 8 << 20, 64 << 20];
 
 /// The goal figure: fallow default at least this fraction of the better of glibc and
 /// fallow-noworkers, at every size.
