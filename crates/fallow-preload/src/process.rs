@@ -23,9 +23,11 @@
 //! nothing until the allocator does: registered at creation, a `fork` between the registration
 //! and the flag that says so could leave a child with the handlers missing or twice.
 //!
-//! Fork: prepare takes the allocator lock (`before_fork`), so that no other thread is inside
-//! the allocator when the address space is copied; the parent releases it, the child resets it
-//! and restarts the background workers (`after_fork_child`).
+//! Fork: prepare takes the fork guard, then the allocator lock if the allocator exists
+//! (`before_fork`), so that no other thread is inside the allocator when the address space is
+//! copied; the parent releases it, the child resets it and restarts the background workers
+//! (`after_fork_child`). The creating thread publishes the allocator under the same guard, so
+//! the allocator's existence cannot change between prepare and the handlers after the fork.
 
 use core::cell::UnsafeCell;
 use core::fmt::Write;
@@ -33,6 +35,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
 use fallow::global::StackBuf;
+use fallow::lock::RawLock;
 use fallow::start::{Entry, StartGate};
 use fallow::{Allocator, Config};
 
@@ -153,7 +156,12 @@ fn init() -> Option<&'static Allocator> {
                 // formats on the stack.
                 unsafe { libc::atexit(print_stats_at_exit) };
             }
+            // Published under the fork guard: a `fork` either sees no allocator in all three
+            // of its handlers or the allocator in all three.
+            FORK_GUARD.lock();
             GATE.finish(true);
+            // SAFETY: taken just above by this thread.
+            unsafe { FORK_GUARD.unlock() };
             existing()
         }
         Err(e) => {
@@ -166,22 +174,42 @@ fn init() -> Option<&'static Allocator> {
     }
 }
 
+/// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread
+/// while it publishes the allocator (`GATE.finish`): so the allocator cannot become ready between
+/// `fork_prepare`, which locks it only if it exists, and the handlers after the fork, which must
+/// release (or reset) exactly what prepare took.
+static FORK_GUARD: RawLock = RawLock::new();
+/// Whether this fork's `fork_prepare` took the allocator lock (written and read under
+/// `FORK_GUARD`, which orders it).
+static FORK_LOCKED_HEAP: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn fork_prepare() {
-    if let Some(a) = existing() {
+    FORK_GUARD.lock();
+    let a = existing();
+    if let Some(a) = a {
         a.before_fork();
     }
+    FORK_LOCKED_HEAP.store(a.is_some(), Ordering::Relaxed);
 }
 
 extern "C" fn fork_parent() {
-    if let Some(a) = existing() {
-        a.after_fork_parent();
+    if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
+        if let Some(a) = existing() {
+            a.after_fork_parent();
+        }
     }
+    // SAFETY: `fork_prepare` took the guard in this thread, and this is its parent-side end.
+    unsafe { FORK_GUARD.unlock() };
 }
 
 extern "C" fn fork_child() {
-    if let Some(a) = existing() {
-        a.after_fork_child();
+    if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
+        if let Some(a) = existing() {
+            a.after_fork_child();
+        }
     }
+    // SAFETY: the child has one thread, this one, which took the guard in `fork_prepare`.
+    unsafe { FORK_GUARD.reset_after_fork() };
 }
 
 /// `FALLOW_STATS=1`: the statistics on stderr at exit, formatted on the stack.

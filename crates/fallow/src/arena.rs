@@ -119,7 +119,9 @@ pub fn reserve_fitting(
     let min = round_up(need.max(1), block);
     let mut len = round_up(want.max(min), block);
     let halve = |len: usize| round_up(len / 2, block).max(min);
-    if let Some(budget) = address_space_budget() {
+    // An arena is sized to half the room (the block size may use three quarters of it): the
+    // program keeps at least half for its own mappings, and later arenas are added on demand.
+    if let Some(budget) = os::address_space_room().map(|room| room / 2) {
         while len > min && footprint(len, max_order, thp) > budget {
             len = halve(len);
         }

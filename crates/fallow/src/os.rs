@@ -323,24 +323,36 @@ pub fn set_background_priority(policy: BackgroundPolicy) -> BackgroundPolicy {
 }
 
 /// Whether a CPU is idle right now, from the count of runnable threads in the whole system (the
-/// fourth field of `/proc/loadavg`, which counts the reader too) against the CPUs online. One
-/// `pread` of an open descriptor (a few microseconds), no allocation.
+/// fourth field of `/proc/loadavg`, which counts the reader too) against the CPUs online: an
+/// `open`, `pread` and `close` (a few microseconds; no descriptor is kept, so none leaks into a
+/// `fork` child or is reused under a program that closes descriptors), no allocation.
+///
+/// The count is the host's, so it is a sound signal only where this process may use every CPU
+/// online: `open` refuses (and the worker falls back to `SCHED_IDLE`) when the affinity mask
+/// holds fewer CPUs, or when a CPU quota is set on the cgroup seen at `/sys/fs/cgroup` (v2
+/// `cpu.max`, v1 `cpu/cpu.cfs_quota_us`; a quota on a parent cgroup outside the process's view
+/// is not seen).
 pub struct CpuLoad {
-    fd: i32,
     cpus: u32,
 }
 
 impl CpuLoad {
-    /// `None` where `/proc/loadavg` cannot be read (no `/proc`, a sandbox).
+    /// `None` where the signal cannot be read or would not mean "a CPU of ours is idle".
     pub fn open() -> Option<CpuLoad> {
-        // SAFETY: a NUL-terminated path; the descriptor is owned by the returned value.
-        let fd = unsafe { libc::open(c"/proc/loadavg".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        if fd < 0 {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
+        // SAFETY: `set` is a plain bitmask the kernel fills; CPU_COUNT only reads it.
+        let allowed = unsafe {
+            let mut set: libc::cpu_set_t = core::mem::zeroed();
+            if libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return None;
+            }
+            libc::CPU_COUNT(&set) as u32
+        };
+        if allowed < online || cpu_quota_set() {
             return None;
         }
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
-        let load = CpuLoad { fd, cpus };
+        let load = CpuLoad { cpus: online };
         load.runnable()?;
         Some(load)
     }
@@ -348,22 +360,10 @@ impl CpuLoad {
     /// Threads runnable in the system now, the caller included.
     fn runnable(&self) -> Option<u32> {
         let mut buf = [0u8; 128];
-        // SAFETY: reads at most buf.len() bytes into the stack buffer.
-        let n = unsafe { libc::pread(self.fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-        if n <= 0 {
-            return None;
-        }
+        let n = read_small_file(c"/proc/loadavg", &mut buf)?;
         // "0.52 0.58 0.59 3/467 12345": the number before '/'.
-        let field = buf[..n as usize].split(|&b| b == b' ').nth(3)?;
-        let digits = field.split(|&b| b == b'/').next()?;
-        let mut v = 0u32;
-        for &d in digits {
-            if !d.is_ascii_digit() {
-                return None;
-            }
-            v = v.checked_mul(10)?.checked_add((d - b'0') as u32)?;
-        }
-        Some(v)
+        let field = buf[..n].split(|&b| b == b' ').nth(3)?;
+        parse_u32(field.split(|&b| b == b'/').next()?)
     }
 
     /// Whether some CPU would otherwise be idle: at most one runnable thread per CPU, counting
@@ -373,11 +373,46 @@ impl CpuLoad {
     }
 }
 
-impl Drop for CpuLoad {
-    fn drop(&mut self) {
-        close(self.fd);
+/// Whether the cgroup at `/sys/fs/cgroup` limits CPU time (v2 `cpu.max` not "max ...", v1
+/// `cpu.cfs_quota_us` not -1).
+fn cpu_quota_set() -> bool {
+    let mut buf = [0u8; 64];
+    if let Some(n) = read_small_file(c"/sys/fs/cgroup/cpu.max", &mut buf) {
+        return !buf[..n].starts_with(b"max");
     }
+    if let Some(n) = read_small_file(c"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", &mut buf) {
+        return !buf[..n].starts_with(b"-1");
+    }
+    false
 }
+
+/// Read up to `buf.len()` bytes of a small file into `buf` (no allocation); the length read.
+fn read_small_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: reads at most buf.len() bytes into `buf`.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+    close(fd);
+    (n > 0).then_some(n as usize)
+}
+
+fn parse_u32(digits: &[u8]) -> Option<u32> {
+    if digits.is_empty() {
+        return None;
+    }
+    let mut v = 0u32;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((d - b'0') as u32)?;
+    }
+    Some(v)
+}
+
 
 /// A pidfd for this process (for `process_madvise`).
 pub fn pidfd_self() -> OsResult<i32> {

@@ -105,11 +105,14 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
     let mut asked: Option<(u64, u32)> = None;
     while !s.reporter.stopping() {
-        // Bounded: on a machine that is never idle, memory still goes back within about a
-        // second of its delay (a batch costs a system call, not the program's memory bandwidth).
-        let busy_naps = gate.wait(&s.reporter, 1_000_000_000);
-        if busy_naps > 0 {
-            s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
+        // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
+        // memory still goes back, a pass at most a second after its delay (a batch costs system
+        // calls, not the program's memory bandwidth).
+        if budget == PASS_BUDGET {
+            let busy_naps = gate.wait(&s.reporter, 1_000_000_000);
+            if busy_naps > 0 {
+                s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
+            }
         }
         match report_one_batch(s) {
             Next::Again => {

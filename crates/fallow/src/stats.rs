@@ -68,8 +68,10 @@ pub struct Stats {
     pub zeroing_wasted_bytes: u64,
     /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
     pub zero_demand_bytes: u64,
-    /// Naps the workers took because no CPU was idle (each 10 ms to 1 s; see `worker::IdleGate`).
+    /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see `worker::IdleGate`).
     pub busy_cpu_naps: u64,
+    /// Times the zeroing worker looked for work under the lock (its MEASURE step).
+    pub zero_scans: u64,
 }
 
 /// Counters of the workers, kept under the allocator lock (part of `Heap`).
@@ -86,6 +88,7 @@ pub(crate) struct ReclaimCounters {
     pub populated_bytes: u64,
     pub zero_demand_bytes: u64,
     pub busy_cpu_naps: u64,
+    pub zero_scans: u64,
 }
 
 impl ReclaimCounters {
@@ -100,6 +103,7 @@ impl ReclaimCounters {
         s.populated_bytes = self.populated_bytes;
         s.zero_demand_bytes = self.zero_demand_bytes;
         s.busy_cpu_naps = self.busy_cpu_naps;
+        s.zero_scans = self.zero_scans;
     }
 }
 
@@ -174,7 +178,7 @@ impl std::fmt::Display for Stats {
             b(self.zeroing_wasted_bytes),
             b(self.zero_demand_bytes)
         )?;
-        writeln!(f, "workers:       {} naps for want of an idle CPU", self.busy_cpu_naps)?;
+        writeln!(f, "workers:       {} naps for want of an idle CPU, {} zeroing scans", self.busy_cpu_naps, self.zero_scans)?;
         writeln!(
             f,
             "thread caches: {:>10.1} MiB cached, {} hits, {} refills, {} drains, {} idle caches drained",

@@ -145,14 +145,11 @@ impl Worker {
 
     /// `nap`, telling whether it ended by a kick (tunables changed, stop) rather than the time.
     pub fn nap_unless_kicked(&self, ns: u64) -> bool {
-        let kicked = if self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+        if self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
             os::futex_wait(&self.word, NAPPING, Some(ns));
-            self.word.load(Ordering::SeqCst) == KICKED
-        } else {
-            true
-        };
-        self.word.store(RUNNING, Ordering::SeqCst);
-        kicked
+        }
+        // One swap: a kick that lands after the wait is seen here, never overwritten.
+        self.word.swap(RUNNING, Ordering::SeqCst) == KICKED
     }
 
     /// Sleep until woken or `timeout_ns` has passed, unless `has_work` (checked after announcing
@@ -202,7 +199,7 @@ impl Worker {
 /// 0.3-2.5 s under two CPU hogs on two cores, against under 5 ms for a `SCHED_BATCH` thread
 /// (docs/design.md, "Exit under load"). Instead of the scheduler, the worker itself then keeps
 /// off busy CPUs: before each step (one chunk zeroed, one batch reported) it checks that a CPU is
-/// idle, and while none is it naps, 10 ms at first, doubling up to 1 s. What it can take from a
+/// idle, and while none is it naps, 10 ms at first, doubling up to 100 ms. What it can take from a
 /// busy program is therefore one step's work when the load rises in the middle of a step.
 /// Where the load cannot be read, the worker falls back to `SCHED_IDLE`.
 pub struct IdleGate {
@@ -212,7 +209,7 @@ pub struct IdleGate {
 
 impl IdleGate {
     const MIN_BACKOFF_NS: u64 = 10_000_000;
-    const MAX_BACKOFF_NS: u64 = 1_000_000_000;
+    const MAX_BACKOFF_NS: u64 = 100_000_000;
 
     /// Return once a CPU is idle (at once under `SCHED_IDLE`, where the scheduler sees to it),
     /// the worker is stopping or kicked, or `max_wait_ns` have passed waiting (the reporter's

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //!   IDLE --free of a dirty block >= zero_order (futex wake)--> GATE
-//!   GATE: no CPU idle -> NAP 10 ms .. 1 s (doubling) -> GATE; else MEASURE
+//!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
 //!            zeroed_reserve once any ZERO request was made, else 0 (and at least
@@ -108,6 +108,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     d.last_total = total;
     d.last_ns = now_ns;
     h.reclaim.zero_demand_bytes = d.bytes as u64;
+    h.reclaim.zero_scans += 1;
     let populated_target = (t.populated_reserve >> PAGE_SHIFT) as u64;
     // A program that has never asked for zeroed memory gets none zeroed for it (only the opt-in
     // populated reserve): every byte zeroed would be wasted, and would cost it memory traffic.
@@ -120,6 +121,8 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     let (_, zeroed) = h.resident_free_pages();
     let dirty_left = h.has_dirty(t.zero_order);
     if zeroed >= target {
+        // Nap (a free does not wake a napping worker) rather than go idle while dirty blocks
+        // remain: idle, every free in a program's hot loop would wake it again.
         return if dirty_left { Next::Nap(NAP_NS) } else { Next::Idle(seen_frees) };
     }
     let for_population = zeroed < populated_target;
@@ -142,7 +145,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
                 let age = now_ms.saturating_sub(m.freed_at_ms);
                 if age < t.zero_delay_ms {
                     wait_ms = wait_ms.min(t.zero_delay_ms - age);
-                } else if !t.report || age < t.report_delay_ms || for_population {
+                } else if !t.report || order < t.report_order || age < t.report_delay_ms || for_population {
                     found = Some((ai, p, order));
                     break 'find;
                 }
