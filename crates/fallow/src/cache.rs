@@ -78,7 +78,7 @@
 use core::cell::Cell;
 use core::num::NonZeroUsize;
 use core::ptr;
-use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
+use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use crate::buddy::preference;
@@ -232,6 +232,8 @@ pub(crate) struct ThreadCache {
     /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
     seen_generation: Owned,
     orders: usize,
+    /// Pages of the largest cached block (`1 << (orders - 1)`).
+    max_pages: u32,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
     /// `pages` as of the last fold, refill or drain (changed under the lock only).
@@ -328,6 +330,7 @@ impl ThreadCache {
             frozen: AtomicU32::new(0),
             seen_generation: Owned(AtomicU64::new(a.shared.hit.drain_generation.load(Relaxed))),
             orders,
+            max_pages: 1 << (orders - 1),
             stacks,
             accounted: Owned::default(),
             batch,
@@ -345,7 +348,7 @@ impl ThreadCache {
     /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
     /// a compiler fence here, `membarrier` on the worker's side (see the top).
     #[inline(always)]
-    fn enter(&self) -> bool {
+    pub(crate) fn enter(&self) -> bool {
         self.busy.store(1, Relaxed);
         compiler_fence(Ordering::SeqCst);
         if self.frozen.load(Ordering::Acquire) != 0 {
@@ -368,7 +371,7 @@ impl ThreadCache {
 
     /// The owner is done with the cache (every write of its call is ordered before).
     #[inline(always)]
-    fn leave(&self) {
+    pub(crate) fn leave(&self) {
         compiler_fence(Ordering::SeqCst);
         self.busy.store(0, Ordering::Release);
     }
@@ -518,36 +521,43 @@ impl ThreadCache {
 
     /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
     /// `order`, when there is one, all of its pages `Dirty` and still `Cached`. No call, no lock,
-    /// no read-modify-write; `None` (nothing changed): take `alloc`.
+    /// no read-modify-write; `None` (nothing changed): take `alloc`. Returns the block and its
+    /// first state byte: the caller marks its pages `Allocated` (`arena::fill_block`) after
+    /// `leave`, since the block is then live and off the cache, its state bytes its owner's as
+    /// those of any live block, and the worker's drain touches only blocks in the entries.
     #[inline(always)]
-    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<usize> {
+    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<(usize, *const AtomicU8)> {
         let o = order as usize;
         debug_assert!(o < self.orders);
+        // SAFETY: `order` is a cached order (`cached_order` checked it against
+        // `cache_max_bytes`), below `self.orders`, the length of the stacks in use.
         let s = unsafe { self.stacks.get_unchecked(o) };
         let nd = s.ndirty.get() as u32;
         if nd == 0 {
             return None;
         }
+        // SAFETY: `nd - 1` is below the dirty stack's size, so the index is in the arrays.
         let e = unsafe { *self.entry(s.base + nd - 1) };
         if e.mixed() {
             return None;
         }
-        let n = 1u32 << order;
         let v = a.view(e.arena());
-        let (pfn, m) = v.record(e.addr());
+        let m = v.meta_of(e.addr());
+        // SAFETY: an entry's block lies in the arena of its entry (invariant 1), so `m` is a
+        // record of that live arena.
         let w = unsafe { HitWord::load(m) };
         if w.tag() != Tag::Cached as u8 {
             return None;
         }
         s.ndirty.set(nd as u64 - 1);
-        self.hand_out(m, w, n);
-        v.states().fill(pfn, n, PageState::Allocated);
-        Some(e.addr())
+        self.hand_out(m, w, 1 << order);
+        Some((e.addr(), v.state_of(e.addr())))
     }
 
     /// A block popped from the cache becomes live: its record says so, and the counters.
     #[inline(always)]
     fn hand_out(&self, m: *mut BlockMeta, w: HitWord, n: u32) {
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
         unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
         self.pages.sub(n as u64);
         self.alloc_hits.add(1);
@@ -631,14 +641,20 @@ impl ThreadCache {
             return false;
         }
         let Some((ai, v)) = a.view_of(addr) else { return false };
-        let (pfn, m) = v.record(addr);
+        let m = v.meta_of(addr);
+        // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
         let w = unsafe { HitWord::load(m) };
+        // The page frame's low bits: the arena is aligned to its largest block, which is at
+        // least as large as any live block of it.
+        let page = (addr >> PAGE_SHIFT) as u32;
         let n = w.npages();
+        // A power of two of pages (`n & (n - 1)`) no larger than the largest cached block (0
+        // wraps to above it), starting on a multiple of its size.
         if w.tag() != Tag::Alloc as u8
             || w.flags() & META_LOCKED != 0
-            || !n.is_power_of_two()
-            || n.trailing_zeros() as usize >= self.orders
-            || pfn & (n - 1) != 0
+            || n & n.wrapping_sub(1) != 0
+            || n.wrapping_sub(1) >= self.max_pages
+            || page & (n - 1) != 0
         {
             return false;
         }
@@ -658,7 +674,10 @@ impl ThreadCache {
             }
             self.make_room(a, o);
         }
-        v.states().fill(pfn, n, PageState::Dirty);
+        // SAFETY: the block at `addr` is a live block of `n` pages (a power of two) starting on
+        // a multiple of `n` (checked above) in arena `ai`.
+        unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
+        // SAFETY: `m` is the block's record (above).
         unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
         self.push_dirty(o, Entry::new(addr, ai, false));
         self.pages.add(n as u64);
