@@ -640,7 +640,10 @@ impl ThreadCache {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
             return false;
         }
-        let Some((ai, v)) = a.view_of(addr) else { return false };
+        // The hit path looks in the first arena only, which holds most blocks (its default size
+        // is the physical memory); `free` looks in all.
+        let found = if MAY_DRAIN { a.view_of(addr) } else { a.first_view_of(addr).map(|v| (0, v)) };
+        let Some((ai, v)) = found else { return false };
         let m = v.meta_of(addr);
         // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
         let w = unsafe { HitWord::load(m) };
@@ -674,14 +677,16 @@ impl ThreadCache {
             }
             self.make_room(a, o);
         }
-        // SAFETY: the block at `addr` is a live block of `n` pages (a power of two) starting on
-        // a multiple of `n` (checked above) in arena `ai`.
-        unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         // SAFETY: `m` is the block's record (above).
         unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
         self.push_dirty(o, Entry::new(addr, ai, false));
         self.pages.add(n as u64);
         self.free_hits.add(1);
+        // The pages last, still before `leave` (the worker may drain the block once the owner
+        // is out): for blocks of several pages it is a call, and little is live across it.
+        // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
+        // multiple of `n` (checked above) in arena `ai`.
+        unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         true
     }
 

@@ -799,11 +799,17 @@ impl Allocator {
     /// any handle exists, so every thread that holds one sees its view.
     #[inline(always)]
     pub(crate) fn view_of(&self, addr: usize) -> Option<(usize, &ArenaView)> {
-        let v = &self.shared.views[0];
-        if addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed) {
+        if let Some(v) = self.first_view_of(addr) {
             return Some((0, v));
         }
         self.view_of_others(addr)
+    }
+
+    /// The first arena's view if it holds `addr` (see `view_of`).
+    #[inline(always)]
+    pub(crate) fn first_view_of(&self, addr: usize) -> Option<&ArenaView> {
+        let v = &self.shared.views[0];
+        (addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed)).then_some(v)
     }
 
     /// `view_of` for the arenas after the first.
