@@ -86,7 +86,7 @@ use crate::buddy::Taken;
 use crate::config::Config;
 use crate::heap::{Allocator, Flags, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
@@ -196,12 +196,21 @@ struct Stack {
     /// `base + cap - 1`).
     ndirty: Owned,
     nzero: Owned,
+    /// `base + cap - nzero`: the dirty stack is full when its next index reaches it (one compare
+    /// on the free hit path). Set with `nzero`, by `set_nzero`.
+    dirty_end: Owned,
 }
 
 impl Stack {
     #[inline(always)]
     fn len(&self) -> u32 {
         (self.ndirty.get() + self.nzero.get()) as u32
+    }
+
+    #[inline(always)]
+    fn set_nzero(&self, nz: u32) {
+        self.nzero.set(nz as u64);
+        self.dirty_end.set((self.base + self.cap - nz) as u64);
     }
 }
 
@@ -314,6 +323,7 @@ impl ThreadCache {
             let cap = (cfg.cache_high_pages >> o).min(STACK_MAX);
             stacks[o].base = total;
             stacks[o].cap = cap;
+            stacks[o].set_nzero(0);
             batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
             total += cap;
         }
@@ -458,7 +468,7 @@ impl ThreadCache {
         debug_assert!(nd + nz < s.cap);
         if e.mixed() && m.counts().needs_zeroing(1 << o) == 0 {
             self.write(s.base + s.cap - 1 - nz, e, m);
-            s.nzero.set(nz as u64 + 1);
+            s.set_nzero(nz + 1);
         } else {
             self.write(s.base + nd, e, m);
             s.ndirty.set(nd as u64 + 1);
@@ -490,7 +500,7 @@ impl ThreadCache {
         if nz == 0 {
             return None;
         }
-        s.nzero.set(nz as u64 - 1);
+        s.set_nzero(nz - 1);
         let (e, m) = self.read(s.base + s.cap - nz);
         self.gauge_mixed(m, o, false);
         Some((e, m))
@@ -650,15 +660,14 @@ impl ThreadCache {
         // The page frame's low bits: the arena is aligned to its largest block, which is at
         // least as large as any live block of it.
         let page = (addr >> PAGE_SHIFT) as u32;
+        if !w.live_unlocked() {
+            return false;
+        }
+        // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size, no larger
+        // than the largest cached block (0 wraps to above it).
         let n = w.npages();
-        // A power of two of pages (`n & (n - 1)`) no larger than the largest cached block (0
-        // wraps to above it), starting on a multiple of its size.
-        if w.tag() != Tag::Alloc as u8
-            || w.flags() & META_LOCKED != 0
-            || n & n.wrapping_sub(1) != 0
-            || n.wrapping_sub(1) >= self.max_pages
-            || page & (n - 1) != 0
-        {
+        let low = n.wrapping_sub(1);
+        if (n | page) & low != 0 || low >= self.max_pages {
             return false;
         }
         if let Some(size) = size {
@@ -667,9 +676,10 @@ impl ThreadCache {
             }
         }
         let o = n.trailing_zeros() as usize;
+        // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
         if self.pages.get() + n as u64 > self.high
-            || s.len() == s.cap
+            || s.base as u64 + s.ndirty.get() == s.dirty_end.get()
             || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
         {
             if !MAY_DRAIN {
@@ -855,7 +865,7 @@ impl ThreadCache {
             let (e, m) = self.read(b + cap - 1 - i);
             self.write(b + cap - 1 - (i - kz), e, m);
         }
-        s.nzero.set((nz - kz) as u64);
+        s.set_nzero(nz - kz);
     }
 
     fn give_back(&self, h: &mut Heap, o: usize, (e, m): (Entry, Mixed), now: u32) {
@@ -1214,6 +1224,11 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
         });
         if let Some(e) = err.take() {
             return Err(e);
+        }
+        for (o, s) in c.stacks[..c.orders].iter().enumerate() {
+            if s.dirty_end.get() != (s.base + s.cap) as u64 - s.nzero.get() {
+                return Err(format!("cache stack of order {o}: dirty_end {} != base + cap - nzero", s.dirty_end.get()));
+            }
         }
         if mine != c.pages.get() || mine > c.high {
             return Err(format!("cache holds {mine} pages, says {}, high mark {}", c.pages.get(), c.high));

@@ -247,6 +247,12 @@ impl HitWord {
     pub(crate) fn npages(self) -> u32 {
         (self.0 >> 32) as u32
     }
+    /// The first page of a live block that is not `mlock`ed (tag `Alloc`, no `META_LOCKED`):
+    /// one mask and one compare.
+    #[inline(always)]
+    pub(crate) fn live_unlocked(self) -> bool {
+        (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
+    }
     /// The same word with a new tag, flags and page count (order and class kept).
     #[inline(always)]
     pub(crate) fn with(self, tag: Tag, flags: u8, npages: u32) -> HitWord {
