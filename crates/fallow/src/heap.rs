@@ -451,12 +451,15 @@ impl Allocator {
     /// two of pages, of a cached order, aligned to its size at most.
     #[inline(always)]
     fn cached_order(&self, size: usize, align: usize) -> Option<u8> {
-        if size.wrapping_sub(1) >= self.shared.hit.cache_max_bytes {
+        // `size - 1` below the largest cached block (0 wraps to above it), so `size >= 1`.
+        let last = size.wrapping_sub(1);
+        if last >= self.shared.hit.cache_max_bytes {
             return None;
         }
-        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+        let npages = (last >> PAGE_SHIFT) + 1;
         // A bad alignment (0, not a power of two) goes to the locked path, which reports it.
-        let aligned = align.is_power_of_two() && align <= npages << PAGE_SHIFT;
+        // (A page or less always fits: stated first, it folds away for a constant page alignment.)
+        let aligned = align.is_power_of_two() && (align <= PAGE_SIZE || align <= npages << PAGE_SHIFT);
         (npages & (npages - 1) == 0 && aligned).then_some(npages.trailing_zeros() as u8)
     }
 
