@@ -186,8 +186,9 @@ impl Mixed {
     }
 }
 
-/// The two stacks of one order.
+/// The two stacks of one order, on a cache line of their own (a hit touches one order's).
 #[derive(Default)]
+#[repr(align(64))]
 struct Stack {
     /// First index in the entry arrays, and capacity in blocks.
     base: u32,
@@ -199,6 +200,10 @@ struct Stack {
     /// `base + cap - nzero`: the dirty stack is full when its next index reaches it (one compare
     /// on the free hit path). Set with `nzero`, by `set_nzero`.
     dirty_end: Owned,
+    /// What an allocation hit puts in bytes 8..16 of the record of a block of this order (its
+    /// page count and `Tag::Alloc`, `HitWord::handed_out`), and its page count.
+    alloc_bits: u64,
+    npages: u64,
 }
 
 impl Stack {
@@ -225,9 +230,8 @@ struct Events {
 /// Aligned to a cache line: what the hit path writes shares no line with another thread's data.
 #[repr(C, align(64))]
 pub(crate) struct ThreadCache {
-    // What every hit touches, first.
+    // What every hit touches, first (one cache line; then the order's `Stack`, a line of its own).
     entries: *mut Entry,
-    mixed: *mut Mixed,
     /// The owner is using the cache without the lock (see "Draining an idle thread's cache").
     busy: AtomicU32,
     /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
@@ -240,9 +244,10 @@ pub(crate) struct ThreadCache {
     free_hits: Owned,
     /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
     seen_generation: Owned,
-    orders: usize,
     /// Pages of the largest cached block (`1 << (orders - 1)`).
     max_pages: u32,
+    mixed: *mut Mixed,
+    orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
     /// `pages` as of the last fold, refill or drain (changed under the lock only).
@@ -261,6 +266,8 @@ pub(crate) struct ThreadCache {
     next: Cell<*mut ThreadCache>,
     prev: Cell<*mut ThreadCache>,
 }
+
+const _: () = assert!(core::mem::offset_of!(ThreadCache, max_pages) < 64);
 
 /// The allocator's list of its threads' caches (intrusive: registering allocates nothing).
 pub(crate) struct Registry {
@@ -324,6 +331,8 @@ impl ThreadCache {
             stacks[o].base = total;
             stacks[o].cap = cap;
             stacks[o].set_nzero(0);
+            stacks[o].alloc_bits = HitWord::alloc_bits(1 << o);
+            stacks[o].npages = 1 << o;
             batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
             total += cap;
         }
@@ -560,7 +569,11 @@ impl ThreadCache {
             return None;
         }
         s.ndirty.set(nd as u64 - 1);
-        self.hand_out(m, w, 1 << order);
+        // `hand_out` with this order's constants.
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
+        unsafe { w.handed_out(s.alloc_bits).store(m) };
+        self.pages.sub(s.npages);
+        self.alloc_hits.add(1);
         Some((e.addr(), v.state_of(e.addr())))
     }
 

@@ -253,6 +253,17 @@ impl HitWord {
     pub(crate) fn live_unlocked(self) -> bool {
         (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
     }
+    /// The bits a block of `npages` pages gets when a cache hands it out: its page count and
+    /// `Tag::Alloc` (see `handed_out`).
+    pub(crate) const fn alloc_bits(npages: u32) -> u64 {
+        Tag::Alloc as u64 | (npages as u64) << 32
+    }
+    /// `with(Tag::Alloc, flags() & !META_FREED_START, npages)`, where `bits` is
+    /// `alloc_bits(npages)` (precomputed per order on the allocation hit path).
+    #[inline(always)]
+    pub(crate) fn handed_out(self, bits: u64) -> HitWord {
+        HitWord((self.0 & (0xff00_ff00 & !((META_FREED_START as u64) << 16))) | bits)
+    }
     /// The same word with a new tag, flags and page count (order and class kept).
     #[inline(always)]
     pub(crate) fn with(self, tag: Tag, flags: u8, npages: u32) -> HitWord {
