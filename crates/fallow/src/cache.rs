@@ -140,14 +140,17 @@ impl Owned {
     }
 }
 
-/// One cached block in one word: its page-aligned address, its arena in bits 1..=6, and `MIXED`
+/// One cached block in one word: its page-aligned address, its arena in bits 6..=11, and `MIXED`
 /// in bit 0 when its counts (some page not `Dirty`) are in the side array.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Entry(NonZeroUsize);
 
 const MIXED: usize = 1;
-const ARENA_SHIFT: u32 = 1;
-const _: () = assert!(MAX_ARENAS << ARENA_SHIFT < 1 << PAGE_SHIFT);
+/// The arena index sits in bits 6..=11, so that masking the entry gives its byte offset in the
+/// table of (64-byte) arena views, with no shift.
+const ARENA_SHIFT: u32 = 6;
+const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
+const _: () = assert!(core::mem::size_of::<crate::heap::ArenaView>() == 1 << ARENA_SHIFT);
 
 impl Entry {
     #[inline(always)]
