@@ -974,29 +974,40 @@ thread_local! {
     /// it or allocating a cache (a re-entrant call takes the locked path), READY, DEAD after the
     /// destructor ran.
     static STATE: Cell<u8> = const { Cell::new(FRESH) };
-    /// The cache used last: checked first, with no destructor and no registration on access.
-    static LAST_ID: Cell<u64> = const { Cell::new(0) };
-    static LAST: Cell<*const ThreadCache> = const { Cell::new(ptr::null()) };
+    /// The cache used last and its allocator's id: checked first, with no destructor and no
+    /// registration on access; one thread-local, so that the hit path finds both from one
+    /// address.
+    static LAST: Last = const { Last { id: Cell::new(0), cache: Cell::new(ptr::null()) } };
     static TABLE: Slots = const { Slots { ids: [NO_ID; SLOTS], caches: [NO_CACHE; SLOTS], used: [NO_ID; SLOTS], clock: Cell::new(0) } };
+}
+
+struct Last {
+    id: Cell<u64>,
+    cache: Cell<*const ThreadCache>,
+}
+
+/// The cache this thread used last, if it is `id`'s.
+#[inline(always)]
+fn last_of(id: u64) -> Option<*const ThreadCache> {
+    LAST.with(|l| (l.id.get() == id).then(|| l.cache.get()))
 }
 
 /// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
 /// call, no registration).
 #[inline(always)]
 pub(crate) fn last(a: &Allocator) -> Option<&ThreadCache> {
-    if LAST_ID.with(|c| c.get()) == a.shared.hit.cache_id {
-        return Some(unsafe { &*LAST.with(|c| c.get()) });
-    }
-    None
+    // SAFETY: `LAST` holds a live cache of this thread whenever its id is an allocator's (ids
+    // start at 1; it is reset to 0 before its cache is retired).
+    last_of(a.shared.hit.cache_id).map(|c| unsafe { &*c })
 }
 
 /// The calling thread's cache of `a`, made at first use; `None` when caches are off for `a`, while
 /// the thread is being set up or torn down, or on a re-entrant call.
 #[inline]
 pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
-    let id = a.shared.hit.cache_id;
-    if LAST_ID.with(|c| c.get()) == id {
-        return Some(unsafe { &*LAST.with(|c| c.get()) });
+    if let Some(c) = last_of(a.shared.hit.cache_id) {
+        // SAFETY: as in `last`.
+        return Some(unsafe { &*c });
     }
     attach(a).map(|p| unsafe { &*p })
 }
@@ -1041,8 +1052,8 @@ impl Slots {
         let old = self.caches[pick].replace(ptr::null_mut());
         self.ids[pick].set(0);
         if !old.is_null() {
-            if ptr::eq(LAST.with(|c| c.get()), old) {
-                LAST_ID.with(|c| c.set(0));
+            if ptr::eq(LAST.with(|l| l.cache.get()), old) {
+                LAST.with(|l| l.id.set(0));
             }
             retire(old);
         }
@@ -1059,15 +1070,17 @@ impl Slots {
 }
 
 fn select(id: u64, c: *mut ThreadCache) -> *const ThreadCache {
-    LAST.with(|l| l.set(c));
-    LAST_ID.with(|l| l.set(id));
+    LAST.with(|l| {
+        l.cache.set(c);
+        l.id.set(id);
+    });
     c
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        LAST_ID.with(|c| c.set(0));
+        LAST.with(|l| l.id.set(0));
         for i in 0..SLOTS {
             let c = self.caches[i].replace(ptr::null_mut());
             if !c.is_null() {
