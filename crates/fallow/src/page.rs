@@ -262,7 +262,8 @@ impl HitWord {
     /// `alloc_bits(npages)` (precomputed per order on the allocation hit path).
     #[inline(always)]
     pub(crate) fn handed_out(self, bits: u64) -> HitWord {
-        HitWord((self.0 & (0xff00_ff00 & !((META_FREED_START as u64) << 16))) | bits)
+        // Keep order, class and every flag but `FREED_START`; `bits` brings tag and page count.
+        HitWord((self.0 & (0xffff_ff00 & !((META_FREED_START as u64) << 16))) | bits)
     }
     /// The same word with a new tag, flags and page count (order and class kept).
     #[inline(always)]
@@ -284,5 +285,26 @@ impl HitWord {
     pub(crate) unsafe fn store(self, m: *mut BlockMeta) {
         let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
         (*w).store(self.0, core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_word_shortcuts_agree_with_with() {
+        for flags in 0..=255u8 {
+            for tag in [Tag::Cached, Tag::Alloc, Tag::Free] {
+                // order 3, class 2, a stale page count
+                let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
+                for n in [1u32, 2, 8, 512] {
+                    let slow = w.with(Tag::Alloc, w.flags() & !META_FREED_START, n);
+                    assert_eq!(w.handed_out(HitWord::alloc_bits(n)), slow);
+                }
+                let locked = flags & META_LOCKED != 0;
+                assert_eq!(w.live_unlocked(), tag == Tag::Alloc && !locked);
+            }
+        }
     }
 }
