@@ -190,9 +190,10 @@ impl Mixed {
 }
 
 /// The two stacks of one order, on a cache line of their own (a hit touches one order's).
-#[derive(Default)]
 #[repr(align(64))]
 struct Stack {
+    /// The entry at `base` (the hit paths index the dirty stack from it).
+    first: *mut Entry,
     /// First index in the entry arrays, and capacity in blocks.
     base: u32,
     cap: u32,
@@ -200,13 +201,28 @@ struct Stack {
     /// `base + cap - 1`).
     ndirty: Owned,
     nzero: Owned,
-    /// `base + cap - nzero`: the dirty stack is full when its next index reaches it (one compare
-    /// on the free hit path). Set with `nzero`, by `set_nzero`.
-    dirty_end: Owned,
+    /// `cap - nzero`: the dirty stack is full when its size reaches it (one compare on the free
+    /// hit path). Set with `nzero`, by `set_nzero`.
+    dirty_max: Owned,
     /// What an allocation hit puts in bytes 8..16 of the record of a block of this order (its
     /// page count and `Tag::Alloc`, `HitWord::handed_out`), and its page count.
     alloc_bits: u64,
     npages: u64,
+}
+
+impl Default for Stack {
+    fn default() -> Stack {
+        Stack {
+            first: ptr::null_mut(),
+            base: 0,
+            cap: 0,
+            ndirty: Owned::default(),
+            nzero: Owned::default(),
+            dirty_max: Owned::default(),
+            alloc_bits: 0,
+            npages: 0,
+        }
+    }
 }
 
 impl Stack {
@@ -218,7 +234,7 @@ impl Stack {
     #[inline(always)]
     fn set_nzero(&self, nz: u32) {
         self.nzero.set(nz as u64);
-        self.dirty_end.set((self.base + self.cap - nz) as u64);
+        self.dirty_max.set((self.cap - nz) as u64);
     }
 }
 
@@ -340,6 +356,10 @@ impl ThreadCache {
             total += cap;
         }
         let entries = Box::into_raw(vec![Entry::new(1 << PAGE_SHIFT, 0, false); total as usize].into_boxed_slice());
+        for s in &mut stacks[..orders] {
+            // SAFETY: `base < total`, the length of the array.
+            s.first = unsafe { (entries as *mut Entry).add(s.base as usize) };
+        }
         let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
         ThreadCache {
             entries: entries as *mut Entry,
@@ -462,16 +482,6 @@ impl ThreadCache {
         (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
     }
 
-    /// Push a block freed by this thread (every page `Dirty`).
-    #[inline(always)]
-    fn push_dirty(&self, o: usize, e: Entry) {
-        let s = &self.stacks[o];
-        let nd = s.ndirty.get() as u32;
-        debug_assert!(s.len() < s.cap && !e.mixed());
-        unsafe { *self.entry(s.base + nd) = e };
-        s.ndirty.set(nd as u64 + 1);
-    }
-
     /// Push any block (refill), with the per-state counts of its pages.
     fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
         let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
@@ -554,12 +564,14 @@ impl ThreadCache {
         // SAFETY: `order` is a cached order (`cached_order` checked it against
         // `cache_max_bytes`), below `self.orders`, the length of the stacks in use.
         let s = unsafe { self.stacks.get_unchecked(o) };
-        let nd = s.ndirty.get() as u32;
+        let nd = s.ndirty.get();
         if nd == 0 {
             return None;
         }
-        // SAFETY: `nd - 1` is below the dirty stack's size, so the index is in the arrays.
-        let e = unsafe { *self.entry(s.base + nd - 1) };
+        debug_assert!(nd <= s.cap as u64);
+        // SAFETY: `nd - 1` is below the dirty stack's size, so `first + nd - 1` is one of this
+        // order's entries.
+        let e = unsafe { *s.first.add(nd as usize - 1) };
         if e.mixed() {
             return None;
         }
@@ -571,7 +583,7 @@ impl ThreadCache {
         if w.tag() != Tag::Cached as u8 {
             return None;
         }
-        s.ndirty.set(nd as u64 - 1);
+        s.ndirty.set(nd - 1);
         // `hand_out` with this order's constants.
         // SAFETY: `m` is the record of the block just popped, in a live arena.
         unsafe { w.handed_out(s.alloc_bits).store(m) };
@@ -695,7 +707,7 @@ impl ThreadCache {
         // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
         if self.pages.get() + n as u64 > self.high
-            || s.base as u64 + s.ndirty.get() == s.dirty_end.get()
+            || s.ndirty.get() == s.dirty_max.get()
             || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
         {
             if !MAY_DRAIN {
@@ -705,7 +717,13 @@ impl ThreadCache {
         }
         // SAFETY: `m` is the block's record (above).
         unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
-        self.push_dirty(o, Entry::new(addr, ai, false));
+        // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
+        // `make_room`), so `first + nd` is one of this order's entries.
+        let nd = s.ndirty.get();
+        debug_assert!(s.len() < s.cap);
+        // SAFETY: the index is in this order's entries (above); only the owner writes them.
+        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
+        s.ndirty.set(nd + 1);
         self.pages.add(n as u64);
         self.free_hits.add(1);
         // The pages last, still before `leave` (the worker may drain the block once the owner
@@ -1255,8 +1273,8 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
             return Err(e);
         }
         for (o, s) in c.stacks[..c.orders].iter().enumerate() {
-            if s.dirty_end.get() != (s.base + s.cap) as u64 - s.nzero.get() {
-                return Err(format!("cache stack of order {o}: dirty_end {} != base + cap - nzero", s.dirty_end.get()));
+            if s.dirty_max.get() != s.cap as u64 - s.nzero.get() {
+                return Err(format!("cache stack of order {o}: dirty_max {} != cap - nzero", s.dirty_max.get()));
             }
         }
         if mine != c.pages.get() || mine > c.high {
