@@ -381,7 +381,8 @@ pub(crate) unsafe fn fill_block(p: *const AtomicU8, n: u32, s: PageState) {
     unsafe { fill_block_larger(p, n, s) }
 }
 
-/// `fill_block` for 2 pages and more.
+/// `fill_block` for 2 pages and more: one store for 2, 4 or 8 pages, `States::fill`'s memset
+/// above.
 ///
 /// # Safety
 /// As `fill_block`.
@@ -389,18 +390,14 @@ pub(crate) unsafe fn fill_block(p: *const AtomicU8, n: u32, s: PageState) {
 unsafe fn fill_block_larger(p: *const AtomicU8, n: u32, s: PageState) {
     let v = (s as u8 as u64) * 0x0101_0101_0101_0101;
     // SAFETY: `p` is aligned to `n` and `p..p + n` is in the state array (the caller's
-    // contract), so each wider atomic below is aligned and in bounds; the bytes are the same
-    // memory as the `AtomicU8`s, accessed atomically only.
+    // contract), so each wider atomic is aligned and in bounds, the same memory as the
+    // `AtomicU8`s.
     unsafe {
         match n {
             2 => (*(p as *const AtomicU16)).store(v as u16, Ordering::Relaxed),
             4 => (*(p as *const AtomicU32)).store(v as u32, Ordering::Relaxed),
-            _ => {
-                let w = p as *const AtomicU64;
-                for i in 0..(n / 8) as usize {
-                    (*w.add(i)).store(v, Ordering::Relaxed);
-                }
-            }
+            8 => (*(p as *const AtomicU64)).store(v, Ordering::Relaxed),
+            _ => States(p).fill_bytes(0, n, s),
         }
     }
 }
