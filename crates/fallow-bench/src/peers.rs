@@ -149,8 +149,18 @@ pub struct Setup {
 
 pub struct Peer {
     pub kind: PeerKind,
-    fallow: Option<Allocator>,
+    imp: Imp,
     thp: bool,
+}
+
+/// What `alloc` and `free` dispatch on: one match gives every peer its call, and a fallow peer
+/// its allocator (no `Option` to unwrap on the way, which the other peers do not pay).
+enum Imp {
+    Glibc,
+    Jemalloc,
+    Mimalloc,
+    Mmap,
+    Fallow(Allocator),
 }
 
 pub const PAGE: usize = 4096;
@@ -158,17 +168,21 @@ const HUGE: usize = 2 << 20;
 
 impl Peer {
     pub fn new(kind: PeerKind, setup: Setup) -> Result<Peer, String> {
-        let fallow = match kind.fallow_variant() {
-            None => None,
-            Some(v) => {
+        let imp = match (kind, kind.fallow_variant()) {
+            (_, Some(v)) => {
                 // One arena holds the whole working set twice over (room for a grown copy); at
                 // least the largest block (1 GiB by default), which is address space only.
                 let arena = setup.working_set.saturating_mul(2).max(1 << 30);
                 let cfg = fallow_config(v, arena, setup.thp);
-                Some(Allocator::new(cfg).map_err(|e| format!("{}: {e}", kind.name()))?)
+                Imp::Fallow(Allocator::new(cfg).map_err(|e| format!("{}: {e}", kind.name()))?)
             }
+            (PeerKind::Glibc, None) => Imp::Glibc,
+            (PeerKind::Jemalloc, None) => Imp::Jemalloc,
+            (PeerKind::Mimalloc, None) => Imp::Mimalloc,
+            (PeerKind::Mmap, None) => Imp::Mmap,
+            (k, None) => unreachable!("{k:?} is a fallow variant"),
         };
-        Ok(Peer { kind, fallow, thp: setup.thp })
+        Ok(Peer { kind, imp, thp: setup.thp })
     }
 
     pub fn name(&self) -> &'static str {
@@ -176,7 +190,10 @@ impl Peer {
     }
 
     pub fn fallow(&self) -> Option<&Allocator> {
-        self.fallow.as_ref()
+        match &self.imp {
+            Imp::Fallow(a) => Some(a),
+            _ => None,
+        }
     }
 
     /// Allocate `size` bytes; `zero` asks for zeroed memory (calloc); `populate` lets the
@@ -184,29 +201,29 @@ impl Peer {
     /// caller). Null on failure.
     pub fn alloc(&self, size: usize, zero: bool, populate: bool) -> *mut u8 {
         let p = unsafe {
-            match self.kind {
-                PeerKind::Glibc => {
+            match &self.imp {
+                Imp::Glibc => {
                     if zero {
                         libc::calloc(1, size) as *mut u8
                     } else {
                         libc::malloc(size) as *mut u8
                     }
                 }
-                PeerKind::Jemalloc => {
+                Imp::Jemalloc => {
                     if zero {
                         tikv_jemalloc_sys::calloc(1, size) as *mut u8
                     } else {
                         tikv_jemalloc_sys::malloc(size) as *mut u8
                     }
                 }
-                PeerKind::Mimalloc => {
+                Imp::Mimalloc => {
                     if zero {
                         libmimalloc_sys::mi_calloc(1, size) as *mut u8
                     } else {
                         libmimalloc_sys::mi_malloc(size) as *mut u8
                     }
                 }
-                PeerKind::Mmap => {
+                Imp::Mmap => {
                     let p = libc::mmap(
                         core::ptr::null_mut(),
                         size,
@@ -221,23 +238,21 @@ impl Peer {
                         p as *mut u8
                     }
                 }
-                _ => {
-                    let a = self.fallow.as_ref().unwrap();
-                    let mut flags = Flags::NONE;
-                    if zero {
-                        flags = flags | Flags::ZERO;
-                    }
-                    if populate {
-                        flags = flags | Flags::POPULATE;
-                    }
-                    match a.alloc(size, PAGE, flags) {
-                        Ok(p) => p.as_ptr(),
-                        Err(_) => core::ptr::null_mut(),
+                Imp::Fallow(a) => {
+                    // One test for the plain request, as the others' `zero` (calloc or malloc);
+                    // its flags are then a constant.
+                    if zero || populate {
+                        fallow_alloc_flags(a, size, zero, populate)
+                    } else {
+                        match a.alloc(size, PAGE, Flags::NONE) {
+                            Ok(p) => p.as_ptr(),
+                            Err(_) => core::ptr::null_mut(),
+                        }
                     }
                 }
             }
         };
-        if self.thp && !p.is_null() && self.fallow.is_none() && size >= HUGE {
+        if self.thp && !p.is_null() && self.fallow().is_none() && size >= HUGE {
             // The malloc-like peers get huge pages the way a program asks for them.
             let start = (p as usize).next_multiple_of(HUGE);
             let end = (p as usize + size) & !(HUGE - 1);
@@ -254,34 +269,39 @@ impl Peer {
             return;
         }
         unsafe {
-            match self.kind {
-                PeerKind::Glibc => libc::free(p as *mut _),
-                PeerKind::Jemalloc => tikv_jemalloc_sys::free(p as *mut _),
-                PeerKind::Mimalloc => libmimalloc_sys::mi_free(p as *mut _),
-                PeerKind::Mmap => {
+            match &self.imp {
+                Imp::Glibc => libc::free(p as *mut _),
+                Imp::Jemalloc => tikv_jemalloc_sys::free(p as *mut _),
+                Imp::Mimalloc => libmimalloc_sys::mi_free(p as *mut _),
+                Imp::Mmap => {
                     libc::munmap(p as *mut _, size);
                 }
-                _ => {
-                    if let Err(e) = self.fallow.as_ref().unwrap().free(p) {
-                        eprintln!("fallow: {}: free failed: {e}", self.name());
-                        std::process::exit(1);
+                Imp::Fallow(a) => {
+                    if let Err(e) = a.free(p) {
+                        self.free_failed(e);
                     }
                 }
             }
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn free_failed(&self, e: fallow::Error) -> ! {
+        eprintln!("fallow: {}: free failed: {e}", self.name());
+        std::process::exit(1);
+    }
+
     /// Grow a block of `old` bytes to `new` bytes, keeping its contents (realloc). Null on failure
     /// (the old block is then still live).
     pub fn grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
         unsafe {
-            match self.kind {
-                PeerKind::Glibc => libc::realloc(p as *mut _, new) as *mut u8,
-                PeerKind::Jemalloc => tikv_jemalloc_sys::realloc(p as *mut _, new) as *mut u8,
-                PeerKind::Mimalloc => libmimalloc_sys::mi_realloc(p as *mut _, new) as *mut u8,
-                PeerKind::Mmap => self.move_grow(p, old, new),
-                _ => {
-                    let a = self.fallow.as_ref().unwrap();
+            match &self.imp {
+                Imp::Glibc => libc::realloc(p as *mut _, new) as *mut u8,
+                Imp::Jemalloc => tikv_jemalloc_sys::realloc(p as *mut _, new) as *mut u8,
+                Imp::Mimalloc => libmimalloc_sys::mi_realloc(p as *mut _, new) as *mut u8,
+                Imp::Mmap => self.move_grow(p, old, new),
+                Imp::Fallow(a) => {
                     match a.resize_in_place(p, new) {
                         Ok(true) => p,
                         _ => self.move_grow(p, old, new),
@@ -300,6 +320,23 @@ impl Peer {
         core::ptr::copy_nonoverlapping(p, q, old.min(new));
         self.free(p, old);
         q
+    }
+}
+
+/// A fallow allocation with flags (calloc-like or populated), out of line as the other peers'
+/// calloc.
+#[inline(never)]
+fn fallow_alloc_flags(a: &Allocator, size: usize, zero: bool, populate: bool) -> *mut u8 {
+    let mut flags = Flags::NONE;
+    if zero {
+        flags = flags | Flags::ZERO;
+    }
+    if populate {
+        flags = flags | Flags::POPULATE;
+    }
+    match a.alloc(size, PAGE, flags) {
+        Ok(p) => p.as_ptr(),
+        Err(_) => core::ptr::null_mut(),
     }
 }
 

@@ -78,7 +78,7 @@
 use core::cell::Cell;
 use core::num::NonZeroUsize;
 use core::ptr;
-use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
+use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
 use crate::buddy::preference;
@@ -86,7 +86,7 @@ use crate::buddy::Taken;
 use crate::config::Config;
 use crate::heap::{Allocator, Flags, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
@@ -140,14 +140,17 @@ impl Owned {
     }
 }
 
-/// One cached block in one word: its page-aligned address, its arena in bits 1..=6, and `MIXED`
+/// One cached block in one word: its page-aligned address, its arena in bits 6..=11, and `MIXED`
 /// in bit 0 when its counts (some page not `Dirty`) are in the side array.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Entry(NonZeroUsize);
 
 const MIXED: usize = 1;
-const ARENA_SHIFT: u32 = 1;
-const _: () = assert!(MAX_ARENAS << ARENA_SHIFT < 1 << PAGE_SHIFT);
+/// The arena index sits in bits 6..=11, so that masking the entry gives its byte offset in the
+/// table of (64-byte) arena views, with no shift.
+const ARENA_SHIFT: u32 = 6;
+const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
+const _: () = assert!(core::mem::size_of::<crate::heap::ArenaView>() == 1 << ARENA_SHIFT);
 
 impl Entry {
     #[inline(always)]
@@ -186,9 +189,11 @@ impl Mixed {
     }
 }
 
-/// The two stacks of one order.
-#[derive(Default)]
+/// The two stacks of one order, on a cache line of their own (a hit touches one order's).
+#[repr(align(64))]
 struct Stack {
+    /// The entry at `base` (the hit paths index the dirty stack from it).
+    first: *mut Entry,
     /// First index in the entry arrays, and capacity in blocks.
     base: u32,
     cap: u32,
@@ -196,12 +201,40 @@ struct Stack {
     /// `base + cap - 1`).
     ndirty: Owned,
     nzero: Owned,
+    /// `cap - nzero`: the dirty stack is full when its size reaches it (one compare on the free
+    /// hit path). Set with `nzero`, by `set_nzero`.
+    dirty_max: Owned,
+    /// What an allocation hit puts in bytes 8..16 of the record of a block of this order (its
+    /// page count and `Tag::Alloc`, `HitWord::handed_out`), and its page count.
+    alloc_bits: u64,
+    npages: u64,
+}
+
+impl Default for Stack {
+    fn default() -> Stack {
+        Stack {
+            first: ptr::null_mut(),
+            base: 0,
+            cap: 0,
+            ndirty: Owned::default(),
+            nzero: Owned::default(),
+            dirty_max: Owned::default(),
+            alloc_bits: 0,
+            npages: 0,
+        }
+    }
 }
 
 impl Stack {
     #[inline(always)]
     fn len(&self) -> u32 {
         (self.ndirty.get() + self.nzero.get()) as u32
+    }
+
+    #[inline(always)]
+    fn set_nzero(&self, nz: u32) {
+        self.nzero.set(nz as u64);
+        self.dirty_max.set((self.cap - nz) as u64);
     }
 }
 
@@ -216,9 +249,8 @@ struct Events {
 /// Aligned to a cache line: what the hit path writes shares no line with another thread's data.
 #[repr(C, align(64))]
 pub(crate) struct ThreadCache {
-    // What every hit touches, first.
+    // What every hit touches, first (one cache line; then the order's `Stack`, a line of its own).
     entries: *mut Entry,
-    mixed: *mut Mixed,
     /// The owner is using the cache without the lock (see "Draining an idle thread's cache").
     busy: AtomicU32,
     /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
@@ -231,6 +263,9 @@ pub(crate) struct ThreadCache {
     free_hits: Owned,
     /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
     seen_generation: Owned,
+    /// Pages of the largest cached block (`1 << (orders - 1)`).
+    max_pages: u32,
+    mixed: *mut Mixed,
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
@@ -250,6 +285,8 @@ pub(crate) struct ThreadCache {
     next: Cell<*mut ThreadCache>,
     prev: Cell<*mut ThreadCache>,
 }
+
+const _: () = assert!(core::mem::offset_of!(ThreadCache, max_pages) < 64);
 
 /// The allocator's list of its threads' caches (intrusive: registering allocates nothing).
 pub(crate) struct Registry {
@@ -312,10 +349,17 @@ impl ThreadCache {
             let cap = (cfg.cache_high_pages >> o).min(STACK_MAX);
             stacks[o].base = total;
             stacks[o].cap = cap;
+            stacks[o].set_nzero(0);
+            stacks[o].alloc_bits = HitWord::alloc_bits(1 << o);
+            stacks[o].npages = 1 << o;
             batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
             total += cap;
         }
         let entries = Box::into_raw(vec![Entry::new(1 << PAGE_SHIFT, 0, false); total as usize].into_boxed_slice());
+        for s in &mut stacks[..orders] {
+            // SAFETY: `base < total`, the length of the array.
+            s.first = unsafe { (entries as *mut Entry).add(s.base as usize) };
+        }
         let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
         ThreadCache {
             entries: entries as *mut Entry,
@@ -328,6 +372,7 @@ impl ThreadCache {
             frozen: AtomicU32::new(0),
             seen_generation: Owned(AtomicU64::new(a.shared.hit.drain_generation.load(Relaxed))),
             orders,
+            max_pages: 1 << (orders - 1),
             stacks,
             accounted: Owned::default(),
             batch,
@@ -345,7 +390,7 @@ impl ThreadCache {
     /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
     /// a compiler fence here, `membarrier` on the worker's side (see the top).
     #[inline(always)]
-    fn enter(&self) -> bool {
+    pub(crate) fn enter(&self) -> bool {
         self.busy.store(1, Relaxed);
         compiler_fence(Ordering::SeqCst);
         if self.frozen.load(Ordering::Acquire) != 0 {
@@ -368,7 +413,7 @@ impl ThreadCache {
 
     /// The owner is done with the cache (every write of its call is ordered before).
     #[inline(always)]
-    fn leave(&self) {
+    pub(crate) fn leave(&self) {
         compiler_fence(Ordering::SeqCst);
         self.busy.store(0, Ordering::Release);
     }
@@ -437,16 +482,6 @@ impl ThreadCache {
         (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
     }
 
-    /// Push a block freed by this thread (every page `Dirty`).
-    #[inline(always)]
-    fn push_dirty(&self, o: usize, e: Entry) {
-        let s = &self.stacks[o];
-        let nd = s.ndirty.get() as u32;
-        debug_assert!(s.len() < s.cap && !e.mixed());
-        unsafe { *self.entry(s.base + nd) = e };
-        s.ndirty.set(nd as u64 + 1);
-    }
-
     /// Push any block (refill), with the per-state counts of its pages.
     fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
         let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
@@ -455,7 +490,7 @@ impl ThreadCache {
         debug_assert!(nd + nz < s.cap);
         if e.mixed() && m.counts().needs_zeroing(1 << o) == 0 {
             self.write(s.base + s.cap - 1 - nz, e, m);
-            s.nzero.set(nz as u64 + 1);
+            s.set_nzero(nz + 1);
         } else {
             self.write(s.base + nd, e, m);
             s.ndirty.set(nd as u64 + 1);
@@ -487,7 +522,7 @@ impl ThreadCache {
         if nz == 0 {
             return None;
         }
-        s.nzero.set(nz as u64 - 1);
+        s.set_nzero(nz - 1);
         let (e, m) = self.read(s.base + s.cap - nz);
         self.gauge_mixed(m, o, false);
         Some((e, m))
@@ -518,36 +553,49 @@ impl ThreadCache {
 
     /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
     /// `order`, when there is one, all of its pages `Dirty` and still `Cached`. No call, no lock,
-    /// no read-modify-write; `None` (nothing changed): take `alloc`.
+    /// no read-modify-write; `None` (nothing changed): take `alloc`. Returns the block and its
+    /// first state byte: the caller marks its pages `Allocated` (`arena::fill_block`) after
+    /// `leave`, since the block is then live and off the cache, its state bytes its owner's as
+    /// those of any live block, and the worker's drain touches only blocks in the entries.
     #[inline(always)]
-    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<usize> {
+    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<(usize, *const AtomicU8)> {
         let o = order as usize;
         debug_assert!(o < self.orders);
+        // SAFETY: `order` is a cached order (`cached_order` checked it against
+        // `cache_max_bytes`), below `self.orders`, the length of the stacks in use.
         let s = unsafe { self.stacks.get_unchecked(o) };
-        let nd = s.ndirty.get() as u32;
+        let nd = s.ndirty.get();
         if nd == 0 {
             return None;
         }
-        let e = unsafe { *self.entry(s.base + nd - 1) };
+        debug_assert!(nd <= s.cap as u64);
+        // SAFETY: `nd - 1` is below the dirty stack's size, so `first + nd - 1` is one of this
+        // order's entries.
+        let e = unsafe { *s.first.add(nd as usize - 1) };
         if e.mixed() {
             return None;
         }
-        let n = 1u32 << order;
         let v = a.view(e.arena());
-        let (pfn, m) = v.record(e.addr());
+        let m = v.meta_of(e.addr());
+        // SAFETY: an entry's block lies in the arena of its entry (invariant 1), so `m` is a
+        // record of that live arena.
         let w = unsafe { HitWord::load(m) };
         if w.tag() != Tag::Cached as u8 {
             return None;
         }
-        s.ndirty.set(nd as u64 - 1);
-        self.hand_out(m, w, n);
-        v.states().fill(pfn, n, PageState::Allocated);
-        Some(e.addr())
+        s.ndirty.set(nd - 1);
+        // `hand_out` with this order's constants.
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
+        unsafe { w.handed_out(s.alloc_bits).store(m) };
+        self.pages.sub(s.npages);
+        self.alloc_hits.add(1);
+        Some((e.addr(), v.state_of(e.addr())))
     }
 
     /// A block popped from the cache becomes live: its record says so, and the counters.
     #[inline(always)]
     fn hand_out(&self, m: *mut BlockMeta, w: HitWord, n: u32) {
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
         unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
         self.pages.sub(n as u64);
         self.alloc_hits.add(1);
@@ -630,16 +678,24 @@ impl ThreadCache {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
             return false;
         }
-        let Some((ai, v)) = a.view_of(addr) else { return false };
-        let (pfn, m) = v.record(addr);
+        // The hit path looks in the first arena only, which holds most blocks (its default size
+        // is the physical memory); `free` looks in all.
+        let found = if MAY_DRAIN { a.view_of(addr) } else { a.first_view_of(addr).map(|v| (0, v)) };
+        let Some((ai, v)) = found else { return false };
+        let m = v.meta_of(addr);
+        // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
         let w = unsafe { HitWord::load(m) };
+        // The page frame's low bits: the arena is aligned to its largest block, which is at
+        // least as large as any live block of it.
+        let page = (addr >> PAGE_SHIFT) as u32;
+        if !w.live_unlocked() {
+            return false;
+        }
+        // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size, no larger
+        // than the largest cached block (0 wraps to above it).
         let n = w.npages();
-        if w.tag() != Tag::Alloc as u8
-            || w.flags() & META_LOCKED != 0
-            || !n.is_power_of_two()
-            || n.trailing_zeros() as usize >= self.orders
-            || pfn & (n - 1) != 0
-        {
+        let low = n.wrapping_sub(1);
+        if (n | page) & low != 0 || low >= self.max_pages {
             return false;
         }
         if let Some(size) = size {
@@ -648,9 +704,10 @@ impl ThreadCache {
             }
         }
         let o = n.trailing_zeros() as usize;
+        // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
         if self.pages.get() + n as u64 > self.high
-            || s.len() == s.cap
+            || s.ndirty.get() == s.dirty_max.get()
             || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
         {
             if !MAY_DRAIN {
@@ -658,11 +715,22 @@ impl ThreadCache {
             }
             self.make_room(a, o);
         }
-        v.states().fill(pfn, n, PageState::Dirty);
+        // SAFETY: `m` is the block's record (above).
         unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
-        self.push_dirty(o, Entry::new(addr, ai, false));
+        // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
+        // `make_room`), so `first + nd` is one of this order's entries.
+        let nd = s.ndirty.get();
+        debug_assert!(s.len() < s.cap);
+        // SAFETY: the index is in this order's entries (above); only the owner writes them.
+        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
+        s.ndirty.set(nd + 1);
         self.pages.add(n as u64);
         self.free_hits.add(1);
+        // The pages last, still before `leave` (the worker may drain the block once the owner
+        // is out): for blocks of several pages it is a call, and little is live across it.
+        // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
+        // multiple of `n` (checked above) in arena `ai`.
+        unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         true
     }
 
@@ -831,7 +899,7 @@ impl ThreadCache {
             let (e, m) = self.read(b + cap - 1 - i);
             self.write(b + cap - 1 - (i - kz), e, m);
         }
-        s.nzero.set((nz - kz) as u64);
+        s.set_nzero(nz - kz);
     }
 
     fn give_back(&self, h: &mut Heap, o: usize, (e, m): (Entry, Mixed), now: u32) {
@@ -924,29 +992,40 @@ thread_local! {
     /// it or allocating a cache (a re-entrant call takes the locked path), READY, DEAD after the
     /// destructor ran.
     static STATE: Cell<u8> = const { Cell::new(FRESH) };
-    /// The cache used last: checked first, with no destructor and no registration on access.
-    static LAST_ID: Cell<u64> = const { Cell::new(0) };
-    static LAST: Cell<*const ThreadCache> = const { Cell::new(ptr::null()) };
+    /// The cache used last and its allocator's id: checked first, with no destructor and no
+    /// registration on access; one thread-local, so that the hit path finds both from one
+    /// address.
+    static LAST: Last = const { Last { id: Cell::new(0), cache: Cell::new(ptr::null()) } };
     static TABLE: Slots = const { Slots { ids: [NO_ID; SLOTS], caches: [NO_CACHE; SLOTS], used: [NO_ID; SLOTS], clock: Cell::new(0) } };
+}
+
+struct Last {
+    id: Cell<u64>,
+    cache: Cell<*const ThreadCache>,
+}
+
+/// The cache this thread used last, if it is `id`'s.
+#[inline(always)]
+fn last_of(id: u64) -> Option<*const ThreadCache> {
+    LAST.with(|l| (l.id.get() == id).then(|| l.cache.get()))
 }
 
 /// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
 /// call, no registration).
 #[inline(always)]
 pub(crate) fn last(a: &Allocator) -> Option<&ThreadCache> {
-    if LAST_ID.with(|c| c.get()) == a.shared.hit.cache_id {
-        return Some(unsafe { &*LAST.with(|c| c.get()) });
-    }
-    None
+    // SAFETY: `LAST` holds a live cache of this thread whenever its id is an allocator's (ids
+    // start at 1; it is reset to 0 before its cache is retired).
+    last_of(a.shared.hit.cache_id).map(|c| unsafe { &*c })
 }
 
 /// The calling thread's cache of `a`, made at first use; `None` when caches are off for `a`, while
 /// the thread is being set up or torn down, or on a re-entrant call.
 #[inline]
 pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
-    let id = a.shared.hit.cache_id;
-    if LAST_ID.with(|c| c.get()) == id {
-        return Some(unsafe { &*LAST.with(|c| c.get()) });
+    if let Some(c) = last_of(a.shared.hit.cache_id) {
+        // SAFETY: as in `last`.
+        return Some(unsafe { &*c });
     }
     attach(a).map(|p| unsafe { &*p })
 }
@@ -991,8 +1070,8 @@ impl Slots {
         let old = self.caches[pick].replace(ptr::null_mut());
         self.ids[pick].set(0);
         if !old.is_null() {
-            if ptr::eq(LAST.with(|c| c.get()), old) {
-                LAST_ID.with(|c| c.set(0));
+            if ptr::eq(LAST.with(|l| l.cache.get()), old) {
+                LAST.with(|l| l.id.set(0));
             }
             retire(old);
         }
@@ -1009,15 +1088,17 @@ impl Slots {
 }
 
 fn select(id: u64, c: *mut ThreadCache) -> *const ThreadCache {
-    LAST.with(|l| l.set(c));
-    LAST_ID.with(|l| l.set(id));
+    LAST.with(|l| {
+        l.cache.set(c);
+        l.id.set(id);
+    });
     c
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        LAST_ID.with(|c| c.set(0));
+        LAST.with(|l| l.id.set(0));
         for i in 0..SLOTS {
             let c = self.caches[i].replace(ptr::null_mut());
             if !c.is_null() {
@@ -1190,6 +1271,11 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
         });
         if let Some(e) = err.take() {
             return Err(e);
+        }
+        for (o, s) in c.stacks[..c.orders].iter().enumerate() {
+            if s.dirty_max.get() != s.cap as u64 - s.nzero.get() {
+                return Err(format!("cache stack of order {o}: dirty_max {} != cap - nzero", s.dirty_max.get()));
+            }
         }
         if mine != c.pages.get() || mine > c.high {
             return Err(format!("cache holds {mine} pages, says {}, high mark {}", c.pages.get(), c.high));

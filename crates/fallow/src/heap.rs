@@ -131,7 +131,17 @@ pub(crate) struct ArenaView {
     len: AtomicUsize,
     states: AtomicUsize,
     meta: AtomicUsize,
+    /// `meta - (base >> META_ADDR_SHIFT)` and `states - (base >> PAGE_SHIFT)` (wrapping): the
+    /// record and the state byte of a page at `addr` are one shift and one add away, without
+    /// the page frame number (`meta_of`, `state_of`).
+    meta_bias: AtomicUsize,
+    states_bias: AtomicUsize,
 }
+
+/// A page's record is `(addr - base) >> PAGE_SHIFT` records into the array, i.e.
+/// `(addr - base) >> META_ADDR_SHIFT` bytes (both page-aligned, records of 32 bytes).
+const META_ADDR_SHIFT: u32 = PAGE_SHIFT - core::mem::size_of::<BlockMeta>().trailing_zeros();
+const _: () = assert!(core::mem::size_of::<BlockMeta>().is_power_of_two());
 
 impl ArenaView {
     #[inline(always)]
@@ -151,6 +161,19 @@ impl ArenaView {
     pub(crate) fn record(&self, addr: usize) -> (u32, *mut BlockMeta) {
         let pfn = ((addr - self.base()) >> PAGE_SHIFT) as u32;
         (pfn, unsafe { self.meta().add(pfn as usize) })
+    }
+    /// The record of the page at `addr` (page-aligned, in this arena): `record` in one shift and
+    /// one add.
+    #[inline(always)]
+    pub(crate) fn meta_of(&self, addr: usize) -> *mut BlockMeta {
+        debug_assert!(addr & (PAGE_SIZE - 1) == 0 && addr.wrapping_sub(self.base()) < self.len.load(Ordering::Relaxed));
+        self.meta_bias.load(Ordering::Relaxed).wrapping_add(addr >> META_ADDR_SHIFT) as *mut BlockMeta
+    }
+    /// The state byte of the page at `addr` (page-aligned, in this arena).
+    #[inline(always)]
+    pub(crate) fn state_of(&self, addr: usize) -> *const AtomicU8 {
+        debug_assert!(addr.wrapping_sub(self.base()) < self.len.load(Ordering::Relaxed));
+        self.states_bias.load(Ordering::Relaxed).wrapping_add(addr >> PAGE_SHIFT) as *const AtomicU8
     }
 }
 
@@ -345,6 +368,8 @@ impl Allocator {
                 len: AtomicUsize::new(0),
                 states: AtomicUsize::new(0),
                 meta: AtomicUsize::new(0),
+                meta_bias: AtomicUsize::new(0),
+                states_bias: AtomicUsize::new(0),
             }),
             hit: HitPath {
                 published: AtomicUsize::new(0),
@@ -401,13 +426,29 @@ impl Allocator {
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).
-    #[inline]
+    ///
+    /// Always inlined: the hit path is a few dozen instructions and no call, as a malloc's
+    /// thread-cache hit; out of line it would also return its `Result` through memory.
+    #[inline(always)]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         // The hit path (cache.rs): a plain request for an exact power-of-two block of a cached
         // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
         if flags.0 == 0 {
             if let (Some(order), Some(tc)) = (self.cached_order(size, align), cache::last(self)) {
-                if let Some(Some(addr)) = tc.inside(|tc| tc.alloc_hit(self, order)) {
+                // `enter` and `leave` written out rather than `inside`: a closure is a function
+                // of its own that the compiler may leave out of line.
+                let hit = if tc.enter() {
+                    let r = tc.alloc_hit(self, order);
+                    tc.leave();
+                    r
+                } else {
+                    None
+                };
+                if let Some((addr, state)) = hit {
+                    // SAFETY: `state` is the first state byte of the block just handed out, an
+                    // aligned block of `2^order` pages (`alloc_hit`).
+                    unsafe { crate::arena::fill_block(state, 1 << order, PageState::Allocated) };
+                    // SAFETY: a block address is never null.
                     return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
                 }
             }
@@ -419,12 +460,15 @@ impl Allocator {
     /// two of pages, of a cached order, aligned to its size at most.
     #[inline(always)]
     fn cached_order(&self, size: usize, align: usize) -> Option<u8> {
-        if size.wrapping_sub(1) >= self.shared.hit.cache_max_bytes {
+        // `size - 1` below the largest cached block (0 wraps to above it), so `size >= 1`.
+        let last = size.wrapping_sub(1);
+        if last >= self.shared.hit.cache_max_bytes {
             return None;
         }
-        let npages = (size + PAGE_SIZE - 1) >> PAGE_SHIFT;
+        let npages = (last >> PAGE_SHIFT) + 1;
         // A bad alignment (0, not a power of two) goes to the locked path, which reports it.
-        let aligned = align.is_power_of_two() && align <= npages << PAGE_SHIFT;
+        // (A page or less always fits: stated first, it folds away for a constant page alignment.)
+        let aligned = align.is_power_of_two() && (align <= PAGE_SIZE || align <= npages << PAGE_SHIFT);
         (npages & (npages - 1) == 0 && aligned).then_some(npages.trailing_zeros() as u8)
     }
 
@@ -512,14 +556,14 @@ impl Allocator {
         Ok(())
     }
 
-    /// Free the live block that starts at `ptr`.
-    #[inline]
+    /// Free the live block that starts at `ptr` (always inlined, as `alloc`).
+    #[inline(always)]
     pub fn free(&self, ptr: *mut u8) -> Result<(), Error> {
         self.free_checked(ptr as usize, None)
     }
 
     /// Free the live block at `ptr`, checking that it holds `size` bytes (page-rounded).
-    #[inline]
+    #[inline(always)]
     pub fn free_sized(&self, ptr: *mut u8, size: usize) -> Result<(), Error> {
         self.free_checked(ptr as usize, Some(size))
     }
@@ -528,8 +572,12 @@ impl Allocator {
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         // The hit path: a live block of a cached order goes to the cache this thread used last.
         if let Some(tc) = cache::last(self) {
-            if tc.inside(|tc| tc.free_hit(self, addr, size)) == Some(true) {
-                return Ok(());
+            if tc.enter() {
+                let hit = tc.free_hit(self, addr, size);
+                tc.leave();
+                if hit {
+                    return Ok(());
+                }
             }
         }
         self.free_slow(addr, size)
@@ -738,6 +786,9 @@ impl Allocator {
         v.len.store(arena.len, Ordering::Relaxed);
         v.states.store(arena.states().raw() as usize, Ordering::Relaxed);
         v.meta.store(arena.meta_raw() as usize, Ordering::Relaxed);
+        let (meta, states) = (arena.meta_raw() as usize, arena.states().raw() as usize);
+        v.meta_bias.store(meta.wrapping_sub(arena.base >> META_ADDR_SHIFT), Ordering::Relaxed);
+        v.states_bias.store(states.wrapping_sub(arena.base >> PAGE_SHIFT), Ordering::Relaxed);
         h.arenas[i] = Some(arena);
         h.narenas += 1;
         self.shared.hit.published.store(h.narenas, Ordering::Release);
@@ -755,10 +806,30 @@ impl Allocator {
     }
 
     /// The arena holding `addr` and its view, without the lock.
-    #[inline]
+    ///
+    /// The first arena, which holds most blocks, is checked inline (the free hit path) and the
+    /// others out of line. It needs no load of `published`: `Allocator::new` installs it before
+    /// any handle exists, so every thread that holds one sees its view.
+    #[inline(always)]
     pub(crate) fn view_of(&self, addr: usize) -> Option<(usize, &ArenaView)> {
-        let n = self.shared.hit.published.load(Ordering::Acquire);
-        for (i, v) in self.shared.views[..n].iter().enumerate() {
+        if let Some(v) = self.first_view_of(addr) {
+            return Some((0, v));
+        }
+        self.view_of_others(addr)
+    }
+
+    /// The first arena's view if it holds `addr` (see `view_of`).
+    #[inline(always)]
+    pub(crate) fn first_view_of(&self, addr: usize) -> Option<&ArenaView> {
+        let v = &self.shared.views[0];
+        (addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed)).then_some(v)
+    }
+
+    /// `view_of` for the arenas after the first.
+    #[inline(never)]
+    fn view_of_others(&self, addr: usize) -> Option<(usize, &ArenaView)> {
+        let n = self.shared.hit.published.load(Ordering::Acquire).min(MAX_ARENAS);
+        for (i, v) in self.shared.views[..n].iter().enumerate().skip(1) {
             if addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed) {
                 return Some((i, v));
             }

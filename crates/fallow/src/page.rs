@@ -247,6 +247,24 @@ impl HitWord {
     pub(crate) fn npages(self) -> u32 {
         (self.0 >> 32) as u32
     }
+    /// The first page of a live block that is not `mlock`ed (tag `Alloc`, no `META_LOCKED`):
+    /// one mask and one compare.
+    #[inline(always)]
+    pub(crate) fn live_unlocked(self) -> bool {
+        (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
+    }
+    /// The bits a block of `npages` pages gets when a cache hands it out: its page count and
+    /// `Tag::Alloc` (see `handed_out`).
+    pub(crate) const fn alloc_bits(npages: u32) -> u64 {
+        Tag::Alloc as u64 | (npages as u64) << 32
+    }
+    /// `with(Tag::Alloc, flags() & !META_FREED_START, npages)`, where `bits` is
+    /// `alloc_bits(npages)` (precomputed per order on the allocation hit path).
+    #[inline(always)]
+    pub(crate) fn handed_out(self, bits: u64) -> HitWord {
+        // Keep order, class and every flag but `FREED_START`; `bits` brings tag and page count.
+        HitWord((self.0 & (0xffff_ff00 & !((META_FREED_START as u64) << 16))) | bits)
+    }
     /// The same word with a new tag, flags and page count (order and class kept).
     #[inline(always)]
     pub(crate) fn with(self, tag: Tag, flags: u8, npages: u32) -> HitWord {
@@ -267,5 +285,26 @@ impl HitWord {
     pub(crate) unsafe fn store(self, m: *mut BlockMeta) {
         let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
         (*w).store(self.0, core::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_word_shortcuts_agree_with_with() {
+        for flags in 0..=255u8 {
+            for tag in [Tag::Cached, Tag::Alloc, Tag::Free] {
+                // order 3, class 2, a stale page count
+                let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
+                for n in [1u32, 2, 8, 512] {
+                    let slow = w.with(Tag::Alloc, w.flags() & !META_FREED_START, n);
+                    assert_eq!(w.handed_out(HitWord::alloc_bits(n)), slow);
+                }
+                let locked = flags & META_LOCKED != 0;
+                assert_eq!(w.live_unlocked(), tag == Tag::Alloc && !locked);
+            }
+        }
     }
 }
