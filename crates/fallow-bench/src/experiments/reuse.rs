@@ -135,24 +135,36 @@ fn check(p: &Peer, c: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// How long each loop runs untimed before a measurement, and the seed offset it uses.
+const WARMUP: Duration = Duration::from_millis(100);
+const WARMUP_SEED: usize = 1000;
+
 /// One measurement of `kind` in configuration `c`: (calls, wall and CPU time).
 fn measure(kind: PeerKind, c: Config, duration: Duration) -> Result<(u64, Sample), String> {
     let peer = Peer::new(kind, Setup { working_set: c.size * c.threads * 2, thp: false })?;
     check(&peer, c)?;
     // The window is the main thread's: it starts before the barrier releases the loops and ends
     // when the last has been joined, so that a loop the scheduler starts late is charged for it.
+    let warmed = Barrier::new(c.threads + 1);
     let barrier = Barrier::new(c.threads + 1);
     let start: OnceLock<Instant> = OnceLock::new();
     let (calls, sample) = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..c.threads)
             .map(|t| {
-                let (barrier, peer, start) = (&barrier, &peer, &start);
+                let (warmed, barrier, peer, start) = (&warmed, &barrier, &peer, &start);
                 sc.spawn(move || {
+                    // Untimed warm-up, the same for every peer: a fresh fallow allocator's first
+                    // requests fault in new memory and fill this thread's cache, which a
+                    // process-wide allocator such as glibc did in an earlier measurement.
+                    let warm = hot_loop(peer, c, t + WARMUP_SEED, Instant::now() + WARMUP);
+                    warmed.wait();
                     barrier.wait();
+                    warm?;
                     hot_loop(peer, c, t, *start.get().unwrap() + duration)
                 })
             })
             .collect();
+        warmed.wait();
         let c0 = cpu_ms();
         let t0 = *start.get_or_init(Instant::now);
         barrier.wait();
