@@ -176,9 +176,9 @@ mod tests {
         assert!(gate.is_ready());
     }
 
-    #[test]
-    fn a_fork_child_of_a_creation_in_progress_creates_its_own() {
-        let gate = Arc::new(StartGate::new());
+    /// A thread that enters `gate` as its creator and finishes only when told to; returns once
+    /// it is creating.
+    fn creating_thread(gate: &Arc<StartGate>) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let g = gate.clone();
@@ -189,6 +189,13 @@ mod tests {
             g.finish(true);
         });
         started_rx.recv().unwrap();
+        (creator, go_tx)
+    }
+
+    #[test]
+    fn a_fork_child_of_a_creation_in_progress_creates_its_own() {
+        let gate = Arc::new(StartGate::new());
+        let (creator, go_tx) = creating_thread(&gate);
         // SAFETY: the child only calls the gate (system calls, no allocation) and `_exit`.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
@@ -213,16 +220,7 @@ mod tests {
     #[test]
     fn a_waiter_gives_up_on_a_creation_that_does_not_end() {
         let gate = Arc::new(StartGate::new());
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let g = gate.clone();
-        let creator = std::thread::spawn(move || {
-            assert_eq!(g.enter(), Entry::Create);
-            started_tx.send(()).unwrap();
-            go_rx.recv().unwrap();
-            g.finish(true);
-        });
-        started_rx.recv().unwrap();
+        let (creator, go_tx) = creating_thread(&gate);
         // The creator is alive and blocked: this thread waits, then uses the system allocator.
         assert_eq!(gate.enter(), Entry::Stalled);
         go_tx.send(()).unwrap();
