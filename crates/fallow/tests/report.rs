@@ -350,7 +350,7 @@ fn an_idle_threads_cache_is_drained_and_reported() {
         let a = &a;
         let t = sc.spawn(move || {
             // Two 2 MiB blocks and sixteen 4 KiB ones, written, freed into this thread's cache.
-            let sizes = [2 << 20, 2 << 20].into_iter().chain(std::iter::repeat(PAGE).take(16));
+            let sizes = [2 << 20, 2 << 20].into_iter().chain(std::iter::repeat_n(PAGE, 16));
             let v: Vec<(usize, usize)> = sizes.map(|n| (a.alloc(n, PAGE, Flags::NONE).unwrap().as_ptr() as usize, n)).collect();
             for &(p, n) in &v {
                 fill(p as *mut u8, n, 7);
