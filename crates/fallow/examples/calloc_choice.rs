@@ -4,9 +4,9 @@
 //! a `ZERO` allocation followed by the program writing the whole block once (the hot reuse loop:
 //! `calloc`, `memset`, `free`) in both cases, medians of interleaved repetitions, and prints the
 //! ratio. The rule in `Heap::take` / `Arena::take_preferring_hot` and docs/design.md
-//! ("Reuse-aware zeroing") come from this. The cold case switches the zeroing worker off once it
-//! has zeroed its block, which also switches the rule off, so that the request takes the zeroed
-//! block and both choices can be timed.
+//! ("Reuse-aware zeroing") come from this. In the cold case the hot block, just written, stays
+//! live, so that the zeroed block is the only resident one the request can take; the worker is
+//! switched off once it has zeroed it, so that nothing runs beside the timed part.
 //!
 //! ```text
 //! cargo run --release -p fallow --example calloc_choice [-- REPS]
@@ -27,8 +27,9 @@ fn write(p: *mut u8, len: usize, v: u8) {
     unsafe { core::ptr::write_bytes(p, v, len) };
 }
 
-/// One measurement: a hot dirty block of `len` bytes is freed just before the `ZERO` request;
-/// with `cold_zeroed`, a block of the same size zeroed by the worker is free too.
+/// One measurement of a `ZERO` request for `len` bytes, right after a block of that size was
+/// written: that block is freed just before (hot), or, with `cold_zeroed`, kept and the request
+/// finds a block the worker zeroed earlier.
 fn once(len: usize, cold_zeroed: bool) -> Duration {
     let a = allocator(cold_zeroed);
     let hot = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
@@ -47,13 +48,18 @@ fn once(len: usize, cold_zeroed: bool) -> Duration {
         a.set_tunables(Tunables { zeroing: false, ..a.tunables() }).unwrap();
     }
     write(hot, len, 0x55);
-    a.free(hot).unwrap();
+    if !cold_zeroed {
+        a.free(hot).unwrap();
+    }
     let t0 = Instant::now();
     let p = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
     write(p, len, 7);
     let dt = t0.elapsed();
     assert_eq!(p == hot, !cold_zeroed, "the request did not get the block this case measures");
     a.free(p).unwrap();
+    if cold_zeroed {
+        a.free(hot).unwrap();
+    }
     dt
 }
 

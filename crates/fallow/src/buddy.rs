@@ -198,26 +198,20 @@ impl Arena {
     pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: [Class; 3], hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
         if let Some(since) = hot_since {
-            let mask = self.nonempty[Class::Dirty as usize] & (!0u64 << order);
-            if mask != 0 {
-                let found = mask.trailing_zeros() as u8;
-                let pfn = self.heads[Class::Dirty as usize][found as usize];
-                if self.meta(pfn).freed_at_ms >= since {
-                    // Split as a plain request would: keep the dirty (hot) halves.
-                    return Some(self.carve(pfn, order, npages, false));
-                }
+            if let Some(pfn) = self.first_fit(Class::Dirty, order).filter(|&p| self.meta(p).freed_at_ms >= since) {
+                // Split as a plain request would: keep the dirty (hot) halves.
+                return Some(self.carve(pfn, order, npages, false));
             }
         }
-        for class in prefs {
-            let mask = self.nonempty[class as usize] & (!0u64 << order);
-            if mask == 0 {
-                continue;
-            }
-            let found = mask.trailing_zeros() as u8;
-            let pfn = self.heads[class as usize][found as usize];
-            return Some(self.carve(pfn, order, npages, prefs[0] == Class::Zeroed));
-        }
-        None
+        let pfn = prefs.into_iter().find_map(|c| self.first_fit(c, order))?;
+        Some(self.carve(pfn, order, npages, prefs[0] == Class::Zeroed))
+    }
+
+    /// The block `take` would split for `class`: the most recently freed one of the smallest
+    /// listed order at or above `order`.
+    fn first_fit(&self, class: Class, order: u8) -> Option<u32> {
+        let mask = self.nonempty[class as usize] & (!0u64 << order);
+        (mask != 0).then(|| self.heads[class as usize][mask.trailing_zeros() as usize])
     }
 
     /// Take the listed block at `pfn`, split it down to `order` keeping at each step the half

@@ -160,6 +160,8 @@ impl ArenaView {
     #[inline(always)]
     pub(crate) fn record(&self, addr: usize) -> (u32, *mut BlockMeta) {
         let pfn = ((addr - self.base()) >> PAGE_SHIFT) as u32;
+        // SAFETY: `addr` lies in this arena (the caller found it with `view_of`), so `pfn` is below its page
+        // count and the record lies inside the metadata array published with the view.
         (pfn, unsafe { self.meta().add(pfn as usize) })
     }
     /// The record of the page at `addr` (page-aligned, in this arena): `record` in one shift and
@@ -218,6 +220,15 @@ impl Shared {
     pub(crate) fn now_ms(&self) -> u32 {
         ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
     }
+
+    /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
+    /// in `busy_cpu_naps` (the lock is taken only when it napped).
+    pub(crate) fn wait_for_idle_cpu(&self, w: &Worker, gate: &mut worker::IdleGate, max_wait_ns: u64) {
+        let naps = gate.wait(w, max_wait_ns);
+        if naps > 0 {
+            self.heap.lock().reclaim.busy_cpu_naps += naps;
+        }
+    }
 }
 
 /// A page allocator. Cloning gives another handle to the same allocator.
@@ -270,8 +281,7 @@ impl Heap {
         // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 8 MiB here the hot block with a memset was 1.2-1.6x faster).
-        let hot_since = (zero && npages <= self.hot_zero_max_pages && self.tunables.zeroing)
-            .then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
+        let hot_since = (zero && npages <= self.hot_zero_max_pages).then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
         for ai in 0..self.narenas {
             let a = self.arenas[ai].as_mut().unwrap();
             let got = if order <= a.max_order {
@@ -494,6 +504,7 @@ impl Allocator {
         }
         let order = self.cached_order(size, align)?;
         let addr = cache::current(self)?.inside(|tc| tc.alloc(self, order, flags))??;
+        // SAFETY: a block address is never null.
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
 
@@ -501,7 +512,8 @@ impl Allocator {
     fn alloc_locked(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
-        let now = self.now_ms();
+        // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
+        let now = if zero { self.now_ms() } else { 0 };
         let mut waits = 0u32;
         let placed = loop {
             let mut h = self.shared.heap.lock();
@@ -521,6 +533,7 @@ impl Allocator {
             self.grow(npages as usize)?;
         };
         self.prepare(&placed, flags)?;
+        // SAFETY: a block address is never null.
         Ok(unsafe { NonNull::new_unchecked(placed.addr as *mut u8) })
     }
 
@@ -534,6 +547,8 @@ impl Allocator {
             states.for_each_run(t.pfn, t.npages, |start, n, s| {
                 if !s.reads_zero() {
                     let addr = p.addr + (((start - t.pfn) as usize) << PAGE_SHIFT);
+                    // SAFETY: the run lies inside the block just taken, which the caller owns and nobody else
+                    // touches until it is handed out.
                     unsafe { core::ptr::write_bytes(addr as *mut u8, 0, (n as usize) << PAGE_SHIFT) };
                 }
             });
@@ -856,6 +871,7 @@ impl Allocator {
     }
 
     pub fn after_fork_parent(&self) {
+        // SAFETY: `before_fork` took the lock in this thread, and this is its parent-side release.
         unsafe { self.shared.heap.raw().unlock() }
     }
 
@@ -864,6 +880,7 @@ impl Allocator {
     /// reported or zeroed page recorded as dirty costs a memset at worst). The workers restart
     /// when a free next makes work for them, or at `start_workers`.
     pub fn after_fork_child(&self) {
+        // SAFETY: the child has one thread, this one, which took the lock in `before_fork`.
         unsafe { self.shared.heap.raw().reset_after_fork() }
         let s = &*self.shared;
         s.reporter.forget_after_fork();
@@ -1117,6 +1134,7 @@ impl Allocator {
         let arg = Arc::into_raw(self.shared.clone()) as *mut libc::c_void;
         if w.start(entry, arg).is_err() {
             // No thread: nothing runs in the background, the allocator works as without workers.
+            // SAFETY: `arg` came from `Arc::into_raw` just above and no thread was created to own it.
             drop(unsafe { Arc::from_raw(arg as *const Shared) });
             w.release_claim();
         } else {

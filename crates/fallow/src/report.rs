@@ -70,9 +70,11 @@ pub fn dontneed_zeroes() -> bool {
         Ok(p) => {
             let offsets = [0usize, 1, 777, PAGE_SIZE - 1];
             for &o in &offsets {
+                // SAFETY: `p` is a private scratch page of PAGE_SIZE bytes and `o < PAGE_SIZE`.
                 unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
             }
             let advised = os::madvise(p, PAGE_SIZE, libc::MADV_DONTNEED).is_ok();
+            // SAFETY: as above: inside the scratch page, still mapped.
             let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
             os::unmap(p, PAGE_SIZE);
             advised && zero
@@ -83,6 +85,7 @@ pub fn dontneed_zeroes() -> bool {
 }
 
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let mut gate = shared.reporter.on_thread_start();
     dontneed_zeroes();
@@ -109,10 +112,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
         if budget == PASS_BUDGET {
-            let busy_naps = gate.wait(&s.reporter, 1_000_000_000);
-            if busy_naps > 0 {
-                s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
-            }
+            s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
         }
         match report_one_batch(s) {
             Next::Again => {

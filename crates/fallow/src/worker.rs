@@ -65,6 +65,7 @@ impl Worker {
     }
 
     pub fn running(&self) -> bool {
+        // SAFETY: getpid has no preconditions.
         self.thread.load(Ordering::Acquire) != 0 && self.pid.load(Ordering::Relaxed) == unsafe { libc::getpid() }
     }
 
@@ -75,11 +76,14 @@ impl Worker {
         self.stop.store(false, Ordering::Relaxed);
         self.word.store(RUNNING, Ordering::SeqCst);
         let mut tid: libc::pthread_t = 0;
+        // SAFETY: `tid` is writable, default attributes; `entry` takes ownership of `arg` only if the
+        // thread is created (the caller keeps it on error).
         let r = unsafe { libc::pthread_create(&mut tid, core::ptr::null(), entry, arg) };
         if r != 0 {
             self.word.store(ABSENT, Ordering::SeqCst);
             return Err(r);
         }
+        // SAFETY: getpid has no preconditions.
         self.pid.store(unsafe { libc::getpid() }, Ordering::Relaxed);
         self.thread.store(tid as usize, Ordering::Release);
         Ok(())
@@ -177,6 +181,7 @@ impl Worker {
         self.kick();
         let tid = self.thread.swap(0, Ordering::AcqRel);
         if tid != 0 {
+            // SAFETY: `tid` is a thread this process created and nobody else joins (the swap above took it).
             unsafe { libc::pthread_join(tid as libc::pthread_t, core::ptr::null_mut()) };
         }
         self.word.store(ABSENT, Ordering::SeqCst);

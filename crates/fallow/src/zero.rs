@@ -53,6 +53,7 @@ const SCAN_LIMIT: u32 = 256;
 const NAP_NS: u64 = 1_000_000_000;
 
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let mut gate = shared.zeroer.on_thread_start();
     run(&shared, &mut gate);
@@ -79,10 +80,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.
-        let busy_naps = gate.wait(&s.zeroer, u64::MAX);
-        if busy_naps > 0 {
-            s.heap.lock().reclaim.busy_cpu_naps += busy_naps;
-        }
+        s.wait_for_idle_cpu(&s.zeroer, gate, u64::MAX);
         match zero_one_chunk(s, &mut d) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
@@ -200,6 +198,8 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
         let len = (n as usize) << PAGE_SHIFT;
         match st {
             PageState::Dirty | PageState::LazyFree => {
+                // SAFETY: the run lies inside the block this worker isolated (on no list, handed to nobody)
+                // until `unisolate` below, so no one else reads or writes it meanwhile.
                 unsafe { crate::nt::zero(addr, len) };
                 zeroed_pages += n as u64;
             }

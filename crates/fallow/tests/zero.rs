@@ -84,19 +84,27 @@ fn demand_drives_the_amount_zeroed() {
     a.check_invariants().unwrap();
 }
 
+/// Allocate `len` bytes, write them with `byte`, free them, and wait until the zeroing worker has
+/// looked at the lists `scans` more times (it runs only on idle CPU), so that a test asserting
+/// that nothing was zeroed cannot pass before the worker had its chance. The block's address.
+fn free_a_written_block_and_let_the_worker_scan(a: &Allocator, len: usize, byte: u8, scans: u64) -> *mut u8 {
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes.
+    unsafe { core::ptr::write_bytes(p, byte, len) };
+    let before = a.stats().zero_scans;
+    a.free(p).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    wait_for("the worker to scan after the free", || a.stats().zero_scans >= before + scans);
+    p
+}
+
 #[test]
 fn without_any_zero_request_nothing_is_zeroed() {
     // The default reserve, but the program only ever asks for plain memory.
     let t = Tunables { zero_delay_ms: 0, ..zeroing(Tunables::default().zeroed_reserve) };
     let a = Allocator::new(config(t)).unwrap();
-    let len = 32 << 20;
-    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    unsafe { core::ptr::write_bytes(p, 1, len) };
-    let scans = a.stats().zero_scans;
-    a.free(p).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    // Not vacuous: the worker must have looked at the dirty block (it runs only on idle CPU).
-    wait_for("the worker to scan after the free", || a.stats().zero_scans >= scans + 2);
+    // Two scans: the one the free wakes, and one after the nap (1 s) that found nothing wanted.
+    free_a_written_block_and_let_the_worker_scan(&a, 32 << 20, 1, 2);
     assert_eq!(a.stats().zeroed_background_bytes, 0, "zeroed for a program that never asked for zeros");
     // The first ZERO request switches the reserve on.
     ask_for_zeroed_memory(&a);
@@ -112,14 +120,8 @@ fn a_block_freed_less_than_zero_delay_ago_is_left_alone() {
     let a = Allocator::new(config(t)).unwrap();
     ask_for_zeroed_memory(&a);
     let len = 8 << 20;
-    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    unsafe { core::ptr::write_bytes(p, 0x5a, len) };
-    let scans = a.stats().zero_scans;
-    a.free(p).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    // Not vacuous: the worker must have looked at the young block (it runs only on idle CPU;
-    // the free woke it, and it then naps until the block would be old enough).
-    wait_for("the worker to scan after the free", || a.stats().zero_scans > scans);
+    // One scan: the free wakes the worker, which then naps until the block would be old enough.
+    let p = free_a_written_block_and_let_the_worker_scan(&a, len, 0x5a, 1);
     assert_eq!(a.stats().zeroed_background_bytes, 0, "the worker zeroed a block freed within zero_delay");
     assert_eq!(bytes_in_state(&a, p as usize, len, PageState::Dirty), len);
     assert!(all_bytes(p, len, 0x5a), "the young block's contents were touched");
@@ -141,11 +143,13 @@ fn zero_request_takes(len: usize) -> (bool, bool) {
     ask_for_zeroed_memory(&a);
     let hot = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
     let cold = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `cold` is a live block of `len` bytes.
     unsafe { core::ptr::write_bytes(cold, 0x11, len) };
     a.free(cold).unwrap();
     wait_for("the cold block zeroed", || bytes_in_state(&a, cold as usize, len, PageState::Zeroed) == len);
     // From now on a block counts as hot for ten minutes, and the worker leaves it alone.
     a.set_tunables(Tunables { zero_delay_ms: 600_000, ..a.tunables() }).unwrap();
+    // SAFETY: `hot` is a live block of `len` bytes.
     unsafe { core::ptr::write_bytes(hot, 0x22, len) };
     a.free(hot).unwrap();
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
