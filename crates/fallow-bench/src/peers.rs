@@ -200,6 +200,9 @@ impl Peer {
     /// allocator make the pages resident if it can (fallow only: the others are touched by the
     /// caller). Null on failure.
     pub fn alloc(&self, size: usize, zero: bool, populate: bool) -> *mut u8 {
+        // SAFETY: allocation calls with no preconditions beyond their arguments' types: the
+        // malloc-like calls take any size, `mmap` asks for a fresh private anonymous mapping at no
+        // fixed address (it cannot replace an existing one); fallow's `alloc` is safe.
         let p = unsafe {
             match &self.imp {
                 Imp::Glibc => {
@@ -257,6 +260,9 @@ impl Peer {
             let start = (p as usize).next_multiple_of(HUGE);
             let end = (p as usize + size) & !(HUGE - 1);
             if end > start {
+                // SAFETY: `[start, end)` lies inside the `size` bytes just allocated at `p`
+                // (rounded inwards to huge pages), and MADV_HUGEPAGE is only a hint that never
+                // changes the contents of the range.
                 unsafe { libc::madvise(start as *mut _, end - start, libc::MADV_HUGEPAGE) };
             }
         }
@@ -268,6 +274,9 @@ impl Peer {
         if p.is_null() {
             return;
         }
+        // SAFETY: relies on the caller keeping the module invariant (a safe fn: its signature does
+        // not enforce it): `p` came from this peer's `alloc`/`grow` of `size` bytes, is freed
+        // once, and is no longer touched. Fallow's `free` is safe anyway (it validates `p`).
         unsafe {
             match &self.imp {
                 Imp::Glibc => libc::free(p as *mut _),
@@ -295,6 +304,9 @@ impl Peer {
     /// Grow a block of `old` bytes to `new` bytes, keeping its contents (realloc). Null on failure
     /// (the old block is then still live).
     pub fn grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
+        // SAFETY: relies on the caller keeping the module invariant (not enforced by this safe
+        // fn's signature): `p` is a live block of `old` bytes from this peer, which the realloc
+        // calls and `move_grow` consume (the caller uses the result, or `p` only if it is null).
         unsafe {
             match &self.imp {
                 Imp::Glibc => libc::realloc(p as *mut _, new) as *mut u8,
@@ -312,11 +324,18 @@ impl Peer {
     }
 
     /// A new block, a copy, a free: what `mmap` and fallow do when they cannot grow in place.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a live block of `old` bytes from this peer's `alloc` (or `grow`), not used again by
+    /// the caller unless null is returned; on success it is freed here.
     unsafe fn move_grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
         let q = self.alloc(new, false, false);
         if q.is_null() {
             return q;
         }
+        // SAFETY: `p` is readable for `old` bytes (the contract above), `q` is a fresh block of
+        // `new` bytes, distinct from `p` since `p` is still live; `old.min(new)` fits both.
         core::ptr::copy_nonoverlapping(p, q, old.min(new));
         self.free(p, old);
         q
@@ -342,13 +361,19 @@ fn fallow_alloc_flags(a: &Allocator, size: usize, zero: bool, populate: bool) ->
 
 /// Versions of the libraries, for the `machine` record.
 pub fn versions() -> Vec<(&'static str, String)> {
+    // SAFETY: `gnu_get_libc_version` is glibc's, takes nothing and returns a pointer to a static
+    // NUL-terminated string that is never freed or changed.
     let glibc = unsafe {
         extern "C" {
             fn gnu_get_libc_version() -> *const libc::c_char;
         }
         std::ffi::CStr::from_ptr(gnu_get_libc_version()).to_string_lossy().into_owned()
     };
+    // SAFETY: plain call with no arguments and no preconditions (returns an int).
     let mi = unsafe { libmimalloc_sys::mi_version() };
+    // SAFETY: "version" is a read-only jemalloc mallctl of type `const char *`: `v` and `len`
+    // are live locals of that type and size, no new value is passed (null, 0); on success `v`
+    // points to jemalloc's static NUL-terminated version string.
     let je = unsafe {
         let mut v: *const libc::c_char = core::ptr::null();
         let mut len = core::mem::size_of::<*const libc::c_char>();
@@ -384,15 +409,21 @@ mod tests {
             let n = 3 << 20;
             let b = p.alloc(n, false, false);
             assert!(!b.is_null(), "{}", kind.name());
+            // SAFETY: `b` is a non-null (asserted) live block of `n` bytes from `p.alloc`.
             unsafe { core::ptr::write_bytes(b, 0xee, n) };
             p.free(b, n);
             let z = p.alloc(n, true, true);
             assert!(!z.is_null());
+            // SAFETY: `z` is a non-null live block of `n` bytes asked for zeroed, so initialised;
+            // no writes happen while `s` is alive.
             let s = unsafe { core::slice::from_raw_parts(z, n) };
             assert!(s.iter().all(|&x| x == 0), "{}: zeroed allocation had garbage", kind.name());
+            // SAFETY: `z` is still a live block of `n` bytes (`s` is no longer used).
             unsafe { core::ptr::write_bytes(z, 7, n) };
             let g = p.grow(z, n, 2 * n);
             assert!(!g.is_null());
+            // SAFETY: `g` is a non-null live block of `2 * n` bytes whose first `n` were copied
+            // (or kept) from `z`, so initialised; `z` is not used after the grow.
             let s = unsafe { core::slice::from_raw_parts(g, n) };
             assert!(s.iter().all(|&x| x == 7), "{}: grow lost the contents", kind.name());
             p.free(g, 2 * n);

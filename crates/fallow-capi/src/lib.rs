@@ -35,6 +35,9 @@ fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
     let mut b = StackBuf::<MSG_LEN>::new();
     let _ = b.write_fmt(msg);
     LAST_ERROR.with(|cell| {
+        // SAFETY: `LAST_ERROR` is this thread's own buffer, and no other reference to it exists
+        // while this closure runs: the only other access, `fallow_last_error`, hands C a raw
+        // pointer and creates no reference, and nothing here calls back into this crate.
         let buf = unsafe { &mut *cell.get() };
         let n = b.as_bytes().len().min(MSG_LEN - 1);
         buf[..n].copy_from_slice(&b.as_bytes()[..n]);
@@ -85,21 +88,31 @@ pub struct FallowStats {
     pub free_blocks: [[u64; 31]; 3],
 }
 
+/// # Safety
+///
+/// `c` is null or points to a `FallowConfig` (`fallow_config`) writable by this thread.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_config_init(c: *mut FallowConfig) {
     if c.is_null() {
         return;
     }
     let d = Config::default();
+    // SAFETY: `c` is not null (checked above) and writable (the contract); `FallowConfig` has no
+    // drop glue, so overwriting whatever it held is fine.
     *c = FallowConfig { arena_size: d.arena_size, max_order: d.max_order as u32, thp: d.thp as c_int, backing: 0 };
 }
 
+/// # Safety
+///
+/// `c` is null or points to a readable, initialised `FallowConfig`; `out` is null or points to
+/// a writable `fallow_allocator *`.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Allocator) -> c_int {
     if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_create: out is NULL"));
     }
     let mut config = Config::default();
+    // SAFETY: `c` is null (then `None`) or points to an initialised `FallowConfig` (the contract).
     if let Some(c) = c.as_ref() {
         if c.max_order > 255 {
             return fail(libc::EINVAL, format_args!("bad setting max_order: must be between 0 and 30"));
@@ -124,6 +137,7 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     }
     match Allocator::new(config) {
         Ok(a) => {
+            // SAFETY: `out` is not null (checked above) and writable (the contract).
             *out = Box::into_raw(Box::new(a));
             0
         }
@@ -131,15 +145,23 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a handle from `fallow_create` not yet destroyed; no other thread uses it and
+/// it is not used afterwards; blocks it gave are not touched afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_destroy(a: *mut Allocator) {
     if !a.is_null() {
+        // SAFETY: a non-null `a` is the `Box` that `fallow_create` leaked, destroyed once and
+        // used by no one else (the contract).
         drop(Box::from_raw(a));
     }
 }
 
 macro_rules! handle {
     ($a:expr, $f:literal) => {
+        // SAFETY: every use is in a function whose contract makes `$a` null or a live handle
+        // from `fallow_create` (a leaked `Box<Allocator>`, shared immutably).
         match $a.as_ref() {
             Some(a) => a,
             None => return fail(libc::EINVAL, format_args!(concat!($f, ": allocator is NULL"))),
@@ -147,6 +169,10 @@ macro_rules! handle {
     };
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
+/// `void *`.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_alloc(
     a: *mut Allocator,
@@ -165,16 +191,22 @@ pub unsafe extern "C" fn fallow_alloc(
     let align = if align == 0 { core_fallow::os::PAGE_SIZE } else { align };
     match a.alloc(size, align, Flags(flags)) {
         Ok(p) => {
+            // SAFETY: `out` is not null (checked above) and writable (the contract).
             *out = p.as_ptr() as *mut c_void;
             0
         }
         Err(e) => {
+            // SAFETY: as above.
             *out = ptr::null_mut();
             fail_with(e)
         }
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`. `p` may be anything (it is validated);
+/// the block it frees is not touched afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int {
     let a = handle!(a, "fallow_free");
@@ -184,6 +216,10 @@ pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`. `p` may be anything (it is validated);
+/// the block it frees is not touched afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_free_sized(a: *mut Allocator, p: *mut c_void, size: usize) -> c_int {
     let a = handle!(a, "fallow_free_sized");
@@ -193,6 +229,11 @@ pub unsafe extern "C" fn fallow_free_sized(a: *mut Allocator, p: *mut c_void, si
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `p` may be anything (it is validated);
+/// `resized` is null or points to a writable `int`. Pages given back by a shrink are not touched
+/// afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_resize_in_place(
     a: *mut Allocator,
@@ -204,6 +245,7 @@ pub unsafe extern "C" fn fallow_resize_in_place(
     match a.resize_in_place(p as *mut u8, new_size) {
         Ok(done) => {
             if !resized.is_null() {
+                // SAFETY: not null (just checked) and writable (the contract).
                 *resized = done as c_int;
             }
             0
@@ -212,25 +254,39 @@ pub unsafe extern "C" fn fallow_resize_in_place(
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `p` may be anything (it is validated).
 #[no_mangle]
 pub unsafe extern "C" fn fallow_usable_size(a: *mut Allocator, p: *const c_void) -> usize {
+    // SAFETY: `a` is null or a live handle from `fallow_create` (the contract).
     match a.as_ref() {
         Some(a) => a.usable_size(p as *const u8).unwrap_or(0),
         None => 0,
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `p` may be anything (only compared).
 #[no_mangle]
 pub unsafe extern "C" fn fallow_owns(a: *const Allocator, p: *const c_void) -> c_int {
+    // SAFETY: `a` is null or a live handle from `fallow_create` (the contract).
     match a.as_ref() {
         Some(a) => a.owns(p as *const u8) as c_int,
         None => 0,
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
+/// `fallow_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowStats) -> c_int {
     let a = handle!(a, "fallow_stats_read");
+    // SAFETY: `out` is null (then `None`) or points to a writable `FallowStats` (the contract),
+    // which nothing else accesses during the call.
     let Some(out) = out.as_mut() else {
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
     };
@@ -287,6 +343,9 @@ fn tunable_name(name: *const c_char, func: &str) -> Result<&'static str, c_int> 
     if name.is_null() {
         return Err(fail(libc::EINVAL, format_args!("{func}: name is NULL")));
     }
+    // SAFETY: `name` is not null (checked above), and both callers are `unsafe extern "C"`
+    // functions whose contract is that a non-null `name` is a NUL-terminated string readable up
+    // to its NUL; the bytes are only used within this call.
     let n = unsafe { CStr::from_ptr(name) }.to_bytes();
     match TUNABLES.iter().find(|t| t.as_bytes() == n) {
         Some(t) => Ok(t),
@@ -355,6 +414,10 @@ fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> 
     Ok(())
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `name` is null or a NUL-terminated
+/// string readable up to its NUL.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_set_tunable(a: *mut Allocator, name: *const c_char, value: u64) -> c_int {
     let a = handle!(a, "fallow_set_tunable");
@@ -369,6 +432,10 @@ pub unsafe extern "C" fn fallow_set_tunable(a: *mut Allocator, name: *const c_ch
     }
 }
 
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `name` is null or a NUL-terminated
+/// string readable up to its NUL; `value` is null or points to a writable `uint64_t`.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_get_tunable(a: *mut Allocator, name: *const c_char, value: *mut u64) -> c_int {
     let a = handle!(a, "fallow_get_tunable");
@@ -377,6 +444,7 @@ pub unsafe extern "C" fn fallow_get_tunable(a: *mut Allocator, name: *const c_ch
     }
     match tunable_name(name, "fallow_get_tunable") {
         Ok(t) => {
+            // SAFETY: `value` is not null (checked above) and writable (the contract).
             *value = get_field(&a.tunables(), t);
             0
         }

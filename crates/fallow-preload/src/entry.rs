@@ -34,6 +34,7 @@ pub fn die(op: &str, e: &Error) -> ! {
         _ => writeln!(b, "fallow: {op}(): {e}"),
     };
     fallow::os::write_stderr(b.as_bytes());
+    // SAFETY: plain libc call with no memory-safety preconditions (it does not return).
     unsafe { libc::abort() }
 }
 
@@ -123,6 +124,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         let old = libc_usable_size(p);
         if old < size {
             if let Some(q) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
+                // SAFETY: `p` is a live glibc block (realloc(3)'s contract; not fallow's, by
+                // address) usable for `old` bytes; `q` is a new fallow block of `size > old`
+                // bytes, distinct from `p`; `p` is freed right after and not used again.
                 ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old);
                 __libc_free(p);
                 return q;
@@ -141,6 +145,11 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 }
 
 /// Aligned allocation shared by the `memalign` family; `align` is a power of two.
+///
+/// # Safety
+///
+/// `align` is a power of two (what `__libc_memalign` documents); the block returned is owned
+/// by the caller, to be released through `free`/`realloc` as malloc(3) says.
 unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
     if let Some(a) = for_request(size, align) {
         if let Some(p) = from_fallow(a, size, align, Flags::NONE) {
@@ -162,11 +171,16 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
         fallow::os::set_errno(saved);
         return if e == 0 { libc::ENOMEM } else { e };
     }
+    // SAFETY: posix_memalign(3)'s contract: `out` points to a writable `void *`.
     *out = p;
     0
 }
 
 /// glibc's `memalign` rounds an alignment that is not a power of two up to the next one.
+///
+/// # Safety
+///
+/// None: pure arithmetic (the function need not be `unsafe`).
 unsafe fn round_align(align: usize) -> Option<usize> {
     if align <= MIN_ALIGN {
         return Some(MIN_ALIGN);
@@ -208,6 +222,11 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// the tests): copies the counters into `out[..n]` in the order of `fallow_stats` in fallow.h
 /// (bytes in use, live blocks, zero-skipped bytes, memset bytes, free dirty/zeroed/reported
 /// pages, realloc page moves, realloc copies). Returns how many were written.
+///
+/// # Safety
+///
+/// `out` is non-null, aligned for `u64` and writable for `n` values, even when `n` is 0
+/// (`copy_nonoverlapping` needs a non-null pointer for a zero-length copy too).
 #[no_mangle]
 pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize {
     let Some(a) = process::existing() else { return 0 };
@@ -224,6 +243,8 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
         remap::COPIES.load(core::sync::atomic::Ordering::Relaxed),
     ];
     let k = n.min(v.len());
+    // SAFETY: `out` is writable for `n >= k` aligned `u64`s (the contract above); `v` is a local
+    // array of at least `k` values, so the two do not overlap.
     ptr::copy_nonoverlapping(v.as_ptr(), out, k);
     k
 }

@@ -79,10 +79,15 @@ impl Default for EnvSettings {
 /// The settings from the process environment (warnings printed for bad values).
 pub fn from_environment() -> EnvSettings {
     parse(|name| {
+        // SAFETY: `name` is a `&CStr`, so a valid NUL-terminated string for the call.
         let v = unsafe { libc::getenv(name.as_ptr()) };
         if v.is_null() {
             None
         } else {
+            // SAFETY: a non-null `getenv` result is a NUL-terminated string in the environment,
+            // valid until the environment is changed; `parse` only uses it during this call, and
+            // we rely on no other thread calling setenv/putenv meanwhile (the settings are
+            // read on the first large request, and glibc's getenv has the same requirement).
             Some(unsafe { CStr::from_ptr(v) }.to_bytes())
         }
     }, &mut |msg| fallow::os::write_stderr(msg))

@@ -46,6 +46,10 @@ const PARSING: u8 = 1;
 const PARSED: u8 = 2;
 
 struct Slot<T>(UnsafeCell<MaybeUninit<T>>);
+// SAFETY: each `Slot` is written once, by the one thread that won its state machine
+// (`SETTINGS_STATE` PARSING, `GATE` Create), before a Release store that readers Acquire before
+// they take a shared `&T`; after that it is only read. The two slots hold `EnvSettings` (plain
+// `Copy` data) and `Allocator` (`Sync`), so shared references across threads are fine for them.
 unsafe impl<T> Sync for Slot<T> {}
 
 static SETTINGS_STATE: AtomicU8 = AtomicU8::new(UNPARSED);
@@ -88,10 +92,14 @@ pub fn settings() -> &'static EnvSettings {
         match SETTINGS_STATE.compare_exchange(UNPARSED, PARSING, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
                 let s = env::from_environment();
+                // SAFETY: only the thread whose compare_exchange moved UNPARSED -> PARSING gets
+                // here, once; nobody reads the slot before the PARSED store below (Release).
                 unsafe { (*SETTINGS.0.get()).write(s) };
                 SETTINGS_STATE.store(PARSED, Ordering::Release);
                 THRESHOLD.store(s.threshold, Ordering::Relaxed);
             }
+            // SAFETY: PARSED is stored (Release) only after the slot was written, and this
+            // thread's failed compare_exchange read it with Acquire; the slot is never written again.
             Err(PARSED) => return unsafe { (*SETTINGS.0.get()).assume_init_ref() },
             Err(_) => core::hint::spin_loop(),
         }
@@ -219,6 +227,7 @@ extern "C" fn print_stats_at_exit() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let page = fallow::os::PAGE_SIZE as u64;
     let mut b = StackBuf::<1024>::new();
+    // SAFETY: `getpid` is a plain libc call with no preconditions.
     let _ = writeln!(b, "fallow: stats at exit (pid {})", unsafe { libc::getpid() });
     let _ = writeln!(b, "fallow:   calls:     {} allocs, {} frees", s.alloc_calls, s.free_calls);
     let _ = writeln!(b, "fallow:   in use:    {:.1} MiB in {} blocks", mib(s.bytes_in_use), s.live_blocks);

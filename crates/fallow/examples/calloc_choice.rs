@@ -24,6 +24,8 @@ fn allocator(zeroing: bool) -> Allocator {
 }
 
 fn write(p: *mut u8, len: usize, v: u8) {
+    // SAFETY: every caller passes a live block that `a.alloc` just gave for `len` bytes (not yet
+    // freed), so `p` is writable for `len` bytes; this safe helper is local to this example.
     unsafe { core::ptr::write_bytes(p, v, len) };
 }
 

@@ -57,7 +57,9 @@ impl Way {
 
 /// CLOCK_MONOTONIC in nanoseconds: the one clock the parent and the child share.
 fn mono_ns() -> u64 {
+    // SAFETY: `timespec` is plain integers, for which all-zero bytes are a valid value.
     let mut ts: libc::timespec = unsafe { core::mem::zeroed() };
+    // SAFETY: `ts` is a live, writable `timespec` for the call; CLOCK_MONOTONIC is always valid.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -77,6 +79,8 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
         blocks.push(b);
     }
     for (k, &b) in blocks.iter().enumerate() {
+        // SAFETY: `b` is a live block of `block` bytes from `peer.alloc` (not freed until just
+        // below), and `(block - 1) & !(PAGE - 1)` is below `block` (`block >= PAGE` after the clamp).
         let last = unsafe { core::ptr::read_volatile(b.add((block - 1) & !(PAGE - 1))) };
         if last != 1 + (k % 250) as u8 {
             return Err(format!("{}: block {k} lost what was written", kind.name()));
@@ -84,6 +88,9 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
         peer.free(b, block);
     }
     sleep_ms(idle_ms);
+    // SAFETY: plain libc calls on valid arguments: SIG_DFL for SIGTERM installs no handler, and
+    // `set` is a local `sigset_t` (all-zero is a valid value, sigemptyset initialises it anyway)
+    // that outlives the calls; the old-mask pointer is null, which pthread_sigmask allows.
     unsafe {
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
         let mut set: libc::sigset_t = core::mem::zeroed();
@@ -93,10 +100,14 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
     }
     // The timestamp, then straight out: one write(2) to the pipe, nothing buffered.
     let line = format!("t {}\n", mono_ns());
+    // SAFETY: `line` is a live `String`, readable for `line.len()` bytes; fd 1 is only written.
     unsafe { libc::write(1, line.as_ptr() as *const libc::c_void, line.len()) };
     match way {
         Way::Return => std::process::exit(0),
+        // SAFETY: `_exit` has no memory-safety preconditions (it does not return).
         Way::Exit => unsafe { libc::_exit(0) },
+        // SAFETY: `raise` and `_exit` have no memory-safety preconditions; SIGTERM has the
+        // default disposition (set above), so `raise` ends the process and `_exit(3)` is a fallback.
         Way::Signal => unsafe {
             libc::raise(libc::SIGTERM);
             libc::_exit(3)
@@ -113,7 +124,12 @@ impl Hogs {
         for _ in 0..n {
             // The child only computes (nothing that could need a lock another thread of this
             // process held at the fork); it dies with its parent.
+            // SAFETY: `fork` itself has no memory-safety preconditions; what the child may do after
+            // a fork of a multithreaded process is restricted, see the next block.
             match unsafe { libc::fork() } {
+                // SAFETY: the child only calls `prctl` (a system call wrapper, async-signal-safe)
+                // and then spins on integer arithmetic forever: no lock, no allocation, no return
+                // into code that could touch state another thread held at the fork.
                 0 => unsafe {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                     let mut x = 1u64;
@@ -132,10 +148,13 @@ impl Hogs {
 impl Drop for Hogs {
     fn drop(&mut self) {
         for &pid in &self.0 {
+            // SAFETY: plain libc call with no memory-safety preconditions; `pid` is a child forked
+            // by `start` and not yet reaped, so it cannot name an unrelated process.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         for &pid in &self.0 {
             let mut status = 0;
+            // SAFETY: `status` is a live, writable `c_int` for the call.
             unsafe { libc::waitpid(pid, &mut status, 0) };
         }
     }
@@ -165,7 +184,9 @@ fn measure(kind: PeerKind, way: Way, o: &Options, exe: &std::path::Path) -> Resu
     let mut line = String::new();
     let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
     let mut status = 0;
+    // SAFETY: `rusage` is plain integers and `timeval`s, for which all-zero bytes are valid.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: `status` and `ru` are live, writable locals of the types wait4 fills.
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
     let t_end = mono_ns();
     drop(hogs);

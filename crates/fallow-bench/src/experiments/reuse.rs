@@ -104,6 +104,8 @@ fn hot_loop(p: &Peer, c: Config, thread: usize, deadline: Instant) -> Option<u64
 fn check(p: &Peer, c: Config) -> Result<(), String> {
     let zero = c.mode == Mode::Calloc;
     let n = c.size;
+    // SAFETY: `at` is only called below with `b` a live block of `n` bytes from `p.alloc` (read
+    // before `p.free`) and `off` from `edges(page)` with `page < n`, so `off <= n - 1`.
     let at = |b: *mut u8, off: usize| unsafe { core::ptr::read_volatile(b.add(off)) };
     let edges = |off: usize| [off, (off + PAGE).min(n) - 1];
     for _ in 0..2 {
