@@ -339,13 +339,17 @@ const TUNABLES: [&str; 12] = [
     "populated_reserve",
 ];
 
-fn tunable_name(name: *const c_char, func: &str) -> Result<&'static str, c_int> {
+/// The tunable `name` names, or the error (EINVAL, message set) for `func` to return.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string readable up to its NUL (the contract of the C
+/// functions that call this).
+unsafe fn tunable_name(name: *const c_char, func: &str) -> Result<&'static str, c_int> {
     if name.is_null() {
         return Err(fail(libc::EINVAL, format_args!("{func}: name is NULL")));
     }
-    // SAFETY: `name` is not null (checked above), and both callers are `unsafe extern "C"`
-    // functions whose contract is that a non-null `name` is a NUL-terminated string readable up
-    // to its NUL; the bytes are only used within this call.
+    // SAFETY: not null (checked above), and NUL-terminated and readable by this function's
+    // contract; the bytes are only used within this call.
     let n = unsafe { CStr::from_ptr(name) }.to_bytes();
     match TUNABLES.iter().find(|t| t.as_bytes() == n) {
         Some(t) => Ok(t),

@@ -225,8 +225,7 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 ///
 /// # Safety
 ///
-/// `out` is non-null, aligned for `u64` and writable for `n` values, even when `n` is 0
-/// (`copy_nonoverlapping` needs a non-null pointer for a zero-length copy too).
+/// `out` is aligned for `u64` and writable for `n` values (it may be null when `n` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize {
     let Some(a) = process::existing() else { return 0 };
@@ -243,6 +242,10 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
         remap::COPIES.load(core::sync::atomic::Ordering::Relaxed),
     ];
     let k = n.min(v.len());
+    if k == 0 {
+        // Nothing to copy: `out` may be null here.
+        return 0;
+    }
     // SAFETY: `out` is writable for `n >= k` aligned `u64`s (the contract above); `v` is a local
     // array of at least `k` values, so the two do not overlap.
     ptr::copy_nonoverlapping(v.as_ptr(), out, k);
