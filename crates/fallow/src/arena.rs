@@ -58,6 +58,8 @@ impl Listed {
     }
 }
 
+// SAFETY: the raw pointers are to the arena's own mappings (records, state bytes), which it
+// unmaps in `drop`; moving the owner to another thread changes nothing about them.
 unsafe impl Send for Arena {}
 
 /// `x` rounded up to a multiple of `to`; saturates (a size no arena can have) instead of
@@ -231,6 +233,12 @@ impl Arena {
     #[inline]
     pub fn meta(&self, pfn: u32) -> &BlockMeta {
         debug_assert!(pfn < self.npages);
+        // SAFETY: (unsound, see issue 14) `pfn < npages` (debug-asserted; callers pass pages of this
+        // arena), so the record lies inside the metadata mapping. But this hands out a plain
+        // `&BlockMeta` under the lock, while cache hits store bytes 8..16 of records (`HitWord`) as
+        // atomics without it: `buddy::free_block` copies a buddy's record that another thread's hit
+        // may be retagging, and `live_block` scans records of other threads' blocks (a bad pointer
+        // passed to the safe `free`). A plain read racing an atomic write.
         unsafe { &*self.meta.add(pfn as usize) }
     }
 
@@ -239,6 +247,10 @@ impl Arena {
     #[allow(clippy::mut_from_ref)]
     pub fn meta_mut(&self, pfn: u32) -> &mut BlockMeta {
         debug_assert!(pfn < self.npages);
+        // SAFETY: (unsound, see issue 14) `pfn < npages`, so the record is in the metadata mapping, and
+        // writers hold the allocator lock. But the lock does not cover the caches' hit path, which loads
+        // the `HitWord` of any page-aligned address passed to the safe `free` without it: a bad free of
+        // a listed page races these plain writes (split, merge, unlink).
         unsafe { &mut *self.meta.add(pfn as usize) }
     }
 
@@ -280,7 +292,10 @@ impl Arena {
 #[derive(Clone, Copy)]
 pub struct States(*const AtomicU8);
 
+// SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s; every access through it is
+// atomic except `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
 unsafe impl Send for States {}
+// SAFETY: as `Send`: shared access is to atomics.
 unsafe impl Sync for States {}
 
 impl States {
@@ -294,16 +309,23 @@ impl States {
 
     #[inline]
     pub fn get(self, pfn: u32) -> PageState {
+        // SAFETY: `pfn` is a page of this arena (callers pass pages of blocks they hold; the bound is only
+        // debug-checked, in this and the other `pub` accessors), so the byte is inside the state array;
+        // the load is atomic.
         PageState::from_byte(unsafe { (*self.0.add(pfn as usize)).load(Ordering::Relaxed) })
     }
 
     #[inline]
     pub fn set(self, pfn: u32, s: PageState) {
+        // SAFETY: as in `get`: `pfn` is inside the state array; the store is atomic.
         unsafe { (*self.0.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
     fn bytes(self, pfn: u32, n: u32) -> &'static mut [u8] {
         // Byte access to atomics is the same memory; the compiler turns fills into memset.
+        // SAFETY: `pfn..pfn + n` is inside the state array (callers pass a block of this arena), and the
+        // caller owns those bytes (the lock for free pages, the owner for a live or cached block), so no
+        // other thread accesses them during the plain access.
         unsafe { core::slice::from_raw_parts_mut(self.0.add(pfn as usize) as *mut u8, n as usize) }
     }
 
@@ -313,9 +335,12 @@ impl States {
         // The bytes of an aligned block of 2, 4 or 8 pages are aligned to 2, 4 or 8 (the array
         // is page-aligned), so one wider relaxed store writes them all.
         let v = (s as u8 as u64) * 0x0101_0101_0101_0101;
+        // SAFETY: `pfn` is inside the state array (callers pass pages of this arena).
         let p = unsafe { self.0.add(pfn as usize) };
         match n {
             1 => return self.set(pfn, s),
+            // SAFETY: `pfn` is a multiple of `n` and the array is page-aligned, so `p` is aligned for the
+            // wider atomic, and `pfn..pfn + n` (the caller's block) is inside the array.
             2 | 4 | 8 if pfn & (n - 1) == 0 => unsafe {
                 match n {
                     2 => (*(p as *const core::sync::atomic::AtomicU16)).store(v as u16, Ordering::Relaxed),

@@ -155,6 +155,8 @@ const _: () = assert!(core::mem::size_of::<crate::heap::ArenaView>() == 1 << ARE
 impl Entry {
     #[inline(always)]
     fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
+        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0 (the
+        // placeholder entries of `ThreadCache::new` use `1 << PAGE_SHIFT`), so the word is non-zero.
         Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
     }
     #[inline(always)]
@@ -293,6 +295,9 @@ pub(crate) struct Registry {
     head: *mut ThreadCache,
 }
 
+// SAFETY: the registry's pointers are to heap-allocated caches that are linked, unlinked and
+// walked only under the allocator lock (the registry lives in the locked `Heap`), from
+// whichever thread holds it; the `Cell` links of a cache are touched by no one else.
 unsafe impl Send for Registry {}
 
 impl Registry {
@@ -301,6 +306,8 @@ impl Registry {
     }
 
     fn push(&mut self, c: *mut ThreadCache) {
+        // SAFETY: `c` is a live cache this thread just allocated, and `head`, if not null, a
+        // registered cache, live until it is unlinked; `&mut self` means the allocator lock is held.
         unsafe {
             (*c).prev.set(ptr::null_mut());
             (*c).next.set(self.head);
@@ -312,6 +319,8 @@ impl Registry {
     }
 
     fn unlink(&mut self, c: *mut ThreadCache) {
+        // SAFETY: `c` and its neighbours are registered caches, live until they are unlinked (a cache is
+        // unlinked before it is freed, `retire`); `&mut self` means the allocator lock is held.
         unsafe {
             let (p, n) = ((*c).prev.get(), (*c).next.get());
             if p.is_null() {
@@ -331,6 +340,8 @@ impl Registry {
             if p.is_null() {
                 return None;
             }
+            // SAFETY: every cache on the list is live (unlinked under the lock before it is freed), and
+            // `&self` is borrowed from the locked `Heap`, so none is unlinked while iterating.
             let c = unsafe { &*p };
             p = c.next.get();
             Some(c)
@@ -427,27 +438,39 @@ impl ThreadCache {
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut Entry {
         debug_assert!((i as usize) < self.nentries());
+        // SAFETY: `i < nentries()` (callers index inside one stack's `base..base + cap`), the length
+        // of the `entries` allocation made in `new`.
         unsafe { self.entries.add(i as usize) }
     }
 
     #[inline(always)]
     fn mixed_at(&self, i: u32) -> *mut Mixed {
         debug_assert!((i as usize) < self.nentries());
+        // SAFETY: as in `entry`: `mixed` has the same `nentries()` length as `entries`.
         unsafe { self.mixed.add(i as usize) }
     }
 
     /// The entry at index `i`, with its counts.
     #[inline(always)]
     fn read(&self, i: u32) -> (Entry, Mixed) {
+        // SAFETY: (unsound, see issue 14) `entry(i)` is in bounds; the read is a plain one, sound when
+        // the owner reads, or another thread while the owner is kept out (refill and drain under the
+        // lock after the `membarrier` handshake, "Draining an idle thread's cache"). But `check` and
+        // `free_runs` (safe `check_invariants` / `free_runs`) also read other threads' entries, only
+        // documented to need those threads quiet: a plain read racing the owner's plain writes.
         let e = unsafe { *self.entry(i) };
+        // SAFETY: (unsound, see issue 14) as the read of the entry just above.
         let m = if e.mixed() { unsafe { *self.mixed_at(i) } } else { Mixed::default() };
         (e, m)
     }
 
     #[inline(always)]
     fn write(&self, i: u32, e: Entry, m: Mixed) {
+        // SAFETY: `i` is in bounds (see `entry`); only the owner writes entries, between `enter` and
+        // `leave`, or under the lock while the owner is kept out (frozen, `busy` 0 after `membarrier`).
         unsafe { *self.entry(i) = e };
         if e.mixed() {
+            // SAFETY: as the entry's store above.
             unsafe { *self.mixed_at(i) = m };
         }
     }
@@ -615,6 +638,8 @@ impl ThreadCache {
             };
             let v = a.view(e.arena());
             let (pfn, m) = v.record(e.addr());
+            // SAFETY: `m` comes from `record` of an entry's address in its own arena (invariant 1), so
+            // it is a record of that live arena's metadata array.
             let w = unsafe { HitWord::load(m) };
             if w.tag() != Tag::Cached as u8 {
                 // Taken by a racing double free elsewhere: forget the entry (see the top).
@@ -959,6 +984,8 @@ impl ThreadCache {
 
 impl Drop for ThreadCache {
     fn drop(&mut self) {
+        // SAFETY: `entries` and `mixed` were made in `new` by `Box::into_raw` of boxed slices of
+        // `nentries()` elements each, and are freed only here, once.
         unsafe {
             let n = self.nentries();
             drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, n)));
@@ -1027,6 +1054,8 @@ pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
         // SAFETY: as in `last`.
         return Some(unsafe { &*c });
     }
+    // SAFETY: `attach` returns a cache from this thread's table, live until this thread retires
+    // it (slot reuse or the table's destructor), which does not happen while `a` is borrowed.
     attach(a).map(|p| unsafe { &*p })
 }
 
@@ -1065,6 +1094,8 @@ impl Slots {
         // An empty slot, else one whose allocator is gone, else the one used longest ago.
         let pick = (0..SLOTS)
             .find(|&i| self.caches[i].get().is_null())
+            // SAFETY: this runs only when no slot is null, so every slot holds a live cache of this
+            // thread (freed only by `retire`, after its slot is cleared); `owner` is never written.
             .or_else(|| (0..SLOTS).find(|&i| unsafe { (*self.caches[i].get()).owner.strong_count() } == 0))
             .unwrap_or_else(|| (0..SLOTS).min_by_key(|&i| self.used[i].get()).unwrap());
         let old = self.caches[pick].replace(ptr::null_mut());
@@ -1110,6 +1141,8 @@ impl Drop for Slots {
 
 /// Drain a cache back into its allocator if that still exists, unlink it, and free it.
 fn retire(c: *mut ThreadCache) {
+    // SAFETY: `c` was just taken out of this thread's table (slot cleared, `LAST` reset), so it is
+    // a live cache that this thread alone still reaches through the table.
     let tc = unsafe { &*c };
     debug_assert!(tc.id != 0);
     if let Some(shared) = tc.owner.upgrade() {
@@ -1125,6 +1158,9 @@ fn retire(c: *mut ThreadCache) {
             None => drop(h),
         }
     }
+    // SAFETY: `c` came from `Box::into_raw` in `find_or_make`; it is out of the table and, if its
+    // allocator lives, unlinked from the registry under the lock above, so nothing reaches it now
+    // (if the allocator is gone, so is its registry).
     drop(unsafe { Box::from_raw(c) });
 }
 
@@ -1136,6 +1172,8 @@ pub(crate) fn drain_current(a: &Allocator) {
     let _ = TABLE.try_with(|t| {
         for i in 0..SLOTS {
             if t.ids[i].get() == a.shared.hit.cache_id {
+                // SAFETY: a slot whose id is set holds a live cache of this thread (id and cache are set and
+                // cleared together), and this is its owner.
                 unsafe { (*t.caches[i].get()).drain_all(a) };
             }
         }
@@ -1188,6 +1226,8 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
     // Walk the registry by its raw links: draining needs the heap mutably.
     let mut p = h.caches.head;
     while !p.is_null() {
+        // SAFETY: registered caches are live while on the list, and the lock is held (`h`), so no
+        // owner's `retire` can unlink and free one during the walk.
         let c = unsafe { &*p };
         p = c.next.get();
         if c.frozen.load(Relaxed) == 0 {

@@ -44,6 +44,9 @@ pub struct FallowAlloc {
     alloc: UnsafeCell<MaybeUninit<Allocator>>,
 }
 
+// SAFETY: the `UnsafeCell` is written once, by the one thread that got `Entry::Create` from the
+// `StartGate`, before the gate says ready, and only read after it does (`allocator`, `get`);
+// `Allocator` itself is shared between threads under its own lock.
 unsafe impl Sync for FallowAlloc {}
 
 impl FallowAlloc {
@@ -148,6 +151,8 @@ impl FallowAlloc {
             }
             // Exhaustion of fallow's reservation: the system may still have room.
         }
+        // SAFETY: `layout` comes from `GlobalAlloc::alloc`/`alloc_zeroed`, whose caller guarantees a
+        // non-zero size, the one precondition of `System`'s.
         unsafe {
             if flags.contains(Flags::ZERO) {
                 System.alloc_zeroed(layout)
@@ -164,6 +169,10 @@ impl Default for FallowAlloc {
     }
 }
 
+// SAFETY: every block returned fits its layout (fallow's `alloc` honours size and alignment, or
+// fails and `System` serves it); `dealloc` and `realloc` route a pointer by address (`owner`: in a
+// fallow arena or not), so a block always goes back to the allocator that made it (a bad pointer
+// aborts in `die`).
 unsafe impl GlobalAlloc for FallowAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.alloc_flags(layout, Flags::NONE)
@@ -180,12 +189,15 @@ unsafe impl GlobalAlloc for FallowAlloc {
                     crate::global::die("dealloc", &e);
                 }
             }
+            // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
             None => System.dealloc(p, layout),
         }
     }
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old = layout.size();
+        // SAFETY: `layout.align()` is a valid alignment and the caller guarantees `new_size`, rounded
+        // up to it, does not overflow `isize` (`GlobalAlloc::realloc`'s contract).
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
         if let Some(a) = self.owner(p) {
             // Stays large: try in place first (grows into free pages after it, shrink gives the
@@ -198,12 +210,14 @@ unsafe impl GlobalAlloc for FallowAlloc {
                 }
             }
         } else if old < self.threshold && new_size < self.threshold {
+            // SAFETY: `p` is not fallow's and was small, so `System` allocated it with `layout`.
             return System.realloc(p, layout, new_size);
         }
         let q = self.alloc(new_layout);
         if q.is_null() {
             return q;
         }
+        // SAFETY: `p` is valid for `old` bytes and `q`, a new block, for `new_size`; they are distinct.
         ptr::copy_nonoverlapping(p, q, old.min(new_size));
         self.dealloc(p, layout);
         q
@@ -260,6 +274,8 @@ mod tests {
     #[test]
     fn routes_by_size_and_frees_by_address() {
         static A: FallowAlloc = FallowAlloc::with_threshold(64 << 10);
+        // SAFETY: every pointer passed back is one `A` returned with that same layout, and the reads and
+        // writes stay inside the blocks.
         unsafe {
             let small = A.alloc(Layout::from_size_align(100, 8).unwrap());
             let big = A.alloc_zeroed(Layout::from_size_align(1 << 20, 4096).unwrap());

@@ -19,6 +19,7 @@
 //! use fallow::{Allocator, Config, Flags};
 //! let a = Allocator::new(Config { arena_size: 64 << 20, max_order: 10, ..Config::default() }).unwrap();
 //! let p = a.alloc(100_000, 4096, Flags::ZERO).unwrap();
+//! // SAFETY: `p` is a live block of at least 100,000 bytes, zeroed (`Flags::ZERO`).
 //! assert_eq!(unsafe { *p.as_ptr().add(99_999) }, 0);
 //! a.free(p.as_ptr()).unwrap();
 //! ```

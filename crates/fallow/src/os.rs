@@ -15,10 +15,12 @@ pub const MADV_POPULATE_WRITE: i32 = 23;
 pub type OsResult<T> = Result<T, i32>;
 
 pub fn errno() -> i32 {
+    // SAFETY: `__errno_location` returns this thread's errno slot, valid for the thread's lifetime.
     unsafe { *libc::__errno_location() }
 }
 
 pub fn set_errno(value: i32) {
+    // SAFETY: as in `errno`: the calling thread's own errno slot.
     unsafe { *libc::__errno_location() = value }
 }
 
@@ -31,6 +33,8 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
         // reserve an anonymous hole first and map the file over its aligned part.
         let hole = reserve_aligned(len, align, None)?;
         let flags = libc::MAP_SHARED | libc::MAP_NORESERVE | libc::MAP_FIXED;
+        // SAFETY: `MAP_FIXED` over `hole`, a range of `len` bytes this call just reserved and nothing
+        // else uses, so no live mapping is replaced.
         let p = unsafe {
             libc::mmap(hole as *mut _, len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, 0)
         };
@@ -46,6 +50,7 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
     // under `RLIMIT_AS`.
     let span = len.checked_add(align - PAGE_SIZE).ok_or(libc::ENOMEM)?;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks: no existing memory changes.
     let p = unsafe {
         libc::mmap(ptr::null_mut(), span, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
     };
@@ -65,12 +70,18 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
 }
 
 pub fn unmap(addr: usize, len: usize) {
+    // SAFETY: (unsound, see issue 14) correct for fallow's callers, which pass only ranges they
+    // reserved and no longer use (trimming in `reserve_aligned`, `Arena::drop`, scratch pages); but
+    // `os::unmap` is a safe `pub fn`: safe code can unmap memory that is still referenced.
     unsafe {
         libc::munmap(addr as *mut _, len);
     }
 }
 
 pub fn madvise(addr: usize, len: usize, advice: i32) -> OsResult<()> {
+    // SAFETY: (unsound, see issue 14) fallow passes only pages of blocks it holds free (or the
+    // caller's own live block for `POPULATE`); but this is a safe `pub fn`, and `MADV_DONTNEED` on
+    // memory that safe code still references replaces its contents with zeros.
     let r = unsafe { libc::madvise(addr as *mut _, len, advice) };
     if r == 0 {
         Ok(())
@@ -80,6 +91,7 @@ pub fn madvise(addr: usize, len: usize, advice: i32) -> OsResult<()> {
 }
 
 pub fn mlock(addr: usize, len: usize) -> OsResult<()> {
+    // SAFETY: `mlock` only pins pages in memory; it changes no contents, whatever the range.
     let r = unsafe { libc::mlock(addr as *const _, len) };
     if r == 0 {
         Ok(())
@@ -89,6 +101,7 @@ pub fn mlock(addr: usize, len: usize) -> OsResult<()> {
 }
 
 pub fn munlock(addr: usize, len: usize) {
+    // SAFETY: `munlock` only unpins pages; it changes no contents, whatever the range.
     unsafe {
         libc::munlock(addr as *const _, len);
     }
@@ -97,10 +110,12 @@ pub fn munlock(addr: usize, len: usize) {
 /// A sealed-size anonymous file of `len` bytes (sparse: nothing is committed).
 pub fn memfd(len: usize) -> OsResult<i32> {
     let name = b"fallow\0";
+    // SAFETY: `name` is NUL-terminated; the call creates a new descriptor and touches no memory.
     let fd = unsafe { libc::memfd_create(name.as_ptr() as *const _, libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(errno());
     }
+    // SAFETY: plain system call on the descriptor just created, no memory-safety preconditions.
     if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
         let e = errno();
         close(fd);
@@ -110,6 +125,7 @@ pub fn memfd(len: usize) -> OsResult<i32> {
 }
 
 pub fn close(fd: i32) {
+    // SAFETY: closing a descriptor has no memory-safety preconditions (callers close only their own).
     unsafe {
         libc::close(fd);
     }
@@ -123,6 +139,9 @@ pub fn populate_write(addr: usize, len: usize) {
     }
     let mut p = addr;
     while p < addr + len {
+        // SAFETY: (unsound, see issue 14) fallow calls this only on pages of a block it just handed
+        // out, mapped read-write, and the write-back keeps the byte; but this is a safe `pub fn`, so
+        // safe code can pass an unmapped or read-only address, or memory another thread writes.
         unsafe {
             let b = p as *mut u8;
             b.write_volatile(b.read_volatile());
@@ -140,6 +159,7 @@ pub fn resident_pages(addr: usize, len: usize) -> OsResult<usize> {
     let end = addr + len;
     while p < end {
         let n = ((end - p) / PAGE_SIZE).min(buf.len());
+        // SAFETY: `buf` is writable for `n <= buf.len()` bytes, one per page of the `n` pages asked.
         let r = unsafe { libc::mincore(p as *mut _, n * PAGE_SIZE, buf.as_mut_ptr()) };
         if r != 0 {
             return Err(errno());
@@ -153,6 +173,7 @@ pub fn resident_pages(addr: usize, len: usize) -> OsResult<usize> {
 /// Whether the one page at `addr` is resident.
 pub fn page_resident(addr: usize) -> OsResult<bool> {
     let mut b = 0u8;
+    // SAFETY: `b` is writable for the one byte of the one page asked.
     let r = unsafe { libc::mincore(addr as *mut _, PAGE_SIZE, &mut b) };
     if r != 0 {
         return Err(errno());
@@ -162,7 +183,9 @@ pub fn page_resident(addr: usize) -> OsResult<bool> {
 
 /// Physical memory of the machine, in bytes.
 pub fn physical_memory() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: sysconf has no memory-safety preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if pages <= 0 || size <= 0 {
         return 1 << 30;
@@ -213,6 +236,7 @@ fn mapped_bytes() -> Option<usize> {
 /// Monotonic time in nanoseconds.
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -221,6 +245,7 @@ pub fn now_ns() -> u64 {
 pub fn write_stderr(msg: &[u8]) {
     let mut off = 0;
     while off < msg.len() {
+        // SAFETY: `msg[off..]` is readable for `msg.len() - off` bytes.
         let r = unsafe { libc::write(2, msg[off..].as_ptr() as *const _, msg.len() - off) };
         if r <= 0 {
             return;
@@ -238,6 +263,8 @@ pub fn futex_wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_n
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     });
     let tsp = ts.as_ref().map_or(ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live `AtomicU32` borrowed for the call, and `tsp` is null or points to
+    // `ts`, alive until the call returns; FUTEX_WAIT only reads both.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -251,6 +278,7 @@ pub fn futex_wait(word: &core::sync::atomic::AtomicU32, expected: u32, timeout_n
 
 /// Wake every thread sleeping on `word`.
 pub fn futex_wake_all(word: &core::sync::atomic::AtomicU32) {
+    // SAFETY: `word` is a live `AtomicU32` borrowed for the call; FUTEX_WAKE only uses its address.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -416,6 +444,7 @@ fn parse_u32(digits: &[u8]) -> Option<u32> {
 
 /// A pidfd for this process (for `process_madvise`).
 pub fn pidfd_self() -> OsResult<i32> {
+    // SAFETY: plain system calls (getpid, pidfd_open) with no memory-safety preconditions.
     let r = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
     if r < 0 {
         Err(errno())
@@ -426,6 +455,8 @@ pub fn pidfd_self() -> OsResult<i32> {
 
 /// `process_madvise(pidfd, iov, advice)`: bytes advised, or the errno.
 pub fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult<usize> {
+    // SAFETY: `iov` is a readable array of `iov.len()` iovecs; process_madvise accepts only
+    // non-destructive advice (cold, pageout, willneed, collapse), so no contents change.
     let r = unsafe {
         libc::syscall(libc::SYS_process_madvise, pidfd, iov.as_ptr(), iov.len(), advice, 0u32)
     };
@@ -439,6 +470,8 @@ pub fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult
 /// Free the pages of `[off, off + len)` of a file, keeping its size (reads zero afterwards).
 pub fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: plain system call with no memory-safety preconditions for fallow's memfds (their
+    // punched pages read zero, as the caller asked).
     let r = unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) };
     if r == 0 {
         Ok(())
@@ -450,6 +483,7 @@ pub fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
 /// CPU time (user + system) of the whole process, in ns.
 pub fn process_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -457,6 +491,7 @@ pub fn process_cpu_ns() -> u64 {
 /// CPU time of the calling thread, in ns.
 pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -469,6 +504,7 @@ pub fn scratch(len: usize) -> OsResult<usize> {
 /// Sleep for `ns` nanoseconds.
 pub fn sleep_ns(ns: u64) {
     let ts = libc::timespec { tv_sec: (ns / 1_000_000_000) as libc::time_t, tv_nsec: (ns % 1_000_000_000) as libc::c_long };
+    // SAFETY: `ts` is a valid timespec; the remainder pointer may be null.
     unsafe { libc::nanosleep(&ts, ptr::null_mut()) };
 }
 
@@ -483,12 +519,14 @@ static MEMBARRIER_PID: core::sync::atomic::AtomicI32 = core::sync::atomic::Atomi
 /// Registers the process first (again in a `fork` child). `false`: not available here.
 pub fn membarrier() -> bool {
     use core::sync::atomic::Ordering::Relaxed;
+    // SAFETY: getpid has no preconditions and cannot fail.
     let pid = unsafe { libc::getpid() };
     let seen = MEMBARRIER_PID.load(Relaxed);
     if seen == -1 {
         return false;
     }
     if seen != pid {
+        // SAFETY: plain system call with no memory-safety preconditions.
         let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) };
         if r != 0 {
             MEMBARRIER_PID.store(-1, Relaxed);
@@ -496,5 +534,6 @@ pub fn membarrier() -> bool {
         }
         MEMBARRIER_PID.store(pid, Relaxed);
     }
+    // SAFETY: plain system call with no memory-safety preconditions (a barrier on running threads).
     unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
 }
