@@ -210,27 +210,10 @@ pub fn address_space_room() -> Option<usize> {
 /// The size of this process's address space (`/proc/self/statm`, in pages), in bytes.
 fn mapped_bytes() -> Option<usize> {
     let mut buf = [0u8; 128];
-    // SAFETY: a NUL-terminated path; the descriptor is closed below on every path.
-    let fd = unsafe { libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `buf` is writable for its whole length.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-    close(fd);
-    if n <= 0 {
-        return None;
-    }
-    let mut pages: usize = 0;
-    let mut digits = 0;
-    for &c in buf[..n as usize].iter().take_while(|c| c.is_ascii_digit()) {
-        pages = pages.checked_mul(10)?.checked_add((c - b'0') as usize)?;
-        digits += 1;
-    }
-    if digits == 0 {
-        return None;
-    }
-    pages.checked_mul(PAGE_SIZE)
+    let n = read_small_file(c"/proc/self/statm", &mut buf)?;
+    // "SIZE RESIDENT ...": the first field, in pages.
+    let size = buf[..n].split(|&b| b == b' ').next()?;
+    usize::try_from(parse_decimal(size)?).ok()?.checked_mul(PAGE_SIZE)
 }
 
 /// Monotonic time in nanoseconds.
@@ -309,16 +292,17 @@ pub fn thread_alive(tid: i32) -> bool {
 
 /// The largest `ZERO` request that is served faster by a hot dirty block and a memset than by a
 /// block zeroed earlier (cold: the zeroing worker's non-temporal stores leave it in DRAM): a
-/// quarter of the last-level cache, 1 to 16 MiB, 4 MiB where the cache size is unknown. Measured
-/// on a 32 MiB L3 (`examples/calloc_choice.rs`): hot wins by 1.2-1.6x up to 8 MiB, cold by 1.16x
-/// at 16 MiB.
+/// sixteenth of the last-level cache, 512 KiB to 8 MiB, 2 MiB where the cache size is unknown.
+/// Measured on a 32 MiB L3 shared with other tenants (`examples/calloc_choice.rs`, four runs):
+/// hot won by 1.1-1.8x up to 2 MiB in most runs, the two were even at 4 MiB, and cold won by
+/// 1.3-1.9x from 8 MiB in three runs of four (docs/design.md, "Reuse-aware zeroing").
 pub fn hot_zero_max_bytes() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions (glibc answers from cpuid, no allocation).
     let l3 = unsafe { libc::sysconf(libc::_SC_LEVEL3_CACHE_SIZE) };
     if l3 <= 0 {
-        return 4 << 20;
+        return 2 << 20;
     }
-    (l3 as usize / 4).clamp(1 << 20, 16 << 20)
+    (l3 as usize / 16).clamp(512 << 10, 8 << 20)
 }
 
 /// How a background worker is scheduled (`set_background_priority`).
@@ -391,7 +375,7 @@ impl CpuLoad {
         let n = read_small_file(c"/proc/loadavg", &mut buf)?;
         // "0.52 0.58 0.59 3/467 12345": the number before '/'.
         let field = buf[..n].split(|&b| b == b' ').nth(3)?;
-        parse_u32(field.split(|&b| b == b'/').next()?)
+        u32::try_from(parse_decimal(field.split(|&b| b == b'/').next()?)?).ok()
     }
 
     /// Whether some CPU would otherwise be idle: at most one runnable thread per CPU, counting
@@ -427,16 +411,17 @@ fn read_small_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
     (n > 0).then_some(n as usize)
 }
 
-fn parse_u32(digits: &[u8]) -> Option<u32> {
+/// A decimal number (ASCII digits only).
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }
-    let mut v = 0u32;
+    let mut v = 0u64;
     for &d in digits {
         if !d.is_ascii_digit() {
             return None;
         }
-        v = v.checked_mul(10)?.checked_add((d - b'0') as u32)?;
+        v = v.checked_mul(10)?.checked_add((d - b'0') as u64)?;
     }
     Some(v)
 }

@@ -166,7 +166,7 @@ fn a_small_zero_request_takes_the_hot_dirty_block() {
 
 #[test]
 fn a_large_zero_request_takes_the_zeroed_block() {
-    // Above a quarter of any last-level cache the rule allows (at most 16 MiB).
+    // Above what the rule allows for any last-level cache (at most 8 MiB).
     assert_eq!(zero_request_takes(32 << 20), (false, true), "32 MiB ZERO request did not take the zeroed block");
 }
 
