@@ -460,27 +460,21 @@ static const struct test tests[] = {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
-    if (argc == 2 && !strcmp(argv[1], "calloc_recycled")) {
-        int r = test_calloc_recycled();
-        printf("%s calloc_recycled\n", r ? "FAIL" : "ok");
-        return r;
-    }
-    if (argc == 2 && !strcmp(argv[1], "fork_exec")) {
-        /* In a fresh process: fork time grows with the parent's resident memory, which the
-         * other tests leave high (free dirty pages stay resident until reported). */
-        int r = test_fork_exec();
-        printf("%s fork_exec\n", r ? "FAIL" : "ok");
-        return r;
-    }
-    if (argc == 2 && !strcmp(argv[1], "start_race")) {
-        int r = test_start_race();
-        printf("%s start_race\n", r ? "FAIL" : "ok");
-        return r;
-    }
-    if (argc == 2 && !strcmp(argv[1], "rlimit")) {
-        int r = test_rlimit();
-        printf("%s rlimit\n", r ? "FAIL" : "ok");
-        return r;
+    /* Tests run alone, each in a fresh process: fork time grows with the parent's resident
+     * memory, which the other tests leave high (free dirty pages stay resident until reported);
+     * the allocator's creation, the address-space limit and the first requests are per process. */
+    static const struct { const char *name; int (*run)(void); } alone[] = {
+        { "calloc_recycled", test_calloc_recycled },
+        { "fork_exec", test_fork_exec },
+        { "start_race", test_start_race },
+        { "rlimit", test_rlimit },
+    };
+    for (size_t i = 0; argc == 2 && i < sizeof alone / sizeof alone[0]; i++) {
+        if (!strcmp(argv[1], alone[i].name)) {
+            int r = alone[i].run();
+            printf("%s %s\n", r ? "FAIL" : "ok", alone[i].name);
+            return r;
+        }
     }
     if (argc == 3 && !strcmp(argv[1], "threshold")) {
         int r = test_threshold(strtoull(argv[2], NULL, 0));
