@@ -16,8 +16,8 @@
 //!
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
-use crate::arena::{Arena, ORDERS};
-use crate::page::{Class, PageState, StateCounts, Tag, META_FREED_START, NIL};
+use crate::arena::Arena;
+use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, META_FREED_START, NIL};
 
 /// The class order in which a request looks for memory. Reported memory comes last for every
 /// request: faulting a page back in costs ~550 ms/GiB here (the kernel zeroes it too), a memset of
@@ -68,6 +68,12 @@ impl Arena {
     /// Take a free block off its list (its tag becomes `None`; the caller retags it).
     pub fn unlink(&mut self, pfn: u32) {
         let m = *self.meta(pfn);
+        self.unlink_read(pfn, &m);
+    }
+
+    /// `unlink`, given the block's record as the caller just read it.
+    #[inline]
+    fn unlink_read(&mut self, pfn: u32, m: &BlockMeta) {
         debug_assert_eq!(m.tag, Tag::Free);
         let (class, order) = (m.class as usize, m.order as usize);
         if m.prev != NIL {
@@ -99,7 +105,7 @@ impl Arena {
             if b.tag != Tag::Free || b.order != order {
                 break;
             }
-            self.unlink(buddy);
+            self.unlink_read(buddy, &b);
             if pfn > buddy {
                 // This block is the upper half of the merged one: leave its half record.
                 self.meta_mut(pfn).counts = counts;
@@ -134,40 +140,28 @@ impl Arena {
         }
     }
 
-    /// Counts of the aligned sub-block `(sub, sub_order)` of the block `(pfn, order)` with counts
-    /// `c`, by descending the half records.
-    fn counts_within(&self, mut pfn: u32, mut order: u8, mut c: StateCounts, sub: u32, sub_order: u8) -> StateCounts {
-        while order > sub_order {
-            let (low, high) = self.halves(pfn, order, c);
-            order -= 1;
-            if sub >= pfn + (1u32 << order) {
-                pfn += 1u32 << order;
-                c = high;
-            } else {
-                c = low;
-            }
+    /// Free the parts of the unlisted block `(pfn, order)` with counts `c` that lie outside
+    /// `keep = [start, end)`, as the largest aligned pieces, with their own counts. Returns the
+    /// counts freed.
+    ///
+    /// One descent from the block down the two edges of `keep`, O(order): a half wholly outside
+    /// is freed as one block, a half wholly inside is left, a half across an edge is split again.
+    /// Freeing as it goes is safe: a freed piece's buddy is the other half of a block that keeps
+    /// some pages, so no merge leaves the block; and a piece's record (its first page) is at most
+    /// the half record of its parent, already read, never one the descent reads later.
+    fn free_outside(&mut self, pfn: u32, order: u8, c: StateCounts, keep: (u32, u32), t: u32) -> StateCounts {
+        let end = pfn + (1u32 << order);
+        if keep.0 <= pfn && end <= keep.1 {
+            return StateCounts::default();
         }
-        c
-    }
-
-    /// Free the parts `[start, start + n)` of unlisted blocks `(pfn, order)` with counts `c`, as
-    /// aligned pieces with their own counts. Returns the counts freed.
-    fn free_within(&mut self, parts: &[(u32, u8, StateCounts, u32, u32)], t: u32) -> StateCounts {
-        // Count every piece before freeing any: freeing writes records that counting reads.
-        let mut pieces = [(0u32, 0u8, StateCounts::default()); 2 * ORDERS];
-        let mut k = 0;
-        for &(pfn, order, c, start, n) in parts {
-            for_each_piece(start, n, order, |p, o| {
-                pieces[k] = (p, o, self.counts_within(pfn, order, c, p, o));
-                k += 1;
-            });
+        if keep.1 <= pfn || end <= keep.0 {
+            self.free_block(pfn, order, c, t);
+            return c;
         }
-        let mut freed = StateCounts::default();
-        for &(p, o, pc) in &pieces[..k] {
-            self.free_block(p, o, pc, t);
-            freed = freed.plus(pc);
-        }
-        freed
+        let (low, high) = self.halves(pfn, order, c);
+        let half = 1u32 << (order - 1);
+        let freed_high = self.free_outside(pfn + half, order - 1, high, keep, t);
+        self.free_outside(pfn, order - 1, low, keep, t).plus(freed_high)
     }
 
     /// Recompute the half records and the counts of the isolated block `(pfn, order)` from its
@@ -235,7 +229,7 @@ impl Arena {
             self.split_down(pfn, m.order, m.counts, order, t, |low, high, half| score(high, half) > score(low, half));
         let size = 1u32 << order;
         if npages < size {
-            let tail = self.free_within(&[(pfn, order, counts, pfn + npages, size - npages)], t);
+            let tail = self.free_outside(pfn, order, counts, (pfn, pfn + npages), t);
             counts = counts.minus(tail);
         }
         Taken { pfn, npages, counts }
@@ -310,7 +304,7 @@ impl Arena {
             let last = run_start + (need - 1) * top;
             let lc = self.meta(last).counts;
             let start = run_start + npages;
-            let tail = self.free_within(&[(last, self.max_order, lc, start, last + top - start)], t);
+            let tail = self.free_outside(last, self.max_order, lc, (last, start), t);
             counts = counts.minus(tail);
         }
         Some(Taken { pfn: run_start, npages, counts })
@@ -342,10 +336,8 @@ impl Arena {
             self.unlink(b);
             let size = 1u32 << order;
             // Free the parts of the block outside [start, end).
-            let lo = start.max(b) - b;
-            let hi = end.min(b + size) - b;
-            let parts = [(b, order, m.counts, b, lo), (b, order, m.counts, b + hi, size - hi)];
-            let outside = self.free_within(&parts, m.freed_at_ms);
+            let keep = (start.max(b), end.min(b + size));
+            let outside = self.free_outside(b, order, m.counts, keep, m.freed_at_ms);
             taken = taken.plus(m.counts.minus(outside));
         }
         Some(taken)
