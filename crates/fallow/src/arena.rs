@@ -230,28 +230,28 @@ impl Arena {
         ((addr - self.base) >> PAGE_SHIFT) as u32
     }
 
+    /// The record of page `pfn` of this arena. Its fields are atomics: reading or writing them
+    /// through this shared reference races with nothing undefined (who may write which field
+    /// when: docs/design.md, "Access rules").
     #[inline]
     pub fn meta(&self, pfn: u32) -> &BlockMeta {
-        debug_assert!(pfn < self.npages);
-        // SAFETY: (unsound, see issue 14) `pfn < npages` (debug-asserted; callers pass pages of this
-        // arena), so the record lies inside the metadata mapping. But this hands out a plain
-        // `&BlockMeta` under the lock, while cache hits store bytes 8..16 of records (`HitWord`) as
-        // atomics without it: `buddy::free_block` copies a buddy's record that another thread's hit
-        // may be retagging, and `live_block` scans records of other threads' blocks (a bad pointer
-        // passed to the safe `free`). A plain read racing an atomic write.
+        assert!(pfn < self.npages, "page {pfn} outside an arena of {} pages", self.npages);
+        // SAFETY: `pfn < npages`, so the record lies inside the metadata mapping, which lives as
+        // long as the arena; `BlockMeta` is all atomics, so a shared reference to it may coexist
+        // with other threads' accesses.
         unsafe { &*self.meta.add(pfn as usize) }
     }
 
-    /// Metadata is only written under the allocator lock.
-    #[inline]
-    #[allow(clippy::mut_from_ref)]
-    pub fn meta_mut(&self, pfn: u32) -> &mut BlockMeta {
+    /// `meta` without the bounds check, for the buddy allocator's inner loops (split, merge, list
+    /// links), where every page number comes from a listed block or its buddy.
+    ///
+    /// # Safety
+    /// `pfn < self.npages`.
+    #[inline(always)]
+    pub(crate) unsafe fn meta_unchecked(&self, pfn: u32) -> &BlockMeta {
         debug_assert!(pfn < self.npages);
-        // SAFETY: (unsound, see issue 14) `pfn < npages`, so the record is in the metadata mapping, and
-        // writers hold the allocator lock. But the lock does not cover the caches' hit path, which loads
-        // the `HitWord` of any page-aligned address passed to the safe `free` without it: a bad free of
-        // a listed page races these plain writes (split, merge, unlink).
-        unsafe { &mut *self.meta.add(pfn as usize) }
+        // SAFETY: `pfn < npages` (the caller's promise); otherwise as in `meta`.
+        unsafe { &*self.meta.add(pfn as usize) }
     }
 
     #[inline]

@@ -17,7 +17,7 @@
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
 use crate::arena::Arena;
-use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, META_FREED_START, NIL};
+use crate::page::{Class, PageState, Record, StateCounts, Tag, META_FREED_START, NIL};
 
 /// The class order in which a request looks for memory. Reported memory comes last for every
 /// request: faulting a page back in costs ~550 ms/GiB here (the kernel zeroes it too), a memset of
@@ -46,17 +46,17 @@ impl Arena {
         let class = counts.class(1 << order) as usize;
         let head = self.heads[class][order as usize];
         {
-            let m = self.meta_mut(pfn);
-            m.tag = Tag::Free;
-            m.order = order;
-            m.class = class as u8;
-            m.counts = counts;
-            m.freed_at_ms = freed_at_ms;
-            m.prev = NIL;
-            m.next = head;
+            // SAFETY: a block being listed lies in this arena (callers pass blocks of it).
+            let m = unsafe { self.meta_unchecked(pfn) };
+            m.set_free(order, class as u8);
+            m.set_counts(counts);
+            m.set_freed_at_ms(freed_at_ms);
+            m.set_prev(NIL);
+            m.set_next(head);
         }
         if head != NIL {
-            self.meta_mut(head).prev = pfn;
+            // SAFETY: `head` is a listed block of this arena.
+            unsafe { self.meta_unchecked(head) }.set_prev(pfn);
         } else {
             self.tails[class][order as usize] = pfn;
         }
@@ -67,22 +67,24 @@ impl Arena {
 
     /// Take a free block off its list (its tag becomes `None`; the caller retags it).
     pub fn unlink(&mut self, pfn: u32) {
-        let m = *self.meta(pfn);
+        let m = self.meta(pfn).get();
         self.unlink_read(pfn, &m);
     }
 
     /// `unlink`, given the block's record as the caller just read it.
     #[inline]
-    fn unlink_read(&mut self, pfn: u32, m: &BlockMeta) {
+    fn unlink_read(&mut self, pfn: u32, m: &Record) {
         debug_assert_eq!(m.tag, Tag::Free);
         let (class, order) = (m.class as usize, m.order as usize);
         if m.prev != NIL {
-            self.meta_mut(m.prev).next = m.next;
+            // SAFETY: a list neighbour is a listed block of this arena.
+            unsafe { self.meta_unchecked(m.prev) }.set_next(m.next);
         } else {
             self.heads[class][order] = m.next;
         }
         if m.next != NIL {
-            self.meta_mut(m.next).prev = m.prev;
+            // SAFETY: as just above.
+            unsafe { self.meta_unchecked(m.next) }.set_prev(m.prev);
         } else {
             self.tails[class][order] = m.prev;
         }
@@ -90,7 +92,8 @@ impl Arena {
             self.nonempty[class] &= !(1u64 << order);
         }
         self.listed.remove_block(class, order as u8, m.counts, 1 << order);
-        self.meta_mut(pfn).tag = Tag::None;
+        // SAFETY: `pfn` is the listed block being unlinked, in this arena.
+        unsafe { self.meta_unchecked(pfn) }.set_tag(Tag::None);
     }
 
     /// Free one aligned block, merging with free buddies as far as they go, and list the result.
@@ -101,16 +104,20 @@ impl Arena {
             if buddy >= self.npages {
                 break;
             }
-            let b = *self.meta(buddy);
-            if b.tag != Tag::Free || b.order != order {
+            // SAFETY: `buddy < npages`, checked just above.
+            let bm = unsafe { self.meta_unchecked(buddy) };
+            if !bm.is_free_of_order(order) {
                 break;
             }
+            let b = bm.get();
             self.unlink_read(buddy, &b);
             if pfn > buddy {
                 // This block is the upper half of the merged one: leave its half record.
-                self.meta_mut(pfn).counts = counts;
+                // SAFETY: `pfn` is the block being freed, in this arena.
+                unsafe { self.meta_unchecked(pfn) }.set_counts(counts);
             }
-            self.meta_mut(pfn.max(buddy)).tag = Tag::None;
+            // SAFETY: both `pfn` and `buddy` are below `npages` (see above).
+            unsafe { self.meta_unchecked(pfn.max(buddy)) }.set_tag(Tag::None);
             counts = counts.plus(b.counts);
             t = t.max(b.freed_at_ms);
             pfn = pfn.min(buddy);
@@ -134,7 +141,8 @@ impl Arena {
         match c.uniform_state(half * 2) {
             Some(s) => (StateCounts::uniform(s, half), StateCounts::uniform(s, half)),
             None => {
-                let high = self.meta(pfn + half).counts;
+                // SAFETY: `pfn + half` lies inside the block `(pfn, order)`, in this arena.
+                let high = unsafe { self.meta_unchecked(pfn + half) }.counts();
                 (c.minus(high), high)
             }
         }
@@ -173,7 +181,7 @@ impl Arena {
         let half = 1u32 << (order - 1);
         let low = self.rebuild_records(pfn, order - 1);
         let high = self.rebuild_records(pfn + half, order - 1);
-        self.meta_mut(pfn + half).counts = high;
+        self.meta(pfn + half).set_counts(high);
         low.plus(high)
     }
 
@@ -192,7 +200,7 @@ impl Arena {
     pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: [Class; 3], hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
         if let Some(since) = hot_since {
-            if let Some(pfn) = self.first_fit(Class::Dirty, order).filter(|&p| self.meta(p).freed_at_ms >= since) {
+            if let Some(pfn) = self.first_fit(Class::Dirty, order).filter(|&p| self.meta(p).freed_at_ms() >= since) {
                 // Split as a plain request would: keep the dirty (hot) halves.
                 return Some(self.carve(pfn, order, npages, false));
             }
@@ -213,8 +221,8 @@ impl Arena {
     /// keep the first `npages` pages of that, and free the rest: the other halves, then the tail
     /// beyond `npages` (as `alloc_pages_exact` does).
     fn carve(&mut self, pfn: u32, order: u8, npages: u32, zero: bool) -> Taken {
-        let m = *self.meta(pfn);
-        self.unlink(pfn);
+        let m = self.meta(pfn).get();
+        self.unlink_read(pfn, &m);
         let t = m.freed_at_ms;
         // Pages a request would rather have, in the order of `preference`: resident ones, and of
         // those zeroed ones for ZERO, dirty ones otherwise.
@@ -273,8 +281,7 @@ impl Arena {
         let mut run_len = 0u32;
         let mut p = 0u32;
         while p < self.npages {
-            let m = self.meta(p);
-            if m.tag == Tag::Free && m.order == self.max_order {
+            if self.meta(p).is_free_of_order(self.max_order) {
                 if run_len == 0 {
                     run_start = p;
                 }
@@ -294,15 +301,15 @@ impl Arena {
         let mut t = 0;
         for i in 0..need {
             let b = run_start + i * top;
-            let m = *self.meta(b);
+            let m = self.meta(b).get();
             counts = counts.plus(m.counts);
             t = t.max(m.freed_at_ms);
-            self.unlink(b);
+            self.unlink_read(b, &m);
         }
         if npages < need * top {
             // The tail lies in the last top-level block.
             let last = run_start + (need - 1) * top;
-            let lc = self.meta(last).counts;
+            let lc = self.meta(last).counts();
             let start = run_start + npages;
             let tail = self.free_outside(last, self.max_order, lc, (last, start), t);
             counts = counts.minus(tail);
@@ -332,8 +339,8 @@ impl Arena {
         }
         let mut taken = StateCounts::default();
         for &(b, order) in &blocks[..nb] {
-            let m = *self.meta(b);
-            self.unlink(b);
+            let m = self.meta(b).get();
+            self.unlink_read(b, &m);
             let size = 1u32 << order;
             // Free the parts of the block outside [start, end).
             let keep = (start.max(b), end.min(b + size));
@@ -347,7 +354,7 @@ impl Arena {
     pub fn free_block_containing(&self, p: u32) -> Option<(u32, u8)> {
         for order in 0..=self.max_order {
             let head = p & !((1u32 << order) - 1);
-            let m = self.meta(head);
+            let m = self.meta(head).get();
             if m.tag == Tag::Free && m.order == order {
                 return Some((head, order));
             }
@@ -360,18 +367,17 @@ impl Arena {
 
     /// Record a live block at `pfn`.
     pub fn mark_live(&mut self, pfn: u32, npages: u32, flags: u8) {
-        let m = self.meta_mut(pfn);
-        m.tag = Tag::Alloc;
-        m.npages = npages;
-        m.flags = (m.flags & !META_FREED_START) | flags;
+        let m = self.meta(pfn);
+        let w = m.word();
+        m.set_word(w.with(Tag::Alloc, (w.flags() & !META_FREED_START) | flags, npages));
     }
 
     /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`
     /// when the caller moved its pages away).
     pub fn release_live(&mut self, pfn: u32, npages: u32, state: PageState, now_ms: u32) {
-        let m = self.meta_mut(pfn);
-        m.tag = Tag::None;
-        m.flags = META_FREED_START;
+        let m = self.meta(pfn);
+        let w = m.word();
+        m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
         self.set_states(pfn, npages, state);
         self.free_range(pfn, npages, state, now_ms);
     }
@@ -385,7 +391,7 @@ impl Arena {
                 let mut p = self.heads[class][order as usize];
                 while p != NIL {
                     f(p, order);
-                    p = self.meta(p).next;
+                    p = self.meta(p).next();
                 }
             }
         }
@@ -398,8 +404,8 @@ impl Arena {
         }
         let half = 1u32 << (order - 1);
         let high = self.count_states(pfn + half, half);
-        if self.meta(pfn + half).counts != high {
-            return Err(format!("half record at {} is {:?}, pages say {high:?}", pfn + half, self.meta(pfn + half).counts));
+        if self.meta(pfn + half).counts() != high {
+            return Err(format!("half record at {} is {:?}, pages say {high:?}", pfn + half, self.meta(pfn + half).counts()));
         }
         self.check_records(pfn, order - 1, c.minus(high))?;
         self.check_records(pfn + half, order - 1, high)
@@ -418,7 +424,7 @@ impl Arena {
                     return Err(format!("nonempty bit wrong for class {class} order {order}"));
                 }
                 while p != NIL {
-                    let m = *self.meta(p);
+                    let m = self.meta(p).get();
                     let size = 1u32 << order;
                     if m.tag != Tag::Free || m.order != order || m.prev != prev {
                         return Err(format!("block {p} on list {class}/{order} has meta {m:?}"));
@@ -435,7 +441,7 @@ impl Arena {
                         return Err(format!("free block {p} holds an allocated page"));
                     }
                     if order < self.max_order {
-                        let b = *self.meta(p ^ size);
+                        let b = self.meta(p ^ size).get();
                         if b.tag == Tag::Free && b.order == order {
                             return Err(format!("free buddies {p} and {} not merged", p ^ size));
                         }

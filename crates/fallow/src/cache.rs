@@ -846,7 +846,7 @@ impl ThreadCache {
                                 Some(_) => t.counts.scaled(1 << GROUP_ORDER, n),
                                 None => ar.count_states(p, n),
                             };
-                            ar.meta_mut(p).tag = Tag::Cached;
+                            ar.meta(p).set_tag(Tag::Cached);
                             self.push(o, ar.addr(p), ai, c);
                         }
                         got += per_group;
@@ -854,7 +854,7 @@ impl ThreadCache {
                     }
                 }
                 let Some(t) = ar.take(n, order, preference(zero)) else { break };
-                ar.meta_mut(t.pfn).tag = Tag::Cached;
+                ar.meta(t.pfn).set_tag(Tag::Cached);
                 self.push(o, ar.addr(t.pfn), ai, t.counts);
                 got += 1;
             }
@@ -937,10 +937,10 @@ impl ThreadCache {
         h.counters.cached_pages = h.counters.cached_pages.wrapping_sub(n);
         let ar = h.arenas[e.arena()].as_mut().unwrap();
         let pfn = ar.pfn(e.addr());
-        if ar.meta(pfn).tag != Tag::Cached {
+        if ar.meta(pfn).tag() != Tag::Cached {
             return; // see "Validation" at the top
         }
-        ar.meta_mut(pfn).tag = Tag::None;
+        ar.meta(pfn).set_tag(Tag::None);
         // The entry's counts are its pages' states: they do not change while the block is cached.
         ar.free_block(pfn, o as u8, m.counts(), now);
     }
@@ -1296,8 +1296,8 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
             };
             let pfn = ar.pfn(e.addr());
             let real = ar.count_states(pfn, n);
-            if pfn & (n - 1) != 0 || ar.meta(pfn).tag != Tag::Cached {
-                err = Some(format!("cached block {:#x} of order {o}: misaligned or tag {:?}", e.addr(), ar.meta(pfn).tag));
+            if pfn & (n - 1) != 0 || ar.meta(pfn).tag() != Tag::Cached {
+                err = Some(format!("cached block {:#x} of order {o}: misaligned or tag {:?}", e.addr(), ar.meta(pfn).tag()));
             } else if real != m.counts() || e.mixed() != (real != StateCounts::default()) {
                 err = Some(format!("cached block {:#x}: entry says {:?} (mixed {}), pages say {real:?}", e.addr(), m.counts(), e.mixed()));
             } else if (0..n).any(|i| ar.state(pfn + i) == PageState::Allocated) {

@@ -1,8 +1,9 @@
 //! The allocator: arenas behind one lock, the allocation flags, free with validation, growth,
 //! statistics.
 //!
-//! Locking. One lock (`Shared::heap`) guards every free list, every `BlockMeta` and every state
-//! byte of a free page. It is held for bookkeeping only: the memset of a `ZERO` request, the
+//! Locking. One lock (`Shared::heap`) guards every free list, the records (`BlockMeta`) of free,
+//! isolated and unlisted blocks and every state byte of a free page; a cached block's record
+//! word belongs to the cache's owner (docs/design.md, "Access rules", says who may touch what). It is held for bookkeeping only: the memset of a `ZERO` request, the
 //! `madvise` of `POPULATE`, the `mlock` of `LOCK`, the `mmap` of a new arena all run after it is
 //! released, on pages that the caller already owns. State bytes of pages in a live block belong
 //! to the block's owner and are written outside the lock (they are atomics, read under the lock
@@ -326,7 +327,7 @@ impl Heap {
         let ai = self.arena_index(addr).ok_or(Error::InvalidPointer { addr })?;
         let a = self.arenas[ai].as_ref().unwrap();
         let pfn = a.pfn(addr);
-        let m = a.meta(pfn);
+        let m = a.meta(pfn).get();
         if addr & (PAGE_SIZE - 1) == 0 && m.tag == Tag::Alloc {
             return Ok((ai, pfn, m.npages));
         }
@@ -335,8 +336,8 @@ impl Heap {
             let mut q = pfn as i64;
             while q >= 0 {
                 let mq = a.meta(q as u32);
-                if mq.tag == Tag::Alloc {
-                    if q as u32 + mq.npages > pfn {
+                if mq.tag() == Tag::Alloc {
+                    if q as u32 + mq.npages() > pfn {
                         return Err(Error::InteriorPointer { addr, block: a.addr(q as u32) });
                     }
                     break;
@@ -565,7 +566,8 @@ impl Allocator {
             }
             let mut h = self.shared.heap.lock();
             let a = h.arenas[p.arena].as_mut().unwrap();
-            a.meta_mut(t.pfn).flags |= META_LOCKED;
+            let m = a.meta(t.pfn);
+            m.set_flags(m.flags() | META_LOCKED);
             h.counters.locked_bytes += len as u64;
         }
         Ok(())
@@ -624,10 +626,10 @@ impl Allocator {
         }
         let now = self.now_ms();
         let a = h.arenas[ai].as_mut().unwrap();
-        let locked = a.meta(pfn).flags & META_LOCKED != 0;
+        let locked = a.meta(pfn).flags() & META_LOCKED != 0;
         if locked {
             // munlock outside the lock; the block stays live (and ours) meanwhile.
-            a.meta_mut(pfn).flags &= !META_LOCKED;
+            a.meta(pfn).set_flags(a.meta(pfn).flags() & !META_LOCKED);
             h.counters.locked_bytes -= actual as u64;
             drop(h);
             os::munlock(addr, actual);
@@ -654,7 +656,7 @@ impl Allocator {
         let mut h = self.shared.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let a = h.arenas[ai].as_mut().unwrap();
-        if a.meta(pfn).flags & META_LOCKED != 0 {
+        if a.meta(pfn).flags() & META_LOCKED != 0 {
             drop(h);
             return self.free(ptr);
         }
@@ -700,7 +702,7 @@ impl Allocator {
         let mut h = self.shared.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let a = h.arenas[ai].as_mut().unwrap();
-        if a.meta(pfn).flags & META_LOCKED != 0 && new_pages != npages as usize {
+        if a.meta(pfn).flags() & META_LOCKED != 0 && new_pages != npages as usize {
             return Ok(false);
         }
         if new_pages as u64 > a.npages as u64 {
@@ -710,7 +712,7 @@ impl Allocator {
         if new_pages <= npages {
             if new_pages < npages {
                 let tail = npages - new_pages;
-                a.meta_mut(pfn).npages = new_pages;
+                a.meta(pfn).set_npages(new_pages);
                 a.set_states(pfn + new_pages, tail, PageState::Dirty);
                 a.free_range(pfn + new_pages, tail, PageState::Dirty, now);
                 h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(tail as u64);
@@ -722,7 +724,7 @@ impl Allocator {
             None => Ok(false),
             Some(counts) => {
                 a.set_states(pfn + npages, new_pages - npages, PageState::Allocated);
-                a.meta_mut(pfn).npages = new_pages;
+                a.meta(pfn).set_npages(new_pages);
                 h.counters.in_use_pages = h.counters.in_use_pages.wrapping_add((new_pages - npages) as u64);
                 h.counters.reused_reported_bytes += ((counts.reported + counts.lazy) as u64) << PAGE_SHIFT;
                 Ok(true)
@@ -913,7 +915,7 @@ impl Allocator {
             return Err(format!("{inflight} pages in flight but isolated_pages = {}", c.isolated_pages));
         }
         for r in h.inflight.iter().filter(|r| r.used) {
-            if h.arena(r.arena as usize).meta(r.pfn).tag != Tag::Isolated {
+            if h.arena(r.arena as usize).meta(r.pfn).tag() != Tag::Isolated {
                 return Err(format!("in-flight block {} is not tagged isolated", r.pfn));
             }
         }
@@ -990,10 +992,10 @@ impl Heap {
     /// Take the listed free block at `pfn` of arena `ai` off its list and record it in `slot`.
     pub(crate) fn isolate(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
         let a = self.arenas[ai].as_mut().unwrap();
-        let m = *a.meta(pfn);
+        let m = a.meta(pfn).get();
         debug_assert_eq!(m.tag, Tag::Free);
         a.unlink(pfn);
-        a.meta_mut(pfn).tag = Tag::Isolated;
+        a.meta(pfn).set_tag(Tag::Isolated);
         let rec = Inflight {
             used: true,
             arena: ai as u16,
@@ -1010,13 +1012,11 @@ impl Heap {
     /// the other halves again. Records the piece in `slot`.
     pub(crate) fn isolate_dirty_piece(&mut self, slot: usize, ai: usize, pfn: u32, order: u8) -> Inflight {
         let a = self.arenas[ai].as_mut().unwrap();
-        let m = *a.meta(pfn);
+        let m = a.meta(pfn).get();
         a.unlink(pfn);
         let (p, counts) =
             a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| low.needs_zeroing(half) == 0);
-        let mm = a.meta_mut(p);
-        mm.tag = Tag::Isolated;
-        mm.order = order;
+        a.meta(p).set_isolated(order);
         let rec = Inflight { used: true, arena: ai as u16, order, pfn: p, counts, freed_at_ms: m.freed_at_ms };
         self.finish_isolate(slot, rec)
     }
@@ -1049,7 +1049,7 @@ impl Heap {
             }
             None => Self::rewrite_mixed(a, rec.pfn, rec.order, &new_state),
         };
-        a.meta_mut(rec.pfn).tag = Tag::None;
+        a.meta(rec.pfn).set_tag(Tag::None);
         a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
         self.counters.isolated_pages -= n as u64;
         rec.counts

@@ -1,6 +1,9 @@
 //! Per-page side metadata: the state of every 4 KiB page, and the record kept for the first page
 //! of every block. None of it lives inside the pages it describes.
 
+use core::sync::atomic::Ordering::Relaxed;
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
 /// What is known of one page. Stored as one byte per page; the byte value of a never-touched
 /// metadata page is 0, which is `Reported`: memory never touched is not resident and reads zero.
 #[repr(u8)]
@@ -203,9 +206,33 @@ pub const META_REPORT_STALE: u8 = 4; // reserved for the reporting worker
 pub const NIL: u32 = u32::MAX;
 
 /// Side record of one page; only meaningful on the first page of a block.
+///
+/// Every field is an atomic, accessed with `Relaxed` loads and stores (plain moves on x86), so
+/// that a record may be read by a thread that does not hold the allocator lock while another
+/// writes it: the caches' hit path reads and writes `word` (a `HitWord`) without the lock, and a
+/// bad `free` may make it read the word of any page. The lock (or, for a cached or live block,
+/// its owner) is what orders the writes; no field is ever read-modified-written by two threads at
+/// once (docs/design.md, "Access rules"). Read a whole record with `get`.
 #[repr(C, align(8))]
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub struct BlockMeta {
+    next: AtomicU32,
+    prev: AtomicU32,
+    /// Tag, order, flags, class and page count, as one word (see `HitWord`).
+    word: AtomicU64,
+    counts: [AtomicU32; 3],
+    freed_at_ms: AtomicU32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<BlockMeta>() == 32);
+    assert!(core::mem::offset_of!(BlockMeta, word) == 8);
+};
+
+/// A copy of a block record, read field by field (`BlockMeta::get`).
+#[derive(Clone, Copy, Debug)]
+pub struct Record {
+    /// Free blocks: the next and previous block on the same list (`NIL` at the ends).
     pub next: u32,
     pub prev: u32,
     pub tag: Tag,
@@ -220,12 +247,129 @@ pub struct BlockMeta {
     pub freed_at_ms: u32,
 }
 
-const _: () = {
-    assert!(core::mem::size_of::<BlockMeta>() == 32);
-    assert!(core::mem::offset_of!(BlockMeta, tag) == 8);
-    assert!(core::mem::offset_of!(BlockMeta, flags) == 10);
-    assert!(core::mem::offset_of!(BlockMeta, npages) == 12);
-};
+impl Tag {
+    #[inline(always)]
+    fn from_bits(b: u8) -> Tag {
+        match b {
+            1 => Tag::Free,
+            2 => Tag::Alloc,
+            3 => Tag::Isolated,
+            4 => Tag::Cached,
+            _ => Tag::None,
+        }
+    }
+}
+
+impl BlockMeta {
+    #[inline(always)]
+    pub fn get(&self) -> Record {
+        let w = self.word();
+        Record {
+            next: self.next(),
+            prev: self.prev(),
+            tag: Tag::from_bits(w.tag()),
+            order: w.order(),
+            flags: w.flags(),
+            class: w.class(),
+            npages: w.npages(),
+            counts: self.counts(),
+            freed_at_ms: self.freed_at_ms(),
+        }
+    }
+    #[inline(always)]
+    pub fn next(&self) -> u32 {
+        self.next.load(Relaxed)
+    }
+    #[inline(always)]
+    pub fn set_next(&self, v: u32) {
+        self.next.store(v, Relaxed)
+    }
+    #[inline(always)]
+    pub fn prev(&self) -> u32 {
+        self.prev.load(Relaxed)
+    }
+    #[inline(always)]
+    pub fn set_prev(&self, v: u32) {
+        self.prev.store(v, Relaxed)
+    }
+    #[inline(always)]
+    pub(crate) fn word(&self) -> HitWord {
+        HitWord(self.word.load(Relaxed))
+    }
+    #[inline(always)]
+    pub(crate) fn set_word(&self, w: HitWord) {
+        self.word.store(w.0, Relaxed)
+    }
+    #[inline(always)]
+    pub fn tag(&self) -> Tag {
+        Tag::from_bits(self.word().tag())
+    }
+    #[inline(always)]
+    pub fn order(&self) -> u8 {
+        self.word().order()
+    }
+    #[inline(always)]
+    pub fn flags(&self) -> u8 {
+        self.word().flags()
+    }
+    #[inline(always)]
+    pub fn npages(&self) -> u32 {
+        self.word().npages()
+    }
+    /// Whether this is the first page of a free listed block of `order` (one load, one compare).
+    #[inline(always)]
+    pub fn is_free_of_order(&self, order: u8) -> bool {
+        (self.word.load(Relaxed) & 0xffff) as u16 == Tag::Free as u16 | (order as u16) << 8
+    }
+    /// Change the tag, keeping the rest. Only the one thread that may write this record now (the
+    /// lock holder, or the owner of a cached or live block) calls the setters.
+    #[inline(always)]
+    pub fn set_tag(&self, tag: Tag) {
+        let w = self.word.load(Relaxed);
+        self.word.store((w & !0xff) | tag as u64, Relaxed)
+    }
+    #[inline(always)]
+    pub fn set_flags(&self, flags: u8) {
+        let w = self.word.load(Relaxed);
+        self.word.store((w & !0xff_0000) | (flags as u64) << 16, Relaxed)
+    }
+    #[inline(always)]
+    pub fn set_npages(&self, npages: u32) {
+        let w = self.word.load(Relaxed);
+        self.word.store((w & 0xffff_ffff) | (npages as u64) << 32, Relaxed)
+    }
+    /// Tag `Isolated` with this order (the rest kept).
+    #[inline(always)]
+    pub fn set_isolated(&self, order: u8) {
+        let w = self.word.load(Relaxed);
+        self.word.store((w & !0xffff) | Tag::Isolated as u64 | (order as u64) << 8, Relaxed)
+    }
+    /// Tag `Free` with this order and class (flags and page count kept).
+    #[inline(always)]
+    pub fn set_free(&self, order: u8, class: u8) {
+        let w = self.word.load(Relaxed);
+        let bits = Tag::Free as u64 | (order as u64) << 8 | (class as u64) << 24;
+        self.word.store((w & 0xffff_ffff_00ff_0000) | bits, Relaxed)
+    }
+    #[inline(always)]
+    pub fn counts(&self) -> StateCounts {
+        StateCounts { zeroed: self.counts[0].load(Relaxed), reported: self.counts[1].load(Relaxed), lazy: self.counts[2].load(Relaxed) }
+    }
+    #[inline(always)]
+    pub fn set_counts(&self, c: StateCounts) {
+        self.counts[0].store(c.zeroed, Relaxed);
+        self.counts[1].store(c.reported, Relaxed);
+        self.counts[2].store(c.lazy, Relaxed);
+    }
+    #[inline(always)]
+    pub fn freed_at_ms(&self) -> u32 {
+        self.freed_at_ms.load(Relaxed)
+    }
+    #[inline(always)]
+    pub fn set_freed_at_ms(&self, t: u32) {
+        self.freed_at_ms.store(t, Relaxed)
+    }
+}
 
 /// Bytes 8..16 of a block record (tag, order, flags, class, npages), which the per-thread caches'
 /// hit path loads and stores as one word without the lock: a load right after a store of the
@@ -240,8 +384,16 @@ impl HitWord {
         self.0 as u8
     }
     #[inline(always)]
+    pub(crate) fn order(self) -> u8 {
+        (self.0 >> 8) as u8
+    }
+    #[inline(always)]
     pub(crate) fn flags(self) -> u8 {
         (self.0 >> 16) as u8
+    }
+    #[inline(always)]
+    pub(crate) fn class(self) -> u8 {
+        (self.0 >> 24) as u8
     }
     #[inline(always)]
     pub(crate) fn npages(self) -> u32 {
@@ -274,17 +426,17 @@ impl HitWord {
     /// # Safety
     /// `m` points into a live arena's record array.
     #[inline(always)]
-    pub(crate) unsafe fn load(m: *mut BlockMeta) -> HitWord {
-        let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
-        HitWord((*w).load(core::sync::atomic::Ordering::Relaxed))
+    pub(crate) unsafe fn load(m: *const BlockMeta) -> HitWord {
+        // SAFETY: `m` is a valid record (the caller's promise); the word is an atomic.
+        unsafe { (*m).word() }
     }
 
     /// # Safety
     /// As `load`.
     #[inline(always)]
-    pub(crate) unsafe fn store(self, m: *mut BlockMeta) {
-        let w = core::ptr::addr_of_mut!((*m).tag) as *const core::sync::atomic::AtomicU64;
-        (*w).store(self.0, core::sync::atomic::Ordering::Relaxed)
+    pub(crate) unsafe fn store(self, m: *const BlockMeta) {
+        // SAFETY: as in `load`.
+        unsafe { (*m).set_word(self) }
     }
 }
 

@@ -214,7 +214,7 @@ fn report_one_batch(s: &Shared) -> Next {
                 while p != NIL && scanned < SCAN_LIMIT {
                     scanned += 1;
                     let a = h.arena(ai);
-                    let m = *a.meta(p);
+                    let m = a.meta(p).get();
                     let prev = m.prev;
                     let age = now.saturating_sub(m.freed_at_ms);
                     if age < t.report_delay_ms {

@@ -139,7 +139,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
             let mut scanned = 0;
             while p != NIL && scanned < SCAN_LIMIT {
                 scanned += 1;
-                let m = a.meta(p);
+                let m = a.meta(p).get();
                 let age = now_ms.saturating_sub(m.freed_at_ms);
                 if age < t.zero_delay_ms {
                     wait_ms = wait_ms.min(t.zero_delay_ms - age);
