@@ -177,11 +177,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 }
 
 /// glibc's `memalign` rounds an alignment that is not a power of two up to the next one.
-///
-/// # Safety
-///
-/// None: pure arithmetic (the function need not be `unsafe`).
-unsafe fn round_align(align: usize) -> Option<usize> {
+fn round_align(align: usize) -> Option<usize> {
     if align <= MIN_ALIGN {
         return Some(MIN_ALIGN);
     }

@@ -203,7 +203,9 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_parent() {
     if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
         if let Some(a) = existing() {
-            a.after_fork_parent();
+            // SAFETY: `fork_prepare` took this allocator's lock in this thread (`FORK_LOCKED_HEAP`,
+            // under the guard that keeps the allocator's existence fixed until here).
+            unsafe { a.after_fork_parent() };
         }
     }
     // SAFETY: `fork_prepare` took the guard in this thread, and this is its parent-side end.
@@ -213,7 +215,9 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
         if let Some(a) = existing() {
-            a.after_fork_child();
+            // SAFETY: the child of the `fork` whose `fork_prepare` called `before_fork` on this
+            // allocator; it has one thread, this one, and has started none yet.
+            unsafe { a.after_fork_child() };
         }
     }
     // SAFETY: the child has one thread, this one, which took the guard in `fork_prepare`.

@@ -155,23 +155,27 @@ impl Arena {
             Ok(b) => b,
             Err(e) => {
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: the memfd made just above, given to nobody.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
         };
         if thp {
             // Best effort: THP may be disabled system-wide.
-            let _ = os::madvise(base, len, libc::MADV_HUGEPAGE);
+            // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
+            let _ = unsafe { os::madvise(base, len, libc::MADV_HUGEPAGE) };
         }
         let states_len = round_up(npages, PAGE_SIZE);
         let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);
         let states = match os::reserve_aligned(states_len, PAGE_SIZE, None) {
             Ok(p) => p,
             Err(e) => {
-                os::unmap(base, len);
+                // SAFETY: the reservation and memfd made just above, given to nobody.
+                unsafe { os::unmap(base, len) };
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: as above.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
@@ -179,10 +183,14 @@ impl Arena {
         let meta = match os::reserve_aligned(meta_len, PAGE_SIZE, None) {
             Ok(p) => p,
             Err(e) => {
-                os::unmap(base, len);
-                os::unmap(states, states_len);
+                // SAFETY: the reservations and memfd made just above, given to nobody.
+                unsafe {
+                    os::unmap(base, len);
+                    os::unmap(states, states_len);
+                }
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: as above.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
@@ -431,11 +439,15 @@ unsafe fn fill_block_larger(p: *const AtomicU8, n: u32, s: PageState) {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        os::unmap(self.base, self.len);
-        os::unmap(self.states.0 as usize, self.states_len);
-        os::unmap(self.meta as usize, self.meta_len);
-        if self.fd >= 0 {
-            os::close(self.fd);
+        // SAFETY: the arena owns its three mappings and its memfd, and is dropped only with the
+        // allocator's last reference (the `Arc<Shared>`), when no block, cache or worker uses them.
+        unsafe {
+            os::unmap(self.base, self.len);
+            os::unmap(self.states.0 as usize, self.states_len);
+            os::unmap(self.meta as usize, self.meta_len);
+            if self.fd >= 0 {
+                os::close(self.fd);
+            }
         }
     }
 }
