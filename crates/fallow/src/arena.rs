@@ -301,13 +301,15 @@ impl Arena {
 pub struct States(*const AtomicU8);
 
 // SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s; every access through it is
-// atomic except `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
+// atomic except through `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
 unsafe impl Send for States {}
 // SAFETY: as `Send`: shared access is to atomics.
 unsafe impl Sync for States {}
 
 impl States {
-    pub fn from_raw(p: *const AtomicU8) -> States {
+    /// # Safety
+    /// `p` is the state array of an arena (`States::raw`) that outlives every use of the result.
+    pub unsafe fn from_raw(p: *const AtomicU8) -> States {
         States(p)
     }
 
@@ -329,12 +331,17 @@ impl States {
         unsafe { (*self.0.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
-    fn bytes(self, pfn: u32, n: u32) -> &'static mut [u8] {
-        // Byte access to atomics is the same memory; the compiler turns fills into memset.
-        // SAFETY: `pfn..pfn + n` is inside the state array (callers pass a block of this arena), and the
-        // caller owns those bytes (the lock for free pages, the owner for a live or cached block), so no
-        // other thread accesses them during the plain access.
-        unsafe { core::slice::from_raw_parts_mut(self.0.add(pfn as usize) as *mut u8, n as usize) }
+    /// The state bytes from `pfn` on as plain bytes, for a fill or a count that the compiler
+    /// vectorizes (byte access to atomics is the same memory). A raw pointer, not a slice: the
+    /// bytes are shared with other threads, and a slice would outlive the caller's hold on them.
+    ///
+    /// # Safety
+    /// The `n` bytes used through the pointer, `[pfn, pfn + n)`, are inside the state array, and
+    /// the caller owns them while it uses the pointer (the lock for free pages, the owner for a
+    /// live or cached block): no other thread accesses them meanwhile.
+    unsafe fn bytes(self, pfn: u32) -> *mut u8 {
+        // SAFETY: `pfn` is inside the state array (the caller's contract), so the offset stays in it.
+        unsafe { self.0.add(pfn as usize) as *mut u8 }
     }
 
     #[inline(always)]
@@ -364,13 +371,19 @@ impl States {
 
     #[inline(never)]
     fn fill_bytes(self, pfn: u32, n: u32, s: PageState) {
-        self.bytes(pfn, n).fill(s as u8);
+        // SAFETY: `pfn..pfn + n` is a block of this arena whose bytes the caller owns (the lock for
+        // free pages, the owner for a live or cached block): no other thread accesses them during
+        // the plain stores.
+        unsafe { core::ptr::write_bytes(self.bytes(pfn), s as u8, n as usize) }
     }
 
     /// Count the free states of `[pfn, pfn + n)`.
     pub fn count(self, pfn: u32, n: u32) -> StateCounts {
         let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
-        for &b in self.bytes(pfn, n).iter() {
+        // SAFETY: as in `fill_bytes`: a block of this arena whose bytes the caller owns, so no other
+        // thread writes them while the slice, which ends with this function, lives.
+        let bytes = unsafe { core::slice::from_raw_parts(self.bytes(pfn), n as usize) };
+        for &b in bytes {
             z += (b == PageState::Zeroed as u8) as u32;
             r += (b == PageState::Reported as u8) as u32;
             l += (b == PageState::LazyFree as u8) as u32;

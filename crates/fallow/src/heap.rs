@@ -150,7 +150,10 @@ impl ArenaView {
     }
     #[inline(always)]
     pub(crate) fn states(&self) -> States {
-        States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8)
+        // SAFETY: views are read only for published arenas (found by `view_of`, or an index below
+        // `published`), whose state array `grow` stored here; arenas live as long as the allocator,
+        // which the caller holds a handle to while it uses the `States`.
+        unsafe { States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8) }
     }
     #[inline(always)]
     pub(crate) fn meta(&self) -> *mut BlockMeta {
@@ -919,10 +922,14 @@ impl Allocator {
         }
     }
 
-    /// Check every invariant of the free lists and counters (for tests; walks everything).
+    /// Check every invariant of the free lists and counters (for tests; walks everything). Other
+    /// threads are kept out of their per-thread caches meanwhile (`membarrier`); an error says so
+    /// when that cannot be done.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let h = self.shared.heap.lock();
+        let Some(h) = cache::lock_owners_out(self) else {
+            return Err("cannot keep other threads out of their caches (busy for 1 s, or no membarrier)".into());
+        };
         let mut listed_pages = 0u64;
         let mut total = 0u64;
         for (ai, a) in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()).enumerate() {
@@ -950,10 +957,14 @@ impl Allocator {
         cache::check(&h)
     }
 
-    /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests).
+    /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests). Other
+    /// threads are kept out of their per-thread caches meanwhile, as by `check_invariants`.
+    ///
+    /// # Panics
+    /// When that cannot be done (a thread stayed inside its cache for a second, or no `membarrier`).
     #[doc(hidden)]
     pub fn free_runs(&self) -> Vec<(usize, usize, PageState)> {
-        let h = self.shared.heap.lock();
+        let h = cache::lock_owners_out(self).expect("free_runs: cannot keep other threads out of their caches");
         let mut out = Vec::new();
         for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
             a.for_each_listed(|pfn, order| {
