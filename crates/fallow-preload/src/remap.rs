@@ -82,7 +82,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     // Leaving fallow (below the threshold, above the largest block, or fallow is exhausted).
     let q = __libc_malloc(size) as *mut u8;
     if q.is_null() {
-        fallow::os::set_errno(libc::ENOMEM);
+        fallow::binding_support::set_errno(libc::ENOMEM);
         return q;
     }
     ptr::copy_nonoverlapping(p, q, old.min(size));
@@ -106,7 +106,7 @@ unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | MREMAP_DONTUNMAP;
     let r = libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void);
     if r == libc::MAP_FAILED {
-        if fallow::os::errno() == libc::EINVAL {
+        if fallow::binding_support::errno() == libc::EINVAL {
             // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.
             MOVE_REFUSED.store(true, Ordering::Relaxed);
         }

@@ -22,7 +22,6 @@ pub struct Arena {
     pub max_order: u8,
     /// The memfd behind a shared arena, or -1.
     pub fd: i32,
-    pub thp: bool,
     states: States,
     meta: *mut BlockMeta,
     states_len: usize,
@@ -201,7 +200,6 @@ impl Arena {
             npages: npages as u32,
             max_order,
             fd,
-            thp,
             states: States(states as *const AtomicU8),
             meta: meta as *mut BlockMeta,
             states_len,

@@ -101,9 +101,9 @@ pub struct Locked<T> {
     data: UnsafeCell<T>,
 }
 
-// SAFETY: the data is reached only through a `Guard` (one at a time: the lock is held for its
-// life) or `data_unguarded` (whose caller holds the lock), so sharing `Locked` shares `T` between
-// threads one at a time, as a `Mutex<T>` does: `T: Send` suffices.
+// SAFETY: the data is reached only through a `Guard`, one at a time (the lock is held for its
+// life), so sharing `Locked` shares `T` between threads one at a time, as a `Mutex<T>` does:
+// `T: Send` suffices.
 unsafe impl<T: Send> Sync for Locked<T> {}
 // SAFETY: `Locked` owns its `T`; moving it moves the `T`.
 unsafe impl<T: Send> Send for Locked<T> {}
@@ -125,14 +125,6 @@ impl<T> Locked<T> {
 
     pub fn raw(&self) -> &RawLock {
         &self.lock
-    }
-
-    /// # Safety
-    /// The caller holds the lock through `raw()` without a guard (fork handlers).
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn data_unguarded(&self) -> &mut T {
-        // SAFETY: the caller holds the lock (its contract), so no guard or other reference is live.
-        unsafe { &mut *self.data.get() }
     }
 }
 

@@ -173,37 +173,6 @@ pub unsafe fn populate_write(addr: usize, len: usize) {
     }
 }
 
-/// How many of the pages of `[addr, addr + len)` are resident, by `mincore`.
-/// `out` receives one byte per page (bit 0 set when resident) when given.
-pub fn resident_pages(addr: usize, len: usize) -> OsResult<usize> {
-    let mut count = 0usize;
-    let mut buf = [0u8; 4096];
-    let mut p = addr;
-    let end = addr + len;
-    while p < end {
-        let n = ((end - p) / PAGE_SIZE).min(buf.len());
-        // SAFETY: `buf` is writable for `n <= buf.len()` bytes, one per page of the `n` pages asked.
-        let r = unsafe { libc::mincore(p as *mut _, n * PAGE_SIZE, buf.as_mut_ptr()) };
-        if r != 0 {
-            return Err(errno());
-        }
-        count += buf[..n].iter().filter(|b| **b & 1 != 0).count();
-        p += n * PAGE_SIZE;
-    }
-    Ok(count)
-}
-
-/// Whether the one page at `addr` is resident.
-pub fn page_resident(addr: usize) -> OsResult<bool> {
-    let mut b = 0u8;
-    // SAFETY: `b` is writable for the one byte of the one page asked.
-    let r = unsafe { libc::mincore(addr as *mut _, PAGE_SIZE, &mut b) };
-    if r != 0 {
-        return Err(errno());
-    }
-    Ok(b & 1 != 0)
-}
-
 /// Physical memory of the machine, in bytes.
 pub fn physical_memory() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
@@ -495,22 +464,6 @@ pub unsafe fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
     } else {
         Err(errno())
     }
-}
-
-/// CPU time (user + system) of the whole process, in ns.
-pub fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// CPU time of the calling thread, in ns.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Map `len` bytes of scratch memory (private anonymous, committed on touch); `unmap` it after.

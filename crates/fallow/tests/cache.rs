@@ -7,7 +7,8 @@ mod common;
 use std::sync::mpsc;
 
 use common::*;
-use fallow::{os, Allocator, Config, Error, Flags, PageState, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Error, Flags, PageState, Tunables};
 
 /// Workers off: these tests check exact states and counters, which the workers would change.
 fn cfg() -> Config {

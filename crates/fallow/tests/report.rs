@@ -7,7 +7,8 @@ mod common;
 use common::wait_for;
 use std::time::{Duration, Instant};
 
-use fallow::{os, Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
 
 const PAGE: usize = 4096;
 

@@ -7,7 +7,8 @@ mod common;
 use common::wait_for;
 use std::time::{Duration, Instant};
 
-use fallow::{os, Allocator, Config, Flags, PageState, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Flags, PageState, Tunables};
 
 const PAGE: usize = 4096;
 
