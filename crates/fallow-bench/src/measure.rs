@@ -22,7 +22,9 @@ pub fn children_cpu_ms() -> f64 {
 }
 
 fn rusage_ms(who: i32) -> f64 {
+    // SAFETY: `rusage` is plain integers, for which all zeros is a valid value.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
     unsafe { libc::getrusage(who, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
     tv(ru.ru_utime) + tv(ru.ru_stime)
@@ -80,16 +82,24 @@ pub fn num(x: f64) -> Value {
 }
 
 /// Write one byte in every page of `[p, p+len)` (makes them resident).
-pub fn touch_pages(p: *mut u8, len: usize, value: u8) {
+///
+/// # Safety
+/// `[p, p + len)` is writable memory of the caller's that nobody else accesses meanwhile.
+pub unsafe fn touch_pages(p: *mut u8, len: usize, value: u8) {
     let mut off = 0;
     while off < len {
+        // SAFETY: `off < len`, inside the caller's writable range (the contract above).
         unsafe { core::ptr::write_volatile(p.add(off), value) };
         off += PAGE;
     }
 }
 
 /// Fill `[p, p+len)` with `value`.
-pub fn fill(p: *mut u8, len: usize, value: u8) {
+///
+/// # Safety
+/// As `touch_pages`: `[p, p + len)` is writable memory of the caller's, accessed by nobody else.
+pub unsafe fn fill(p: *mut u8, len: usize, value: u8) {
+    // SAFETY: the caller's writable range (the contract above).
     unsafe { core::ptr::write_bytes(p, value, len) };
     std::hint::black_box(p);
 }
@@ -145,8 +155,12 @@ pub fn online_cpus() -> usize {
 
 /// The `machine` record: what the numbers were measured on.
 pub fn machine() -> Value {
+    // SAFETY: `utsname` is arrays of chars, for which all zeros is a valid value.
     let mut uts: libc::utsname = unsafe { core::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
     unsafe { libc::uname(&mut uts) };
+    // SAFETY: each field is NUL-terminated: zeroed above, then filled by `uname` with
+    // NUL-terminated strings shorter than the field.
     let cstr = |b: &[libc::c_char]| unsafe { std::ffi::CStr::from_ptr(b.as_ptr()).to_string_lossy().into_owned() };
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
         .ok()
@@ -214,7 +228,8 @@ pub fn memset_gib_per_s(len: usize, reps: usize) -> f64 {
     let mut rates = Vec::new();
     for i in 0..reps.max(1) {
         let t0 = Instant::now();
-        fill(buf.as_mut_ptr(), len, i as u8);
+        // SAFETY: `buf` is this function's own vector of `len` bytes.
+        unsafe { fill(buf.as_mut_ptr(), len, i as u8) };
         let s = t0.elapsed().as_secs_f64();
         rates.push(len as f64 / (1u64 << 30) as f64 / s);
     }

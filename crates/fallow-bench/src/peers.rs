@@ -270,13 +270,16 @@ impl Peer {
     }
 
     /// Free what `alloc` (or `grow`) gave for `size` bytes.
-    pub fn free(&self, p: *mut u8, size: usize) {
+    ///
+    /// # Safety
+    /// `p` is null, or came from this peer's `alloc` or `grow` of `size` bytes, is freed once,
+    /// and is not touched afterwards (the malloc-like peers and `munmap` trust it blindly).
+    pub unsafe fn free(&self, p: *mut u8, size: usize) {
         if p.is_null() {
             return;
         }
-        // SAFETY: relies on the caller keeping the module invariant (a safe fn: its signature does
-        // not enforce it): `p` came from this peer's `alloc`/`grow` of `size` bytes, is freed
-        // once, and is no longer touched. Fallow's `free` is safe anyway (it validates `p`).
+        // SAFETY: the caller's contract: `p` came from this peer's `alloc`/`grow` of `size`
+        // bytes, is freed once, and is no longer touched. (Fallow's `free` validates `p` anyway.)
         unsafe {
             match &self.imp {
                 Imp::Glibc => libc::free(p as *mut _),
@@ -303,10 +306,14 @@ impl Peer {
 
     /// Grow a block of `old` bytes to `new` bytes, keeping its contents (realloc). Null on failure
     /// (the old block is then still live).
-    pub fn grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
-        // SAFETY: relies on the caller keeping the module invariant (not enforced by this safe
-        // fn's signature): `p` is a live block of `old` bytes from this peer, which the realloc
-        // calls and `move_grow` consume (the caller uses the result, or `p` only if it is null).
+    ///
+    /// # Safety
+    /// `p` is a live block of `old` bytes from this peer's `alloc` or `grow`, `new >= old`, and
+    /// nobody else uses it during the call; afterwards the caller uses the block returned, or
+    /// `p` only if null was returned.
+    pub unsafe fn grow(&self, p: *mut u8, old: usize, new: usize) -> *mut u8 {
+        // SAFETY: the caller's contract: `p` is a live block of `old` bytes from this peer, which
+        // the realloc calls and `move_grow` consume.
         unsafe {
             match &self.imp {
                 Imp::Glibc => libc::realloc(p as *mut _, new) as *mut u8,
@@ -337,7 +344,9 @@ impl Peer {
         // SAFETY: `p` is readable for `old` bytes (the contract above), `q` is a fresh block of
         // `new` bytes, distinct from `p` since `p` is still live; `old.min(new)` fits both.
         core::ptr::copy_nonoverlapping(p, q, old.min(new));
-        self.free(p, old);
+        // SAFETY: `p` is this peer's live block of `old` bytes (the contract above), copied and
+        // not used again.
+        unsafe { self.free(p, old) };
         q
     }
 }
@@ -409,24 +418,31 @@ mod tests {
             let n = 3 << 20;
             let b = p.alloc(n, false, false);
             assert!(!b.is_null(), "{}", kind.name());
-            // SAFETY: `b` is a non-null (asserted) live block of `n` bytes from `p.alloc`.
-            unsafe { core::ptr::write_bytes(b, 0xee, n) };
-            p.free(b, n);
+            // SAFETY: `b` is a non-null (asserted) live block of `n` bytes from `p.alloc`, freed once
+            // after the write and not used again.
+            unsafe {
+                core::ptr::write_bytes(b, 0xee, n);
+                p.free(b, n);
+            }
             let z = p.alloc(n, true, true);
             assert!(!z.is_null());
             // SAFETY: `z` is a non-null live block of `n` bytes asked for zeroed, so initialised;
             // no writes happen while `s` is alive.
             let s = unsafe { core::slice::from_raw_parts(z, n) };
             assert!(s.iter().all(|&x| x == 0), "{}: zeroed allocation had garbage", kind.name());
-            // SAFETY: `z` is still a live block of `n` bytes (`s` is no longer used).
-            unsafe { core::ptr::write_bytes(z, 7, n) };
-            let g = p.grow(z, n, 2 * n);
+            // SAFETY: `z` is still a live block of `n` bytes (`s` is no longer used), grown once and
+            // not used after the grow.
+            let g = unsafe {
+                core::ptr::write_bytes(z, 7, n);
+                p.grow(z, n, 2 * n)
+            };
             assert!(!g.is_null());
             // SAFETY: `g` is a non-null live block of `2 * n` bytes whose first `n` were copied
             // (or kept) from `z`, so initialised; `z` is not used after the grow.
             let s = unsafe { core::slice::from_raw_parts(g, n) };
             assert!(s.iter().all(|&x| x == 7), "{}: grow lost the contents", kind.name());
-            p.free(g, 2 * n);
+            // SAFETY: `g` is the peer's live block of `2 * n` bytes (`s` is no longer used), freed once.
+            unsafe { p.free(g, 2 * n) };
         }
     }
 

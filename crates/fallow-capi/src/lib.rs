@@ -16,7 +16,7 @@ use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use core::fmt::Write;
 use core::ptr;
 
-use core_fallow::global::StackBuf;
+use core_fallow::binding_support::StackBuf;
 use core_fallow::{Allocator, Backing, Config, Error, Flags, ReportMode, Tunables};
 
 pub const FALLOW_ZERO: c_uint = 1;
@@ -43,7 +43,7 @@ fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
         buf[..n].copy_from_slice(&b.as_bytes()[..n]);
         buf[n] = 0;
     });
-    core_fallow::os::set_errno(code);
+    core_fallow::binding_support::set_errno(code);
     code
 }
 
@@ -188,7 +188,7 @@ pub unsafe extern "C" fn fallow_alloc(
     if flags & !ALL_FLAGS != 0 {
         return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
     }
-    let align = if align == 0 { core_fallow::os::PAGE_SIZE } else { align };
+    let align = if align == 0 { core_fallow::binding_support::PAGE_SIZE } else { align };
     match a.alloc(size, align, Flags(flags)) {
         Ok(p) => {
             // SAFETY: `out` is not null (checked above) and writable (the contract).

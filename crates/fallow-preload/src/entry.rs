@@ -12,7 +12,7 @@ use core::ffi::{c_int, c_void};
 use core::fmt::Write;
 use core::ptr;
 
-use fallow::global::StackBuf;
+use fallow::binding_support::StackBuf;
 use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
@@ -33,14 +33,14 @@ pub fn die(op: &str, e: &Error) -> ! {
         }
         _ => writeln!(b, "fallow: {op}(): {e}"),
     };
-    fallow::os::write_stderr(b.as_bytes());
+    fallow::binding_support::write_stderr(b.as_bytes());
     // SAFETY: plain libc call with no memory-safety preconditions (it does not return).
     unsafe { libc::abort() }
 }
 
 #[inline]
 fn enomem() -> *mut c_void {
-    fallow::os::set_errno(libc::ENOMEM);
+    fallow::binding_support::set_errno(libc::ENOMEM);
     ptr::null_mut()
 }
 
@@ -164,11 +164,11 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
     if !align.is_power_of_two() || align < core::mem::size_of::<usize>() {
         return libc::EINVAL;
     }
-    let saved = fallow::os::errno();
+    let saved = fallow::binding_support::errno();
     let p = aligned(align, size);
     if p.is_null() && size != 0 {
-        let e = fallow::os::errno();
-        fallow::os::set_errno(saved);
+        let e = fallow::binding_support::errno();
+        fallow::binding_support::set_errno(saved);
         return if e == 0 { libc::ENOMEM } else { e };
     }
     // SAFETY: posix_memalign(3)'s contract: `out` points to a writable `void *`.
@@ -177,11 +177,7 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, siz
 }
 
 /// glibc's `memalign` rounds an alignment that is not a power of two up to the next one.
-///
-/// # Safety
-///
-/// None: pure arithmetic (the function need not be `unsafe`).
-unsafe fn round_align(align: usize) -> Option<usize> {
+fn round_align(align: usize) -> Option<usize> {
     if align <= MIN_ALIGN {
         return Some(MIN_ALIGN);
     }
@@ -193,7 +189,7 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     match round_align(align) {
         Some(al) => aligned(al, size),
         None => {
-            fallow::os::set_errno(libc::EINVAL);
+            fallow::binding_support::set_errno(libc::EINVAL);
             ptr::null_mut()
         }
     }
@@ -206,12 +202,12 @@ pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void
 
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    aligned(fallow::os::PAGE_SIZE, size)
+    aligned(fallow::binding_support::PAGE_SIZE, size)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let page = fallow::os::PAGE_SIZE;
+    let page = fallow::binding_support::PAGE_SIZE;
     match size.checked_add(page - 1) {
         Some(s) => aligned(page, (s & !(page - 1)).max(page)),
         None => enomem(),

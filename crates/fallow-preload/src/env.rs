@@ -15,23 +15,23 @@
 use core::ffi::CStr;
 use core::fmt::Write;
 
-use fallow::global::StackBuf;
+use fallow::binding_support::StackBuf;
 
 /// Default `FALLOW_THRESHOLD`: requests of at least 256 KiB go to fallow (the measurement is in
 /// docs/design.md, "C API and preload").
-pub const DEFAULT_THRESHOLD: usize = fallow::global::DEFAULT_THRESHOLD;
+pub const DEFAULT_THRESHOLD: usize = fallow::FallowAlloc::DEFAULT_THRESHOLD;
 pub const DEFAULT_REPORT_DELAY_MS: u64 = 2000;
 /// Longest `FALLOW_REPORT_DELAY_MS` (one hour), as `Tunables::report_delay_ms` accepts.
 pub const MAX_REPORT_DELAY_MS: u64 = 3_600_000;
 /// Largest `FALLOW_ARENA_SIZE`: 1 TiB per arena.
 pub const MAX_ARENA_SIZE: usize = 1 << 40;
 /// Smallest `FALLOW_THRESHOLD`: one page, fallow's unit.
-pub const MIN_THRESHOLD: usize = fallow::os::PAGE_SIZE;
+pub const MIN_THRESHOLD: usize = fallow::binding_support::PAGE_SIZE;
 
 /// The largest block of the allocator the preload creates (the default `max_order`; `FALLOW_THP`
 /// keeps it, being already at least a huge page).
 pub fn largest_block() -> usize {
-    fallow::os::PAGE_SIZE << fallow::Config::default().max_order
+    fallow::binding_support::PAGE_SIZE << fallow::Config::default().max_order
 }
 
 /// How free pages go back to the kernel (`FALLOW_REPORT`).
@@ -90,7 +90,7 @@ pub fn from_environment() -> EnvSettings {
             // read on the first large request, and glibc's getenv has the same requirement).
             Some(unsafe { CStr::from_ptr(v) }.to_bytes())
         }
-    }, &mut |msg| fallow::os::write_stderr(msg))
+    }, &mut |msg| fallow::binding_support::write_stderr(msg))
 }
 
 /// One warning line, formatted on the stack: `{var}={value:?} {what}; using {used}`.

@@ -6,7 +6,7 @@
 //!   `malloc`, so a thread that finds `PARSING` spins until `PARSED` (nanoseconds). Until the
 //!   settings are parsed `THRESHOLD` is 0, which sends every request to the slow path that
 //!   parses them; afterwards it holds the threshold.
-//! - allocator: a `fallow::start::StartGate`, `UNINIT -> creating (by thread tid) -> READY |
+//! - allocator: a `fallow::binding_support::StartGate`, `UNINIT -> creating (by thread tid) -> READY |
 //!   FAILED` in one 32-bit word, entered on the first request at or above the threshold.
 //!   Creating the allocator allocates (its `Arc`, through glibc) and may register an `atexit`
 //!   handler, which may call `malloc`: those requests, made by the creating thread itself, go to
@@ -34,9 +34,9 @@ use core::fmt::Write;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
-use fallow::global::StackBuf;
-use fallow::lock::RawLock;
-use fallow::start::{Entry, StartGate};
+use fallow::binding_support::StackBuf;
+use fallow::binding_support::RawLock;
+use fallow::binding_support::{Entry, StartGate};
 use fallow::{Allocator, Config};
 
 use crate::env::{self, EnvSettings};
@@ -175,7 +175,7 @@ fn init() -> Option<&'static Allocator> {
         Err(e) => {
             let mut b = StackBuf::<320>::new();
             let _ = writeln!(b, "fallow: cannot create the allocator ({e}); glibc serves everything");
-            fallow::os::write_stderr(b.as_bytes());
+            fallow::binding_support::write_stderr(b.as_bytes());
             GATE.finish(false);
             None
         }
@@ -203,7 +203,9 @@ extern "C" fn fork_prepare() {
 extern "C" fn fork_parent() {
     if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
         if let Some(a) = existing() {
-            a.after_fork_parent();
+            // SAFETY: `fork_prepare` took this allocator's lock in this thread (`FORK_LOCKED_HEAP`,
+            // under the guard that keeps the allocator's existence fixed until here).
+            unsafe { a.after_fork_parent() };
         }
     }
     // SAFETY: `fork_prepare` took the guard in this thread, and this is its parent-side end.
@@ -213,7 +215,9 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     if FORK_LOCKED_HEAP.load(Ordering::Relaxed) {
         if let Some(a) = existing() {
-            a.after_fork_child();
+            // SAFETY: the child of the `fork` whose `fork_prepare` called `before_fork` on this
+            // allocator; it has one thread, this one, and has started none yet.
+            unsafe { a.after_fork_child() };
         }
     }
     // SAFETY: the child has one thread, this one, which took the guard in `fork_prepare`.
@@ -225,7 +229,7 @@ extern "C" fn print_stats_at_exit() {
     let Some(a) = existing() else { return };
     let s = a.stats();
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let page = fallow::os::PAGE_SIZE as u64;
+    let page = fallow::binding_support::PAGE_SIZE as u64;
     let mut b = StackBuf::<1024>::new();
     // SAFETY: `getpid` is a plain libc call with no preconditions.
     let _ = writeln!(b, "fallow: stats at exit (pid {})", unsafe { libc::getpid() });
@@ -253,5 +257,5 @@ extern "C" fn print_stats_at_exit() {
     );
     let _ = writeln!(b, "fallow:   reported reuse: {:.1} MiB", mib(s.reused_reported_bytes));
     let _ = writeln!(b, "fallow:   reserved:  {:.1} MiB in {} arenas", mib(s.reserved_bytes), s.arenas);
-    fallow::os::write_stderr(b.as_bytes());
+    fallow::binding_support::write_stderr(b.as_bytes());
 }

@@ -38,6 +38,11 @@ static MOVE_REFUSED: AtomicBool = AtomicBool::new(false);
 const MREMAP_DONTUNMAP: i32 = 4;
 
 /// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`.
+///
+/// # Safety
+/// realloc(3)'s contract: `p` is a block `a` handed out and nobody uses it during the call (a
+/// pointer that is not a live block's start is reported and aborts; its bytes are copied only
+/// once `a` has vouched for it); after the call only the block returned is the caller's.
 pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     let stays = size >= process::threshold() && size <= a.max_block();
     if stays {
@@ -54,8 +59,13 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     if stays {
         if let Ok(q) = a.alloc(size, 16, Flags::NONE) {
             let q = q.as_ptr();
+            // SAFETY: `p` is the caller's live block of `old` bytes (`usable_size` vouched for it)
+            // and `q` a new block of `size > old` bytes (`resize_in_place` shrinks every block
+            // that is not `mlock`ed, and the preload locks none), page-aligned both, and distinct.
             if old >= MOVE_MIN && move_pages(p, q, old) {
-                if let Err(e) = a.free_reported(p) {
+                // SAFETY: `move_pages` took every page of `p` away with `MREMAP_DONTUNMAP`: the range
+                // is still mapped, with no pages behind it, so it reads zero and is not resident.
+                if let Err(e) = unsafe { a.free_reported(p) } {
                     die("realloc", &e)
                 }
                 MOVES.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +82,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     // Leaving fallow (below the threshold, above the largest block, or fallow is exhausted).
     let q = __libc_malloc(size) as *mut u8;
     if q.is_null() {
-        fallow::os::set_errno(libc::ENOMEM);
+        fallow::binding_support::set_errno(libc::ENOMEM);
         return q;
     }
     ptr::copy_nonoverlapping(p, q, old.min(size));
@@ -84,6 +94,11 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
 
 /// Move the pages of `[from, from + len)` onto `[to, to + len)`, leaving `from` mapped and empty.
 /// `false` (nothing changed) when the kernel refuses.
+///
+/// # Safety
+/// Both ranges are page-aligned parts of fallow's private anonymous arena, `from` the caller's
+/// live block and `to` a fresh block of at least `len` bytes, nobody else using either: the
+/// contents of `to` are replaced and those of `from` read zero afterwards.
 unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
     if MOVE_REFUSED.load(Ordering::Relaxed) || MOVES.load(Ordering::Relaxed) >= MOVE_BUDGET {
         return false;
@@ -91,7 +106,7 @@ unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | MREMAP_DONTUNMAP;
     let r = libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void);
     if r == libc::MAP_FAILED {
-        if fallow::os::errno() == libc::EINVAL {
+        if fallow::binding_support::errno() == libc::EINVAL {
             // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.
             MOVE_REFUSED.store(true, Ordering::Relaxed);
         }

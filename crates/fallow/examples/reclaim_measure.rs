@@ -8,7 +8,29 @@
 
 use std::time::{Duration, Instant};
 
-use fallow::{os, Allocator, Config, Flags, Tunables};
+use fallow::{Allocator, Config, Flags, Tunables};
+
+/// This example's own system calls (fallow's `os` module is crate-private).
+mod os {
+    /// How many of the pages of `[addr, addr + len)` are resident, by `mincore` (which only reads
+    /// the page tables: any address is fine).
+    pub fn resident_pages(addr: usize, len: usize) -> Result<usize, i32> {
+        let mut buf = vec![0u8; len.div_ceil(super::PAGE)];
+        // SAFETY: `buf` is writable for one byte per page of the range; `mincore` touches nothing else.
+        if unsafe { libc::mincore(addr as *mut libc::c_void, len, buf.as_mut_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        Ok(buf.iter().filter(|b| **b & 1 != 0).count())
+    }
+
+    /// CPU time (user + system) of the whole process, in ns.
+    pub fn process_cpu_ns() -> u64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+}
 
 const PAGE: usize = 4096;
 const GIB: usize = 1 << 30;
@@ -187,13 +209,13 @@ fn main() {
     let quick = std::env::args().any(|a| a == "quick");
     let runs = if quick { 1 } else { 3 };
     println!("fallow reclaim measurements ({runs} run(s) each, medians)");
-    println!("non-temporal zeroing threshold before calibration: {} KiB", fallow::nt::threshold() >> 10);
+    println!("non-temporal zeroing threshold before calibration: {} KiB", fallow::binding_support::nt_threshold() >> 10);
     let c0 = os::process_cpu_ns();
-    fallow::nt::calibrate();
+    fallow::binding_support::calibrate_nt();
     println!(
         "calibration of non-temporal zeroing: {:.0} ms CPU, threshold {}",
         (os::process_cpu_ns() - c0) as f64 / 1e6,
-        match fallow::nt::threshold() {
+        match fallow::binding_support::nt_threshold() {
             usize::MAX => "never".to_string(),
             t => format!("{} KiB", t >> 10),
         }
@@ -240,7 +262,7 @@ fn main() {
             spot / 1e3
         );
     }
-    println!("non-temporal zeroing threshold after calibration: {}", match fallow::nt::threshold() {
+    println!("non-temporal zeroing threshold after calibration: {}", match fallow::binding_support::nt_threshold() {
         usize::MAX => "never".to_string(),
         t => format!("{} KiB", t >> 10),
     });

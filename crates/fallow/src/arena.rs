@@ -22,7 +22,6 @@ pub struct Arena {
     pub max_order: u8,
     /// The memfd behind a shared arena, or -1.
     pub fd: i32,
-    pub thp: bool,
     states: States,
     meta: *mut BlockMeta,
     states_len: usize,
@@ -155,23 +154,27 @@ impl Arena {
             Ok(b) => b,
             Err(e) => {
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: the memfd made just above, given to nobody.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
         };
         if thp {
             // Best effort: THP may be disabled system-wide.
-            let _ = os::madvise(base, len, libc::MADV_HUGEPAGE);
+            // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
+            let _ = unsafe { os::madvise(base, len, libc::MADV_HUGEPAGE) };
         }
         let states_len = round_up(npages, PAGE_SIZE);
         let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);
         let states = match os::reserve_aligned(states_len, PAGE_SIZE, None) {
             Ok(p) => p,
             Err(e) => {
-                os::unmap(base, len);
+                // SAFETY: the reservation and memfd made just above, given to nobody.
+                unsafe { os::unmap(base, len) };
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: as above.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
@@ -179,10 +182,14 @@ impl Arena {
         let meta = match os::reserve_aligned(meta_len, PAGE_SIZE, None) {
             Ok(p) => p,
             Err(e) => {
-                os::unmap(base, len);
-                os::unmap(states, states_len);
+                // SAFETY: the reservations and memfd made just above, given to nobody.
+                unsafe {
+                    os::unmap(base, len);
+                    os::unmap(states, states_len);
+                }
                 if fd >= 0 {
-                    os::close(fd);
+                    // SAFETY: as above.
+                    unsafe { os::close(fd) };
                 }
                 return Err(e);
             }
@@ -193,7 +200,6 @@ impl Arena {
             npages: npages as u32,
             max_order,
             fd,
-            thp,
             states: States(states as *const AtomicU8),
             meta: meta as *mut BlockMeta,
             states_len,
@@ -293,13 +299,15 @@ impl Arena {
 pub struct States(*const AtomicU8);
 
 // SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s; every access through it is
-// atomic except `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
+// atomic except through `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
 unsafe impl Send for States {}
 // SAFETY: as `Send`: shared access is to atomics.
 unsafe impl Sync for States {}
 
 impl States {
-    pub fn from_raw(p: *const AtomicU8) -> States {
+    /// # Safety
+    /// `p` is the state array of an arena (`States::raw`) that outlives every use of the result.
+    pub unsafe fn from_raw(p: *const AtomicU8) -> States {
         States(p)
     }
 
@@ -321,12 +329,17 @@ impl States {
         unsafe { (*self.0.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
-    fn bytes(self, pfn: u32, n: u32) -> &'static mut [u8] {
-        // Byte access to atomics is the same memory; the compiler turns fills into memset.
-        // SAFETY: `pfn..pfn + n` is inside the state array (callers pass a block of this arena), and the
-        // caller owns those bytes (the lock for free pages, the owner for a live or cached block), so no
-        // other thread accesses them during the plain access.
-        unsafe { core::slice::from_raw_parts_mut(self.0.add(pfn as usize) as *mut u8, n as usize) }
+    /// The state bytes from `pfn` on as plain bytes, for a fill or a count that the compiler
+    /// vectorizes (byte access to atomics is the same memory). A raw pointer, not a slice: the
+    /// bytes are shared with other threads, and a slice would outlive the caller's hold on them.
+    ///
+    /// # Safety
+    /// The `n` bytes used through the pointer, `[pfn, pfn + n)`, are inside the state array, and
+    /// the caller owns them while it uses the pointer (the lock for free pages, the owner for a
+    /// live or cached block): no other thread accesses them meanwhile.
+    unsafe fn bytes(self, pfn: u32) -> *mut u8 {
+        // SAFETY: `pfn` is inside the state array (the caller's contract), so the offset stays in it.
+        unsafe { self.0.add(pfn as usize) as *mut u8 }
     }
 
     #[inline(always)]
@@ -356,13 +369,19 @@ impl States {
 
     #[inline(never)]
     fn fill_bytes(self, pfn: u32, n: u32, s: PageState) {
-        self.bytes(pfn, n).fill(s as u8);
+        // SAFETY: `pfn..pfn + n` is a block of this arena whose bytes the caller owns (the lock for
+        // free pages, the owner for a live or cached block): no other thread accesses them during
+        // the plain stores.
+        unsafe { core::ptr::write_bytes(self.bytes(pfn), s as u8, n as usize) }
     }
 
     /// Count the free states of `[pfn, pfn + n)`.
     pub fn count(self, pfn: u32, n: u32) -> StateCounts {
         let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
-        for &b in self.bytes(pfn, n).iter() {
+        // SAFETY: as in `fill_bytes`: a block of this arena whose bytes the caller owns, so no other
+        // thread writes them while the slice, which ends with this function, lives.
+        let bytes = unsafe { core::slice::from_raw_parts(self.bytes(pfn), n as usize) };
+        for &b in bytes {
             z += (b == PageState::Zeroed as u8) as u32;
             r += (b == PageState::Reported as u8) as u32;
             l += (b == PageState::LazyFree as u8) as u32;
@@ -431,11 +450,15 @@ unsafe fn fill_block_larger(p: *const AtomicU8, n: u32, s: PageState) {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        os::unmap(self.base, self.len);
-        os::unmap(self.states.0 as usize, self.states_len);
-        os::unmap(self.meta as usize, self.meta_len);
-        if self.fd >= 0 {
-            os::close(self.fd);
+        // SAFETY: the arena owns its three mappings and its memfd, and is dropped only with the
+        // allocator's last reference (the `Arc<Shared>`), when no block, cache or worker uses them.
+        unsafe {
+            os::unmap(self.base, self.len);
+            os::unmap(self.states.0 as usize, self.states_len);
+            os::unmap(self.meta as usize, self.meta_len);
+            if self.fd >= 0 {
+                os::close(self.fd);
+            }
         }
     }
 }

@@ -453,13 +453,11 @@ impl ThreadCache {
     /// The entry at index `i`, with its counts.
     #[inline(always)]
     fn read(&self, i: u32) -> (Entry, Mixed) {
-        // SAFETY: (unsound, see issue 14) `entry(i)` is in bounds; the read is a plain one, sound when
-        // the owner reads, or another thread while the owner is kept out (refill and drain under the
-        // lock after the `membarrier` handshake, "Draining an idle thread's cache"). But `check` and
-        // `free_runs` (safe `check_invariants` / `free_runs`) also read other threads' entries, only
-        // documented to need those threads quiet: a plain read racing the owner's plain writes.
+        // SAFETY: `entry(i)` is in bounds; the read is a plain one, by the owner, or by another thread
+        // while the owner is kept out: a drain under the lock after the `membarrier` handshake
+        // ("Draining an idle thread's cache"), or `check` / `free_runs` through a `FrozenHeap`.
         let e = unsafe { *self.entry(i) };
-        // SAFETY: (unsound, see issue 14) as the read of the entry just above.
+        // SAFETY: as the read of the entry just above.
         let m = if e.mixed() { unsafe { *self.mixed_at(i) } } else { Mixed::default() };
         (e, m)
     }
@@ -1247,6 +1245,61 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
 
 // ---- What the allocator's statistics and checks see of the caches (all under the lock). ----
 
+/// The allocator lock, held while every cache's owner is kept out of its cache: what reading
+/// the entries of other threads' caches needs (`check`, `free_runs`). The caches are frozen
+/// as `drain_unanswered` freezes them, but with the lock held from the freeze to the thaw (in
+/// `drop`), so that the reporter, which thaws only under the lock, cannot thaw one meanwhile.
+pub(crate) struct FrozenHeap<'a> {
+    h: crate::lock::Guard<'a, Heap>,
+}
+
+impl core::ops::Deref for FrozenHeap<'_> {
+    type Target = Heap;
+    fn deref(&self) -> &Heap {
+        &self.h
+    }
+}
+
+impl Drop for FrozenHeap<'_> {
+    fn drop(&mut self) {
+        for c in self.h.caches.iter() {
+            c.frozen.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Lock `a` with every cache's owner kept out (see `FrozenHeap`). An owner found inside its cache
+/// may be waiting for this very lock (a refill): the lock is let go and the freeze tried again,
+/// every 100 us for about a second. `None`: some owner stayed inside that long, or `membarrier`
+/// is not available here and a cache other than the caller's last one exists (without the
+/// barrier, an owner's entry cannot be ruled out).
+pub(crate) fn lock_owners_out(a: &Allocator) -> Option<FrozenHeap<'_>> {
+    let own = last(a).map(|c| c as *const ThreadCache);
+    for _ in 0..10_000 {
+        let frozen = FrozenHeap { h: a.shared.heap.lock() };
+        let mut others = false;
+        for c in frozen.caches.iter() {
+            c.frozen.store(1, Relaxed);
+            // The caller's own cache: this thread is not inside it (it is here).
+            others |= Some(c as *const ThreadCache) != own;
+        }
+        if !others {
+            return Some(frozen);
+        }
+        // Dekker with an asymmetric fence, as in `drain_unanswered`: the owner stores `busy` then
+        // loads `frozen`; this thread stored `frozen`, and loads `busy` after the barrier.
+        if !crate::os::membarrier() {
+            return None;
+        }
+        if frozen.caches.iter().all(|c| c.busy.load(Ordering::Acquire) == 0) {
+            return Some(frozen);
+        }
+        drop(frozen);
+        crate::os::sleep_ns(100_000);
+    }
+    None
+}
+
 /// Add every registered cache's contents (as free memory) and unfolded events to `s`.
 #[allow(clippy::needless_range_loop)]
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
@@ -1277,8 +1330,8 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
     s.bytes_in_use = in_use << PAGE_SHIFT;
 }
 
-/// Invariants 1 and 2 at the top. Reads other threads' entries: call while they are quiet.
-pub(crate) fn check(h: &Heap) -> Result<(), String> {
+/// Invariants 1 and 2 at the top. Reads other threads' entries, which `FrozenHeap` keeps them out of.
+pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
     let mut pages = 0u64;
     let mut net = 0u64;
     let mut err = None;
@@ -1335,8 +1388,9 @@ pub(crate) fn check(h: &Heap) -> Result<(), String> {
     Ok(())
 }
 
-/// Add the runs of every cached block to `out` (for `Allocator::free_runs`).
-pub(crate) fn free_runs(h: &Heap, out: &mut Vec<(usize, usize, PageState)>) {
+/// Add the runs of every cached block to `out` (for `Allocator::free_runs`; other threads' entries
+/// are read, which `FrozenHeap` keeps them out of).
+pub(crate) fn free_runs(h: &FrozenHeap<'_>, out: &mut Vec<(usize, usize, PageState)>) {
     for c in h.caches.iter() {
         c.for_each_entry(|o, e, _| {
             if let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) {

@@ -31,10 +31,6 @@ use crate::heap::{Allocator, Flags};
 use crate::os::PAGE_SIZE;
 use crate::start::{Entry, StartGate};
 
-/// Default threshold: requests of at least this many bytes go to fallow (see docs/design.md,
-/// "C API and preload", for the measurement behind it).
-pub const DEFAULT_THRESHOLD: usize = 256 << 10;
-
 /// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
 /// `System`.
 pub struct FallowAlloc {
@@ -50,9 +46,13 @@ pub struct FallowAlloc {
 unsafe impl Sync for FallowAlloc {}
 
 impl FallowAlloc {
+    /// Default threshold: requests of at least this many bytes go to fallow (see docs/design.md,
+    /// "C API and preload", for the measurement behind it). The preload library's default too.
+    pub const DEFAULT_THRESHOLD: usize = 256 << 10;
+
     /// The default threshold and the default configuration.
     pub const fn new() -> FallowAlloc {
-        FallowAlloc::with_threshold(DEFAULT_THRESHOLD)
+        FallowAlloc::with_threshold(FallowAlloc::DEFAULT_THRESHOLD)
     }
 
     /// Requests of at least `threshold` bytes go to fallow (at least one page).

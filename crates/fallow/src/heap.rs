@@ -151,7 +151,10 @@ impl ArenaView {
     }
     #[inline(always)]
     pub(crate) fn states(&self) -> States {
-        States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8)
+        // SAFETY: views are read only for published arenas (found by `view_of`, or an index below
+        // `published`), whose state array `grow` stored here; arenas live as long as the allocator,
+        // which the caller holds a handle to while it uses the `States`.
+        unsafe { States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8) }
     }
     #[inline(always)]
     pub(crate) fn meta(&self) -> *mut BlockMeta {
@@ -557,7 +560,9 @@ impl Allocator {
         states.fill(t.pfn, t.npages, PageState::Allocated);
         let not_resident = t.counts.reported + t.counts.lazy > 0;
         if flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK) && not_resident {
-            os::populate_write(p.addr, len);
+            // SAFETY: the block just taken, mapped read-write, which the caller owns and nobody else
+            // touches until it is handed out.
+            unsafe { os::populate_write(p.addr, len) };
         }
         if flags.contains(Flags::LOCK) {
             if let Err(errno) = os::mlock(p.addr, len) {
@@ -650,7 +655,12 @@ impl Allocator {
     /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero
     /// and are not resident, so they are listed `Reported` rather than `Dirty`. A locked block is
     /// freed as by `free` (its pages were resident).
-    pub fn free_reported(&self, ptr: *mut u8) -> Result<(), Error> {
+    ///
+    /// # Safety
+    /// Every page of the block reads zero and is not resident (as the caller says): they are
+    /// listed `Reported`, and a later `ZERO` request gets them without a memset, so a page that
+    /// still held data would break the promise of `Flags::ZERO` that `alloc_zeroed` callers rely on.
+    pub unsafe fn free_reported(&self, ptr: *mut u8) -> Result<(), Error> {
         let addr = ptr as usize;
         let now = self.now_ms();
         let mut h = self.shared.heap.lock();
@@ -867,13 +877,21 @@ impl Allocator {
         cache::drain_current(self);
     }
 
-    /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`).
+    /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`, as
+    /// `pthread_atfork` handlers). Calling it twice in a row without either deadlocks.
     pub fn before_fork(&self) {
         self.shared.heap.raw().lock();
     }
 
-    pub fn after_fork_parent(&self) {
-        // SAFETY: `before_fork` took the lock in this thread, and this is its parent-side release.
+    /// In the parent after `fork`: release the lock `before_fork` took.
+    ///
+    /// # Safety
+    /// The calling thread called `before_fork` on this allocator and has not released the lock
+    /// since (by `after_fork_parent`): otherwise this releases a lock another thread holds, and
+    /// two threads then change the free lists at once.
+    pub unsafe fn after_fork_parent(&self) {
+        // SAFETY: the caller's contract: `before_fork` took the lock in this thread, and this is
+        // its parent-side release.
         unsafe { self.shared.heap.raw().unlock() }
     }
 
@@ -881,15 +899,22 @@ impl Allocator {
     /// isolated go back on the lists in the states they had before (a conservative choice: a
     /// reported or zeroed page recorded as dirty costs a memset at worst). The workers restart
     /// when a free next makes work for them, or at `start_workers`.
-    pub fn after_fork_child(&self) {
-        // SAFETY: the child has one thread, this one, which took the lock in `before_fork`.
+    ///
+    /// # Safety
+    /// Only in the child of a `fork`, before it starts any thread, and only when the parent's
+    /// forking thread called `before_fork` on this allocator just before the `fork` (so that no
+    /// other thread was changing it when the address space was copied).
+    pub unsafe fn after_fork_child(&self) {
+        // SAFETY: the caller's contract: the child has one thread, this one, whose parent took the
+        // lock in `before_fork`.
         unsafe { self.shared.heap.raw().reset_after_fork() }
         let s = &*self.shared;
         s.reporter.forget_after_fork();
         s.zeroer.forget_after_fork();
         let fd = s.pidfd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
-            os::close(fd);
+            // SAFETY: the swap took the allocator's pidfd out of `pidfd`, so nobody else uses or closes it.
+            unsafe { os::close(fd) };
         }
         let mut h = s.heap.lock();
         for slot in 0..INFLIGHT {
@@ -899,10 +924,14 @@ impl Allocator {
         }
     }
 
-    /// Check every invariant of the free lists and counters (for tests; walks everything).
+    /// Check every invariant of the free lists and counters (for tests; walks everything). Other
+    /// threads are kept out of their per-thread caches meanwhile (`membarrier`); an error says so
+    /// when that cannot be done.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let h = self.shared.heap.lock();
+        let Some(h) = cache::lock_owners_out(self) else {
+            return Err("cannot keep other threads out of their caches (busy for 1 s, or no membarrier)".into());
+        };
         let mut listed_pages = 0u64;
         let mut total = 0u64;
         for (ai, a) in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()).enumerate() {
@@ -930,10 +959,14 @@ impl Allocator {
         cache::check(&h)
     }
 
-    /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests).
+    /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests). Other
+    /// threads are kept out of their per-thread caches meanwhile, as by `check_invariants`.
+    ///
+    /// # Panics
+    /// When that cannot be done (a thread stayed inside its cache for a second, or no `membarrier`).
     #[doc(hidden)]
     pub fn free_runs(&self) -> Vec<(usize, usize, PageState)> {
-        let h = self.shared.heap.lock();
+        let h = cache::lock_owners_out(self).expect("free_runs: cannot keep other threads out of their caches");
         let mut out = Vec::new();
         for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
             a.for_each_listed(|pfn, order| {
@@ -1177,7 +1210,9 @@ impl Allocator {
         self.shared.zeroer.stop_and_join();
         let fd = self.shared.pidfd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
-            os::close(fd);
+            // SAFETY: the swap took the allocator's pidfd out of `pidfd`, and the workers that used it
+            // are joined.
+            unsafe { os::close(fd) };
         }
     }
 

@@ -1,7 +1,14 @@
 //! fallow: a page allocator whose every free page has a known state (dirty, zeroed or reported),
 //! that zeroes free pages while the machine is idle and gives idle free memory back to the kernel.
 //!
-//! The design, its invariants, threads and locks are in `docs/design.md`. One file per concept:
+//! Public: [`Allocator`] with [`Flags`], its [`Config`] and [`Tunables`] (with [`Backing`] and
+//! [`ReportMode`]), [`Stats`], [`Error`], [`PageState`], and [`FallowAlloc`], a `GlobalAlloc`.
+//! Everything else is crate-private but for `binding_support`, a hidden module for fallow's own C
+//! library, LD_PRELOAD library and measurement examples (not a stable API; `docs/design.md`,
+//! "Public surface").
+//!
+//! The design, its invariants, threads and locks are in `docs/design.md`. One file per concept
+//! (all crate-private modules):
 //! - `os`: every system call;
 //! - `lock`: the allocator lock (a futex mutex that `fork` handlers can hold);
 //! - `page`: per-page states and the per-block side record;
@@ -13,7 +20,8 @@
 //! - `cache`: per-thread page caches, the lock-free fast path;
 //! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
 //! - `start`: `StartGate`, the creation of a process-wide allocator on first use;
-//! - `config`, `error`, `stats`.
+//! - `config`, `error`, `stats`;
+//! - `binding_support`: the few internals that fallow's other crates and examples use.
 //!
 //! ```
 //! use fallow::{Allocator, Config, Flags};
@@ -24,22 +32,25 @@
 //! a.free(p.as_ptr()).unwrap();
 //! ```
 
-pub mod arena;
-pub mod buddy;
-pub mod cache;
-pub mod config;
-pub mod error;
-pub mod global;
-pub mod heap;
-pub mod lock;
-pub mod nt;
-pub mod os;
-pub mod page;
+pub(crate) mod arena;
+pub(crate) mod buddy;
+pub(crate) mod cache;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod global;
+pub(crate) mod heap;
+pub(crate) mod lock;
+pub(crate) mod nt;
+pub(crate) mod os;
+pub(crate) mod page;
 pub(crate) mod report;
-pub mod start;
-pub mod stats;
+pub(crate) mod start;
+pub(crate) mod stats;
 pub(crate) mod worker;
 pub(crate) mod zero;
+
+#[doc(hidden)]
+pub mod binding_support;
 
 pub use config::{Backing, Config, ReportMode, Tunables};
 pub use error::Error;

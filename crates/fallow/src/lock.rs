@@ -70,6 +70,8 @@ impl RawLock {
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32) {
+    // SAFETY: `word` is a live `AtomicU32` borrowed for the call and the timeout pointer is null;
+    // FUTEX_WAIT only reads the word.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -82,6 +84,7 @@ fn futex_wait(word: &AtomicU32, expected: u32) {
 }
 
 fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live `AtomicU32` borrowed for the call; FUTEX_WAKE only uses its address.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
@@ -98,7 +101,11 @@ pub struct Locked<T> {
     data: UnsafeCell<T>,
 }
 
+// SAFETY: the data is reached only through a `Guard`, one at a time (the lock is held for its
+// life), so sharing `Locked` shares `T` between threads one at a time, as a `Mutex<T>` does:
+// `T: Send` suffices.
 unsafe impl<T: Send> Sync for Locked<T> {}
+// SAFETY: `Locked` owns its `T`; moving it moves the `T`.
 unsafe impl<T: Send> Send for Locked<T> {}
 
 pub struct Guard<'a, T> {
@@ -119,30 +126,27 @@ impl<T> Locked<T> {
     pub fn raw(&self) -> &RawLock {
         &self.lock
     }
-
-    /// # Safety
-    /// The caller holds the lock through `raw()` without a guard (fork handlers).
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn data_unguarded(&self) -> &mut T {
-        &mut *self.data.get()
-    }
 }
 
 impl<T> core::ops::Deref for Guard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
+        // SAFETY: the guard exists only while its thread holds the lock, so no other reference to
+        // the data is live.
         unsafe { &*self.owner.data.get() }
     }
 }
 
 impl<T> core::ops::DerefMut for Guard<'_, T> {
     fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as `deref`, and `&mut self` makes this the guard's only borrow.
         unsafe { &mut *self.owner.data.get() }
     }
 }
 
 impl<T> Drop for Guard<'_, T> {
     fn drop(&mut self) {
+        // SAFETY: a guard is made only by `lock`, which took the lock for it.
         unsafe { self.owner.lock.unlock() }
     }
 }

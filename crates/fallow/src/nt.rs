@@ -89,6 +89,7 @@ pub fn calibrate() {
     }
     const BUF: usize = 32 << 20;
     let Ok(buf) = os::scratch(BUF) else { return };
+    // SAFETY: `buf` is a private scratch mapping of `BUF` bytes that only this function uses.
     unsafe { zero_cached(buf, BUF) }; // fault it in
     let time = |f: unsafe fn(usize, usize), size: usize| {
         let reps = (BUF / size).max(1);
@@ -96,6 +97,7 @@ pub fn calibrate() {
         for _ in 0..3 {
             let t0 = os::now_ns();
             for i in 0..reps {
+                // SAFETY: `i * size + size <= BUF`: inside the private scratch mapping.
                 unsafe { f(buf + i * size, size) };
             }
             best = best.min(os::now_ns() - t0);
@@ -117,5 +119,6 @@ pub fn calibrate() {
         size *= 4;
     }
     THRESHOLD.store(chosen, Ordering::Relaxed);
-    os::unmap(buf, BUF);
+    // SAFETY: the scratch mapping made above, used no more.
+    unsafe { os::unmap(buf, BUF) };
 }

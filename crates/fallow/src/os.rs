@@ -40,7 +40,8 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
         };
         if p == libc::MAP_FAILED {
             let e = errno();
-            unmap(hole, len);
+            // SAFETY: `hole` is the reservation made just above, returned to nobody.
+            unsafe { unmap(hole, len) };
             return Err(e);
         }
         return Ok(p as usize);
@@ -60,28 +61,39 @@ pub fn reserve_aligned(len: usize, align: usize, fd: Option<i32>) -> OsResult<us
     let start = p as usize;
     let aligned = (start + align - 1) & !(align - 1);
     if aligned > start {
-        unmap(start, aligned - start);
+        // SAFETY: slack of the mapping made just above, below `aligned`: only `[aligned, aligned +
+        // len)` is returned.
+        unsafe { unmap(start, aligned - start) };
     }
     let end = start + span;
     if end > aligned + len {
-        unmap(aligned + len, end - (aligned + len));
+        // SAFETY: slack of the same mapping, above `aligned + len`.
+        unsafe { unmap(aligned + len, end - (aligned + len)) };
     }
     Ok(aligned)
 }
 
-pub fn unmap(addr: usize, len: usize) {
-    // SAFETY: (unsound, see issue 14) correct for fallow's callers, which pass only ranges they
-    // reserved and no longer use (trimming in `reserve_aligned`, `Arena::drop`, scratch pages); but
-    // `os::unmap` is a safe `pub fn`: safe code can unmap memory that is still referenced.
+/// Unmap `[addr, addr + len)`.
+///
+/// # Safety
+/// The range is one the caller mapped (or a part of it) and nothing references any more: after
+/// the call an access to it faults, and a later mapping may reuse the addresses.
+pub unsafe fn unmap(addr: usize, len: usize) {
+    // SAFETY: the caller's contract: the range is the caller's own and no longer used.
     unsafe {
         libc::munmap(addr as *mut _, len);
     }
 }
 
-pub fn madvise(addr: usize, len: usize, advice: i32) -> OsResult<()> {
-    // SAFETY: (unsound, see issue 14) fallow passes only pages of blocks it holds free (or the
-    // caller's own live block for `POPULATE`); but this is a safe `pub fn`, and `MADV_DONTNEED` on
-    // memory that safe code still references replaces its contents with zeros.
+/// `madvise(addr, len, advice)`.
+///
+/// # Safety
+/// Destructive advice (`MADV_DONTNEED`, `MADV_FREE`, `MADV_REMOVE`, ...) replaces the contents
+/// of the range with zeros (now or whenever the kernel likes): the caller owns the whole range
+/// and nothing relies on its contents. Any advice: the range is mapped by the caller.
+pub unsafe fn madvise(addr: usize, len: usize, advice: i32) -> OsResult<()> {
+    // SAFETY: the caller's contract: a range the caller owns, whose contents may change as
+    // `advice` says.
     let r = unsafe { libc::madvise(addr as *mut _, len, advice) };
     if r == 0 {
         Ok(())
@@ -118,14 +130,20 @@ pub fn memfd(len: usize) -> OsResult<i32> {
     // SAFETY: plain system call on the descriptor just created, no memory-safety preconditions.
     if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
         let e = errno();
-        close(fd);
+        // SAFETY: the descriptor this call just created, returned to nobody.
+        unsafe { close(fd) };
         return Err(e);
     }
     Ok(fd)
 }
 
-pub fn close(fd: i32) {
-    // SAFETY: closing a descriptor has no memory-safety preconditions (callers close only their own).
+/// Close `fd`.
+///
+/// # Safety
+/// The caller owns `fd` and uses it no more: a descriptor closed under another owner (a memfd
+/// behind a mapping, a file) could be reused by an unrelated `open` and written through.
+pub unsafe fn close(fd: i32) {
+    // SAFETY: the caller's contract: its own descriptor, not used after this.
     unsafe {
         libc::close(fd);
     }
@@ -133,52 +151,26 @@ pub fn close(fd: i32) {
 
 /// Fault in `[addr, addr + len)` for writing: `MADV_POPULATE_WRITE` where the kernel has it,
 /// otherwise a read-and-write-back of one byte per page (which preserves the contents).
-pub fn populate_write(addr: usize, len: usize) {
-    if madvise(addr, len, MADV_POPULATE_WRITE).is_ok() {
+///
+/// # Safety
+/// The range is mapped read-write and owned by the caller: no other thread accesses it during
+/// the call (the write-back of a byte would race with its writes).
+pub unsafe fn populate_write(addr: usize, len: usize) {
+    // SAFETY: `MADV_POPULATE_WRITE` only faults pages in and keeps their contents; the range is
+    // the caller's (its contract).
+    if unsafe { madvise(addr, len, MADV_POPULATE_WRITE) }.is_ok() {
         return;
     }
     let mut p = addr;
     while p < addr + len {
-        // SAFETY: (unsound, see issue 14) fallow calls this only on pages of a block it just handed
-        // out, mapped read-write, and the write-back keeps the byte; but this is a safe `pub fn`, so
-        // safe code can pass an unmapped or read-only address, or memory another thread writes.
+        // SAFETY: `p` is a page of the range, which the caller's contract says is mapped
+        // read-write and touched by no other thread meanwhile; the write-back keeps the byte.
         unsafe {
             let b = p as *mut u8;
             b.write_volatile(b.read_volatile());
         }
         p += PAGE_SIZE;
     }
-}
-
-/// How many of the pages of `[addr, addr + len)` are resident, by `mincore`.
-/// `out` receives one byte per page (bit 0 set when resident) when given.
-pub fn resident_pages(addr: usize, len: usize) -> OsResult<usize> {
-    let mut count = 0usize;
-    let mut buf = [0u8; 4096];
-    let mut p = addr;
-    let end = addr + len;
-    while p < end {
-        let n = ((end - p) / PAGE_SIZE).min(buf.len());
-        // SAFETY: `buf` is writable for `n <= buf.len()` bytes, one per page of the `n` pages asked.
-        let r = unsafe { libc::mincore(p as *mut _, n * PAGE_SIZE, buf.as_mut_ptr()) };
-        if r != 0 {
-            return Err(errno());
-        }
-        count += buf[..n].iter().filter(|b| **b & 1 != 0).count();
-        p += n * PAGE_SIZE;
-    }
-    Ok(count)
-}
-
-/// Whether the one page at `addr` is resident.
-pub fn page_resident(addr: usize) -> OsResult<bool> {
-    let mut b = 0u8;
-    // SAFETY: `b` is writable for the one byte of the one page asked.
-    let r = unsafe { libc::mincore(addr as *mut _, PAGE_SIZE, &mut b) };
-    if r != 0 {
-        return Err(errno());
-    }
-    Ok(b & 1 != 0)
 }
 
 /// Physical memory of the machine, in bytes.
@@ -407,7 +399,8 @@ fn read_small_file(path: &core::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
     }
     // SAFETY: reads at most buf.len() bytes into `buf`.
     let n = unsafe { libc::read(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
-    close(fd);
+    // SAFETY: the descriptor opened just above, used no more.
+    unsafe { close(fd) };
     (n > 0).then_some(n as usize)
 }
 
@@ -439,9 +432,14 @@ pub fn pidfd_self() -> OsResult<i32> {
 }
 
 /// `process_madvise(pidfd, iov, advice)`: bytes advised, or the errno.
-pub fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult<usize> {
-    // SAFETY: `iov` is a readable array of `iov.len()` iovecs; process_madvise accepts only
-    // non-destructive advice (cold, pageout, willneed, collapse), so no contents change.
+///
+/// # Safety
+/// As `madvise`, for every range of `iov` when `pidfd` is this process: Linux 6.13 and later
+/// accept destructive advice (`MADV_DONTNEED`, `MADV_FREE`) on oneself, which replaces the
+/// contents of the ranges with zeros.
+pub unsafe fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult<usize> {
+    // SAFETY: `iov` is a readable array of `iov.len()` iovecs; the ranges they name are the
+    // caller's to advise (its contract).
     let r = unsafe {
         libc::syscall(libc::SYS_process_madvise, pidfd, iov.as_ptr(), iov.len(), advice, 0u32)
     };
@@ -453,10 +451,13 @@ pub fn process_madvise(pidfd: i32, iov: &[libc::iovec], advice: i32) -> OsResult
 }
 
 /// Free the pages of `[off, off + len)` of a file, keeping its size (reads zero afterwards).
-pub fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
+///
+/// # Safety
+/// `fd` is the caller's, and where the file is mapped, the pages of that part of it are the
+/// caller's and nothing relies on their contents: through a mapping they read zero afterwards.
+pub unsafe fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
     let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-    // SAFETY: plain system call with no memory-safety preconditions for fallow's memfds (their
-    // punched pages read zero, as the caller asked).
+    // SAFETY: the caller's contract: its own descriptor, and mapped pages nobody relies on.
     let r = unsafe { libc::fallocate(fd, mode, off as libc::off_t, len as libc::off_t) };
     if r == 0 {
         Ok(())
@@ -465,23 +466,7 @@ pub fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
     }
 }
 
-/// CPU time (user + system) of the whole process, in ns.
-pub fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// CPU time of the calling thread, in ns.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Map one scratch page (private anonymous, committed on touch); `unmap` it after.
+/// Map `len` bytes of scratch memory (private anonymous, committed on touch); `unmap` it after.
 pub fn scratch(len: usize) -> OsResult<usize> {
     reserve_aligned(len, PAGE_SIZE, None)
 }

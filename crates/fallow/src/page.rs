@@ -201,6 +201,7 @@ pub enum Tag {
 /// Flags of [`BlockMeta::flags`].
 pub const META_FREED_START: u8 = 1; // an allocation that started here was freed (double-free check)
 pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
+#[allow(dead_code)]
 pub const META_REPORT_STALE: u8 = 4; // reserved for the reporting worker
 
 pub const NIL: u32 = u32::MAX;
@@ -303,10 +304,6 @@ impl BlockMeta {
     #[inline(always)]
     pub fn tag(&self) -> Tag {
         Tag::from_bits(self.word().tag())
-    }
-    #[inline(always)]
-    pub fn order(&self) -> u8 {
-        self.word().order()
     }
     #[inline(always)]
     pub fn flags(&self) -> u8 {

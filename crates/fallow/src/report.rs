@@ -73,10 +73,12 @@ pub fn dontneed_zeroes() -> bool {
                 // SAFETY: `p` is a private scratch page of PAGE_SIZE bytes and `o < PAGE_SIZE`.
                 unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
             }
-            let advised = os::madvise(p, PAGE_SIZE, libc::MADV_DONTNEED).is_ok();
+            // SAFETY: the private scratch page mapped above, which only this function uses.
+            let advised = unsafe { os::madvise(p, PAGE_SIZE, libc::MADV_DONTNEED) }.is_ok();
             // SAFETY: as above: inside the scratch page, still mapped.
             let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
-            os::unmap(p, PAGE_SIZE);
+            // SAFETY: the scratch page, used no more.
+            unsafe { os::unmap(p, PAGE_SIZE) };
             advised && zero
         }
     };
@@ -257,10 +259,14 @@ fn report_one_batch(s: &Shared) -> Next {
     // REPORT, without the lock.
     let mut ok = [false; crate::config::MAX_REPORT_BATCH as usize];
     let t0 = os::now_ns();
-    let calls = match mode {
-        ReportMode::Punch => punch(&targets[..n], &mut ok[..n]),
-        ReportMode::Free => advise(s, &targets[..n], libc::MADV_FREE, &mut ok[..n]),
-        _ => advise(s, &targets[..n], libc::MADV_DONTNEED, &mut ok[..n]),
+    // SAFETY: every target is a block isolated above (`Tag::Isolated`, on no list, in an in-flight
+    // slot): no allocation, cache or other worker touches it until `unisolate` below.
+    let calls = unsafe {
+        match mode {
+            ReportMode::Punch => punch(&targets[..n], &mut ok[..n]),
+            ReportMode::Free => advise(s, &targets[..n], libc::MADV_FREE, &mut ok[..n]),
+            _ => advise(s, &targets[..n], libc::MADV_DONTNEED, &mut ok[..n]),
+        }
     };
     let ns = os::now_ns() - t0;
     let reads_zero = match mode {
@@ -308,7 +314,8 @@ fn pidfd(s: &Shared) -> i32 {
     match os::pidfd_self() {
         Ok(fd) => {
             if s.pidfd.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_err() {
-                os::close(fd);
+                // SAFETY: the pidfd opened just above, which lost the race and was published nowhere.
+                unsafe { os::close(fd) };
             }
             s.pidfd.load(Ordering::Relaxed).max(-1)
         }
@@ -322,7 +329,11 @@ fn pidfd(s: &Shared) -> i32 {
 /// `madvise` the batch: one `process_madvise` on this process where the kernel accepts the
 /// advice (Linux 6.13 and later accept every advice on oneself), else one `madvise` per block.
 /// Returns the system calls made; `ok[i]` says whether block `i` was advised.
-fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
+///
+/// # Safety
+/// Every target is a block this worker isolated (on no list, handed to nobody) until it is
+/// returned: `advice` may replace its contents with zeros.
+unsafe fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
     let mut calls = 0;
     let fd = if targets.len() > 1 { pidfd(s) } else { -1 };
     if fd >= 0 {
@@ -335,7 +346,9 @@ fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
         let (mut first, mut n) = (0usize, targets.len());
         while first < n {
             calls += 1;
-            match os::process_madvise(fd, &iov[first..n], advice) {
+            // SAFETY: the iovecs name the targets (or their unadvised tails), isolated blocks nobody
+            // else uses (this function's contract).
+            match unsafe { os::process_madvise(fd, &iov[first..n], advice) } {
                 Ok(0) => break,
                 Ok(mut done) => {
                     while first < n && done >= iov[first].iov_len {
@@ -351,7 +364,8 @@ fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
                 Err(e) if calls == 1 && (e == libc::EINVAL || e == libc::ENOSYS || e == libc::EPERM || e == libc::EBADF) => {
                     // This kernel does not take this advice through process_madvise: stop trying.
                     if s.pidfd.compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                        os::close(fd);
+                        // SAFETY: the exchange took the pidfd out of `pidfd`: nobody else uses or closes it.
+                        unsafe { os::close(fd) };
                     }
                     n = 0;
                 }
@@ -364,16 +378,23 @@ fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
     for (i, t) in targets.iter().enumerate() {
         if !ok[i] {
             calls += 1;
-            ok[i] = os::madvise(t.addr, t.len, advice).is_ok();
+            // SAFETY: an isolated block nobody else uses (this function's contract).
+            ok[i] = unsafe { os::madvise(t.addr, t.len, advice) }.is_ok();
         }
     }
     calls
 }
 
 /// Punch the batch's holes in the memfd, one `fallocate` per block.
-fn punch(targets: &[Target], ok: &mut [bool]) -> u64 {
+///
+/// # Safety
+/// As `advise`: every target is an isolated block of the arena whose memfd is `fd`; its pages
+/// read zero afterwards.
+unsafe fn punch(targets: &[Target], ok: &mut [bool]) -> u64 {
     for (i, t) in targets.iter().enumerate() {
-        ok[i] = t.fd >= 0 && os::punch_hole(t.fd, t.offset, t.len).is_ok();
+        // SAFETY: the arena's own memfd, and the part of it behind an isolated block nobody else
+        // uses (this function's contract).
+        ok[i] = t.fd >= 0 && unsafe { os::punch_hole(t.fd, t.offset, t.len) }.is_ok();
     }
     targets.len() as u64
 }

@@ -55,7 +55,7 @@ pub enum Entry {
     /// This thread is creating it and came back here from inside the creation: use the system
     /// allocator (waiting would wait for itself).
     Reentrant,
-    /// Another thread has been creating it for longer than [`MAX_WAIT_NS`]: use the system
+    /// Another thread has been creating it for longer than `MAX_WAIT_NS` (1 s): use the system
     /// allocator for this request.
     Stalled,
 }

@@ -204,7 +204,9 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
                 zeroed_pages += n as u64;
             }
             PageState::Reported if populate => {
-                os::populate_write(addr, len);
+                // SAFETY: as the zeroing above: a run of the block this worker isolated, mapped
+                // read-write, which no one else touches until `unisolate`.
+                unsafe { os::populate_write(addr, len) };
                 populated_pages += n as u64;
             }
             _ => {}

@@ -7,7 +7,8 @@ mod common;
 use std::sync::mpsc;
 
 use common::*;
-use fallow::{os, Allocator, Config, Error, Flags, PageState, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Error, Flags, PageState, Tunables};
 
 /// Workers off: these tests check exact states and counters, which the workers would change.
 fn cfg() -> Config {
@@ -438,7 +439,8 @@ fn fork_child_keeps_working_with_other_threads_caches_frozen() {
     a.before_fork();
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        a.after_fork_child();
+        // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
+        unsafe { a.after_fork_child() };
         let ok = (|| {
             let mut ps = Vec::new();
             for i in 0..200usize {
@@ -453,7 +455,8 @@ fn fork_child_keeps_working_with_other_threads_caches_frozen() {
         })();
         unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
     }
-    a.after_fork_parent();
+    // SAFETY: this thread called `before_fork` just before the `fork`.
+    unsafe { a.after_fork_parent() };
     let mut status = 0;
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");

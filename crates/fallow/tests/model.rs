@@ -77,7 +77,7 @@ proptest! {
                         prop_assert_eq!(counted, len as u64);
                     }
                     if populate || lock {
-                        prop_assert_eq!(fallow::os::resident_pages(p, len).unwrap(), len / 4096);
+                        prop_assert_eq!(common::os::resident_pages(p, len).unwrap(), len / 4096);
                     }
                     fill = fill.wrapping_add(1).max(1);
                     unsafe { std::ptr::write_bytes(p as *mut u8, fill, len) };

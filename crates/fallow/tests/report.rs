@@ -7,7 +7,8 @@ mod common;
 use common::wait_for;
 use std::time::{Duration, Instant};
 
-use fallow::{os, Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
 
 const PAGE: usize = 4096;
 
@@ -264,7 +265,8 @@ fn fork_child_gets_its_own_reporter() {
     a.before_fork();
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        a.after_fork_child();
+        // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
+        unsafe { a.after_fork_child() };
         let ok = (|| {
             if a.workers_running().0 {
                 return Some(false);
@@ -283,7 +285,8 @@ fn fork_child_gets_its_own_reporter() {
         .unwrap_or(false);
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
-    a.after_fork_parent();
+    // SAFETY: this thread called `before_fork` just before the `fork`.
+    unsafe { a.after_fork_parent() };
     let mut status = 0;
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");

@@ -7,7 +7,8 @@ mod common;
 use common::wait_for;
 use std::time::{Duration, Instant};
 
-use fallow::{os, Allocator, Config, Flags, PageState, Tunables};
+use common::os;
+use fallow::{Allocator, Config, Flags, PageState, Tunables};
 
 const PAGE: usize = 4096;
 
@@ -307,14 +308,16 @@ fn fork_child_takes_back_blocks_in_flight() {
         a.before_fork();
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            a.after_fork_child();
+            // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
+            unsafe { a.after_fork_child() };
             let s = a.stats();
             let ok = s.isolated_pages == 0
                 && a.check_invariants().is_ok()
                 && a.free_runs().iter().all(|&(addr, l, st)| st != PageState::Zeroed || all_bytes(addr as *const u8, l, 0));
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
-        a.after_fork_parent();
+        // SAFETY: this thread called `before_fork` just before the `fork`.
+        unsafe { a.after_fork_parent() };
         let mut status = 0;
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {round} failed: {status}");

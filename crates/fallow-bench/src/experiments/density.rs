@@ -64,11 +64,14 @@ pub fn guest_main(kind: PeerKind, size: usize, chunk: usize, cgroup: Option<Path
                     if b.is_null() {
                         return Err(format!("{}: guest could not allocate", kind.name()));
                     }
-                    fill(b, chunk, 0x5a);
+                    // SAFETY: `b` is the peer's live block of `chunk` bytes (not null: checked above).
+                    unsafe { fill(b, chunk, 0x5a) };
                     blocks.push(b);
                 }
                 for b in blocks.drain(..) {
-                    peer.free(b, chunk);
+                    // SAFETY: every block in `blocks` is a live block of `chunk` bytes from `peer`,
+                    // drained from the vector as it is freed, so freed once.
+                    unsafe { peer.free(b, chunk) };
                 }
                 let ms = t0.elapsed().as_secs_f64() * 1e3;
                 writeln!(out, "done {ms}").map_err(|e| e.to_string())?;
@@ -178,6 +181,7 @@ struct Cgroup {
 
 impl Cgroup {
     fn create(tag: &str, limit: usize) -> Option<Cgroup> {
+        // SAFETY: `geteuid` has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             return None;
         }

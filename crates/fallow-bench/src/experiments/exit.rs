@@ -75,7 +75,8 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
         if b.is_null() {
             return Err(format!("{}: could not allocate {block} bytes", kind.name()));
         }
-        touch_pages(b, block, 1 + (k % 250) as u8);
+        // SAFETY: `b` is the peer's live block of `block` bytes, used by this thread only.
+        unsafe { touch_pages(b, block, 1 + (k % 250) as u8) };
         blocks.push(b);
     }
     for (k, &b) in blocks.iter().enumerate() {
@@ -85,7 +86,8 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
         if last != 1 + (k % 250) as u8 {
             return Err(format!("{}: block {k} lost what was written", kind.name()));
         }
-        peer.free(b, block);
+        // SAFETY: `b` is the peer's live block of `block` bytes, freed once and not used again.
+        unsafe { peer.free(b, block) };
     }
     sleep_ms(idle_ms);
     // SAFETY: plain libc calls on valid arguments: SIG_DFL for SIGTERM installs no handler, and

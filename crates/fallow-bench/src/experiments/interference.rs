@@ -48,13 +48,18 @@ fn measure(buf: &[u64], peer: Option<&Peer>, size: usize) -> Result<(Sample, usi
                         failed.store(true, Ordering::Relaxed);
                         return;
                     }
-                    touch_pages(b, size, 7);
-                    p.free(b, size);
+                    // SAFETY: `b` is the peer's live block of `size` bytes (not null: checked above),
+                    // this thread's alone, freed once after the touch and replaced just below.
+                    unsafe {
+                        touch_pages(b, size, 7);
+                        p.free(b, size);
+                    }
                     sleep_ms(2);
                     b = p.alloc(size, true, false);
                     cycles.fetch_add(1, Ordering::Relaxed);
                 }
-                p.free(b, size);
+                // SAFETY: `b` is null or the peer's live block of `size` bytes, freed once.
+                unsafe { p.free(b, size) };
             });
             sleep_ms(20);
         }

@@ -32,15 +32,18 @@ fn obtain(p: &Peer, n: usize, lock: bool) -> Result<*mut u8, String> {
     let mut off = 0;
     let mut nonzero = false;
     while off < n {
+        // SAFETY: `off < n`, inside the live block `b` of `n` bytes (not null: checked above).
         unsafe {
             nonzero |= core::ptr::read_volatile(b.add(off)) != 0;
             core::ptr::write_volatile(b.add(off), 1);
         }
         off += PAGE;
     }
+    // SAFETY: `mlock` only pins the pages of the live block `b`; it changes no contents.
     if lock && p.fallow().is_none() && unsafe { libc::mlock(b as *const _, n) } != 0 {
         let err = std::io::Error::last_os_error();
-        p.free(b, n);
+        // SAFETY: `b` is the peer's live block of `n` bytes, freed once and not returned.
+        unsafe { p.free(b, n) };
         return Err(format!("{}: mlock of {n} bytes failed: {err} (raise ulimit -l or run as root)", p.name()));
     }
     if nonzero {
@@ -50,18 +53,24 @@ fn obtain(p: &Peer, n: usize, lock: bool) -> Result<*mut u8, String> {
 }
 
 /// Untimed: check a few bytes that `obtain` did not write, then give the memory back.
-fn release(p: &Peer, b: *mut u8, n: usize, lock: bool) -> Result<(), String> {
+///
+/// # Safety
+/// `b` is a live block of `n` bytes that `obtain` got from `p` (with `lock`), not used again.
+unsafe fn release(p: &Peer, b: *mut u8, n: usize, lock: bool) -> Result<(), String> {
     let mut off = 1;
     while off < n {
+        // SAFETY: `off < n`, inside the live block `b` (the contract above).
         if unsafe { core::ptr::read_volatile(b.add(off)) } != 0 {
             return Err(format!("{}: zeroed allocation had garbage at offset {off}", p.name()));
         }
         off += 1 << 20;
     }
     if lock && p.fallow().is_none() {
+        // SAFETY: `munlock` only unpins the pages of the block; it changes no contents.
         unsafe { libc::munlock(b as *const _, n) };
     }
-    p.free(b, n);
+    // SAFETY: `b` is the peer's live block of `n` bytes, freed once (the contract above).
+    unsafe { p.free(b, n) };
     Ok(())
 }
 
@@ -76,14 +85,19 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             if b.is_null() {
                 return Err(alloc_failed(p, n));
             }
-            fill(b, n, 0xa5);
-            p.free(b, n);
+            // SAFETY: `b` is the peer's live block of `n` bytes (not null: checked above), this
+            // thread's alone, freed once after the fill.
+            unsafe {
+                fill(b, n, 0xa5);
+                p.free(b, n);
+            }
         }
         sleep_ms(o.idle_ms);
         for i in round_order(peers.len(), round) {
             let p = &peers[i];
             let (b, s) = timed(|| obtain(p, n, o.lock));
-            release(p, b?, n, o.lock)?;
+            // SAFETY: a block `obtain` just got from `p`, with `o.lock`, not used after this.
+            unsafe { release(p, b?, n, o.lock)? };
             samples[i].push(s);
             bar.step(p.name());
         }

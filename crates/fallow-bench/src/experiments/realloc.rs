@@ -17,28 +17,36 @@ fn grow_all(p: &Peer, max: usize) -> Result<usize, String> {
     if b.is_null() {
         return Err(alloc_failed(p, n));
     }
-    fill(b, n, 1);
+    // SAFETY: `b` is the peer's live block of `n` bytes, used by this thread only.
+    unsafe { fill(b, n, 1) };
     let mut moves = 0;
     while n < max {
         let next = (n * 2).min(max);
-        let q = p.grow(b, n, next);
+        // SAFETY: `b` is the peer's live block of `n <= next` bytes; after the grow only the block
+        // returned is used, or `b` when null comes back.
+        let q = unsafe { p.grow(b, n, next) };
         if q.is_null() {
-            p.free(b, n);
+            // SAFETY: the grow failed, so `b` is still the live block of `n` bytes; freed once.
+            unsafe { p.free(b, n) };
             return Err(alloc_failed(p, next));
         }
         if q != b {
             moves += 1;
         }
         // The contents moved with the block.
+        // SAFETY: `q` is the peer's live block of `next > n` bytes, whose first `n` were kept.
         if unsafe { *q.add(n - 1) } != 1 {
-            p.free(q, next);
+            // SAFETY: `q` is the live block of `next` bytes, freed once.
+            unsafe { p.free(q, next) };
             return Err(format!("{}: realloc lost the contents", p.name()));
         }
-        fill(unsafe { q.add(n) }, next - n, 1);
+        // SAFETY: `[q + n, q + next)` is the grown part of the live block `q`.
+        unsafe { fill(q.add(n), next - n, 1) };
         b = q;
         n = next;
     }
-    p.free(b, n);
+    // SAFETY: `b` is the peer's live block of `n` bytes, freed once.
+    unsafe { p.free(b, n) };
     Ok(moves)
 }
 

@@ -27,8 +27,12 @@ fn pairs(p: &Peer, size: usize, count: usize, deadline: Instant) -> Option<usize
         if b.is_null() {
             return None;
         }
-        unsafe { core::ptr::write_volatile(b, i as u8) };
-        p.free(b, size);
+        // SAFETY: `b` is the peer's live block of `size >= 1` bytes (not null: checked above), this
+        // thread's alone, freed once after the write.
+        unsafe {
+            core::ptr::write_volatile(b, i as u8);
+            p.free(b, size);
+        }
     }
     Some(count)
 }

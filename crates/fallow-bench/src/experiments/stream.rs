@@ -27,8 +27,12 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
                     if b.is_null() {
                         return false;
                     }
-                    fill(b, n, k as u8);
-                    p.free(b, n);
+                    // SAFETY: `b` is the peer's live block of `n` bytes (not null: checked above),
+                    // this thread's alone, freed once after the fill.
+                    unsafe {
+                        fill(b, n, k as u8);
+                        p.free(b, n);
+                    }
                 }
                 true
             });

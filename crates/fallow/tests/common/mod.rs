@@ -1,7 +1,22 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, clippy::not_unsafe_ptr_arg_deref)]
 
-use fallow::{os, Allocator, Config, PageState};
+use fallow::{Allocator, Config, PageState};
+
+/// The tests' own system calls (fallow's `os` module is crate-private).
+pub mod os {
+    /// How many of the pages of `[addr, addr + len)` are resident, by `mincore` (which only
+    /// reads the page tables: any address is fine, an unmapped one is `Err(ENOMEM)`).
+    pub fn resident_pages(addr: usize, len: usize) -> Result<usize, i32> {
+        const PAGE: usize = 4096;
+        let mut buf = vec![0u8; len.div_ceil(PAGE)];
+        // SAFETY: `buf` is writable for one byte per page of the range; `mincore` touches nothing else.
+        if unsafe { libc::mincore(addr as *mut libc::c_void, len, buf.as_mut_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        Ok(buf.iter().filter(|b| **b & 1 != 0).count())
+    }
+}
 
 /// A small allocator: 1 MiB blocks, 16 MiB arenas (so that growth is exercised too). The
 /// background workers are off: these tests assert exact page states and zeroing counters, which

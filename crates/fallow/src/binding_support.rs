@@ -1,0 +1,34 @@
+//! What fallow's own C library (`fallow-capi`), LD_PRELOAD library (`fallow-preload`) and
+//! measurement examples need of its internals, and nothing more: the allocator behind a C
+//! `malloc` has to set `errno`, format messages and write them to stderr without allocating,
+//! take a lock that `fork` handlers can hold, and create the process-wide allocator exactly once
+//! from inside `malloc` itself (`StartGate`).
+//!
+//! NOT A STABLE API: hidden from the documentation, it changes with those crates without notice.
+//! Programs use the public items at the crate root.
+//!
+//! Everything here is sound to call from safe code; what relies on a caller's promise is an
+//! `unsafe fn` with its `# Safety` section (`RawLock::unlock`, `RawLock::reset_after_fork`).
+
+/// The page size fallow works in (4 KiB; fallow checks nothing else).
+pub use crate::os::PAGE_SIZE;
+
+/// The calling thread's `errno`, read and set (the C API and `malloc` report errors through it).
+pub use crate::os::{errno, set_errno};
+
+/// Write to stderr without allocating (messages from inside `malloc`).
+pub use crate::os::write_stderr;
+
+/// A fixed buffer that `core::fmt::Write` fills without allocating.
+pub use crate::global::StackBuf;
+
+/// A futex mutex with explicit `lock` / `unlock`, so that `fork` handlers can hold it across
+/// `fork`.
+pub use crate::lock::RawLock;
+
+/// The once-only creation of a process-wide allocator on first use (the preload's `malloc`).
+pub use crate::start::{Entry, StartGate};
+
+/// The length from which zeroing uses non-temporal stores, and its one-off calibration
+/// (`examples/reclaim_measure.rs` measures both).
+pub use crate::nt::{calibrate as calibrate_nt, threshold as nt_threshold};
