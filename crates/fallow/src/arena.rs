@@ -200,7 +200,7 @@ impl Arena {
             npages: npages as u32,
             max_order,
             fd,
-            states: States(states as *const AtomicU8),
+            states: States { p: states as *const AtomicU8, npages: npages as u32 },
             meta: meta as *mut BlockMeta,
             states_len,
             meta_len,
@@ -294,9 +294,13 @@ impl Arena {
 }
 
 /// The state bytes of an arena's pages. Stores are relaxed atomics: the bytes of a free page are
-/// written under the allocator lock, those of a live block by its owner outside it.
+/// written under the allocator lock, those of a live block by its owner outside it. Every access
+/// is bounds-checked against the arena's page count.
 #[derive(Clone, Copy)]
-pub struct States(*const AtomicU8);
+pub struct States {
+    p: *const AtomicU8,
+    npages: u32,
+}
 
 // SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s; every access through it is
 // atomic except through `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
@@ -306,27 +310,34 @@ unsafe impl Sync for States {}
 
 impl States {
     /// # Safety
-    /// `p` is the state array of an arena (`States::raw`) that outlives every use of the result.
-    pub unsafe fn from_raw(p: *const AtomicU8) -> States {
-        States(p)
+    /// `p` is the state array of an arena of `npages` pages (`States::raw`) that outlives every
+    /// use of the result.
+    pub unsafe fn from_raw(p: *const AtomicU8, npages: u32) -> States {
+        States { p, npages }
     }
 
     pub fn raw(self) -> *const AtomicU8 {
-        self.0
+        self.p
+    }
+
+    /// Panics unless `[pfn, pfn + n)` is inside the arena.
+    #[inline(always)]
+    fn check(self, pfn: u32, n: u32) {
+        assert!(pfn as u64 + n as u64 <= self.npages as u64, "pages {pfn}+{n} outside an arena of {} pages", self.npages);
     }
 
     #[inline]
     pub fn get(self, pfn: u32) -> PageState {
-        // SAFETY: `pfn` is a page of this arena (callers pass pages of blocks they hold; the bound is only
-        // debug-checked, in this and the other `pub` accessors), so the byte is inside the state array;
-        // the load is atomic.
-        PageState::from_byte(unsafe { (*self.0.add(pfn as usize)).load(Ordering::Relaxed) })
+        self.check(pfn, 1);
+        // SAFETY: `pfn < npages` (checked), so the byte is inside the state array; the load is atomic.
+        PageState::from_byte(unsafe { (*self.p.add(pfn as usize)).load(Ordering::Relaxed) })
     }
 
     #[inline]
     pub fn set(self, pfn: u32, s: PageState) {
+        self.check(pfn, 1);
         // SAFETY: as in `get`: `pfn` is inside the state array; the store is atomic.
-        unsafe { (*self.0.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
+        unsafe { (*self.p.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
     /// The state bytes from `pfn` on as plain bytes, for a fill or a count that the compiler
@@ -339,7 +350,7 @@ impl States {
     /// live or cached block): no other thread accesses them meanwhile.
     unsafe fn bytes(self, pfn: u32) -> *mut u8 {
         // SAFETY: `pfn` is inside the state array (the caller's contract), so the offset stays in it.
-        unsafe { self.0.add(pfn as usize) as *mut u8 }
+        unsafe { self.p.add(pfn as usize) as *mut u8 }
     }
 
     #[inline(always)]
@@ -347,9 +358,10 @@ impl States {
         // Small aligned blocks (the per-thread caches' hit path): one store, not a call to memset.
         // The bytes of an aligned block of 2, 4 or 8 pages are aligned to 2, 4 or 8 (the array
         // is page-aligned), so one wider relaxed store writes them all.
+        self.check(pfn, n);
         let v = (s as u8 as u64) * 0x0101_0101_0101_0101;
-        // SAFETY: `pfn` is inside the state array (callers pass pages of this arena).
-        let p = unsafe { self.0.add(pfn as usize) };
+        // SAFETY: `[pfn, pfn + n)` is inside the state array (checked).
+        let p = unsafe { self.p.add(pfn as usize) };
         match n {
             1 => return self.set(pfn, s),
             // SAFETY: `pfn` is a multiple of `n` and the array is page-aligned, so `p` is aligned for the
@@ -369,14 +381,17 @@ impl States {
 
     #[inline(never)]
     fn fill_bytes(self, pfn: u32, n: u32, s: PageState) {
-        // SAFETY: `pfn..pfn + n` is a block of this arena whose bytes the caller owns (the lock for
-        // free pages, the owner for a live or cached block): no other thread accesses them during
-        // the plain stores.
+        self.check(pfn, n);
+        // SAFETY: `pfn..pfn + n` is inside the array (checked) and a block whose bytes the caller
+        // owns (the lock for free pages, the owner for a live or cached block): no other thread
+        // accesses them during the plain stores (the locked path classifies a bad `free` by the
+        // records, never by the state bytes of another thread's live block).
         unsafe { core::ptr::write_bytes(self.bytes(pfn), s as u8, n as usize) }
     }
 
     /// Count the free states of `[pfn, pfn + n)`.
     pub fn count(self, pfn: u32, n: u32) -> StateCounts {
+        self.check(pfn, n);
         let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
         // SAFETY: as in `fill_bytes`: a block of this arena whose bytes the caller owns, so no other
         // thread writes them while the slice, which ends with this function, lives.
@@ -443,7 +458,7 @@ unsafe fn fill_block_larger(p: *const AtomicU8, n: u32, s: PageState) {
             2 => (*(p as *const AtomicU16)).store(v as u16, Ordering::Relaxed),
             4 => (*(p as *const AtomicU32)).store(v as u32, Ordering::Relaxed),
             8 => (*(p as *const AtomicU64)).store(v, Ordering::Relaxed),
-            _ => States(p).fill_bytes(0, n, s),
+            _ => States { p, npages: n }.fill_bytes(0, n, s),
         }
     }
 }
@@ -454,7 +469,7 @@ impl Drop for Arena {
         // allocator's last reference (the `Arc<Shared>`), when no block, cache or worker uses them.
         unsafe {
             os::unmap(self.base, self.len);
-            os::unmap(self.states.0 as usize, self.states_len);
+            os::unmap(self.states.p as usize, self.states_len);
             os::unmap(self.meta as usize, self.meta_len);
             if self.fd >= 0 {
                 os::close(self.fd);

@@ -154,7 +154,7 @@ impl ArenaView {
         // SAFETY: views are read only for published arenas (found by `view_of`, or an index below
         // `published`), whose state array `grow` stored here; arenas live as long as the allocator,
         // which the caller holds a handle to while it uses the `States`.
-        unsafe { States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8) }
+        unsafe { States::from_raw(self.states.load(Ordering::Relaxed) as *const AtomicU8, (self.len.load(Ordering::Relaxed) >> PAGE_SHIFT) as u32) }
     }
     #[inline(always)]
     pub(crate) fn meta(&self) -> *mut BlockMeta {
@@ -331,25 +331,30 @@ impl Heap {
         let a = self.arenas[ai].as_ref().unwrap();
         let pfn = a.pfn(addr);
         let m = a.meta(pfn).get();
-        if addr & (PAGE_SIZE - 1) == 0 && m.tag == Tag::Alloc {
-            return Ok((ai, pfn, m.npages));
+        let aligned = addr & (PAGE_SIZE - 1) == 0;
+        match m.tag {
+            Tag::Alloc if aligned => return Ok((ai, pfn, m.npages)),
+            Tag::Alloc => return Err(Error::InteriorPointer { addr, block: a.addr(pfn) }),
+            Tag::None => {}
+            // The first page of a free, cached or isolated block.
+            _ if aligned && m.flags & META_FREED_START != 0 => return Err(Error::DoubleFree { addr }),
+            _ => return Err(Error::InvalidPointer { addr }),
         }
-        if a.state(pfn) == PageState::Allocated {
-            // The nearest live head below owns every allocated page up to it.
-            let mut q = pfn as i64;
-            while q >= 0 {
-                let mq = a.meta(q as u32);
-                if mq.tag() == Tag::Alloc {
-                    if q as u32 + mq.npages() > pfn {
-                        return Err(Error::InteriorPointer { addr, block: a.addr(q as u32) });
-                    }
-                    break;
-                }
-                q -= 1;
+        // Not the first page of any block: the nearest first page below says whose page it is.
+        // Records only, never the state bytes, which a live block's owner writes without the
+        // lock. The walk ends at the nearest block, at most one block's length away.
+        let mut q = pfn;
+        while q > 0 {
+            q -= 1;
+            let mq = a.meta(q);
+            match mq.tag() {
+                Tag::None => continue,
+                Tag::Alloc if q + mq.npages() > pfn => return Err(Error::InteriorPointer { addr, block: a.addr(q) }),
+                _ => break,
             }
-            return Err(Error::InvalidPointer { addr });
         }
-        if addr & (PAGE_SIZE - 1) == 0 && m.flags & META_FREED_START != 0 {
+        // A block that started here was freed, and merged into the free block below.
+        if aligned && m.flags & META_FREED_START != 0 {
             return Err(Error::DoubleFree { addr });
         }
         Err(Error::InvalidPointer { addr })
