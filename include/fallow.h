@@ -63,6 +63,7 @@ typedef struct fallow_stats {
     uint64_t reported_blocks_reused; /* blocks handed out that held reported pages */
     uint64_t zeroed_background_bytes; /* bytes zeroed by the background worker */
     uint64_t zeroing_wasted_bytes; /* background-zeroed bytes reported or handed out without being used as zero */
+    uint64_t slack_bytes; /* unused bytes past the request in live blocks a per-thread cache served whole */
     uint64_t free_blocks[FALLOW_CLASSES][FALLOW_ORDERS]; /* free blocks by class and order */
 } fallow_stats;
 

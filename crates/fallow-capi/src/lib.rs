@@ -85,6 +85,7 @@ pub struct FallowStats {
     pub reported_blocks_reused: u64,
     pub zeroed_background_bytes: u64,
     pub zeroing_wasted_bytes: u64,
+    pub slack_bytes: u64,
     pub free_blocks: [[u64; 31]; 3],
 }
 
@@ -315,6 +316,7 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
     out.reported_blocks_reused = s.reported_blocks_reused;
     out.zeroed_background_bytes = s.zeroed_background_bytes;
     out.zeroing_wasted_bytes = s.zeroing_wasted_bytes;
+    out.slack_bytes = s.slack_bytes;
     for (c, row) in s.free_blocks.iter().enumerate().take(3) {
         for (o, n) in row.iter().enumerate().take(31) {
             out.free_blocks[c][o] = *n;

@@ -235,6 +235,9 @@ extern "C" fn print_stats_at_exit() {
     let _ = writeln!(b, "fallow: stats at exit (pid {})", unsafe { libc::getpid() });
     let _ = writeln!(b, "fallow:   calls:     {} allocs, {} frees", s.alloc_calls, s.free_calls);
     let _ = writeln!(b, "fallow:   in use:    {:.1} MiB in {} blocks", mib(s.bytes_in_use), s.live_blocks);
+    if s.slack_bytes > 0 {
+        let _ = writeln!(b, "fallow:   slack:     {:.1} MiB past the requests in cache-served blocks", mib(s.slack_bytes));
+    }
     let _ = writeln!(
         b,
         "fallow:   free:      {:.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free",

@@ -389,14 +389,33 @@ impl States {
         unsafe { core::ptr::write_bytes(self.bytes(pfn), s as u8, n as usize) }
     }
 
-    /// Count the free states of `[pfn, pfn + n)`.
+    /// Count the free states of `[pfn, pfn + n)`: eight state bytes at a time, with a shortcut
+    /// for eight `Dirty` pages (the common case: a block freed by a program).
     pub fn count(self, pfn: u32, n: u32) -> StateCounts {
         self.check(pfn, n);
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        // The number of zero bytes of `v`, whose bytes are all below 0x80 (states are 0..=4):
+        // adding 0x7f to a byte sets its top bit exactly when the byte is not zero, and carries
+        // nothing into the next byte.
+        let zero_bytes = |v: u64| 8 - ((v + 0x7f * ONES) & 0x80 * ONES).count_ones();
         let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
-        // SAFETY: as in `fill_bytes`: a block of this arena whose bytes the caller owns, so no other
-        // thread writes them while the slice, which ends with this function, lives.
-        let bytes = unsafe { core::slice::from_raw_parts(self.bytes(pfn), n as usize) };
-        for &b in bytes {
+        // SAFETY: as in `fill_bytes`: `[pfn, pfn + n)` is inside the array (checked) and a block
+        // whose bytes the caller owns, so no other thread writes them while they are read.
+        let base = unsafe { self.bytes(pfn) } as *const u8;
+        let words = n / 8;
+        for i in 0..words as usize {
+            // SAFETY: bytes `8i..8i + 8` lie in `[0, n)` (above).
+            let v = unsafe { base.add(8 * i).cast::<u64>().read_unaligned() };
+            if v == PageState::Dirty as u64 * ONES {
+                continue;
+            }
+            z += zero_bytes(v ^ PageState::Zeroed as u64 * ONES);
+            r += zero_bytes(v ^ PageState::Reported as u64 * ONES);
+            l += zero_bytes(v ^ PageState::LazyFree as u64 * ONES);
+        }
+        for i in (words * 8)..n {
+            // SAFETY: `i < n` (above).
+            let b = unsafe { *base.add(i as usize) };
             z += (b == PageState::Zeroed as u8) as u32;
             r += (b == PageState::Reported as u8) as u32;
             l += (b == PageState::LazyFree as u8) as u32;
@@ -474,6 +493,40 @@ impl Drop for Arena {
             if self.fd >= 0 {
                 os::close(self.fd);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn count_agrees_with_a_byte_by_byte_count() {
+        let bytes: Vec<AtomicU8> = (0..300u32).map(|_| AtomicU8::new(0)).collect();
+        // SAFETY: `bytes` holds 300 state bytes and outlives `states`.
+        let states = unsafe { States::from_raw(bytes.as_ptr(), 300) };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..200 {
+            for b in &bytes {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mostly dirty in some rounds, uniform states in others, any free state.
+                let v = if round % 3 == 0 && x % 8 != 0 { PageState::Dirty as u8 } else { (x % 4) as u8 };
+                b.store(v, Ordering::Relaxed);
+            }
+            let (start, n) = ((x >> 8) as u32 % 150, (x >> 24) as u32 % 150);
+            let mut want = StateCounts::default();
+            for p in start..start + n {
+                match PageState::from_byte(bytes[p as usize].load(Ordering::Relaxed)) {
+                    PageState::Zeroed => want.zeroed += 1,
+                    PageState::Reported => want.reported += 1,
+                    PageState::LazyFree => want.lazy += 1,
+                    _ => {}
+                }
+            }
+            assert_eq!(states.count(start, n), want, "round {round}: {start}+{n}");
         }
     }
 }

@@ -17,7 +17,7 @@
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
 use crate::arena::Arena;
-use crate::page::{Class, PageState, Record, StateCounts, Tag, META_FREED_START, NIL};
+use crate::page::{Class, PageState, Record, StateCounts, Tag, META_FREED_START, META_SLACK, NIL};
 
 /// The class order in which a request looks for memory. Reported memory comes last for every
 /// request: faulting a page back in costs ~550 ms/GiB here (the kernel zeroes it too), a memset of
@@ -132,6 +132,22 @@ impl Arena {
         for_each_piece(pfn, n, self.max_order, |p, order| {
             self.free_block(p, order, StateCounts::uniform(state, 1 << order), t)
         });
+    }
+
+    /// Free `[pfn, pfn + n)`, whose pages may be in several free states, as runs of one state
+    /// (O(n) state reads; the half records of the merged blocks are written as they merge).
+    pub fn free_by_runs(&mut self, pfn: u32, n: u32, t: u32) {
+        let (end, states) = (pfn + n, self.states());
+        let mut p = pfn;
+        while p < end {
+            let s = states.get(p);
+            let mut q = p + 1;
+            while q < end && states.get(q) == s {
+                q += 1;
+            }
+            self.free_range(p, q - p, s, t);
+            p = q;
+        }
     }
 
     /// Counts of the two halves of the free or isolated block `(pfn, order)` whose counts are `c`.
@@ -373,13 +389,32 @@ impl Arena {
     }
 
     /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`
-    /// when the caller moved its pages away).
-    pub fn release_live(&mut self, pfn: u32, npages: u32, state: PageState, now_ms: u32) {
+    /// when the caller moved its pages away), and its slack if it has one. Returns the slack's
+    /// pages.
+    pub fn release_live(&mut self, pfn: u32, npages: u32, state: PageState, now_ms: u32) -> u32 {
+        let slack = self.drop_slack(pfn, now_ms);
         let m = self.meta(pfn);
         let w = m.word();
         m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
         self.set_states(pfn, npages, state);
         self.free_range(pfn, npages, state, now_ms);
+        slack
+    }
+
+    /// Give back the slack of the live block at `pfn` (`META_SLACK`: the pages of its aligned
+    /// block past its page count, which kept their free states), leaving an exact live block.
+    /// Returns the slack's pages (0 for a block without).
+    pub fn drop_slack(&mut self, pfn: u32, now_ms: u32) -> u32 {
+        let m = self.meta(pfn);
+        let w = m.word();
+        if w.flags() & META_SLACK == 0 {
+            return 0;
+        }
+        let (live, size) = (w.npages(), 1u32 << w.order());
+        debug_assert!(live < size && pfn & (size - 1) == 0);
+        m.set_flags(w.flags() & !META_SLACK);
+        self.free_by_runs(pfn + live, size - live, now_ms);
+        size - live
     }
 }
 

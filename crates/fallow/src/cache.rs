@@ -70,6 +70,15 @@
 //! gone, the entries are simply forgotten (their memory went with the arenas). The registry is an
 //! intrusive list walked only under the allocator lock, and an allocator's drop never walks it.
 //!
+//! Slack. A request of a cached order that is not a power of two of pages (65..127 pages of
+//! order 7) takes a whole cached block on the out-of-line path: its record gets `META_SLACK`, the
+//! order and the request's page count; the pages past it keep their free states (neither listed
+//! nor cached, and nobody touches them) until the block is freed. Freed into a cache, the block
+//! comes back whole, its live pages `Dirty`, its slack as it was (a mixed entry if any slack page
+//! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
+//! The locked path gives the slack back by runs (`Arena::drop_slack`). Slack pages are counted in
+//! `slack_pages`, not in the bytes in use (docs/design.md, "Slack").
+//!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
 //! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the
 //! global allocator being fallow itself) finds the thread's state `BUSY` and takes the locked path.
@@ -84,9 +93,9 @@ use std::sync::{Arc, Weak};
 use crate::buddy::preference;
 use crate::buddy::Taken;
 use crate::config::Config;
-use crate::heap::{Allocator, Flags, Heap, Placed, Shared, MAX_ARENAS};
+use crate::heap::{Allocator, ArenaView, Flags, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
 /// Largest order a cache may serve (2 MiB blocks).
@@ -281,6 +290,8 @@ pub(crate) struct ThreadCache {
     extra_pages: [Owned; 3],
     class_blocks: [[Owned; MAX_ORDERS]; 2],
     events: Events,
+    /// Slack pages handed out with blocks (less those taken back) since the last fold.
+    slack: Owned,
     owner: Weak<Shared>,
     id: u64,
     // The registry's links, read and written under the allocator lock only.
@@ -390,6 +401,7 @@ impl ThreadCache {
             extra_pages: Default::default(),
             class_blocks: Default::default(),
             events: Events::default(),
+            slack: Owned::default(),
             owner: Arc::downgrade(&a.shared),
             id: a.shared.hit.cache_id,
             next: Cell::new(ptr::null_mut()),
@@ -622,12 +634,15 @@ impl ThreadCache {
         self.alloc_hits.add(1);
     }
 
-    /// Serve a block of `order` (`2^order` pages) from the cache, refilling it when empty, and
-    /// prepare it for `flags` (no `LOCK`). `None`: the free lists are empty too.
+    /// Serve a request of `live` pages (`2^(order-1) < live <= 2^order`) with a block of `order`
+    /// from the cache, refilling it when empty, and prepare it for `flags` (no `LOCK`). A request
+    /// of fewer pages than the block gets the whole block, its pages past `live` as slack (see
+    /// "Slack" at the top). `None`: the free lists are empty too.
     #[inline(never)]
-    pub(crate) fn alloc(&self, a: &Allocator, order: u8, flags: Flags) -> Option<usize> {
+    pub(crate) fn alloc(&self, a: &Allocator, order: u8, live: u32, flags: Flags) -> Option<usize> {
         let o = order as usize;
         let n = 1u32 << order;
+        debug_assert!(live <= n && (live > n / 2 || n == 1));
         let zero = flags.contains(Flags::ZERO);
         loop {
             let (e, mixed) = match self.pop(o, zero) {
@@ -644,6 +659,9 @@ impl ThreadCache {
                 self.pages.sub(n as u64);
                 continue;
             }
+            if live < n {
+                return Some(self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags));
+            }
             self.hand_out(m, w, n);
             if flags.0 == 0 && !e.mixed() {
                 v.states().fill(pfn, n, PageState::Allocated);
@@ -651,6 +669,30 @@ impl ThreadCache {
             }
             return Some(self.alloc_prepare(a, e, mixed.counts(), pfn, n, flags));
         }
+    }
+
+    /// `alloc`'s hand-out of the cached block `e` (record `m`, word `w`) of `order` for a request
+    /// of `live` pages, fewer than the block's: the block becomes live with the rest as slack,
+    /// whose pages keep their free states.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn hand_out_with_slack(&self, a: &Allocator, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
+        let n = 1u32 << order;
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
+        unsafe { w.handed_out_with_slack(order, live).store(m) };
+        self.pages.sub(n as u64);
+        self.slack.add((n - live) as u64);
+        self.alloc_hits.add(1);
+        let v = a.view(e.arena());
+        let (pfn, _) = v.record(e.addr());
+        // The live part's counts: the block's, less the slack's (this thread owns the block's
+        // state bytes now).
+        let counts = if e.mixed() { mixed.counts().minus(v.states().count(pfn + live, n - live)) } else { StateCounts::default() };
+        if flags.0 == 0 && counts == StateCounts::default() {
+            v.states().fill(pfn, live, PageState::Allocated);
+            return e.addr();
+        }
+        self.alloc_prepare(a, e, counts, pfn, live, flags)
     }
 
     /// The hit's tail for a mixed block or a request with flags: count, then `prepare`.
@@ -694,6 +736,42 @@ impl ThreadCache {
         self.take_freed::<true>(a, addr, size)
     }
 
+    /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
+    /// aligned block comes back into the cache, its live pages `Dirty`, its slack pages in the
+    /// states they kept (a mixed entry when some are not `Dirty`). `false`: not a block this
+    /// cache takes (the caller takes the validated path).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn take_freed_slack(&self, a: &Allocator, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
+        let o = w.order() as usize;
+        let live = w.npages();
+        let page = (addr >> PAGE_SHIFT) as u32;
+        if o >= self.orders || page & ((1u32 << o) - 1) != 0 || live >= 1 << o || live == 0 {
+            return false;
+        }
+        if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != live as usize) {
+            return false;
+        }
+        let n = 1u32 << o;
+        let s = &self.stacks[o];
+        if self.pages.get() + n as u64 > self.high || s.len() == s.cap || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get() {
+            self.make_room(a, o);
+        }
+        let (pfn, _) = v.record(addr);
+        let states = v.states();
+        // The slack's pages kept their free states while the block was live; this thread owns
+        // the block, so the counts are read without the lock. The live pages become `Dirty`.
+        let slack = states.count(pfn + live, n - live);
+        // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
+        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        self.push(o, addr, ai, slack);
+        self.pages.add(n as u64);
+        self.slack.sub((n - live) as u64);
+        self.free_hits.add(1);
+        states.fill(pfn, live, PageState::Dirty);
+        true
+    }
+
     /// `free_hit` (`MAY_DRAIN` false) and `free` (true): the same checks; only `free` may call
     /// out to drain.
     #[inline(always)]
@@ -719,7 +797,8 @@ impl ThreadCache {
         let n = w.npages();
         let low = n.wrapping_sub(1);
         if (n | page) & low != 0 || low >= self.max_pages {
-            return false;
+            // A block with slack is not a power of two of pages: the out-of-line path takes it.
+            return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
         if let Some(size) = size {
             if size.div_ceil(1 << PAGE_SHIFT) != n as usize {
@@ -939,8 +1018,14 @@ impl ThreadCache {
             return; // see "Validation" at the top
         }
         ar.meta(pfn).set_tag(Tag::None);
-        // The entry's counts are its pages' states: they do not change while the block is cached.
-        ar.free_block(pfn, o as u8, m.counts(), now);
+        if e.mixed() {
+            // The pages' states are the entry's counts, but the half records inside the block
+            // may be stale (a block with slack came back with its live part `Dirty`): list it
+            // by runs of one state, which writes them anew.
+            ar.free_by_runs(pfn, 1 << o, now);
+        } else {
+            ar.free_block(pfn, o as u8, StateCounts::default(), now);
+        }
     }
 
     /// Move the fast path's events into the allocator's counters (under the lock). The pages that
@@ -955,6 +1040,8 @@ impl ThreadCache {
         c.live_blocks = c.live_blocks.wrapping_add(ah).wrapping_sub(fh);
         c.in_use_pages = c.in_use_pages.wrapping_sub(net);
         c.cached_pages = c.cached_pages.wrapping_add(net);
+        c.slack_pages = c.slack_pages.wrapping_add(self.slack.get());
+        self.slack.set(0);
         self.accounted.set(self.pages.get());
         let ev = &self.events;
         c.zero_skipped_bytes += ev.zero_skipped_bytes.get();
@@ -1304,6 +1391,7 @@ pub(crate) fn lock_owners_out(a: &Allocator) -> Option<FrozenHeap<'_>> {
 #[allow(clippy::needless_range_loop)]
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
     let mut in_use = h.counters.in_use_pages;
+    let mut slack = h.counters.slack_pages;
     for c in h.caches.iter() {
         let (blocks, p) = c.gauges();
         for class in 0..CLASSES {
@@ -1322,12 +1410,14 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
         s.cache_hits += ah + fh;
         s.live_blocks = s.live_blocks.wrapping_add(ah).wrapping_sub(fh);
         in_use = in_use.wrapping_sub(c.pages.get().wrapping_sub(c.accounted.get()));
+        slack = slack.wrapping_add(c.slack.get());
         let ev = &c.events;
         s.zero_skipped_bytes += ev.zero_skipped_bytes.get();
         s.zeroed_on_alloc_bytes += ev.zeroed_on_alloc_bytes.get();
         s.reused_reported_bytes += ev.reused_reported_bytes.get();
     }
-    s.bytes_in_use = in_use << PAGE_SHIFT;
+    s.bytes_in_use = in_use.wrapping_sub(slack) << PAGE_SHIFT;
+    s.slack_bytes = slack << PAGE_SHIFT;
 }
 
 /// Invariants 1 and 2 at the top. Reads other threads' entries, which `FrozenHeap` keeps them out of.

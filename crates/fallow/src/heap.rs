@@ -73,6 +73,9 @@ pub(crate) struct Counters {
     /// path is subtracted here before the cache's hit is folded in. `stats()` adds the unfolded
     /// hits of every cache, which makes the sum exact.
     pub in_use_pages: u64,
+    /// Of `in_use_pages`, the slack of live blocks served by a cache for fewer pages than their
+    /// block (cache.rs, "Slack"). Wrapping, as `in_use_pages`.
+    pub slack_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
     /// Blocks handed out that held reported (or lazily freed) pages.
@@ -503,16 +506,31 @@ impl Allocator {
         self.alloc_locked(size, align, flags)
     }
 
-    /// The fast path (`cache.rs`): an exact power-of-two block of a cached order, without `LOCK`
-    /// (whose bookkeeping needs the lock), from this thread's cache. `None`: take the locked path
-    /// (which also reports bad requests).
+    /// The block the caches would serve for `size` and `align`, as `(order, pages)`: the
+    /// smallest block of a cached order that holds the request, aligned to its size at most. A
+    /// request of fewer pages than the block leaves the rest as slack (cache.rs, "Slack").
+    #[inline]
+    fn cache_shape(&self, size: usize, align: usize) -> Option<(u8, u32)> {
+        let last = size.wrapping_sub(1);
+        if last >= self.shared.hit.cache_max_bytes {
+            return None;
+        }
+        let npages = ((last >> PAGE_SHIFT) + 1) as u32;
+        let order = npages.next_power_of_two().trailing_zeros() as u8;
+        let aligned = align.is_power_of_two() && (align <= PAGE_SIZE || align <= PAGE_SIZE << order);
+        aligned.then_some((order, npages))
+    }
+
+    /// The fast path (`cache.rs`): a block of a cached order, without `LOCK` (whose bookkeeping
+    /// needs the lock), from this thread's cache. `None`: take the locked path (which also
+    /// reports bad requests).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
         if flags.contains(Flags::LOCK) {
             return None;
         }
-        let order = self.cached_order(size, align)?;
-        let addr = cache::current(self)?.inside(|tc| tc.alloc(self, order, flags))??;
+        let (order, npages) = self.cache_shape(size, align)?;
+        let addr = cache::current(self)?.inside(|tc| tc.alloc(self, order, npages, flags))??;
         // SAFETY: a block address is never null.
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
@@ -651,8 +669,8 @@ impl Allocator {
             }
         }
         let a = h.arenas[ai].as_mut().unwrap();
-        a.release_live(pfn, npages, PageState::Dirty, now);
-        self.account_free(h, npages);
+        let slack = a.release_live(pfn, npages, PageState::Dirty, now);
+        self.account_free(h, npages, slack);
         Ok(())
     }
 
@@ -675,17 +693,18 @@ impl Allocator {
             drop(h);
             return self.free(ptr);
         }
-        a.release_live(pfn, npages, PageState::Reported, now);
-        self.account_free(h, npages);
+        let slack = a.release_live(pfn, npages, PageState::Reported, now);
+        self.account_free(h, npages, slack);
         Ok(())
     }
 
     /// After a live block went back on the lists: count it, release the lock, wake a worker if
     /// the free made work for it.
-    fn account_free(&self, mut h: crate::lock::Guard<'_, Heap>, npages: u32) {
+    fn account_free(&self, mut h: crate::lock::Guard<'_, Heap>, npages: u32, slack: u32) {
         let c = &mut h.counters;
         c.free_calls += 1;
-        c.in_use_pages = c.in_use_pages.wrapping_sub(npages as u64);
+        c.in_use_pages = c.in_use_pages.wrapping_sub((npages + slack) as u64);
+        c.slack_pages = c.slack_pages.wrapping_sub(slack as u64);
         c.live_blocks = c.live_blocks.wrapping_sub(1);
         self.wake_workers_after_free(h);
     }
@@ -724,6 +743,13 @@ impl Allocator {
             return Ok(false);
         }
         let new_pages = new_pages as u32;
+        if new_pages != npages {
+            // A block with slack becomes an exact block first (its slack back on the lists).
+            let slack = a.drop_slack(pfn, now);
+            h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(slack as u64);
+            h.counters.slack_pages = h.counters.slack_pages.wrapping_sub(slack as u64);
+        }
+        let a = h.arenas[ai].as_mut().unwrap();
         if new_pages <= npages {
             if new_pages < npages {
                 let tail = npages - new_pages;
@@ -770,7 +796,8 @@ impl Allocator {
         s.free_lazy_pages = counts.lazy as u64;
         s.free_dirty_pages = free_pages - (counts.zeroed + counts.reported + counts.lazy) as u64;
         s.isolated_pages = c.isolated_pages;
-        s.bytes_in_use = c.in_use_pages << PAGE_SHIFT;
+        s.bytes_in_use = c.in_use_pages.wrapping_sub(c.slack_pages) << PAGE_SHIFT;
+        s.slack_bytes = c.slack_pages << PAGE_SHIFT;
         s.live_blocks = c.live_blocks;
         s.alloc_calls = c.alloc_calls;
         s.free_calls = c.free_calls;

@@ -202,7 +202,10 @@ pub enum Tag {
 pub const META_FREED_START: u8 = 1; // an allocation that started here was freed (double-free check)
 pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
 #[allow(dead_code)]
-pub const META_REPORT_STALE: u8 = 4; // reserved for the reporting worker
+/// A live block served by a per-thread cache for a request of fewer pages than its aligned block
+/// (`2^order`, the order byte): its pages past `npages` are its slack, on no list, their state
+/// bytes keeping their free states until the block is freed (cache.rs, "Slack").
+pub const META_SLACK: u8 = 4;
 
 pub const NIL: u32 = u32::MAX;
 
@@ -413,6 +416,13 @@ impl HitWord {
     pub(crate) fn handed_out(self, bits: u64) -> HitWord {
         // Keep order, class and every flag but `FREED_START`; `bits` brings tag and page count.
         HitWord((self.0 & (0xffff_ff00 & !((META_FREED_START as u64) << 16))) | bits)
+    }
+    /// A cached block handed out for a request of `npages` pages, fewer than its `2^order`: tag
+    /// `Alloc`, order `order`, `META_SLACK` added and `META_FREED_START` cleared (class kept).
+    #[inline(always)]
+    pub(crate) fn handed_out_with_slack(self, order: u8, npages: u32) -> HitWord {
+        let flags = (self.flags() & !META_FREED_START) | META_SLACK;
+        HitWord((self.0 & 0xff00_0000) | Tag::Alloc as u64 | (order as u64) << 8 | (flags as u64) << 16 | (npages as u64) << 32)
     }
     /// The same word with a new tag, flags and page count (order and class kept).
     #[inline(always)]

@@ -19,6 +19,10 @@ pub struct Stats {
     pub isolated_pages: u64,
     /// Bytes in live blocks (page-rounded).
     pub bytes_in_use: u64,
+    /// Bytes past the request in live blocks that a per-thread cache served whole (a request of
+    /// 65..128 pages gets a block of 128): unused, their pages keep their free states, and they
+    /// come back with the block.
+    pub slack_bytes: u64,
     pub live_blocks: u64,
     /// Address space reserved, and in how many arenas.
     pub reserved_bytes: u64,
@@ -142,6 +146,9 @@ impl std::fmt::Display for Stats {
         let mib = |pages: u64| pages as f64 * PAGE_SIZE as f64 / (1 << 20) as f64;
         let b = |bytes: u64| bytes as f64 / (1 << 20) as f64;
         writeln!(f, "in use:        {:>10.1} MiB in {} blocks", b(self.bytes_in_use), self.live_blocks)?;
+        if self.slack_bytes > 0 {
+            writeln!(f, "slack:         {:>10.1} MiB past the requests in cache-served blocks", b(self.slack_bytes))?;
+        }
         writeln!(
             f,
             "free:          {:>10.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free, {:.1} MiB isolated",

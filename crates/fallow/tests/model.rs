@@ -121,7 +121,7 @@ proptest! {
             let s = a.stats();
             prop_assert_eq!(s.live_blocks, live.len() as u64);
             prop_assert_eq!(s.bytes_in_use, live.iter().map(|l| l.len as u64).sum::<u64>());
-            prop_assert_eq!(s.free_pages() * 4096 + s.bytes_in_use + s.isolated_pages * 4096, s.reserved_bytes);
+            prop_assert_eq!(s.free_pages() * 4096 + s.bytes_in_use + s.slack_bytes + s.isolated_pages * 4096, s.reserved_bytes);
             let listed: u64 = (0..3).map(|c| s.free_blocks[c].iter().enumerate()
                 .map(|(o, n)| n << o).sum::<u64>()).sum();
             prop_assert_eq!(listed, s.free_pages());
