@@ -409,7 +409,7 @@ impl Allocator {
             config,
         };
         let alloc = Allocator { shared: Arc::new(shared) };
-        alloc.grow(0)?;
+        alloc.grow(0, 0)?;
         alloc.start_workers();
         Ok(alloc)
     }
@@ -547,7 +547,9 @@ impl Allocator {
             if let Some(p) = h.take(npages, order, zero, now) {
                 break p;
             }
-            let isolated = h.counters.isolated_pages;
+            // The arena count as this thread found the heap full: `grow` installs nothing if
+            // another thread has grown the heap since (then the take is retried first).
+            let (isolated, seen) = (h.counters.isolated_pages, h.narenas);
             drop(h);
             // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
             // zeroed, a batch being reported): wait for them a little (at most ~2 ms) rather than
@@ -557,7 +559,7 @@ impl Allocator {
                 os::sleep_ns(100_000);
                 continue;
             }
-            self.grow(npages as usize)?;
+            self.grow(npages as usize, seen)?;
         };
         self.prepare(&placed, flags)?;
         // SAFETY: a block address is never null.
@@ -828,15 +830,31 @@ impl Allocator {
             .collect()
     }
 
-    /// Reserve one more arena, large enough for `npages` pages.
-    fn grow(&self, npages: usize) -> Result<(), Error> {
+    /// Reserve one more arena, large enough for `npages` pages, for a caller that found the heap
+    /// full when it held `seen` arenas.
+    ///
+    /// The reservation runs outside the lock, so threads that find the heap full together all
+    /// get here: each re-checks under the lock, and only the first installs its arena. The others
+    /// unmap theirs (after releasing the lock) and return `Ok` without installing, so that their
+    /// caller retries its take in the arena just installed and grows again only if that cannot
+    /// serve it (at most `MAX_ARENAS` installs, so this ends). A failed reservation is not an error
+    /// either when another thread grew the heap meanwhile (under `RLIMIT_AS` the racers'
+    /// reservations compete for the same room). Go's `mheap.grow` and jemalloc's `ecache_grow`
+    /// serialize growth by holding a lock across it; here the lock is held for bookkeeping only.
+    fn grow(&self, npages: usize, seen: usize) -> Result<(), Error> {
         let cfg = &self.shared.config;
         let want = if cfg.arena_size == 0 { os::physical_memory() } else { cfg.arena_size };
         let need = npages << PAGE_SHIFT;
-        let arena = crate::arena::reserve_fitting(want, need, cfg.max_order, cfg.backing, cfg.thp)
-            .map_err(|(tried, errno)| Error::OutOfMemory { size: need, tried, errno })?;
+        let reserved = crate::arena::reserve_fitting(want, need, cfg.max_order, cfg.backing, cfg.thp);
         let mut h = self.shared.heap.lock();
+        if h.narenas != seen {
+            drop(h);
+            drop(reserved);
+            return Ok(());
+        }
+        let arena = reserved.map_err(|(tried, errno)| Error::OutOfMemory { size: need, tried, errno })?;
         if h.narenas == MAX_ARENAS {
+            drop(h); // before the arena, whose drop unmaps it
             return Err(Error::OutOfMemory { size: need, tried: 0, errno: libc::ENOMEM });
         }
         let i = h.narenas;
