@@ -80,31 +80,126 @@ fn bad_config() {
     assert!(e.to_string().contains("max_order"), "{e}");
 }
 
+/// `capget`/`capset` structures (linux/capability.h, version 3: two 32-bit words per set).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+const CAP_IPC_LOCK: u32 = 14;
+
+fn capabilities() -> Option<[CapData; 2]> {
+    let mut h = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    let mut d = [CapData::default(); 2];
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) };
+    (r == 0).then_some(d)
+}
+
+/// Drop `CAP_IPC_LOCK` (which lets root ignore `RLIMIT_MEMLOCK`) from the calling thread's
+/// effective, permitted and inheritable sets (dropping a capability needs no privilege), and
+/// check that it is gone.
+fn drop_cap_ipc_lock() -> bool {
+    let Some(mut d) = capabilities() else { return false };
+    for set in [&mut d[0].effective, &mut d[0].permitted, &mut d[0].inheritable] {
+        *set &= !(1 << CAP_IPC_LOCK);
+    }
+    let h = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    if unsafe { libc::syscall(libc::SYS_capset, &h as *const CapHeader, d.as_ptr()) } != 0 {
+        return false;
+    }
+    capabilities().is_some_and(|d| d[0].effective & (1 << CAP_IPC_LOCK) == 0)
+}
+
 #[test]
 fn lock_refused_gives_block_back() {
-    // As a non-root user RLIMIT_MEMLOCK is 8 MiB; as root mlock is free. Lower the limit for this
-    // process's test thread group only if we are allowed to: RLIMIT is per process, so run it in a
-    // child to keep the other tests unaffected.
+    // The refusal must really happen, as root too (where CAP_IPC_LOCK lets `mlock` ignore
+    // RLIMIT_MEMLOCK): in a child (limits and capabilities are per process and per thread), lower
+    // RLIMIT_MEMLOCK to 64 KiB and drop CAP_IPC_LOCK, check that `mlock` past the limit now fails,
+    // then ask for a LOCK block of 4 MiB. Each step that does not hold exits with its own code.
+    const LIMIT: usize = 64 << 10;
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
-        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
-        // Drop CAP_IPC_LOCK's effect: root ignores the limit, so only check what we can.
-        let a = small();
-        let r = a.alloc(4 << 20, 4096, Flags::LOCK);
-        let ok = match r {
-            Err(Error::Lock { .. }) => a.stats().bytes_in_use == 0 && a.check_invariants().is_ok(),
-            Ok(p) => {
-                let root = unsafe { libc::geteuid() } == 0;
-                root && a.free(p.as_ptr()).is_ok() && a.stats().locked_bytes == 0
+        let code = std::panic::catch_unwind(|| {
+            let lim = libc::rlimit { rlim_cur: LIMIT as u64, rlim_max: LIMIT as u64 };
+            if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+                return 10;
             }
-            Err(_) => false,
-        };
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+            if !drop_cap_ipc_lock() {
+                return 11;
+            }
+            // The precondition, checked on memory of our own: mlock past the limit is refused.
+            let len = 1 << 20;
+            let scratch = unsafe {
+                libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            };
+            assert_ne!(scratch, libc::MAP_FAILED);
+            let refused = unsafe { libc::mlock(scratch, len) } != 0;
+            unsafe { libc::munmap(scratch, len) };
+            if !refused {
+                return 12;
+            }
+            let a = small();
+            let size = 4 << 20;
+            match a.alloc(size, 4096, Flags::LOCK | Flags::ZERO) {
+                Err(e @ Error::Lock { size: s, errno }) if s == size && (errno == libc::ENOMEM || errno == libc::EPERM) => {
+                    if !e.to_string().contains("RLIMIT_MEMLOCK") {
+                        return 14;
+                    }
+                }
+                _ => return 13,
+            }
+            // Nothing leaked: no live block, nothing counted locked, every reserved page free.
+            let s = a.stats();
+            if s.bytes_in_use != 0 || s.live_blocks != 0 || s.locked_bytes != 0 || s.alloc_calls != s.free_calls {
+                return 15;
+            }
+            if s.free_pages() * 4096 != s.reserved_bytes || a.check_invariants().is_err() {
+                return 16;
+            }
+            // Within the limit LOCK still works, and is counted until the free.
+            let p = match a.alloc(4 * 4096, 4096, Flags::LOCK) {
+                Ok(p) => p.as_ptr(),
+                Err(_) => return 17,
+            };
+            if a.stats().locked_bytes != 4 * 4096 {
+                return 18;
+            }
+            a.free(p).unwrap();
+            if a.stats().locked_bytes != 0 || a.stats().bytes_in_use != 0 || a.check_invariants().is_err() {
+                return 19;
+            }
+            0
+        })
+        .unwrap_or(20);
+        unsafe { libc::_exit(code) };
     }
     let mut status = 0;
     unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
+    let why = match libc::WEXITSTATUS(status) {
+        10 => "setrlimit(RLIMIT_MEMLOCK) failed",
+        11 => "could not drop CAP_IPC_LOCK",
+        12 => "mlock past RLIMIT_MEMLOCK still succeeds: the refusal cannot be reached here",
+        13 => "a LOCK request past the limit did not return Error::Lock with its size and ENOMEM/EPERM",
+        14 => "Error::Lock does not name RLIMIT_MEMLOCK",
+        15 => "the refused block is still live or counted locked",
+        16 => "the refused block did not go back to the free lists",
+        17 => "a LOCK request within the limit failed",
+        18 => "a LOCK block within the limit is not counted locked",
+        19 => "freeing a locked block left it counted",
+        20 => "the child panicked",
+        _ => "",
+    };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}: {why}");
 }
 
 #[test]
