@@ -125,81 +125,57 @@ fn lock_refused_gives_block_back() {
     // The refusal must really happen, as root too (where CAP_IPC_LOCK lets `mlock` ignore
     // RLIMIT_MEMLOCK): in a child (limits and capabilities are per process and per thread), lower
     // RLIMIT_MEMLOCK to 64 KiB and drop CAP_IPC_LOCK, check that `mlock` past the limit now fails,
-    // then ask for a LOCK block of 4 MiB. Each step that does not hold exits with its own code.
+    // then ask for a LOCK block of 4 MiB.
     const LIMIT: usize = 64 << 10;
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
-        let code = std::panic::catch_unwind(|| {
-            let lim = libc::rlimit { rlim_cur: LIMIT as u64, rlim_max: LIMIT as u64 };
-            if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
-                return 10;
-            }
-            if !drop_cap_ipc_lock() {
-                return 11;
-            }
-            // The precondition, checked on memory of our own: mlock past the limit is refused.
-            let len = 1 << 20;
-            let scratch = unsafe {
-                libc::mmap(core::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-            };
-            assert_ne!(scratch, libc::MAP_FAILED);
-            let refused = unsafe { libc::mlock(scratch, len) } != 0;
-            unsafe { libc::munmap(scratch, len) };
-            if !refused {
-                return 12;
-            }
-            let a = small();
-            let size = 4 << 20;
-            match a.alloc(size, 4096, Flags::LOCK | Flags::ZERO) {
-                Err(e @ Error::Lock { size: s, errno }) if s == size && (errno == libc::ENOMEM || errno == libc::EPERM) => {
-                    if !e.to_string().contains("RLIMIT_MEMLOCK") {
-                        return 14;
-                    }
+    in_child(|| {
+        let lim = libc::rlimit { rlim_cur: LIMIT as u64, rlim_max: LIMIT as u64 };
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
+            return Err("setrlimit(RLIMIT_MEMLOCK) failed".into());
+        }
+        if !drop_cap_ipc_lock() {
+            return Err("could not drop CAP_IPC_LOCK".into());
+        }
+        // The precondition, checked on memory of our own: mlock past the limit is refused.
+        let len = 1 << 20;
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let scratch = unsafe { libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(scratch, libc::MAP_FAILED);
+        let refused = unsafe { libc::mlock(scratch, len) } != 0;
+        unsafe { libc::munmap(scratch, len) };
+        if !refused {
+            return Err("mlock past RLIMIT_MEMLOCK still succeeds: the refusal cannot be reached here".into());
+        }
+        let a = small();
+        let size = 4 << 20;
+        match a.alloc(size, 4096, Flags::LOCK | Flags::ZERO) {
+            Err(e @ Error::Lock { size: s, errno }) if s == size && (errno == libc::ENOMEM || errno == libc::EPERM) => {
+                if !e.to_string().contains("RLIMIT_MEMLOCK") {
+                    return Err(format!("Error::Lock does not name the limit: {e}"));
                 }
-                _ => return 13,
             }
-            // Nothing leaked: no live block, nothing counted locked, every reserved page free.
-            let s = a.stats();
-            if s.bytes_in_use != 0 || s.live_blocks != 0 || s.locked_bytes != 0 || s.alloc_calls != s.free_calls {
-                return 15;
-            }
-            if s.free_pages() * 4096 != s.reserved_bytes || a.check_invariants().is_err() {
-                return 16;
-            }
-            // Within the limit LOCK still works, and is counted until the free.
-            let p = match a.alloc(4 * 4096, 4096, Flags::LOCK) {
-                Ok(p) => p.as_ptr(),
-                Err(_) => return 17,
-            };
-            if a.stats().locked_bytes != 4 * 4096 {
-                return 18;
-            }
-            a.free(p).unwrap();
-            if a.stats().locked_bytes != 0 || a.stats().bytes_in_use != 0 || a.check_invariants().is_err() {
-                return 19;
-            }
-            0
-        })
-        .unwrap_or(20);
-        unsafe { libc::_exit(code) };
-    }
-    let mut status = 0;
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let why = match libc::WEXITSTATUS(status) {
-        10 => "setrlimit(RLIMIT_MEMLOCK) failed",
-        11 => "could not drop CAP_IPC_LOCK",
-        12 => "mlock past RLIMIT_MEMLOCK still succeeds: the refusal cannot be reached here",
-        13 => "a LOCK request past the limit did not return Error::Lock with its size and ENOMEM/EPERM",
-        14 => "Error::Lock does not name RLIMIT_MEMLOCK",
-        15 => "the refused block is still live or counted locked",
-        16 => "the refused block did not go back to the free lists",
-        17 => "a LOCK request within the limit failed",
-        18 => "a LOCK block within the limit is not counted locked",
-        19 => "freeing a locked block left it counted",
-        20 => "the child panicked",
-        _ => "",
-    };
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}: {why}");
+            other => return Err(format!("a LOCK request past the limit: {other:?}, expected Error::Lock of {size} bytes")),
+        }
+        // Nothing leaked: no live block, nothing counted locked, every reserved page free.
+        let s = a.stats();
+        if s.bytes_in_use != 0 || s.live_blocks != 0 || s.locked_bytes != 0 || s.alloc_calls != s.free_calls {
+            return Err(format!("the refused block is still live or counted locked:\n{s}"));
+        }
+        if s.free_pages() * 4096 != s.reserved_bytes {
+            return Err(format!("the refused block did not go back to the free lists:\n{s}"));
+        }
+        a.check_invariants()?;
+        // Within the limit LOCK still works, and is counted until the free.
+        let p = a.alloc(4 * 4096, 4096, Flags::LOCK).map_err(|e| format!("a LOCK request within the limit: {e}"))?.as_ptr();
+        if a.stats().locked_bytes != 4 * 4096 {
+            return Err(format!("a LOCK block within the limit is not counted locked: {}", a.stats().locked_bytes));
+        }
+        a.free(p).unwrap();
+        let s = a.stats();
+        if s.locked_bytes != 0 || s.bytes_in_use != 0 {
+            return Err(format!("freeing a locked block left it counted:\n{s}"));
+        }
+        a.check_invariants()
+    });
 }
 
 #[test]

@@ -114,8 +114,7 @@ fn surplus_reservations_are_unmapped() {
     // anything there), the address space after many racing rounds, each allocator dropped, is
     // what it was after the first round (which warmed up the thread stacks glibc keeps for
     // reuse). A leak would be at least one 16 MiB arena per round in which threads raced.
-    let pid = unsafe { libc::fork() };
-    if pid == 0 {
+    in_child(|| {
         let round = || {
             let (a, first) = full_allocator();
             for p in race(&a) {
@@ -123,25 +122,15 @@ fn surplus_reservations_are_unmapped() {
             }
             a.free(first as *mut u8).unwrap();
         };
-        // A panic must not unwind into the test harness's copy in this child.
-        let measured = std::panic::catch_unwind(|| {
+        round();
+        let before = vm_size();
+        for _ in 0..20 {
             round();
-            let before = vm_size();
-            for _ in 0..20 {
-                round();
-            }
-            (before, vm_size())
-        });
-        let Ok((before, after)) = measured else { unsafe { libc::_exit(2) } };
-        let ok = after <= before + ARENA;
-        if !ok {
-            // (`eprintln!` would go to the harness's capture, which this child never prints.)
-            let msg = format!("address space grew by {} MiB over 20 dropped allocators\n", (after - before) >> 20);
-            unsafe { libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len()) };
         }
-        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
-    }
-    let mut status = 0;
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: status {status}");
+        let after = vm_size();
+        if after > before + ARENA {
+            return Err(format!("address space grew by {} MiB over 20 dropped allocators", (after - before) >> 20));
+        }
+        Ok(())
+    });
 }

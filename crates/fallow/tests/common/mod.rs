@@ -69,3 +69,43 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Run `f` in a forked child (its own limits, capabilities and address space, and no other test's
+/// threads) and fail unless it returns `Ok`. The child's error, or its panic message, comes back
+/// through a pipe into the parent's panic message (the test harness's output capture does not
+/// reach a child). `f` must not leave threads of its own running: the child exits right after.
+pub fn in_child(f: impl FnOnce() -> Result<(), String>) {
+    let mut fds = [0i32; 2];
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        unsafe { libc::close(fds[0]) };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|e| {
+            let m = e.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| e.downcast_ref::<String>().cloned());
+            Err(format!("panicked: {}", m.unwrap_or_default()))
+        });
+        if let Err(m) = &r {
+            unsafe { libc::write(fds[1], m.as_ptr() as *const libc::c_void, m.len()) };
+        }
+        unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) };
+    }
+    unsafe { libc::close(fds[1]) };
+    let mut msg = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        let n = unsafe { libc::read(fds[0], buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        if n <= 0 {
+            break;
+        }
+        msg.extend_from_slice(&buf[..n as usize]);
+    }
+    unsafe { libc::close(fds[0]) };
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    assert!(ok, "child failed (status {status}): {}", String::from_utf8_lossy(&msg));
+}
