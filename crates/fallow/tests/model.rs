@@ -1,11 +1,17 @@
-//! Model-based property test: random sequences of allocations, frees and resizes of random sizes,
-//! alignments and flags, checked after every step against a simple model of the live blocks.
+//! Model-based property tests: random sequences of allocations, frees and resizes of random sizes,
+//! alignments and flags, checked against a simple model of the live blocks. `model`: one thread,
+//! workers off, checked after every step. `model_threads`: three threads with both workers on
+//! (zero delays), whose operations also include `free_reported`, `set_tunables`, cache drains and
+//! handing blocks to another thread, checked at a barrier every few steps.
 
 mod common;
 
 use common::*;
-use fallow::{Error, Flags};
+use fallow::{Allocator, Config, Error, Flags, ReportMode, Tunables};
 use proptest::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -133,4 +139,342 @@ proptest! {
         prop_assert_eq!(s.bytes_in_use, 0);
         if let Err(e) = a.check_invariants() { prop_assert!(false, "{}", e); }
     }
+}
+
+// ---- Multi-threaded, workers on ----
+
+#[derive(Clone, Debug)]
+enum MtOp {
+    Alloc { pages: usize, extra: usize, align_log: u8, zero: bool, populate: bool },
+    Free { idx: usize, sized: bool },
+    /// `MADV_DONTNEED` the block's pages, then `free_reported` it.
+    FreeReported { idx: usize },
+    Resize { idx: usize, pages: usize },
+    /// Hand a block to the shared pool, for another thread to free.
+    Give { idx: usize },
+    /// Take a block from the pool (checking its pattern) and make it this thread's.
+    Adopt,
+    SetTunables { which: usize },
+    RequestCacheDrain,
+    DrainThreadCache,
+    /// Sleep, leaving idle CPU (the workers step only while a CPU is idle).
+    Pause { us: u64 },
+}
+
+fn mt_op() -> impl Strategy<Value = MtOp> {
+    prop_oneof![
+        8 => (
+            prop_oneof![4 => 1usize..9, 2 => 9usize..64, 1 => 64usize..300],
+            prop_oneof![Just(4096usize), 1usize..4096],
+            prop_oneof![6 => Just(0u8), 1 => 12u8..19],
+            any::<bool>(),
+            prop::bool::weighted(0.1),
+        )
+            .prop_map(|(pages, extra, align_log, zero, populate)| MtOp::Alloc { pages, extra, align_log, zero, populate }),
+        4 => (any::<usize>(), any::<bool>()).prop_map(|(idx, sized)| MtOp::Free { idx, sized }),
+        2 => any::<usize>().prop_map(|idx| MtOp::FreeReported { idx }),
+        1 => (any::<usize>(), 1usize..300).prop_map(|(idx, pages)| MtOp::Resize { idx, pages }),
+        1 => any::<usize>().prop_map(|idx| MtOp::Give { idx }),
+        1 => Just(MtOp::Adopt),
+        1 => (0usize..TUNABLES).prop_map(|which| MtOp::SetTunables { which }),
+        1 => Just(MtOp::RequestCacheDrain),
+        1 => Just(MtOp::DrainThreadCache),
+        1 => (50u64..2000).prop_map(|us| MtOp::Pause { us }),
+    ]
+}
+
+const TUNABLES: usize = 4;
+
+/// Settings the threads switch between: both workers on, delays of a few milliseconds at most
+/// (the zeroing worker leaves alone a block older than the report delay, which the reporter is
+/// about to take: the zero delay is the shorter), small orders and batches (so that they work on
+/// the small blocks the threads free), `MADV_FREE` in one of them, a resident floor in another;
+/// the last switches zeroing off.
+fn tunables(which: usize) -> Tunables {
+    let base = Tunables {
+        report: true,
+        report_order: 0,
+        report_delay_ms: 3,
+        report_batch: 4,
+        zeroing: true,
+        zero_order: 0,
+        zero_chunk: 64 << 10,
+        zero_delay_ms: 0,
+        zeroed_reserve: 4 << 20,
+        ..Tunables::default()
+    };
+    match which {
+        0 => base,
+        1 => Tunables { report_order: 2, report_delay_ms: 1, report_batch: 16, report_mode: ReportMode::Free, zero_order: 2, zero_chunk: 256 << 10, ..base },
+        2 => Tunables { report_order: 4, report_batch: 1, resident_free_min: 1 << 20, zero_chunk: 4096, ..base },
+        _ => Tunables { zeroing: false, report_delay_ms: 0, ..base },
+    }
+}
+
+const THREADS: usize = 3;
+/// How long a case repeats its operations for the zeroing worker to run beside them.
+const ZEROING_WAIT: Duration = Duration::from_secs(2);
+/// Cases in which the zeroing worker zeroed something.
+static ZEROING_CASES: AtomicU64 = AtomicU64::new(0);
+/// Operations between two checkpoints.
+const CHECK: usize = 8;
+/// Live blocks a thread keeps at most (an allocation past it frees one first).
+const MAX_LIVE: usize = 12;
+
+struct Shared {
+    a: Allocator,
+    pool: Mutex<Vec<Live>>,
+    /// Live blocks and bytes over every thread and the pool (exact at a checkpoint).
+    live_blocks: AtomicU64,
+    live_bytes: AtomicU64,
+    failure: Mutex<Option<String>>,
+    failed: AtomicBool,
+    again: AtomicBool,
+}
+
+impl Shared {
+    fn fail(&self, e: String) {
+        let mut f = self.failure.lock().unwrap();
+        if f.is_none() {
+            *f = Some(e);
+        }
+        self.failed.store(true, Ordering::SeqCst);
+    }
+}
+
+fn check_live(l: &Live) -> Result<(), String> {
+    if all_eq(l.addr as *const u8, l.len, l.fill) {
+        Ok(())
+    } else {
+        Err(format!("block {:#x}+{} lost its pattern {}", l.addr, l.len, l.fill))
+    }
+}
+
+fn release(sh: &Shared, l: &Live) {
+    sh.live_blocks.fetch_sub(1, Ordering::Relaxed);
+    sh.live_bytes.fetch_sub(l.len as u64, Ordering::Relaxed);
+}
+
+fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8) -> Result<(), String> {
+    let a = &sh.a;
+    match *op {
+        MtOp::Alloc { pages, extra, align_log, zero, populate } => {
+            if live.len() >= MAX_LIVE {
+                let l = live.remove(0);
+                check_live(&l)?;
+                a.free(l.addr as *mut u8).map_err(|e| e.to_string())?;
+                release(sh, &l);
+            }
+            let size = (pages - 1) * 4096 + extra;
+            let align = if align_log == 0 { 4096 } else { 1usize << align_log };
+            let mut flags = Flags::NONE;
+            if zero {
+                flags = flags | Flags::ZERO;
+            }
+            if populate {
+                flags = flags | Flags::POPULATE;
+            }
+            let p = a.alloc(size, align, flags).map_err(|e| format!("alloc {size}: {e}"))?.as_ptr() as usize;
+            let len = size.div_ceil(4096) * 4096;
+            if p % align != 0 {
+                return Err(format!("block {p:#x} not aligned to {align}"));
+            }
+            if zero && !all_zero(p as *const u8, len) {
+                return Err(format!("ZERO block {p:#x}+{len} holds data"));
+            }
+            if populate && fallow::os::resident_pages(p, len) != Ok(len / 4096) {
+                return Err(format!("POPULATE block {p:#x}+{len} not resident"));
+            }
+            *fill = fill.wrapping_add(1).max(1);
+            let f = (t as u8) << 6 | (*fill & 63) | 1;
+            unsafe { std::ptr::write_bytes(p as *mut u8, f, len) };
+            live.push(Live { addr: p, len, fill: f });
+            sh.live_blocks.fetch_add(1, Ordering::Relaxed);
+            sh.live_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        }
+        MtOp::Free { idx, sized } => {
+            if live.is_empty() {
+                return Ok(());
+            }
+            let l = live.swap_remove(idx % live.len());
+            check_live(&l)?;
+            let r = if sized { a.free_sized(l.addr as *mut u8, l.len) } else { a.free(l.addr as *mut u8) };
+            r.map_err(|e| format!("free {:#x}: {e}", l.addr))?;
+            release(sh, &l);
+            // (No second free to check the double-free error, as `model` does: another thread
+            // may have been handed the same address meanwhile.)
+        }
+        MtOp::FreeReported { idx } => {
+            if live.is_empty() {
+                return Ok(());
+            }
+            let l = live.swap_remove(idx % live.len());
+            check_live(&l)?;
+            if unsafe { libc::madvise(l.addr as *mut libc::c_void, l.len, libc::MADV_DONTNEED) } != 0 {
+                return Err(format!("madvise {:#x}: {}", l.addr, std::io::Error::last_os_error()));
+            }
+            // Not read again (that would fault the pages back in): checked gone by `mincore`.
+            let r = fallow::os::resident_pages(l.addr, l.len);
+            if r != Ok(0) {
+                return Err(format!("block {:#x} still resident after MADV_DONTNEED: {r:?}", l.addr));
+            }
+            a.free_reported(l.addr as *mut u8).map_err(|e| format!("free_reported {:#x}: {e}", l.addr))?;
+            release(sh, &l);
+        }
+        MtOp::Resize { idx, pages } => {
+            if live.is_empty() {
+                return Ok(());
+            }
+            let i = idx % live.len();
+            let new_len = pages * 4096;
+            let l = &mut live[i];
+            check_live(l)?;
+            if a.resize_in_place(l.addr as *mut u8, new_len).map_err(|e| e.to_string())? {
+                if a.usable_size(l.addr as *const u8) != Some(new_len) {
+                    return Err(format!("resized block {:#x} does not hold {new_len} bytes", l.addr));
+                }
+                if !all_eq(l.addr as *const u8, l.len.min(new_len), l.fill) {
+                    return Err(format!("resizing {:#x} changed its contents", l.addr));
+                }
+                unsafe { std::ptr::write_bytes(l.addr as *mut u8, l.fill, new_len) };
+                sh.live_bytes.fetch_add(new_len as u64, Ordering::Relaxed);
+                sh.live_bytes.fetch_sub(l.len as u64, Ordering::Relaxed);
+                l.len = new_len;
+            }
+        }
+        MtOp::Give { idx } => {
+            if !live.is_empty() {
+                let l = live.swap_remove(idx % live.len());
+                sh.pool.lock().unwrap().push(l);
+            }
+        }
+        MtOp::Adopt => {
+            let l = sh.pool.lock().unwrap().pop();
+            if let Some(l) = l {
+                check_live(&l)?;
+                live.push(l);
+            }
+        }
+        MtOp::SetTunables { which } => a.set_tunables(tunables(which)).map_err(|e| e.to_string())?,
+        MtOp::RequestCacheDrain => a.request_cache_drain(),
+        MtOp::DrainThreadCache => a.drain_thread_cache(),
+        MtOp::Pause { us } => std::thread::sleep(Duration::from_micros(us)),
+    }
+    Ok(())
+}
+
+/// At a checkpoint (every thread waiting at the barrier, the workers running): the invariants,
+/// the recorded state of every free page, and the counters against the model.
+fn checkpoint(sh: &Shared) -> Result<(), String> {
+    let a = &sh.a;
+    a.check_invariants()?;
+    check_free_states(a)?;
+    let s = a.stats();
+    let (blocks, bytes) = (sh.live_blocks.load(Ordering::Relaxed), sh.live_bytes.load(Ordering::Relaxed));
+    if s.live_blocks != blocks || s.bytes_in_use != bytes {
+        return Err(format!("{blocks} blocks of {bytes} bytes live, stats say {} of {}", s.live_blocks, s.bytes_in_use));
+    }
+    if s.free_pages() * 4096 + s.bytes_in_use + s.isolated_pages * 4096 != s.reserved_bytes {
+        return Err(format!("free + in use + isolated != reserved:\n{s}"));
+    }
+    Ok(())
+}
+
+fn run_threads(ops: &[Vec<MtOp>]) -> Result<(), String> {
+    let config = Config { arena_size: 16 << 20, max_order: 8, tunables: tunables(0), ..Config::default() };
+    let sh = Shared {
+        a: Allocator::new(config).unwrap(),
+        pool: Mutex::new(Vec::new()),
+        live_blocks: AtomicU64::new(0),
+        live_bytes: AtomicU64::new(0),
+        failure: Mutex::new(None),
+        failed: AtomicBool::new(false),
+        again: AtomicBool::new(false),
+    };
+    let barrier = Barrier::new(THREADS);
+    let t0 = Instant::now();
+    let left: Vec<Vec<Live>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = ops
+            .iter()
+            .enumerate()
+            .map(|(t, ops)| {
+                let (sh, barrier) = (&sh, &barrier);
+                sc.spawn(move || {
+                    let mut live: Vec<Live> = Vec::new();
+                    let mut fill = 0u8;
+                    // The same operations again until the reporter has worked beside them (a
+                    // liveness bound of 180 s; its idle-CPU wait is bounded), and the zeroing
+                    // worker too or `ZEROING_WAIT` has passed (its wait for an idle CPU is not
+                    // bounded: on a busy machine it may not run in every case, and
+                    // `model_threads` asks it to have run in one case at least). Each pass ends
+                    // at a checkpoint.
+                    loop {
+                        for chunk in ops.chunks(CHECK) {
+                            if !sh.failed.load(Ordering::SeqCst) {
+                                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    chunk.iter().try_for_each(|op| mt_step(sh, t, op, &mut live, &mut fill))?;
+                                    live.iter().try_for_each(check_live)
+                                }));
+                                if let Err(e) = r.unwrap_or_else(|_| Err(format!("thread {t} panicked"))) {
+                                    sh.fail(format!("thread {t}: {e}"));
+                                }
+                            }
+                            if barrier.wait().is_leader() && !sh.failed.load(Ordering::SeqCst) {
+                                if let Err(e) = checkpoint(sh) {
+                                    sh.fail(format!("checkpoint: {e}"));
+                                }
+                                let s = sh.a.stats();
+                                let zeroed = s.zeroed_background_bytes > 0 || t0.elapsed() > ZEROING_WAIT;
+                                let done = s.report_batches > 0 && zeroed;
+                                sh.again.store(!done && t0.elapsed() < Duration::from_secs(180), Ordering::SeqCst);
+                            }
+                            barrier.wait();
+                        }
+                        if sh.failed.load(Ordering::SeqCst) || !sh.again.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        // Every thread idle at once for a moment: the workers step only while a
+                        // CPU is idle, and these threads alone would keep both CPUs busy.
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    live
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    if let Some(e) = sh.failure.lock().unwrap().take() {
+        return Err(e);
+    }
+    let s = sh.a.stats();
+    if s.report_batches == 0 {
+        return Err(format!("the reporter never ran beside the threads in 180 s:\n{s}"));
+    }
+    if s.zeroed_background_bytes > 0 {
+        ZEROING_CASES.fetch_add(1, Ordering::Relaxed);
+    }
+    // The threads are gone (their caches drained at exit): free what is left, from here.
+    let pool = std::mem::take(&mut *sh.pool.lock().unwrap());
+    for l in left.into_iter().flatten().chain(pool) {
+        check_live(&l)?;
+        sh.a.free(l.addr as *mut u8).map_err(|e| e.to_string())?;
+        release(&sh, &l);
+    }
+    checkpoint(&sh)?;
+    let s = sh.a.stats();
+    if s.bytes_in_use != 0 || s.live_blocks != 0 || s.alloc_calls != s.free_calls {
+        return Err(format!("blocks left after every free:\n{s}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn model_threads() {
+    let config = ProptestConfig { cases: 24, max_shrink_iters: 32, source_file: Some(file!()), ..ProptestConfig::default() };
+    let ops = (8usize..80).prop_flat_map(|n| prop::collection::vec(prop::collection::vec(mt_op(), n), THREADS));
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    if let Err(e) = runner.run(&ops, |ops| run_threads(&ops).map_err(TestCaseError::fail)) {
+        panic!("{e}");
+    }
+    assert!(ZEROING_CASES.load(Ordering::Relaxed) > 0, "the zeroing worker zeroed nothing beside the threads in any case");
 }
