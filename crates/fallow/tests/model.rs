@@ -282,7 +282,7 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
             if zero && !all_zero(p as *const u8, len) {
                 return Err(format!("ZERO block {p:#x}+{len} holds data"));
             }
-            if populate && fallow::os::resident_pages(p, len) != Ok(len / 4096) {
+            if populate && os::resident_pages(p, len) != Ok(len / 4096) {
                 return Err(format!("POPULATE block {p:#x}+{len} not resident"));
             }
             *fill = fill.wrapping_add(1).max(1);
@@ -314,11 +314,13 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
                 return Err(format!("madvise {:#x}: {}", l.addr, std::io::Error::last_os_error()));
             }
             // Not read again (that would fault the pages back in): checked gone by `mincore`.
-            let r = fallow::os::resident_pages(l.addr, l.len);
+            let r = os::resident_pages(l.addr, l.len);
             if r != Ok(0) {
                 return Err(format!("block {:#x} still resident after MADV_DONTNEED: {r:?}", l.addr));
             }
-            a.free_reported(l.addr as *mut u8).map_err(|e| format!("free_reported {:#x}: {e}", l.addr))?;
+            // SAFETY: the block is this thread's, live, and its pages were just dropped from the
+            // page tables (`MADV_DONTNEED`, checked by `mincore`): they read zero and are not resident.
+            unsafe { a.free_reported(l.addr as *mut u8) }.map_err(|e| format!("free_reported {:#x}: {e}", l.addr))?;
             release(sh, &l);
         }
         MtOp::Resize { idx, pages } => {
@@ -374,8 +376,8 @@ fn checkpoint(sh: &Shared) -> Result<(), String> {
     if s.live_blocks != blocks || s.bytes_in_use != bytes {
         return Err(format!("{blocks} blocks of {bytes} bytes live, stats say {} of {}", s.live_blocks, s.bytes_in_use));
     }
-    if s.free_pages() * 4096 + s.bytes_in_use + s.isolated_pages * 4096 != s.reserved_bytes {
-        return Err(format!("free + in use + isolated != reserved:\n{s}"));
+    if s.free_pages() * 4096 + s.bytes_in_use + s.slack_bytes + s.isolated_pages * 4096 != s.reserved_bytes {
+        return Err(format!("free + in use + slack + isolated != reserved:\n{s}"));
     }
     Ok(())
 }
