@@ -130,7 +130,7 @@ struct BenchArgs {
     #[arg(long, value_enum, default_value = "auto")]
     enforce: experiments::Enforce,
     /// reuse: the largest request of each size in the sweep, comma-separated (default
-    /// 256KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
+    /// 512KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
     #[arg(long, value_parser = parse_sizes)]
     sizes: Option<SizeList>,
     /// reuse: malloc, calloc, or both (comma-separated; default both).
