@@ -137,17 +137,8 @@ impl Arena {
     /// Free `[pfn, pfn + n)`, whose pages may be in several free states, as runs of one state
     /// (O(n) state reads; the half records of the merged blocks are written as they merge).
     pub fn free_by_runs(&mut self, pfn: u32, n: u32, t: u32) {
-        let (end, states) = (pfn + n, self.states());
-        let mut p = pfn;
-        while p < end {
-            let s = states.get(p);
-            let mut q = p + 1;
-            while q < end && states.get(q) == s {
-                q += 1;
-            }
-            self.free_range(p, q - p, s, t);
-            p = q;
-        }
+        // `States` is a copy of the array's address: the closure may borrow the arena.
+        self.states().for_each_run(pfn, n, |p, len, s| self.free_range(p, len, s, t));
     }
 
     /// Counts of the two halves of the free or isolated block `(pfn, order)` whose counts are `c`.
