@@ -20,6 +20,7 @@
 //! - `cache`: per-thread page caches, the lock-free fast path;
 //! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
 //! - `start`: `StartGate`, the creation of a process-wide allocator on first use;
+//! - `sync`: the atomics and futex of `worker`, swapped for loom's in the model checks;
 //! - `config`, `error`, `stats`;
 //! - `binding_support`: the few internals that fallow's other crates and examples use.
 //!
@@ -46,11 +47,21 @@ pub(crate) mod page;
 pub(crate) mod report;
 pub(crate) mod start;
 pub(crate) mod stats;
+pub(crate) mod sync;
 pub(crate) mod worker;
 pub(crate) mod zero;
 
 #[doc(hidden)]
 pub mod binding_support;
+
+/// Only in a build with `--cfg loom` (`make test-loom`): the protocol code that `tests/loom.rs`
+/// model-checks, running on loom's atomics and futex model (`sync.rs`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_support {
+    pub use crate::sync::{futex_wait, futex_wake_all};
+    pub use crate::worker::{Worker, ABSENT, IDLE, KICKED, NAPPING, RUNNING};
+}
 
 pub use config::{Backing, Config, ReportMode, Tunables};
 pub use error::Error;

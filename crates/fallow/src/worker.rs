@@ -23,9 +23,11 @@
 //! - Starting a thread uses `pthread_create` directly: no Rust heap allocation (the preload
 //!   library's `malloc` may be the one that ends up here).
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
-
 use crate::os::{self, BackgroundPolicy};
+// `core`'s atomics and `os`'s futex; loom's under `--cfg loom` (`tests/loom.rs` model-checks the
+// word protocol below with this very code).
+use crate::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use crate::sync::{futex_wait, futex_wake_all};
 
 /// No thread (never started, disabled at start, or a `fork` child).
 pub const ABSENT: u32 = 4;
@@ -53,7 +55,8 @@ pub struct Worker {
 pub type Entry = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
 
 impl Worker {
-    pub const fn new(name: &'static [u8]) -> Worker {
+    /// (Not a `const fn`: loom's atomics have no const constructor.)
+    pub fn new(name: &'static [u8]) -> Worker {
         Worker {
             word: AtomicU32::new(ABSENT),
             stop: AtomicBool::new(false),
@@ -131,14 +134,14 @@ impl Worker {
             }
         }
         if old == IDLE || old == NAPPING {
-            os::futex_wake_all(&self.word);
+            futex_wake_all(&self.word);
         }
     }
 
     /// Wake the worker if it sleeps idle (the free path; the caller has seen `IDLE`).
     pub fn wake_idle(&self) {
         if self.word.compare_exchange(IDLE, KICKED, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-            os::futex_wake_all(&self.word);
+            futex_wake_all(&self.word);
         }
     }
 
@@ -150,7 +153,7 @@ impl Worker {
     /// `nap`, telling whether it ended by a kick (tunables changed, stop) rather than the time.
     pub fn nap_unless_kicked(&self, ns: u64) -> bool {
         if self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
-            os::futex_wait(&self.word, NAPPING, Some(ns));
+            futex_wait(&self.word, NAPPING, Some(ns));
         }
         // One swap: a kick that lands after the wait is seen here, never overwritten.
         self.word.swap(RUNNING, Ordering::SeqCst) == KICKED
@@ -161,24 +164,30 @@ impl Worker {
     pub fn idle(&self, timeout_ns: u64, has_work: impl FnOnce() -> bool) {
         // (On a failed exchange the word was KICKED: do not sleep.)
         let announced = self.word.compare_exchange(RUNNING, IDLE, Ordering::SeqCst, Ordering::Relaxed).is_ok();
-        // A stop whose kick an earlier nap consumed: `stop_and_join` sets the flag before it
+        // A stop whose kick an earlier nap consumed: `request_stop` sets the flag before it
         // kicks, so either the flag is seen here or the kick finds `IDLE` and wakes us.
         if announced && !self.stopping() && !has_work() {
-            os::futex_wait(&self.word, IDLE, Some(timeout_ns));
+            futex_wait(&self.word, IDLE, Some(timeout_ns));
         }
         self.word.store(RUNNING, Ordering::SeqCst);
     }
 
-    /// Stop and join the thread (the last allocator handle is going away).
     /// A safety net for `idle`: wake once a minute even if a wake-up were ever missed.
     pub const IDLE_MAX_NS: u64 = 60_000_000_000;
 
+    /// Ask the thread to stop: the flag first, then a kick, so that a worker whose nap consumed
+    /// the kick still sees the flag in `idle` (see there).
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// Stop and join the thread (the last allocator handle is going away).
     pub fn stop_and_join(&self) {
         if !self.running() {
             return;
         }
-        self.stop.store(true, Ordering::Release);
-        self.kick();
+        self.request_stop();
         let tid = self.thread.swap(0, Ordering::AcqRel);
         if tid != 0 {
             // SAFETY: `tid` is a thread this process created and nobody else joins (the swap above took it).
