@@ -20,10 +20,11 @@ pub use self::model::{futex_wait, futex_wake_all};
 /// bucket). `futex_wait` checks the word under the mutex and sleeps only if it still holds the
 /// value the caller saw; `futex_wake_all` takes the mutex after the caller changed the word and
 /// wakes every sleeper. So a wake cannot fall between a waiter's check and its sleep: what
-/// `FUTEX_WAIT`'s atomic check-and-sleep in the kernel provides. Timeouts are not modelled: a
-/// timed wait sleeps until woken, so a lost wake-up shows as a deadlock, which loom reports.
-/// (A timeout only adds early returns, which every caller handles as a wake-up.) A wake of
-/// another word wakes this one's sleepers too: a spurious wake-up, which a futex may also have.
+/// `FUTEX_WAIT`'s atomic check-and-sleep in the kernel provides. There is no clock: a timed
+/// wait sleeps until woken, so a lost wake-up shows as a deadlock, which loom reports. A model
+/// that needs a timeout (a nap that ends on its own) adds a thread that calls `futex_wake_all`,
+/// which loom then runs at every possible moment. A wake of another word wakes this one's
+/// sleepers too: a spurious wake-up, which a futex may also have.
 #[cfg(loom)]
 mod model {
     use loom::sync::atomic::{AtomicU32, Ordering};

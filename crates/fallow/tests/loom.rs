@@ -102,8 +102,10 @@ fn a_free_that_makes_work_never_misses_an_idle_worker() {
 }
 
 /// `stop_and_join`'s `request_stop` (flag, then kick) races with a worker that naps and then
-/// goes idle (as `report::run` does after a `Wait`): a kick that the nap consumed still stops
-/// it, because `idle` reads the flag after announcing `IDLE`. A lost stop is a deadlock.
+/// goes idle without looking at the flag in between (`report::run`: `IdleGate::wait` naps while
+/// no CPU is idle, a kick ends it, the batch finds nothing, `idle`): a kick that the nap consumed
+/// still stops it, because `idle` reads the flag after announcing `IDLE`. A lost stop is a
+/// deadlock.
 #[test]
 fn a_stop_is_never_lost_by_a_nap_then_idle() {
     model(|| {
@@ -111,10 +113,11 @@ fn a_stop_is_never_lost_by_a_nap_then_idle() {
         let w2 = w.clone();
         let worker = thread::spawn(move || {
             while !w2.stopping() {
-                w2.nap(NAP_NS);
-                if w2.stopping() {
-                    break;
+                // IdleGate::wait, one nap (it stops napping at a kick).
+                if !w2.stopping() {
+                    w2.nap_unless_kicked(NAP_NS);
                 }
+                // report_one_batch: nothing to report; caches_step: nothing to drain.
                 w2.idle(Worker::IDLE_MAX_NS, || false);
             }
         });
@@ -124,15 +127,19 @@ fn a_stop_is_never_lost_by_a_nap_then_idle() {
 }
 
 /// A kick racing with a nap (tunables changed, `IdleGate::wait`) is reported by that nap or,
-/// if it landed after the nap's swap, by the next one, which then does not sleep.
+/// if it landed after the nap's swap, by the next one, which then does not sleep. The nap's
+/// timeout is a third thread: a futex wake that no kick caused, at any moment (the futex model
+/// has no clock), so the first nap may also end on its own just before the kick lands.
 #[test]
 fn a_kick_racing_a_nap_is_seen_by_it_or_the_next() {
     model(|| {
         let w = started_worker();
-        let w2 = w.clone();
+        let (w2, w3) = (w.clone(), w.clone());
         let worker = thread::spawn(move || w2.nap_unless_kicked(NAP_NS) || w2.nap_unless_kicked(NAP_NS));
+        let timeout = thread::spawn(move || futex_wake_all(&w3.word));
         w.kick();
         assert!(worker.join().unwrap(), "a kick was lost");
+        timeout.join().unwrap();
     });
 }
 
