@@ -397,7 +397,7 @@ impl States {
         // The number of zero bytes of `v`, whose bytes are all below 0x80 (states are 0..=4):
         // adding 0x7f to a byte sets its top bit exactly when the byte is not zero, and carries
         // nothing into the next byte.
-        let zero_bytes = |v: u64| 8 - ((v + 0x7f * ONES) & 0x80 * ONES).count_ones();
+        let zero_bytes = |v: u64| 8 - ((v + 0x7f * ONES) & (0x80 * ONES)).count_ones();
         let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
         // SAFETY: as in `fill_bytes`: `[pfn, pfn + n)` is inside the array (checked) and a block
         // whose bytes the caller owns, so no other thread writes them while they are read.
@@ -409,9 +409,9 @@ impl States {
             if v == PageState::Dirty as u64 * ONES {
                 continue;
             }
-            z += zero_bytes(v ^ PageState::Zeroed as u64 * ONES);
-            r += zero_bytes(v ^ PageState::Reported as u64 * ONES);
-            l += zero_bytes(v ^ PageState::LazyFree as u64 * ONES);
+            z += zero_bytes(v ^ (PageState::Zeroed as u64 * ONES));
+            r += zero_bytes(v ^ (PageState::Reported as u64 * ONES));
+            l += zero_bytes(v ^ (PageState::LazyFree as u64 * ONES));
         }
         for i in (words * 8)..n {
             // SAFETY: `i < n` (above).
@@ -513,7 +513,7 @@ mod tests {
                 x ^= x >> 7;
                 x ^= x << 17;
                 // Mostly dirty in some rounds, uniform states in others, any free state.
-                let v = if round % 3 == 0 && x % 8 != 0 { PageState::Dirty as u8 } else { (x % 4) as u8 };
+                let v = if round % 3 == 0 && !x.is_multiple_of(8) { PageState::Dirty as u8 } else { (x % 4) as u8 };
                 b.store(v, Ordering::Relaxed);
             }
             let (start, n) = ((x >> 8) as u32 % 150, (x >> 24) as u32 % 150);

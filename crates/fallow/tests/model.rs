@@ -276,7 +276,7 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
             }
             let p = a.alloc(size, align, flags).map_err(|e| format!("alloc {size}: {e}"))?.as_ptr() as usize;
             let len = size.div_ceil(4096) * 4096;
-            if p % align != 0 {
+            if !p.is_multiple_of(align) {
                 return Err(format!("block {p:#x} not aligned to {align}"));
             }
             if zero && !all_zero(p as *const u8, len) {
