@@ -19,6 +19,9 @@ const MALLOC_ALIGN: usize = 16;
 
 pub struct LibcHeap;
 
+// SAFETY: every method forwards to glibc's allocator, which returns blocks of at least the size
+// asked, aligned to 16 (`malloc`) or to the alignment asked (`memalign`), that stay valid until
+// freed, and never unwinds; blocks are freed and resized only by the same allocator.
 unsafe impl GlobalAlloc for LibcHeap {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if l.align() <= MALLOC_ALIGN {
@@ -67,6 +70,8 @@ pub unsafe fn libc_usable_size(p: *mut c_void) -> usize {
     static FN: AtomicUsize = AtomicUsize::new(0);
     let mut f = FN.load(Ordering::Acquire);
     if f == 0 {
+        // SAFETY: dlopen and dlsym get NUL-terminated C string literals; RTLD_NOLOAD only looks up the
+        // libc.so.6 already mapped in this process, and a null handle is checked before dlsym.
         unsafe {
             let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
             if !h.is_null() {
@@ -79,6 +84,10 @@ pub unsafe fn libc_usable_size(p: *mut c_void) -> usize {
         }
         FN.store(f, Ordering::Release);
     }
+    // SAFETY: `f` is non-zero, so it is the address dlsym returned for glibc's `malloc_usable_size`,
+    // whose C type is `size_t (*)(void *)`: this function pointer type.
     let f: unsafe extern "C" fn(*mut c_void) -> usize = unsafe { core::mem::transmute(f) };
+    // SAFETY: the caller promises `p` is null or a live pointer of glibc's heap (this function's `# Safety`),
+    // which is `malloc_usable_size`'s contract.
     unsafe { f(p) }
 }

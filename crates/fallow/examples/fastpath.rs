@@ -58,18 +58,23 @@ struct Global<A: GlobalAlloc + Sync>(A);
 impl<A: GlobalAlloc + Sync> Peer for Global<A> {
     #[inline]
     fn alloc(&self, size: usize) -> *mut u8 {
+        // SAFETY: `size` is a benchmark size (at least one page), so the layout is non-zero and 4096 is a power
+        // of two no larger than the size: what `GlobalAlloc::alloc` and the unchecked layout require.
         let p = unsafe { self.0.alloc(Layout::from_size_align_unchecked(size, 4096)) };
         assert!(!p.is_null());
         p
     }
     #[inline]
     fn free(&self, p: *mut u8, size: usize) {
+        // SAFETY: `p` came from this peer's `alloc(size)` (every caller in this file frees the block it just
+        // allocated, with the same size), so the layout is the one it was allocated with.
         unsafe { self.0.dealloc(p, Layout::from_size_align_unchecked(size, 4096)) }
     }
 }
 
 fn thread_cpu_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a writable `timespec` that outlives the call; the clock id is a valid constant.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
@@ -85,6 +90,8 @@ fn run(p: &dyn Peer, size: usize, threads: usize, iters: usize) -> (f64, f64) {
                     // Warm up this thread's state (caches, arenas) outside the timing.
                     for _ in 0..64 {
                         let b = p.alloc(size);
+                        // SAFETY: `b` is a live block of `size` >= 1 byte just returned by `p.alloc` (non-null, checked there),
+                        // owned by this thread until the free below.
                         unsafe { b.write_volatile(1) };
                         p.free(b, size);
                     }
@@ -92,6 +99,7 @@ fn run(p: &dyn Peer, size: usize, threads: usize, iters: usize) -> (f64, f64) {
                     let (t0, c0) = (Instant::now(), thread_cpu_ns());
                     for i in 0..iters {
                         let b = black_box(p.alloc(size));
+                        // SAFETY: as in the warm-up: `b` is a live block of at least one byte, ours until the free.
                         unsafe { b.write_volatile(i as u8) };
                         p.free(b, size);
                     }
@@ -264,6 +272,7 @@ fn burst(p: &Fallow, threads: usize, size: usize, n: usize, reps: usize) -> (f64
                     for _ in 0..reps {
                         for _ in 0..n {
                             let b = p.alloc(size);
+                            // SAFETY: `b` is a live block of `size` >= 1 byte from `p.alloc`, owned by this thread until the drain frees it.
                             unsafe { b.write_volatile(1) };
                             v.push(b);
                         }
@@ -294,6 +303,7 @@ fn count(peer: &str, size: usize, n: usize) {
     };
     for i in 0..n {
         let b = black_box(p.alloc(size));
+        // SAFETY: `b` is a live block of `size` >= 1 byte just returned by `p.alloc`, freed only after the write.
         unsafe { b.write_volatile(i as u8) };
         p.free(b, size);
     }

@@ -8,6 +8,7 @@ fn main() {
     let len = 256 << 20;
     let p = a.alloc(len, 4096, Flags::ZERO).expect("alloc");
     println!("== 256 MiB ZERO allocation of never-touched memory (reported: no memset)\n{}\n", a.stats());
+    // SAFETY: `p` is a live block of `len` bytes (the allocation above), owned here until the free below.
     unsafe { std::ptr::write_bytes(p.as_ptr(), 0xa5, len) };
     a.free(p.as_ptr()).expect("free");
     println!("== after writing and freeing it (dirty)\n{}\n", a.stats());

@@ -44,9 +44,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn touch(p: *mut u8, len: usize, byte: u8) {
+/// Write `byte` to the first byte of each page of `p..p + len`.
+///
+/// # Safety
+/// `p..p + len` is a live block that the caller owns (no other reference to it exists).
+unsafe fn touch(p: *mut u8, len: usize, byte: u8) {
     let mut off = 0;
     while off < len {
+        // SAFETY: the caller promises `p..p + len` is a live block it owns (`touch`'s `# Safety`), and `off < len`.
         unsafe { p.add(off).write_volatile(byte) };
         off += PAGE;
     }
@@ -62,6 +67,7 @@ fn config(max_order: u8, t: Tunables) -> Config {
 fn prefaulted(size: usize, max_order: u8, t: Tunables) -> Allocator {
     let a = Allocator::new(Config { arena_size: size, max_order, tunables: t, ..Config::default() }).unwrap();
     let p = a.alloc(size, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is the live block of `size` bytes just allocated, owned here until the free below.
     unsafe { core::ptr::write_bytes(p, 0x33, size) };
     a.free(p).unwrap();
     a
@@ -72,6 +78,7 @@ fn resident_fall(max_order: u8, t: Tunables) -> (f64, f64, u64, u64) {
     let a = Allocator::new(config(max_order, t)).unwrap();
     let len = 4 * GIB;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is the live block of `len` bytes just allocated, owned here until the free below.
     unsafe { core::ptr::write_bytes(p, 0x11, len) };
     let t0 = Instant::now();
     a.free(p).unwrap();
@@ -99,6 +106,7 @@ fn obtain_fallow(zeroing: bool) -> (f64, f64, u64) {
     let t = Tunables { zeroing, ..Tunables::default() };
     let a = prefaulted(GIB, 18, t);
     let p = a.alloc(GIB, PAGE, Flags::ZERO | Flags::POPULATE).unwrap().as_ptr();
+    // SAFETY: `p` is the live 1 GiB block just allocated, owned here until the free below.
     unsafe { core::ptr::write_bytes(p, 0x5a, GIB) };
     let cpu0 = os::process_cpu_ns();
     a.free(p).unwrap();
@@ -109,7 +117,8 @@ fn obtain_fallow(zeroing: bool) -> (f64, f64, u64) {
     }
     let t0 = Instant::now();
     let q = a.alloc(GIB, PAGE, Flags::ZERO | Flags::POPULATE).unwrap().as_ptr();
-    touch(q, GIB, 1);
+    // SAFETY: `q` is the live 1 GiB block just allocated, owned here until the free below.
+    unsafe { touch(q, GIB, 1) };
     let wall = ms(t0.elapsed());
     let cpu = (os::process_cpu_ns() - cpu0) as f64 / 1e6;
     let memset = a.stats().zeroed_on_alloc_bytes - memset0;
@@ -118,14 +127,18 @@ fn obtain_fallow(zeroing: bool) -> (f64, f64, u64) {
 }
 
 fn obtain_glibc() -> (f64, f64) {
+    // SAFETY: each `calloc(1, GIB)` is checked non-null, so it is a live 1 GiB block that only this
+    // function knows; each is written (and touched) before it is freed, and freed once.
     unsafe {
         let p = libc::calloc(1, GIB) as *mut u8;
+        assert!(!p.is_null());
         core::ptr::write_bytes(p, 0x5a, GIB);
         let cpu0 = os::process_cpu_ns();
         libc::free(p as *mut _);
         std::thread::sleep(Duration::from_secs(1));
         let t0 = Instant::now();
         let q = libc::calloc(1, GIB) as *mut u8;
+        assert!(!q.is_null());
         touch(q, GIB, 1);
         let wall = ms(t0.elapsed());
         let cpu = (os::process_cpu_ns() - cpu0) as f64 / 1e6;
@@ -151,6 +164,7 @@ fn cache_cold(size: usize, prezeroed: bool) -> f64 {
     let mut samples = Vec::new();
     for round in 0..15 {
         let p = a.alloc(size, PAGE, Flags::NONE).unwrap().as_ptr();
+        // SAFETY: `p` is the live block of `size` bytes just allocated, owned here until the free below.
         unsafe { core::ptr::write_bytes(p, round as u8 | 1, size) };
         a.free(p).unwrap();
         if prezeroed {
@@ -164,6 +178,8 @@ fn cache_cold(size: usize, prezeroed: bool) -> f64 {
         std::hint::black_box(s);
         let t0 = Instant::now();
         let q = a.alloc(size, PAGE, Flags::ZERO).unwrap().as_ptr();
+        // SAFETY: `q` is a live block of `size` bytes (a multiple of 8), page-aligned, zeroed by `Flags::ZERO`
+        // (so every u64 is initialized), and owned here until the free below; no other reference to it exists.
         let words = unsafe { std::slice::from_raw_parts_mut(q as *mut u64, size / 8) };
         let mut acc = 0u64;
         for w in words.iter_mut().step_by(8) {
@@ -189,6 +205,7 @@ fn bandwidth_beside_zeroing(zeroing: bool) -> (f64, f64, f64) {
     let arr = vec![3u64; (512 << 20) / 8];
     let len = 4 * GIB;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is the live block of `len` bytes just allocated, owned here until the free below.
     unsafe { core::ptr::write_bytes(p, 0x77, len) };
     let cpu0 = os::process_cpu_ns();
     a.free(p).unwrap();
