@@ -3,6 +3,8 @@
 //! run loop live here; the peers in `peers.rs`, the experiments in `experiments/`, measuring in
 //! `measure.rs`, tables and files in `report.rs`, charts in `plot.rs`.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod experiments;
 mod measure;
 mod peers;

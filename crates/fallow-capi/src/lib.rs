@@ -8,6 +8,8 @@
 //!   the error path either.
 //! - Nothing here allocates on the alloc/free paths (the core does not either).
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 // The safety contracts of these functions are those of their C declarations (fallow.h).
 #![allow(clippy::missing_safety_doc)]
 

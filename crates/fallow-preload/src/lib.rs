@@ -9,6 +9,8 @@
 //! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
 //!   that no Rust code in this library comes back through the interposed `malloc`.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 // The safety contracts of the exported functions are those of malloc(3) and friends.
 #![allow(clippy::missing_safety_doc)]
 

@@ -33,6 +33,8 @@
 //! a.free(p.as_ptr()).unwrap();
 //! ```
 
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub(crate) mod arena;
 pub(crate) mod buddy;
 pub(crate) mod cache;
