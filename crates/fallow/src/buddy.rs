@@ -376,7 +376,7 @@ impl Arena {
     pub fn mark_live(&mut self, pfn: u32, npages: u32, flags: u8) {
         let m = self.meta(pfn);
         let w = m.word();
-        m.set_word(w.with(Tag::Alloc, (w.flags() & !META_FREED_START) | flags, npages));
+        m.set_word(w.with(Tag::Alloc, (w.flags() & !(META_FREED_START | META_SLACK)) | flags, npages));
     }
 
     /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`

@@ -1018,13 +1018,15 @@ impl ThreadCache {
             return; // see "Validation" at the top
         }
         ar.meta(pfn).set_tag(Tag::None);
-        if e.mixed() {
+        let n = 1u32 << o;
+        if e.mixed() && m.counts().uniform_state(n).is_none() {
             // The pages' states are the entry's counts, but the half records inside the block
             // may be stale (a block with slack came back with its live part `Dirty`): list it
             // by runs of one state, which writes them anew.
-            ar.free_by_runs(pfn, 1 << o, now);
+            ar.free_by_runs(pfn, n, now);
         } else {
-            ar.free_block(pfn, o as u8, StateCounts::default(), now);
+            // One state (all dirty, or a whole zeroed or reported block): no half records.
+            ar.free_block(pfn, o as u8, m.counts(), now);
         }
     }
 
@@ -1392,6 +1394,7 @@ pub(crate) fn lock_owners_out(a: &Allocator) -> Option<FrozenHeap<'_>> {
 pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
     let mut in_use = h.counters.in_use_pages;
     let mut slack = h.counters.slack_pages;
+    let mut live = s.live_blocks;
     for c in h.caches.iter() {
         let (blocks, p) = c.gauges();
         for class in 0..CLASSES {
@@ -1408,7 +1411,7 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
         s.alloc_calls += ah;
         s.free_calls += fh;
         s.cache_hits += ah + fh;
-        s.live_blocks = s.live_blocks.wrapping_add(ah).wrapping_sub(fh);
+        live = live.wrapping_add(ah).wrapping_sub(fh);
         in_use = in_use.wrapping_sub(c.pages.get().wrapping_sub(c.accounted.get()));
         slack = slack.wrapping_add(c.slack.get());
         let ev = &c.events;
@@ -1416,7 +1419,14 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
         s.zeroed_on_alloc_bytes += ev.zeroed_on_alloc_bytes.get();
         s.reused_reported_bytes += ev.reused_reported_bytes.get();
     }
-    s.bytes_in_use = in_use.wrapping_sub(slack) << PAGE_SHIFT;
+    // Another thread's counters are read one after another while it runs: a hit caught between
+    // two of its stores may make a sum briefly negative (a free counted before its allocation,
+    // slack before the block it belongs to). Clamp, as the gauges do.
+    let nonneg = |v: u64| (v as i64).max(0) as u64;
+    let (in_use, slack) = (nonneg(in_use), nonneg(slack));
+    let slack = slack.min(in_use);
+    s.live_blocks = nonneg(live);
+    s.bytes_in_use = (in_use - slack) << PAGE_SHIFT;
     s.slack_bytes = slack << PAGE_SHIFT;
 }
 

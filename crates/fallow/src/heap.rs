@@ -24,7 +24,7 @@ use crate::config::{Config, Tunables};
 use crate::error::Error;
 use crate::lock::Locked;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED};
+use crate::page::{BlockMeta, Class, PageState, StateCounts, Tag, META_FREED_START, META_LOCKED, META_SLACK};
 use crate::stats::{ReclaimCounters, Stats};
 use crate::worker::{self, Worker};
 
@@ -350,9 +350,12 @@ impl Heap {
         while q > 0 {
             q -= 1;
             let mq = a.meta(q);
+            let w = mq.word();
             match mq.tag() {
                 Tag::None => continue,
-                Tag::Alloc if q + mq.npages() > pfn => return Err(Error::InteriorPointer { addr, block: a.addr(q) }),
+                Tag::Alloc if q + w.npages() > pfn => return Err(Error::InteriorPointer { addr, block: a.addr(q) }),
+                // The slack of a live block: its records may be stale, flags included.
+                Tag::Alloc if w.flags() & META_SLACK != 0 && q + (1u32 << w.order()) > pfn => return Err(Error::InvalidPointer { addr }),
                 _ => break,
             }
         }

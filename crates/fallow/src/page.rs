@@ -201,7 +201,6 @@ pub enum Tag {
 /// Flags of [`BlockMeta::flags`].
 pub const META_FREED_START: u8 = 1; // an allocation that started here was freed (double-free check)
 pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
-#[allow(dead_code)]
 /// A live block served by a per-thread cache for a request of fewer pages than its aligned block
 /// (`2^order`, the order byte): its pages past `npages` are its slack, on no list, their state
 /// bytes keeping their free states until the block is freed (cache.rs, "Slack").
@@ -312,10 +311,6 @@ impl BlockMeta {
     pub fn flags(&self) -> u8 {
         self.word().flags()
     }
-    #[inline(always)]
-    pub fn npages(&self) -> u32 {
-        self.word().npages()
-    }
     /// Whether this is the first page of a free listed block of `order` (one load, one compare).
     #[inline(always)]
     pub fn is_free_of_order(&self, order: u8) -> bool {
@@ -414,8 +409,9 @@ impl HitWord {
     /// `alloc_bits(npages)` (precomputed per order on the allocation hit path).
     #[inline(always)]
     pub(crate) fn handed_out(self, bits: u64) -> HitWord {
-        // Keep order, class and every flag but `FREED_START`; `bits` brings tag and page count.
-        HitWord((self.0 & (0xffff_ff00 & !((META_FREED_START as u64) << 16))) | bits)
+        // Keep order, class and every flag but `FREED_START` and `SLACK`; `bits` brings tag and
+        // page count.
+        HitWord((self.0 & (0xffff_ff00 & !(((META_FREED_START | META_SLACK) as u64) << 16))) | bits)
     }
     /// A cached block handed out for a request of `npages` pages, fewer than its `2^order`: tag
     /// `Alloc`, order `order`, `META_SLACK` added and `META_FREED_START` cleared (class kept).
@@ -458,7 +454,7 @@ mod tests {
                 // order 3, class 2, a stale page count
                 let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
                 for n in [1u32, 2, 8, 512] {
-                    let slow = w.with(Tag::Alloc, w.flags() & !META_FREED_START, n);
+                    let slow = w.with(Tag::Alloc, w.flags() & !(META_FREED_START | META_SLACK), n);
                     assert_eq!(w.handed_out(HitWord::alloc_bits(n)), slow);
                 }
                 let locked = flags & META_LOCKED != 0;

@@ -20,7 +20,7 @@ pub struct Stats {
     /// Bytes in live blocks (page-rounded).
     pub bytes_in_use: u64,
     /// Bytes past the request in live blocks that a per-thread cache served whole (a request of
-    /// 65..128 pages gets a block of 128): unused, their pages keep their free states, and they
+    /// 65..127 pages gets a block of 128): unused, their pages keep their free states, and they
     /// come back with the block.
     pub slack_bytes: u64,
     pub live_blocks: u64,

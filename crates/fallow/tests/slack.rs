@@ -1,5 +1,5 @@
 //! Slack: a request of a cached order that is not a power of two of pages is served whole from
-//! a per-thread cache (65..128 pages get a block of 128), its pages past the request kept in
+//! a per-thread cache (65..127 pages get a block of 128), its pages past the request kept in
 //! their free states until the block is freed. These tests check the states, the counters and
 //! the validation on every path a block with slack can take: back into the cache, the locked
 //! path, `free_reported`, `resize_in_place`, a double free and pointers into the slack.
@@ -7,6 +7,9 @@
 mod common;
 
 use common::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use fallow::{Allocator, Config, Error, Flags, PageState, Tunables};
 
 const PAGE: usize = 4096;
@@ -153,5 +156,45 @@ fn blocks_with_slack_freed_by_another_thread() {
     })
     .join()
     .unwrap();
+    all_returned(&a);
+}
+
+#[test]
+fn a_pointer_into_the_slack_is_not_a_double_free() {
+    let a = Allocator::new(cfg()).unwrap();
+    // Blocks of 4 pages freed (records with FREED_START all over), then the pages taken again as
+    // one block of 65 pages and its slack.
+    let v: Vec<*mut u8> = (0..32).map(|_| a.alloc(4 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr()).collect();
+    for p in &v {
+        a.free(*p).unwrap();
+    }
+    a.drain_thread_cache();
+    let q = a.alloc(65 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    let r = a.free(q.wrapping_add(68 * PAGE));
+    assert!(matches!(r, Err(Error::InvalidPointer { .. })), "{r:?}");
+    a.free(q).unwrap();
+    all_returned(&a);
+}
+
+#[test]
+fn stats_read_during_slack_frees_never_wrap() {
+    let a = Allocator::new(cfg()).unwrap();
+    let pairs = Arc::new(AtomicU64::new(0));
+    let (b, n) = (a.clone(), pairs.clone());
+    // The other thread's counters move while this one reads them: its pairs, not a timing, bound
+    // the test.
+    const PAIRS: u64 = 2_000_000;
+    let t = std::thread::spawn(move || {
+        while n.load(Ordering::Relaxed) < PAIRS {
+            let p = b.alloc(65 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+            b.free(p).unwrap();
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    while pairs.load(Ordering::Relaxed) < PAIRS {
+        let s = a.stats();
+        assert!(s.bytes_in_use <= s.reserved_bytes && s.slack_bytes <= s.reserved_bytes && s.live_blocks <= 1, "{s}");
+    }
+    t.join().unwrap();
     all_returned(&a);
 }
