@@ -4,6 +4,8 @@
 //! `measure.rs`, tables and files in `report.rs`, charts in `plot.rs`.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::missing_safety_doc)]
 
 mod experiments;
 mod measure;

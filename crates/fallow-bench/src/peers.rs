@@ -343,7 +343,7 @@ impl Peer {
         }
         // SAFETY: `p` is readable for `old` bytes (the contract above), `q` is a fresh block of
         // `new` bytes, distinct from `p` since `p` is still live; `old.min(new)` fits both.
-        core::ptr::copy_nonoverlapping(p, q, old.min(new));
+        unsafe { core::ptr::copy_nonoverlapping(p, q, old.min(new)) };
         // SAFETY: `p` is this peer's live block of `old` bytes (the contract above), copied and
         // not used again.
         unsafe { self.free(p, old) };

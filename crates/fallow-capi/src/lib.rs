@@ -9,9 +9,8 @@
 //! - Nothing here allocates on the alloc/free paths (the core does not either).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
-
-// The safety contracts of these functions are those of their C declarations (fallow.h).
-#![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::missing_safety_doc)]
 
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -100,9 +99,10 @@ pub unsafe extern "C" fn fallow_config_init(c: *mut FallowConfig) {
         return;
     }
     let d = Config::default();
+    let init = FallowConfig { arena_size: d.arena_size, max_order: d.max_order as u32, thp: d.thp as c_int, backing: 0 };
     // SAFETY: `c` is not null (checked above) and writable (the contract); `FallowConfig` has no
     // drop glue, so overwriting whatever it held is fine.
-    *c = FallowConfig { arena_size: d.arena_size, max_order: d.max_order as u32, thp: d.thp as c_int, backing: 0 };
+    unsafe { *c = init };
 }
 
 /// # Safety
@@ -116,7 +116,7 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     }
     let mut config = Config::default();
     // SAFETY: `c` is null (then `None`) or points to an initialised `FallowConfig` (the contract).
-    if let Some(c) = c.as_ref() {
+    if let Some(c) = unsafe { c.as_ref() } {
         if c.max_order > 255 {
             return fail(libc::EINVAL, format_args!("bad setting max_order: must be between 0 and 30"));
         }
@@ -140,8 +140,9 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     }
     match Allocator::new(config) {
         Ok(a) => {
+            let handle = Box::into_raw(Box::new(a));
             // SAFETY: `out` is not null (checked above) and writable (the contract).
-            *out = Box::into_raw(Box::new(a));
+            unsafe { *out = handle };
             0
         }
         Err(e) => fail_with(e),
@@ -157,7 +158,7 @@ pub unsafe extern "C" fn fallow_destroy(a: *mut Allocator) {
     if !a.is_null() {
         // SAFETY: a non-null `a` is the `Box` that `fallow_create` leaked, destroyed once and
         // used by no one else (the contract).
-        drop(Box::from_raw(a));
+        drop(unsafe { Box::from_raw(a) });
     }
 }
 
@@ -165,7 +166,7 @@ macro_rules! handle {
     ($a:expr, $f:literal) => {
         // SAFETY: every use is in a function whose contract makes `$a` null or a live handle
         // from `fallow_create` (a leaked `Box<Allocator>`, shared immutably).
-        match $a.as_ref() {
+        match unsafe { $a.as_ref() } {
             Some(a) => a,
             None => return fail(libc::EINVAL, format_args!(concat!($f, ": allocator is NULL"))),
         }
@@ -195,12 +196,12 @@ pub unsafe extern "C" fn fallow_alloc(
     match a.alloc(size, align, Flags(flags)) {
         Ok(p) => {
             // SAFETY: `out` is not null (checked above) and writable (the contract).
-            *out = p.as_ptr() as *mut c_void;
+            unsafe { *out = p.as_ptr() as *mut c_void };
             0
         }
         Err(e) => {
-            // SAFETY: as above.
-            *out = ptr::null_mut();
+            // SAFETY: `out` is not null (checked above) and writable (the contract).
+            unsafe { *out = ptr::null_mut() };
             fail_with(e)
         }
     }
@@ -249,7 +250,7 @@ pub unsafe extern "C" fn fallow_resize_in_place(
         Ok(done) => {
             if !resized.is_null() {
                 // SAFETY: not null (just checked) and writable (the contract).
-                *resized = done as c_int;
+                unsafe { *resized = done as c_int };
             }
             0
         }
@@ -263,7 +264,7 @@ pub unsafe extern "C" fn fallow_resize_in_place(
 #[no_mangle]
 pub unsafe extern "C" fn fallow_usable_size(a: *mut Allocator, p: *const c_void) -> usize {
     // SAFETY: `a` is null or a live handle from `fallow_create` (the contract).
-    match a.as_ref() {
+    match unsafe { a.as_ref() } {
         Some(a) => a.usable_size(p as *const u8).unwrap_or(0),
         None => 0,
     }
@@ -275,7 +276,7 @@ pub unsafe extern "C" fn fallow_usable_size(a: *mut Allocator, p: *const c_void)
 #[no_mangle]
 pub unsafe extern "C" fn fallow_owns(a: *const Allocator, p: *const c_void) -> c_int {
     // SAFETY: `a` is null or a live handle from `fallow_create` (the contract).
-    match a.as_ref() {
+    match unsafe { a.as_ref() } {
         Some(a) => a.owns(p as *const u8) as c_int,
         None => 0,
     }
@@ -290,7 +291,7 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
     let a = handle!(a, "fallow_stats_read");
     // SAFETY: `out` is null (then `None`) or points to a writable `FallowStats` (the contract),
     // which nothing else accesses during the call.
-    let Some(out) = out.as_mut() else {
+    let Some(out) = (unsafe { out.as_mut() }) else {
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
     };
     let s = a.stats();
@@ -429,7 +430,9 @@ fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> 
 #[no_mangle]
 pub unsafe extern "C" fn fallow_set_tunable(a: *mut Allocator, name: *const c_char, value: u64) -> c_int {
     let a = handle!(a, "fallow_set_tunable");
-    let name = match tunable_name(name, "fallow_set_tunable") {
+    // SAFETY: `name` is null or a readable NUL-terminated string (this function's contract), as
+    // `tunable_name` requires.
+    let name = match unsafe { tunable_name(name, "fallow_set_tunable") } {
         Ok(t) => t,
         Err(code) => return code,
     };
@@ -450,10 +453,13 @@ pub unsafe extern "C" fn fallow_get_tunable(a: *mut Allocator, name: *const c_ch
     if value.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_get_tunable: value is NULL"));
     }
-    match tunable_name(name, "fallow_get_tunable") {
+    // SAFETY: `name` is null or a readable NUL-terminated string (this function's contract), as
+    // `tunable_name` requires.
+    match unsafe { tunable_name(name, "fallow_get_tunable") } {
         Ok(t) => {
+            let v = get_field(&a.tunables(), t);
             // SAFETY: `value` is not null (checked above) and writable (the contract).
-            *value = get_field(&a.tunables(), t);
+            unsafe { *value = v };
             0
         }
         Err(code) => code,

@@ -50,6 +50,12 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
     a.alloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)
 }
 
+/// `malloc(3)`: large requests from fallow, the rest (and what fallow cannot serve) from glibc.
+///
+/// # Safety
+///
+/// Any `size` is sound; the block returned is the caller's, to be released only through `free`,
+/// `realloc` and friends (malloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
     if let Some(a) = for_request(size, MIN_ALIGN) {
@@ -57,9 +63,15 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
             return p;
         }
     }
-    __libc_malloc(size)
+    // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
+    unsafe { __libc_malloc(size) }
 }
 
+/// `calloc(3)`: as `malloc`, zeroed; `n * size` overflowing is `ENOMEM`.
+///
+/// # Safety
+///
+/// Any `n` and `size` are sound; the block returned is the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
@@ -69,9 +81,16 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
             return p;
         }
     }
-    __libc_calloc(n, size)
+    // SAFETY: glibc's `calloc` takes any `n` and `size` (it checks the product itself).
+    unsafe { __libc_calloc(n, size) }
 }
 
+/// `free(3)`: fallow's pointers (by address) to fallow, which validates them; others to glibc.
+///
+/// # Safety
+///
+/// `p` is null or a live block from this family of functions, not used afterwards (free(3)'s
+/// contract). A pointer inside fallow's reservation that is not a live block aborts.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() {
@@ -83,15 +102,28 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
                 die("free", &e)
             }
         }
-        None => __libc_free(p),
+        // SAFETY: `p` is not null and not in fallow's reservation, so by the caller's contract it
+        // is a live glibc block, released once.
+        None => unsafe { __libc_free(p) },
     }
 }
 
+/// The old `cfree`: `free`.
+///
+/// # Safety
+///
+/// As `free`.
 #[no_mangle]
 pub unsafe extern "C" fn cfree(p: *mut c_void) {
-    free(p)
+    // SAFETY: the caller's contract is `free`'s.
+    unsafe { free(p) }
 }
 
+/// `malloc_usable_size(3)`: fallow's block size, or glibc's answer.
+///
+/// # Safety
+///
+/// `p` is null or a live block from this family of functions (malloc_usable_size(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
@@ -102,44 +134,66 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
             Some(n) => n,
             None => die("malloc_usable_size", &Error::InvalidPointer { addr: p as usize }),
         },
-        None => libc_usable_size(p),
+        // SAFETY: `p` is not null and not fallow's, so by the caller's contract a live glibc block.
+        None => unsafe { libc_usable_size(p) },
     }
 }
 
+/// `realloc(3)`: fallow blocks through `remap::realloc_owned`; a glibc block moves to fallow when
+/// it grows past the threshold, and otherwise stays with glibc.
+///
+/// # Safety
+///
+/// `p` is null or a live block from this family of functions that nobody else uses during the
+/// call; once the call succeeds (or `size` is 0) only the block returned is the caller's
+/// (realloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
-        return malloc(size);
+        // SAFETY: `malloc` has no precondition on `size`; the caller owns what it returns.
+        return unsafe { malloc(size) };
     }
     if size == 0 {
         // glibc: realloc(p, 0) frees p and returns NULL.
-        free(p);
+        // SAFETY: `p` is a live block (the caller's contract), given up by this call.
+        unsafe { free(p) };
         return ptr::null_mut();
     }
     if let Some(a) = owner(p as *const u8) {
-        return remap::realloc_owned(a, p as *mut u8, size) as *mut c_void;
+        // SAFETY: `p` lies in `a`'s reservation and is, by the caller's contract, a block `a`
+        // handed out, unused by anyone else during the call; `size > 0`.
+        return unsafe { remap::realloc_owned(a, p as *mut u8, size) } as *mut c_void;
     }
     // A glibc block: stays with glibc unless it grows past the threshold.
     if let Some(a) = for_request(size, MIN_ALIGN) {
-        let old = libc_usable_size(p);
+        // SAFETY: `p` is not null and not fallow's, so a live glibc block (the caller's contract).
+        let old = unsafe { libc_usable_size(p) };
         if old < size {
             if let Some(q) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
                 // SAFETY: `p` is a live glibc block (realloc(3)'s contract; not fallow's, by
                 // address) usable for `old` bytes; `q` is a new fallow block of `size > old`
-                // bytes, distinct from `p`; `p` is freed right after and not used again.
-                ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old);
-                __libc_free(p);
+                // bytes, distinct from `p`.
+                unsafe { ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old) };
+                // SAFETY: `p` is a live glibc block, its bytes now in `q`; the caller gives it up.
+                unsafe { __libc_free(p) };
                 return q;
             }
         }
     }
-    __libc_realloc(p, size)
+    // SAFETY: `p` is a live glibc block (not null, not fallow's; the caller's contract).
+    unsafe { __libc_realloc(p, size) }
 }
 
+/// `reallocarray(3)`: `realloc(p, n * size)`, `ENOMEM` when the product overflows.
+///
+/// # Safety
+///
+/// As `realloc`.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
     match n.checked_mul(size) {
-        Some(total) => realloc(p, total),
+        // SAFETY: the caller's contract is `realloc`'s.
+        Some(total) => unsafe { realloc(p, total) },
         None => enomem(),
     }
 }
@@ -156,23 +210,32 @@ unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
             return p;
         }
     }
-    __libc_memalign(align, size)
+    // SAFETY: `align` is a power of two (this function's contract), as glibc's `memalign` wants.
+    unsafe { __libc_memalign(align, size) }
 }
 
+/// `posix_memalign(3)`: `EINVAL` for an alignment that is not a power of two at least
+/// `sizeof(void *)`; `errno` is left as it was.
+///
+/// # Safety
+///
+/// `out` points to a writable `void *` (posix_memalign(3)'s contract); the block stored there is
+/// the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
     if !align.is_power_of_two() || align < core::mem::size_of::<usize>() {
         return libc::EINVAL;
     }
     let saved = fallow::binding_support::errno();
-    let p = aligned(align, size);
+    // SAFETY: `align` is a power of two (checked above).
+    let p = unsafe { aligned(align, size) };
     if p.is_null() && size != 0 {
         let e = fallow::binding_support::errno();
         fallow::binding_support::set_errno(saved);
         return if e == 0 { libc::ENOMEM } else { e };
     }
     // SAFETY: posix_memalign(3)'s contract: `out` points to a writable `void *`.
-    *out = p;
+    unsafe { *out = p };
     0
 }
 
@@ -184,10 +247,16 @@ fn round_align(align: usize) -> Option<usize> {
     align.checked_next_power_of_two()
 }
 
+/// `memalign(3)`: an alignment that is not a power of two is rounded up to one, as glibc does.
+///
+/// # Safety
+///
+/// Any `align` and `size` are sound; the block returned is the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     match round_align(align) {
-        Some(al) => aligned(al, size),
+        // SAFETY: `round_align` returns a power of two.
+        Some(al) => unsafe { aligned(al, size) },
         None => {
             fallow::binding_support::set_errno(libc::EINVAL);
             ptr::null_mut()
@@ -195,21 +264,39 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     }
 }
 
+/// `aligned_alloc(3)`: `memalign` (glibc accepts any alignment here too).
+///
+/// # Safety
+///
+/// As `memalign`.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    memalign(align, size)
+    // SAFETY: `memalign` has no precondition on its arguments; the caller owns what it returns.
+    unsafe { memalign(align, size) }
 }
 
+/// `valloc(3)`: page-aligned.
+///
+/// # Safety
+///
+/// Any `size` is sound; the block returned is the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    aligned(fallow::binding_support::PAGE_SIZE, size)
+    // SAFETY: the page size is a power of two.
+    unsafe { aligned(fallow::binding_support::PAGE_SIZE, size) }
 }
 
+/// `pvalloc(3)`: page-aligned, the size rounded up to whole pages (at least one).
+///
+/// # Safety
+///
+/// Any `size` is sound; the block returned is the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
     let page = fallow::binding_support::PAGE_SIZE;
     match size.checked_add(page - 1) {
-        Some(s) => aligned(page, (s & !(page - 1)).max(page)),
+        // SAFETY: the page size is a power of two.
+        Some(s) => unsafe { aligned(page, (s & !(page - 1)).max(page)) },
         None => enomem(),
     }
 }
@@ -244,6 +331,6 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
     }
     // SAFETY: `out` is writable for `n >= k` aligned `u64`s (the contract above); `v` is a local
     // array of at least `k` values, so the two do not overlap.
-    ptr::copy_nonoverlapping(v.as_ptr(), out, k);
+    unsafe { ptr::copy_nonoverlapping(v.as_ptr(), out, k) };
     k
 }

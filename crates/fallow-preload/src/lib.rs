@@ -10,9 +10,8 @@
 //!   that no Rust code in this library comes back through the interposed `malloc`.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
-
-// The safety contracts of the exported functions are those of malloc(3) and friends.
-#![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::missing_safety_doc)]
 
 pub mod entry;
 pub mod env;

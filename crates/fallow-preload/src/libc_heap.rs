@@ -25,36 +25,54 @@ pub struct LibcHeap;
 unsafe impl GlobalAlloc for LibcHeap {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if l.align() <= MALLOC_ALIGN {
-            __libc_malloc(l.size()) as *mut u8
+            // SAFETY: glibc's `malloc` takes any size, and its blocks are 16-aligned, enough for `l`.
+            unsafe { __libc_malloc(l.size()) as *mut u8 }
         } else {
-            __libc_memalign(l.align(), l.size()) as *mut u8
+            // SAFETY: a `Layout`'s alignment is a power of two, as glibc's `memalign` wants.
+            unsafe { __libc_memalign(l.align(), l.size()) as *mut u8 }
         }
     }
 
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         if l.align() <= MALLOC_ALIGN {
-            __libc_calloc(1, l.size()) as *mut u8
+            // SAFETY: glibc's `calloc` takes any size, and its blocks are 16-aligned, enough for `l`.
+            unsafe { __libc_calloc(1, l.size()) as *mut u8 }
         } else {
-            let p = self.alloc(l);
+            // SAFETY: `l` is the caller's layout, with the non-zero size `GlobalAlloc::alloc_zeroed`
+            // promises, which is `alloc`'s precondition too.
+            let p = unsafe { self.alloc(l) };
             if !p.is_null() {
-                core::ptr::write_bytes(p, 0, l.size());
+                // SAFETY: `p` is a fresh block of at least `l.size()` bytes, not yet shared.
+                unsafe { core::ptr::write_bytes(p, 0, l.size()) };
             }
             p
         }
     }
 
     unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
-        __libc_free(p as *mut c_void)
+        // SAFETY: `p` is a live block of this allocator (`GlobalAlloc::dealloc`'s contract), so one
+        // of glibc's `malloc`, `calloc`, `memalign` or `realloc`, which `free` releases.
+        unsafe { __libc_free(p as *mut c_void) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
         if l.align() <= MALLOC_ALIGN {
-            return __libc_realloc(p as *mut c_void, new_size) as *mut u8;
+            // SAFETY: `p` is a live glibc block (`GlobalAlloc::realloc`'s contract); glibc's
+            // `realloc` keeps the 16-byte alignment that is enough for `l.align()`.
+            return unsafe { __libc_realloc(p as *mut c_void, new_size) as *mut u8 };
         }
-        let q = self.alloc(Layout::from_size_align_unchecked(new_size, l.align()));
+        // SAFETY: `l.align()` is a valid alignment and the caller guarantees `new_size`, rounded up
+        // to it, does not overflow `isize` (`GlobalAlloc::realloc`'s contract).
+        let nl = unsafe { Layout::from_size_align_unchecked(new_size, l.align()) };
+        // SAFETY: `nl` has the non-zero size the caller of `realloc` guarantees.
+        let q = unsafe { self.alloc(nl) };
         if !q.is_null() {
-            core::ptr::copy_nonoverlapping(p, q, l.size().min(new_size));
-            __libc_free(p as *mut c_void);
+            // SAFETY: `p` is valid for `l.size()` bytes (the caller's contract) and `q`, a new
+            // block, for `new_size`; they are distinct blocks.
+            unsafe { core::ptr::copy_nonoverlapping(p, q, l.size().min(new_size)) };
+            // SAFETY: `p` is a live glibc block (the caller's contract), its bytes now in `q`; the
+            // caller does not use it after a successful `realloc`.
+            unsafe { __libc_free(p as *mut c_void) };
         }
         q
     }

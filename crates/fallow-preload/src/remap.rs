@@ -62,7 +62,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
             // SAFETY: `p` is the caller's live block of `old` bytes (`usable_size` vouched for it)
             // and `q` a new block of `size > old` bytes (`resize_in_place` shrinks every block
             // that is not `mlock`ed, and the preload locks none), page-aligned both, and distinct.
-            if old >= MOVE_MIN && move_pages(p, q, old) {
+            if old >= MOVE_MIN && unsafe { move_pages(p, q, old) } {
                 // SAFETY: `move_pages` took every page of `p` away with `MREMAP_DONTUNMAP`: the range
                 // is still mapped, with no pages behind it, so it reads zero and is not resident.
                 if let Err(e) = unsafe { a.free_reported(p) } {
@@ -70,7 +70,9 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
                 }
                 MOVES.fetch_add(1, Ordering::Relaxed);
             } else {
-                ptr::copy_nonoverlapping(p, q, old.min(size));
+                // SAFETY: `p` is valid for `old` bytes (`usable_size` vouched for it, and the caller
+                // lets nobody else use it) and `q` for `size`; distinct blocks.
+                unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
                 if let Err(e) = a.free(p) {
                     die("realloc", &e)
                 }
@@ -80,12 +82,15 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
         }
     }
     // Leaving fallow (below the threshold, above the largest block, or fallow is exhausted).
-    let q = __libc_malloc(size) as *mut u8;
+    // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
+    let q = unsafe { __libc_malloc(size) } as *mut u8;
     if q.is_null() {
         fallow::binding_support::set_errno(libc::ENOMEM);
         return q;
     }
-    ptr::copy_nonoverlapping(p, q, old.min(size));
+    // SAFETY: `p` is the caller's live block of `old` bytes (`usable_size` vouched for it) and `q`
+    // a new glibc block of `size` bytes; distinct.
+    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
     if let Err(e) = a.free(p) {
         die("realloc", &e)
     }
@@ -104,7 +109,10 @@ unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
         return false;
     }
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | MREMAP_DONTUNMAP;
-    let r = libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void);
+    // SAFETY: both ranges are page-aligned parts of fallow's private anonymous arena that nobody
+    // else uses (this function's contract): replacing `to`'s pages and emptying `from` is what the
+    // caller asked for, and `MREMAP_FIXED` only ever lands on `to`, which the caller owns.
+    let r = unsafe { libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void) };
     if r == libc::MAP_FAILED {
         if fallow::binding_support::errno() == libc::EINVAL {
             // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.

@@ -190,7 +190,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
                 }
             }
             // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
-            None => System.dealloc(p, layout),
+            None => unsafe { System.dealloc(p, layout) },
         }
     }
 
@@ -198,7 +198,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
         let old = layout.size();
         // SAFETY: `layout.align()` is a valid alignment and the caller guarantees `new_size`, rounded
         // up to it, does not overflow `isize` (`GlobalAlloc::realloc`'s contract).
-        let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+        let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         if let Some(a) = self.owner(p) {
             // Stays large: try in place first (grows into free pages after it, shrink gives the
             // tail back).
@@ -210,16 +210,22 @@ unsafe impl GlobalAlloc for FallowAlloc {
                 }
             }
         } else if old < self.threshold && new_size < self.threshold {
-            // SAFETY: `p` is not fallow's and was small, so `System` allocated it with `layout`.
-            return System.realloc(p, layout, new_size);
+            // SAFETY: `p` is not fallow's and was small, so `System` allocated it with `layout`; the
+            // caller's contract for `new_size` is `System.realloc`'s own.
+            return unsafe { System.realloc(p, layout, new_size) };
         }
-        let q = self.alloc(new_layout);
+        // SAFETY: `new_layout` has a non-zero size: `GlobalAlloc::realloc`'s caller guarantees
+        // `new_size > 0`.
+        let q = unsafe { self.alloc(new_layout) };
         if q.is_null() {
             return q;
         }
-        // SAFETY: `p` is valid for `old` bytes and `q`, a new block, for `new_size`; they are distinct.
-        ptr::copy_nonoverlapping(p, q, old.min(new_size));
-        self.dealloc(p, layout);
+        // SAFETY: `p` is valid for `old` bytes (the caller's contract: a live block of `layout`) and
+        // `q`, a new block, for `new_size`; they are distinct blocks.
+        unsafe { ptr::copy_nonoverlapping(p, q, old.min(new_size)) };
+        // SAFETY: `p` is a live block of this allocator with `layout` (the caller's contract), its
+        // contents now copied; the caller will not use it again (`realloc` succeeded).
+        unsafe { self.dealloc(p, layout) };
         q
     }
 }

@@ -34,6 +34,8 @@
 //! ```
 
 #![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::missing_safety_doc)]
 
 pub(crate) mod arena;
 pub(crate) mod buddy;

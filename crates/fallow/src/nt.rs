@@ -32,16 +32,19 @@ pub fn threshold() -> usize {
 /// The range is writable memory that nobody else accesses meanwhile.
 pub unsafe fn zero(addr: usize, len: usize) {
     if len >= threshold() {
-        zero_streaming(addr, len)
+        // SAFETY: the caller's range, under the same contract.
+        unsafe { zero_streaming(addr, len) }
     } else {
-        zero_cached(addr, len)
+        // SAFETY: the caller's range, under the same contract.
+        unsafe { zero_cached(addr, len) }
     }
 }
 
 /// # Safety
 /// As `zero`.
 pub unsafe fn zero_cached(addr: usize, len: usize) {
-    core::ptr::write_bytes(addr as *mut u8, 0, len);
+    // SAFETY: the caller's range is writable and nobody else accesses it (the contract of `zero`).
+    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
 }
 
 /// # Safety
@@ -52,31 +55,43 @@ pub unsafe fn zero_streaming(addr: usize, len: usize) {
     let start = (addr + 15) & !15;
     let end = (addr + len) & !15;
     if start >= end {
-        return zero_cached(addr, len);
+        // SAFETY: the caller's whole range, under the same contract.
+        return unsafe { zero_cached(addr, len) };
     }
-    zero_cached(addr, start - addr);
-    let z = _mm_setzero_si128();
+    // SAFETY: `[addr, start)` is the head of the caller's range (`start < end <= addr + len`).
+    unsafe { zero_cached(addr, start - addr) };
+    // SAFETY: SSE2 is part of the x86-64 baseline: every x86-64 CPU has the instruction.
+    let z = unsafe { _mm_setzero_si128() };
     let mut p = start;
     while p + 64 <= end {
-        _mm_stream_si128(p as *mut __m128i, z);
-        _mm_stream_si128((p + 16) as *mut __m128i, z);
-        _mm_stream_si128((p + 32) as *mut __m128i, z);
-        _mm_stream_si128((p + 48) as *mut __m128i, z);
+        // SAFETY: `[p, p + 64)` lies in `[start, end)`, inside the caller's writable, unshared range;
+        // `p` is 16-aligned (`start` is, and `p` moves by 64), as `movntdq` requires; SSE2 is baseline.
+        unsafe {
+            _mm_stream_si128(p as *mut __m128i, z);
+            _mm_stream_si128((p + 16) as *mut __m128i, z);
+            _mm_stream_si128((p + 32) as *mut __m128i, z);
+            _mm_stream_si128((p + 48) as *mut __m128i, z);
+        }
         p += 64;
     }
     while p < end {
-        _mm_stream_si128(p as *mut __m128i, z);
+        // SAFETY: `[p, p + 16)` lies in `[start, end)` (`end` is 16-aligned too), inside the caller's
+        // range; `p` is 16-aligned; SSE2 is baseline.
+        unsafe { _mm_stream_si128(p as *mut __m128i, z) };
         p += 16;
     }
-    _mm_sfence();
-    zero_cached(end, addr + len - end);
+    // SAFETY: SSE2 is baseline on x86-64; the fence has no memory-safety precondition.
+    unsafe { _mm_sfence() };
+    // SAFETY: `[end, addr + len)` is the tail of the caller's range (`end <= addr + len`).
+    unsafe { zero_cached(end, addr + len - end) };
 }
 
 /// # Safety
 /// As `zero`.
 #[cfg(not(target_arch = "x86_64"))]
 pub unsafe fn zero_streaming(addr: usize, len: usize) {
-    zero_cached(addr, len)
+    // SAFETY: the caller's range, under the same contract.
+    unsafe { zero_cached(addr, len) }
 }
 
 /// Time both methods once per process and set `THRESHOLD` (a measurement: see the top). Costs
