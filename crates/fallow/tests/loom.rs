@@ -27,12 +27,21 @@ use loom::thread;
 
 /// Run `f` under loom. The preemption bound comes from `LOOM_MAX_PREEMPTIONS` (the Makefile
 /// sets 4); without it, 4 here too, so that a bare `cargo test` stays quick (seconds).
+/// Prints how many executions (interleavings and load outcomes) loom explored.
 fn model(f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(4);
     }
-    b.check(f);
+    // A plain std atomic: counted across loom's executions, outside the model.
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = runs.clone();
+    b.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f()
+    });
+    let name = std::thread::current().name().unwrap_or("model").to_string();
+    println!("{name}: {} executions explored", runs.load(std::sync::atomic::Ordering::Relaxed));
 }
 
 // ---- The worker word (worker.rs, the real code) ----
