@@ -1,6 +1,7 @@
 //! Per-thread page caches (issue 5): hits without the lock, frees from another thread, thread exit
 //! returning every cached page, drain requests, double free of a cached block, zero-state kept in
 //! the cache, allocators dropped while threads still hold cache entries.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -29,7 +30,9 @@ fn all_returned(a: &Allocator) {
     let top: u64 = (0..3).map(|c| s.free_blocks[c][a.config().max_order as usize]).sum();
     assert_eq!(top * a.max_block() as u64, s.reserved_bytes, "{s}");
     a.check_invariants().unwrap();
-    check_free_states(a).unwrap();
+    // SAFETY: every caller in this file has joined each other thread that used `a` first (a drainer, if any,
+    // only requests drains), so no thread allocates from `a` meanwhile.
+    unsafe { check_free_states(a) }.unwrap();
 }
 
 #[test]
@@ -38,6 +41,7 @@ fn hits_take_the_fast_path_and_stats_fold_per_thread_counters() {
     for _ in 0..1000 {
         for size in [4096, 8192, 16384, 32768] {
             let p = a.alloc(size, 4096, Flags::NONE).unwrap().as_ptr();
+            // SAFETY: `p` is a live block of at least 4096 bytes from `alloc` above, not yet freed.
             unsafe { p.write(1) };
             a.free(p).unwrap();
         }
@@ -51,7 +55,8 @@ fn hits_take_the_fast_path_and_stats_fold_per_thread_counters() {
     assert!(s.cache_refills <= 4, "{s}");
     assert!(s.cache_hits >= 8000 - 4, "{s}");
     a.check_invariants().unwrap();
-    check_free_states(&a).unwrap();
+    // SAFETY: `a` is used by this thread only.
+    unsafe { check_free_states(&a) }.unwrap();
     // Cached memory counts as free, by state, and in the per-order table.
     assert_eq!(s.free_pages() * 4096 + s.bytes_in_use + s.slack_bytes, s.reserved_bytes);
     a.drain_thread_cache();
@@ -83,9 +88,11 @@ fn free_on_another_thread_what_one_thread_allocated() {
                     let zero = i % 3 == 0;
                     let p = a.alloc(size, 4096, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
                     if zero {
-                        assert!(all_zero(p, size));
+                        // SAFETY: `p` is a live block of `size` bytes just allocated, not yet sent to the consumer.
+                        assert!(unsafe { all_zero(p, size) });
                     }
                     let v = round.wrapping_mul(7).wrapping_add(i as u8) | 1;
+                    // SAFETY: `p` is that live block of `size` bytes, not yet sent.
                     unsafe { std::ptr::write_bytes(p, v, size) };
                     batch.push((p as usize, size, v));
                 }
@@ -103,7 +110,9 @@ fn free_on_another_thread_what_one_thread_allocated() {
         std::thread::spawn(move || {
             for batch in rx {
                 for (p, size, v) in batch {
-                    assert!(all_eq(p as *const u8, size, v), "block {p:#x} overwritten");
+                    // SAFETY: each entry of a batch is a live block of `size` bytes that the producer wrote before sending
+                    // and no longer touches; this thread alone frees it, below.
+                    assert!(unsafe { all_eq(p as *const u8, size, v) }, "block {p:#x} overwritten");
                     a.free(p as *mut u8).unwrap();
                     // A second free of a block now in this thread's cache is detected.
                     assert_eq!(a.free(p as *mut u8), Err(Error::DoubleFree { addr: p }));
@@ -133,6 +142,7 @@ fn thread_exit_returns_every_cached_page() {
                 for i in 0..2000usize {
                     let size = 4096 << ((i + t) % 4);
                     let p = a.alloc(size, 4096, Flags::NONE).unwrap().as_ptr();
+                    // SAFETY: `p` is a live block of at least 4096 bytes from `alloc` above, not yet freed.
                     unsafe { p.write(t as u8) };
                     held.push(p as usize);
                     if i % 3 != 0 {
@@ -197,6 +207,7 @@ fn double_and_invalid_frees_of_cached_blocks_are_detected() {
     assert_eq!(r, Err(Error::DoubleFree { addr: pu }));
     // Interior pages and a wrong size of a block of a cached order take the checked path.
     assert_eq!(
+        // SAFETY: `q` is a live block of 16384 bytes, so `q + 4096` is inside it.
         a.free(unsafe { q.add(4096) }),
         Err(Error::InteriorPointer { addr: q as usize + 4096, block: q as usize })
     );
@@ -230,13 +241,15 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
     let s = a.stats();
     assert_eq!((s.zero_skipped_bytes, s.zeroed_on_alloc_bytes), (4096, 0));
     assert!(s.free_reported_pages > 0 && s.cached_pages > 0);
+    // SAFETY: `p` is a live block of 4096 bytes from `alloc` above, not yet freed.
     unsafe { std::ptr::write_bytes(p, 0xab, 4096) };
     a.free(p).unwrap(); // dirty, in the cache
     // In the locked path's order of preference: a ZERO request takes a Zeroed block, else the
     // dirty block with a memset of exactly its page (cheaper than faulting a reported page in)...
     let z = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
     assert_eq!(z, p);
-    assert!(all_zero(z, 4096));
+    // SAFETY: `z` is a live 4096-byte block from `alloc` above, used by this thread only.
+    assert!(unsafe { all_zero(z, 4096) });
     assert_eq!(a.stats().zeroed_on_alloc_bytes, 4096);
     // ...and with no dirty block cached, reported memory, for plain and ZERO requests alike.
     let reused = a.stats().reused_reported_bytes;
@@ -244,7 +257,8 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
     assert_ne!(d, p);
     assert_eq!(a.stats().reused_reported_bytes, reused + 4096);
     let r = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
-    assert!(all_zero(r, 4096));
+    // SAFETY: `r` is a live 4096-byte block from `alloc` above, used by this thread only.
+    assert!(unsafe { all_zero(r, 4096) });
     assert_eq!(a.stats().zeroed_on_alloc_bytes, 4096);
     assert_eq!(a.stats().zero_skipped_bytes, 2 * 4096);
     a.free(z).unwrap();
@@ -257,6 +271,7 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
             a.free(p.as_ptr()).unwrap();
             break;
         }
+        // SAFETY: `p` is a live 4096-byte block from `alloc` above, freed only below.
         unsafe { std::ptr::write_bytes(p.as_ptr(), 0xcd, 4096) };
         all.push(p.as_ptr());
     }
@@ -269,7 +284,8 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
     let mut got = Vec::new();
     for _ in 0..300 {
         let p = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
-        assert!(all_zero(p, 4096), "ZERO block {p:?} holds data");
+        // SAFETY: `p` is a live 4096-byte block from `alloc` above, used by this thread only.
+        assert!(unsafe { all_zero(p, 4096) }, "ZERO block {p:?} holds data");
         got.push(p);
     }
     let after = a.stats();
@@ -281,7 +297,8 @@ fn cached_blocks_keep_their_page_states_for_zero_requests() {
         a.free(p).unwrap();
     }
     a.check_invariants().unwrap();
-    check_free_states(&a).unwrap();
+    // SAFETY: `a` is used by this thread only.
+    unsafe { check_free_states(&a) }.unwrap();
     a.drain_thread_cache();
     all_returned(&a);
 }
@@ -295,6 +312,7 @@ fn allocators_dropped_while_a_thread_holds_cache_entries() {
         for round in 0..3 {
             for a in &keep {
                 let p = a.alloc(4096 << (round % 4), 4096, Flags::NONE).unwrap().as_ptr();
+                // SAFETY: `p` is a live block of at least 4096 bytes from `alloc` above, not yet freed.
                 unsafe { p.write(1) };
                 a.free(p).unwrap();
             }
@@ -339,13 +357,15 @@ fn allocators_dropped_while_a_thread_holds_cache_entries() {
 fn page_states_of_cached_blocks_are_listed_by_free_runs() {
     let a = Allocator::new(cfg()).unwrap();
     let p = a.alloc(32768, 4096, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live 32 KiB block from `alloc` above, not yet freed.
     unsafe { std::ptr::write_bytes(p, 3, 32768) };
     a.free(p).unwrap();
     let runs = a.free_runs();
     assert!(runs.iter().any(|&(addr, len, s)| addr == p as usize && len == 32768 && s == PageState::Dirty));
     let total: usize = runs.iter().map(|r| r.1).sum();
     assert_eq!(total as u64, a.stats().free_pages() * 4096);
-    check_free_states(&a).unwrap();
+    // SAFETY: `a` is used by this thread only.
+    unsafe { check_free_states(&a) }.unwrap();
 }
 
 #[test]
@@ -391,19 +411,24 @@ fn blocks_passed_between_threads_while_drains_are_requested() {
                     let zero = i % 4 == 0;
                     let p = a.alloc(size, 4096, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
                     if zero {
-                        assert!(all_zero(p, size));
+                        // SAFETY: `p` is a live block of `size` bytes just allocated, not yet sent to the next thread.
+                        assert!(unsafe { all_zero(p, size) });
                     }
                     let v = (i as u8) | 1;
+                    // SAFETY: `p` is that live block of `size` bytes, not yet sent.
                     unsafe { std::ptr::write_bytes(p, v, size) };
                     tx.send((p as usize, size, v)).unwrap();
                     while let Ok((q, len, w)) = rx.try_recv() {
-                        assert!(all_eq(q as *const u8, len, w), "block {q:#x} overwritten");
+                        // SAFETY: a received block is live (`len` bytes), written by its sender before sending and no longer
+                        // touched by it; this thread alone frees it, below.
+                        assert!(unsafe { all_eq(q as *const u8, len, w) }, "block {q:#x} overwritten");
                         a.free(q as *mut u8).unwrap();
                     }
                 }
                 drop(tx);
                 for (q, len, w) in rx {
-                    assert!(all_eq(q as *const u8, len, w));
+                    // SAFETY: as above: a live block of `len` bytes, handed over to this thread.
+                    assert!(unsafe { all_eq(q as *const u8, len, w) });
                     a.free(q as *mut u8).unwrap();
                 }
             })
@@ -437,6 +462,8 @@ fn fork_child_keeps_working_with_other_threads_caches_frozen() {
     let p = a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr();
     a.free(p).unwrap();
     a.before_fork();
+    // SAFETY: `a.before_fork()` was called just above, so that the child (one thread) can take `a` over
+    // with `after_fork_child`; it uses nothing else and leaves by `_exit`.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
@@ -453,11 +480,13 @@ fn fork_child_keeps_working_with_other_threads_caches_frozen() {
             let s = a.stats();
             (s.bytes_in_use == 0 && s.cached_pages > 0).then_some(())
         })();
+        // SAFETY: leaves the child at once, without running the parent's test harness.
         unsafe { libc::_exit(if ok.is_some() { 0 } else { 1 }) };
     }
     // SAFETY: this thread called `before_fork` just before the `fork`.
     unsafe { a.after_fork_parent() };
     let mut status = 0;
+    // SAFETY: `pid` is the child forked above, not yet waited for; `status` is writable.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");
     hold_tx.send(()).unwrap();
@@ -480,6 +509,7 @@ fn thread_exit_then_reporting_gives_every_cached_page_back_to_the_kernel() {
                 for i in 0..600usize {
                     let size = 4096 << ((i + t) % 4);
                     let p = a.alloc(size, 4096, Flags::NONE).unwrap().as_ptr();
+                    // SAFETY: `p` is a live block of `size` bytes from `alloc` above, not yet freed.
                     unsafe { std::ptr::write_bytes(p, 0x5a, size) };
                     held.push(p as usize);
                 }
@@ -507,5 +537,6 @@ fn thread_exit_then_reporting_gives_every_cached_page_back_to_the_kernel() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     a.check_invariants().unwrap();
-    check_free_states(&a).unwrap();
+    // SAFETY: the threads that allocated from `a` have been joined above (its reporting worker may run).
+    unsafe { check_free_states(&a) }.unwrap();
 }

@@ -1,4 +1,5 @@
 //! Bad input: every misuse gets its own error naming the address, and the allocator keeps working.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -7,7 +8,8 @@ use fallow::{Config, Error, Flags};
 
 fn still_works(a: &fallow::Allocator) {
     let p = a.alloc(3 * 4096, 4096, Flags::ZERO).unwrap();
-    assert!(all_zero(p.as_ptr(), 3 * 4096));
+    // SAFETY: `p` is a live block of three pages from `alloc` above, used by this thread only.
+    assert!(unsafe { all_zero(p.as_ptr(), 3 * 4096) });
     a.free(p.as_ptr()).unwrap();
     a.check_invariants().unwrap();
 }
@@ -101,6 +103,7 @@ const CAP_IPC_LOCK: u32 = 14;
 fn capabilities() -> Option<[CapData; 2]> {
     let mut h = CapHeader { version: CAP_VERSION_3, pid: 0 };
     let mut d = [CapData::default(); 2];
+    // SAFETY: `h` and `d` are live, writable, of the layout `capget` v3 expects (a header and two data words).
     let r = unsafe { libc::syscall(libc::SYS_capget, &mut h as *mut CapHeader, d.as_mut_ptr()) };
     (r == 0).then_some(d)
 }
@@ -114,6 +117,7 @@ fn drop_cap_ipc_lock() -> bool {
         *set &= !(1 << CAP_IPC_LOCK);
     }
     let h = CapHeader { version: CAP_VERSION_3, pid: 0 };
+    // SAFETY: `h` and `d` are live and of the layout `capset` v3 reads (a header and two data words).
     if unsafe { libc::syscall(libc::SYS_capset, &h as *const CapHeader, d.as_ptr()) } != 0 {
         return false;
     }
@@ -129,6 +133,7 @@ fn lock_refused_gives_block_back() {
     const LIMIT: usize = 64 << 10;
     in_child(|| {
         let lim = libc::rlimit { rlim_cur: LIMIT as u64, rlim_max: LIMIT as u64 };
+        // SAFETY: `lim` is a valid rlimit; the limit applies to this forked child only.
         if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
             return Err("setrlimit(RLIMIT_MEMLOCK) failed".into());
         }
@@ -138,9 +143,12 @@ fn lock_refused_gives_block_back() {
         // The precondition, checked on memory of our own: mlock past the limit is refused.
         let len = 1 << 20;
         let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh private anonymous mapping, which aliases nothing; the result is checked below.
         let scratch = unsafe { libc::mmap(core::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
         assert_ne!(scratch, libc::MAP_FAILED);
+        // SAFETY: `scratch` is the `len`-byte mapping just created (not `MAP_FAILED`, asserted above).
         let refused = unsafe { libc::mlock(scratch, len) } != 0;
+        // SAFETY: `scratch` is that mapping of `len` bytes, which nothing refers to after this.
         unsafe { libc::munmap(scratch, len) };
         if !refused {
             return Err("mlock past RLIMIT_MEMLOCK still succeeds: the refusal cannot be reached here".into());
@@ -182,18 +190,23 @@ fn lock_refused_gives_block_back() {
 fn exhaustion_is_an_error_not_a_crash() {
     // In a child whose address space is capped, a request past the cap fails with OutOfMemory
     // (ENOMEM), and the allocator serves smaller requests afterwards.
+    // SAFETY: the child uses only its own allocator `a` (created after the fork, on its one thread) and
+    // leaves by `_exit`.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let a = small();
         let lim = libc::rlimit { rlim_cur: 3 << 30, rlim_max: 3 << 30 };
+        // SAFETY: `lim` is a valid rlimit; the limit applies to this forked child only.
         unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) };
         let r = a.alloc(4 << 30, 4096, Flags::NONE);
         let ok = matches!(r, Err(e @ Error::OutOfMemory { .. }) if e.errno() == libc::ENOMEM)
             && a.alloc(1 << 20, 4096, Flags::ZERO).is_ok()
             && a.check_invariants().is_ok();
+        // SAFETY: leaves the child at once, without running the parent's test harness.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     let mut status = 0;
+    // SAFETY: `pid` is the child forked above, not yet waited for; `status` is writable.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
 }

@@ -1,5 +1,6 @@
 //! `FallowAlloc` as the global allocator of this test binary: everything the test harness and
 //! std allocate goes through it, small to `System`, large to fallow.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::Arc;
 use std::thread;

@@ -1,6 +1,7 @@
 //! `FallowAlloc` at program start: threads whose first large requests race while the allocator
 //! is being created all get fallow memory (the ones that find it being created wait for it).
 //! A test binary of its own, with one test, so that nothing has created the allocator before.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::{Arc, Barrier};
 

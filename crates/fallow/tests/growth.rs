@@ -1,5 +1,6 @@
 //! Growth: threads that find the heap full at the same moment install one arena between them, not
 //! one each (`Allocator::grow` re-checks under the lock and gives a surplus reservation back).
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -32,6 +33,7 @@ fn race(a: &Allocator) -> Vec<usize> {
                 sc.spawn(move || {
                     barrier.wait();
                     let p = a.alloc(len, 4096, Flags::NONE).unwrap().as_ptr();
+                    // SAFETY: `p` is a live block of `len` bytes from `alloc` just above, not yet freed.
                     unsafe { core::ptr::write_bytes(p, t as u8 + 1, len) };
                     p as usize
                 })
@@ -55,7 +57,8 @@ fn threads_that_find_the_heap_full_together_install_one_arena() {
         assert_eq!(s.live_blocks, THREADS as u64 + 1, "round {round}");
         a.check_invariants().unwrap();
         for (t, &p) in blocks.iter().enumerate() {
-            assert!(all_eq(p as *const u8, len, t as u8 + 1), "round {round}: block of thread {t} overwritten");
+            // SAFETY: `p` is a live block of `len` bytes from `race` (its threads joined), freed only below.
+            assert!(unsafe { all_eq(p as *const u8, len, t as u8 + 1) }, "round {round}: block of thread {t} overwritten");
             a.free(p as *mut u8).unwrap();
         }
         a.free(first as *mut u8).unwrap();
@@ -90,7 +93,8 @@ fn a_request_the_new_arena_cannot_serve_still_grows() {
             let big = b.join().unwrap();
             (small.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>(), big)
         });
-        assert!(all_zero(big as *const u8, 3 * ARENA), "round {round}");
+        // SAFETY: `big` is a live block of `3 * ARENA` bytes, and its allocating thread has been joined.
+        assert!(unsafe { all_zero(big as *const u8, 3 * ARENA) }, "round {round}");
         let s = a.stats();
         assert_eq!(s.arenas, 3, "round {round}: {} arenas for three small requests and one of three arenas' size", s.arenas);
         assert_eq!(s.reserved_bytes, 5 * ARENA as u64, "round {round}");

@@ -4,6 +4,7 @@
 //!
 //! Each case runs in a forked child, which sets the limit on itself; the child reports what went
 //! wrong on stderr and through its exit status.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use fallow::{Allocator, Config, Error, Flags};
 

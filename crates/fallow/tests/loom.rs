@@ -16,6 +16,7 @@
 //!   (an `#[ignore]`d test, run in a child process by `fails_in_child`), and loom must fail it,
 //!   so that a model that stopped finding anything fails the suite.
 #![cfg(loom)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
@@ -199,7 +200,9 @@ impl Cache {
     /// locked path (the lists, under the lock; never the entries).
     fn owner_call(&self, lock: &Mutex<()>, fenced: bool) {
         if self.enter(fenced) {
-            // SAFETY: the handshake says nobody else is in the entries; loom checks it.
+            // SAFETY: `e` is the cell's own pointer, valid for the closure; between `enter` (which saw
+            // `frozen` clear after its fence) and `leave` no drainer or checker touches the entries
+            // (the handshake this model proves; loom fails a racing access).
             self.entries.with_mut(|e| unsafe { *e += 1 });
             self.leave();
         } else {
@@ -220,7 +223,9 @@ fn drain_unanswered(c: &Cache, lock: &Mutex<()>) -> bool {
     let mut drained = false;
     if c.frozen.load(Relaxed) != 0 {
         if c.busy.load(Acquire) == 0 {
-            // SAFETY: the owner is kept out; loom checks it.
+            // SAFETY: `e` is the cell's own pointer, valid for the closure; with `frozen` set, fenced,
+            // and `busy` seen clear, the owner stays out of the entries until the thaw (the handshake
+            // this model proves; loom fails a racing access).
             c.entries.with_mut(|e| unsafe { *e = 0 });
             drained = true;
         }
@@ -239,7 +244,9 @@ fn check_entries(c: &Cache, lock: &Mutex<()>) -> bool {
         fence(SeqCst); // crate::os::membarrier()
         let read = c.busy.load(Acquire) == 0;
         if read {
-            // SAFETY: the owner is kept out; loom checks it.
+            // SAFETY: `e` is the cell's own pointer, valid for the closure; with `frozen` set, fenced,
+            // and `busy` seen clear, the owner does not write the entries until the thaw (the
+            // handshake this model proves; loom fails a racing access).
             c.entries.with(|e| unsafe { *e });
         }
         c.frozen.store(0, Release); // FrozenHeap::drop, still under the lock
@@ -354,14 +361,18 @@ fn gate_model(wake: bool) {
         let run = move |word: &AtomicU32, allocator: &UnsafeCell<u32>, creations: &AtomicU32, me: u32| match gate_enter(word, me) {
             Entry::Create => {
                 assert_eq!(gate_enter(word, me), Entry::Reentrant);
-                // SAFETY: only the creator writes, before `finish`; loom checks it.
+                // SAFETY: `a` is the cell's own pointer, valid for the closure; only the creator (the one
+                // thread `gate_enter` answered `Create`) writes it, before `gate_finish` publishes it
+                // (loom fails a racing access).
                 allocator.with_mut(|a| unsafe { *a = 42 });
                 creations.fetch_add(1, Relaxed);
                 gate_finish(word, true, wake);
             }
             e => {
                 assert_eq!(e, Entry::Ready);
-                // SAFETY: read only after `Ready` (acquire); loom checks it.
+                // SAFETY: `a` is the cell's own pointer, valid for the closure; `Ready` is answered only
+                // after the creator's `gate_finish`, by an acquire load of the word, so the write is
+                // ordered before this read (loom fails it otherwise).
                 assert_eq!(allocator.with(|a| unsafe { *a }), 42);
             }
         };

@@ -3,6 +3,7 @@
 //! workers off, checked after every step. `model_threads`: three threads with both workers on
 //! (zero delays), whose operations also include `free_reported`, `set_tunables`, cache drains and
 //! handing blocks to another thread, checked at a barrier every few steps.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -43,6 +44,10 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A live block: `len` bytes at `addr`, every byte `fill`. Made only for a block just allocated
+/// (and written with `fill`); held by one thread at a time (in its `live` list, or in `pool`
+/// between two threads) and dropped once the block is freed. (The copies in `model`'s `others`
+/// are only compared by address, never read through.)
 struct Live {
     addr: usize,
     len: usize,
@@ -76,7 +81,8 @@ proptest! {
                     prop_assert_eq!(p % align, 0);
                     prop_assert!(!overlaps(&live, p, len), "block {:#x}+{} overlaps a live block", p, len);
                     if zero {
-                        prop_assert!(all_zero(p as *const u8, len), "ZERO block {:#x} holds data", p);
+                        // SAFETY: `p` is a live block of `len` usable bytes just allocated, used by this thread only.
+                        prop_assert!(unsafe { all_zero(p as *const u8, len) }, "ZERO block {:#x} holds data", p);
                         let after = a.stats();
                         let counted = (after.zero_skipped_bytes - before.zero_skipped_bytes)
                             + (after.zeroed_on_alloc_bytes - before.zeroed_on_alloc_bytes);
@@ -86,13 +92,15 @@ proptest! {
                         prop_assert_eq!(common::os::resident_pages(p, len).unwrap(), len / 4096);
                     }
                     fill = fill.wrapping_add(1).max(1);
+                    // SAFETY: `p` is that live block of `len` bytes, not yet freed.
                     unsafe { std::ptr::write_bytes(p as *mut u8, fill, len) };
                     live.push(Live { addr: p, len, fill });
                 }
                 Op::Free { idx, sized } => {
                     if live.is_empty() { continue; }
                     let l = live.swap_remove(idx % live.len());
-                    prop_assert!(all_eq(l.addr as *const u8, l.len, l.fill), "block {:#x} lost its pattern", l.addr);
+                    // SAFETY: `l` was in `live`: a block of `l.len` bytes allocated on this thread and not yet freed.
+                    prop_assert!(unsafe { all_eq(l.addr as *const u8, l.len, l.fill) }, "block {:#x} lost its pattern", l.addr);
                     if sized {
                         prop_assert_eq!(
                             a.free_sized(l.addr as *mut u8, l.len + 4096),
@@ -114,7 +122,9 @@ proptest! {
                     if a.resize_in_place(addr as *mut u8, new_len).unwrap() {
                         prop_assert_eq!(a.usable_size(addr as *const u8), Some(new_len));
                         prop_assert!(!overlaps(&others, addr, new_len));
-                        prop_assert!(all_eq(addr as *const u8, old_len.min(new_len), f));
+                        // SAFETY: `addr` is a live block, resized in place to `new_len` usable bytes (asserted above).
+                        prop_assert!(unsafe { all_eq(addr as *const u8, old_len.min(new_len), f) }, "block {:#x} lost its pattern in a resize", addr);
+                        // SAFETY: `addr` is a live block of `new_len` usable bytes (asserted above), used by this thread only.
                         unsafe { std::ptr::write_bytes(addr as *mut u8, f, new_len) };
                         live[i].len = new_len;
                     } else {
@@ -123,7 +133,8 @@ proptest! {
                 }
             }
             if let Err(e) = a.check_invariants() { prop_assert!(false, "{}", e); }
-            if let Err(e) = check_free_states(&a) { prop_assert!(false, "{}", e); }
+            // SAFETY: `a` is this case's own allocator, used by this thread only.
+            if let Err(e) = unsafe { check_free_states(&a) } { prop_assert!(false, "{}", e); }
             let s = a.stats();
             prop_assert_eq!(s.live_blocks, live.len() as u64);
             prop_assert_eq!(s.bytes_in_use, live.iter().map(|l| l.len as u64).sum::<u64>());
@@ -243,7 +254,9 @@ impl Shared {
 }
 
 fn check_live(l: &Live) -> Result<(), String> {
-    if all_eq(l.addr as *const u8, l.len, l.fill) {
+    // SAFETY: a `Live` describes a block of `len` bytes that is live and held by one thread (see `Live`):
+    // the caller's, which is the only one writing it.
+    if unsafe { all_eq(l.addr as *const u8, l.len, l.fill) } {
         Ok(())
     } else {
         Err(format!("block {:#x}+{} lost its pattern {}", l.addr, l.len, l.fill))
@@ -279,7 +292,8 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
             if !p.is_multiple_of(align) {
                 return Err(format!("block {p:#x} not aligned to {align}"));
             }
-            if zero && !all_zero(p as *const u8, len) {
+            // SAFETY: `p` is a live block of `len` bytes just allocated, not yet shared with another thread.
+            if zero && !unsafe { all_zero(p as *const u8, len) } {
                 return Err(format!("ZERO block {p:#x}+{len} holds data"));
             }
             if populate && os::resident_pages(p, len) != Ok(len / 4096) {
@@ -287,6 +301,7 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
             }
             *fill = fill.wrapping_add(1).max(1);
             let f = (t as u8) << 6 | (*fill & 63) | 1;
+            // SAFETY: `p` is that live block of `len` bytes, not yet shared.
             unsafe { std::ptr::write_bytes(p as *mut u8, f, len) };
             live.push(Live { addr: p, len, fill: f });
             sh.live_blocks.fetch_add(1, Ordering::Relaxed);
@@ -310,6 +325,8 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
             }
             let l = live.swap_remove(idx % live.len());
             check_live(&l)?;
+            // SAFETY: `l` was this thread's live block of `l.len` bytes (see `Live`), mapped, and holds nothing
+            // anyone still needs; it is handed back by `free_reported` below.
             if unsafe { libc::madvise(l.addr as *mut libc::c_void, l.len, libc::MADV_DONTNEED) } != 0 {
                 return Err(format!("madvise {:#x}: {}", l.addr, std::io::Error::last_os_error()));
             }
@@ -335,9 +352,12 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
                 if a.usable_size(l.addr as *const u8) != Some(new_len) {
                     return Err(format!("resized block {:#x} does not hold {new_len} bytes", l.addr));
                 }
-                if !all_eq(l.addr as *const u8, l.len.min(new_len), l.fill) {
+                // SAFETY: `l` is this thread's live block (see `Live`), resized in place to `new_len` usable
+                // bytes (checked above), so its first `min(l.len, new_len)` bytes are readable.
+                if !unsafe { all_eq(l.addr as *const u8, l.len.min(new_len), l.fill) } {
                     return Err(format!("resizing {:#x} changed its contents", l.addr));
                 }
+                // SAFETY: `l` is this thread's live block, resized in place to `new_len` usable bytes (checked above).
                 unsafe { std::ptr::write_bytes(l.addr as *mut u8, l.fill, new_len) };
                 sh.live_bytes.fetch_add(new_len as u64, Ordering::Relaxed);
                 sh.live_bytes.fetch_sub(l.len as u64, Ordering::Relaxed);
@@ -370,7 +390,9 @@ fn mt_step(sh: &Shared, t: usize, op: &MtOp, live: &mut Vec<Live>, fill: &mut u8
 fn checkpoint(sh: &Shared) -> Result<(), String> {
     let a = &sh.a;
     a.check_invariants()?;
-    check_free_states(a)?;
+    // SAFETY: called only by the barrier's leader while every other test thread waits at the barrier, so
+    // no thread allocates from `a` meanwhile (its workers may run).
+    unsafe { check_free_states(a) }?;
     let s = a.stats();
     let (blocks, bytes) = (sh.live_blocks.load(Ordering::Relaxed), sh.live_bytes.load(Ordering::Relaxed));
     if s.live_blocks != blocks || s.bytes_in_use != bytes {

@@ -1,6 +1,7 @@
 //! Free page reporting (issue 3): resident size falls, reported memory serves ZERO without a
 //! memset, young memory is not reported, concurrency, MADV_FREE never counts as zeroed,
 //! validated tunables. No timing is asserted: waits are bounded polls for liveness only.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -20,12 +21,23 @@ fn reporting(delay_ms: u32) -> Tunables {
     Tunables { report: true, report_delay_ms: delay_ms, zeroing: false, ..Tunables::default() }
 }
 
-
-fn fill(p: *mut u8, len: usize, byte: u8) {
+/// Write `byte` over the `len` bytes at `p`.
+///
+/// # Safety
+/// `p` is valid for writes of `len` bytes (a live block of at least `len` bytes) that no other
+/// thread reads or writes during the call.
+unsafe fn fill(p: *mut u8, len: usize, byte: u8) {
+    // SAFETY: the caller guarantees that `[p, p + len)` is writable and used by no one else.
     unsafe { core::ptr::write_bytes(p, byte, len) };
 }
 
-fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
+/// Whether the `len` bytes at `p` all equal `byte`.
+///
+/// # Safety
+/// `p` is valid for reads of `len` bytes (a live block, or the parent's copy of one after a
+/// fork) that no other thread writes during the call.
+unsafe fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
+    // SAFETY: the caller guarantees that `[p, p + len)` is readable and not written meanwhile.
     unsafe { std::slice::from_raw_parts(p, len) }.iter().all(|&b| b == byte)
 }
 
@@ -39,7 +51,8 @@ fn resident_size_falls_and_reported_memory_is_zero_without_memset() {
     assert!(a.workers_running().0);
     let len = 128 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 0x5a);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 0x5a) };
     assert_eq!(resident_bytes(p, len), len);
     a.free(p).unwrap();
     wait_for("128 MiB reported", || a.stats().reported_bytes >= len as u64);
@@ -59,7 +72,8 @@ fn resident_size_falls_and_reported_memory_is_zero_without_memset() {
 
     let memset_before = a.stats().zeroed_on_alloc_bytes;
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
-    assert!(all_bytes(q, len, 0), "reported memory handed out for ZERO does not read zero");
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) }, "reported memory handed out for ZERO does not read zero");
     let s = a.stats();
     assert_eq!(s.zeroed_on_alloc_bytes, memset_before, "reported memory was memset for ZERO");
     assert!(s.reported_blocks_reused > 0);
@@ -85,7 +99,8 @@ fn reporting_lowers_the_process_resident_set() {
         let len = 128 << 20;
         let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
         let rss0 = rss();
-        fill(p, len, 0x3c);
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+        unsafe { fill(p, len, 0x3c) };
         let rss1 = rss();
         if rss1 < rss0 + len - TOL {
             return Err(format!("writing 128 MiB raised the resident set by {} MiB only", (rss1 - rss0) >> 20));
@@ -108,7 +123,8 @@ fn resident_floor_is_kept() {
     let a = Allocator::new(config(t)).unwrap();
     let len = 128 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 1);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 1) };
     a.free(p).unwrap();
     wait_for("96 MiB reported", || a.stats().reported_bytes >= (len - floor) as u64);
     // Give the reporter every chance to (wrongly) go below the floor.
@@ -127,14 +143,16 @@ fn memory_reused_within_the_delay_is_not_reported() {
     let mut rounds = 0;
     while t0.elapsed() < Duration::from_millis(400) || rounds < 10 {
         let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-        fill(p, len, rounds as u8);
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+        unsafe { fill(p, len, rounds as u8) };
         a.free(p).unwrap();
         rounds += 1;
     }
     // The block freed last is still resident and still holds its data.
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
     assert_eq!(resident_bytes(p, len), len);
-    assert!(all_bytes(p, len, (rounds - 1) as u8));
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(p, len, (rounds - 1) as u8) });
     a.free(p).unwrap();
     let s = a.stats();
     assert_eq!(s.reported_bytes, 0);
@@ -171,6 +189,8 @@ fn concurrent_alloc_free_while_reporting_in_tight_loops() {
                     let zero = seed & 0x100 != 0;
                     let flags = if zero { Flags::ZERO } else { Flags::NONE };
                     let p = a.alloc(len, PAGE, flags).unwrap().as_ptr() as usize;
+                    // SAFETY: `p` is a live block of `len` bytes (a multiple of 8, page-aligned) just allocated, which
+                    // only this thread uses; no other reference to it exists.
                     let words = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, len / 8) };
                     if zero {
                         assert!(words.iter().all(|&w| w == 0), "ZERO block not zero");
@@ -186,6 +206,8 @@ fn concurrent_alloc_free_while_reporting_in_tight_loops() {
                     }
                     if live.len() > 8 || seed & 1 == 0 {
                         let (q, l, pat) = live.remove((seed as usize >> 9) % live.len());
+                        // SAFETY: `q` came from `live`: a block of `l` bytes (page-aligned) this thread allocated and has not
+                        // freed, with no other reference to it.
                         let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
                         for (k, w) in words.iter().enumerate().step_by(61) {
                             assert_eq!(*w, pat ^ k as u64, "pattern lost at word {k} of {q:#x}");
@@ -194,6 +216,7 @@ fn concurrent_alloc_free_while_reporting_in_tight_loops() {
                     }
                 }
                 for (q, l, pat) in live {
+                    // SAFETY: as above: a live block of `l` bytes this thread holds, page-aligned.
                     let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
                     for (k, w) in words.iter().enumerate().step_by(61) {
                         assert_eq!(*w, pat ^ k as u64);
@@ -216,7 +239,8 @@ fn madv_free_mode_never_counts_as_zeroed() {
     let a = Allocator::new(config(t)).unwrap();
     let len = 64 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 0xab);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 0xab) };
     a.free(p).unwrap();
     wait_for("64 MiB lazily freed", || a.stats().reported_bytes >= len as u64);
     let runs = a.free_runs();
@@ -230,7 +254,8 @@ fn madv_free_mode_never_counts_as_zeroed() {
     assert!(runs.iter().all(|r| r.2 != PageState::Zeroed));
     let before = a.stats().zeroed_on_alloc_bytes;
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
-    assert!(all_bytes(q, len, 0));
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) });
     let memset = a.stats().zeroed_on_alloc_bytes - before;
     assert_eq!(memset as usize, lazy_in(q as usize, q as usize + len), "lazily freed pages skipped the memset");
     a.free(q).unwrap();
@@ -259,7 +284,8 @@ fn tunables_are_validated_and_change_at_run_time() {
     // Switch reporting on at run time: the worker starts and reports.
     let len = 32 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 7);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 7) };
     a.free(p).unwrap();
     a.set_tunables(reporting(0)).unwrap();
     assert!(a.workers_running().0);
@@ -274,12 +300,14 @@ fn memfd_backing_reports_by_punching_holes() {
     let a = Allocator::new(c).unwrap();
     let len = 32 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 9);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 9) };
     a.free(p).unwrap();
     wait_for("memfd pages punched", || a.stats().reported_bytes >= len as u64);
     assert_eq!(resident_bytes(p, len), 0);
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
-    assert!(all_bytes(q, len, 0));
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) });
     a.free(q).unwrap();
     a.check_invariants().unwrap();
 }
@@ -302,8 +330,11 @@ fn fork_child_gets_its_own_reporter() {
     let a = Allocator::new(config(reporting(0))).unwrap();
     let len = 16 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    fill(p, len, 3);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    unsafe { fill(p, len, 3) };
     a.before_fork();
+    // SAFETY: `a.before_fork()` was called just above, so that the child (one thread) can take `a` over
+    // with `after_fork_child`; it uses nothing else and leaves by `_exit`.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
@@ -324,14 +355,17 @@ fn fork_child_gets_its_own_reporter() {
             Some(resident_bytes(p, len) == 0 && a.workers_running().0)
         })()
         .unwrap_or(false);
+        // SAFETY: leaves the child at once, without running the parent's test harness.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     // SAFETY: this thread called `before_fork` just before the `fork`.
     unsafe { a.after_fork_parent() };
     let mut status = 0;
+    // SAFETY: `pid` is the child forked above, not yet waited for; `status` is writable.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child failed: {status}");
-    assert!(all_bytes(p, len, 3), "the child's reporting touched the parent's memory");
+    // SAFETY: in the parent `p` is still a live block of `len` bytes (only the child's copy was freed).
+    assert!(unsafe { all_bytes(p, len, 3) }, "the child's reporting touched the parent's memory");
     a.free(p).unwrap();
     a.check_invariants().unwrap();
 }
@@ -347,10 +381,12 @@ fn thp_arenas_report_whole_huge_pages_only() {
     let a = Allocator::new(c).unwrap();
     // Half of a huge page freed while the other half is live: never reported.
     let big = a.alloc(2 << 20, 2 << 20, Flags::POPULATE).unwrap().as_ptr();
-    fill(big, 2 << 20, 1);
+    // SAFETY: `big` is a live block of 2 MiB from `alloc` above, used by this thread only.
+    unsafe { fill(big, 2 << 20, 1) };
     assert!(a.resize_in_place(big, 1 << 20).unwrap());
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(a.stats().reported_bytes, 0, "a block below 2 MiB was reported");
+    // SAFETY: `big` was a 2 MiB block before the shrink, so `big + 1 MiB` is inside the same arena mapping.
     assert_eq!(resident_bytes(unsafe { big.add(1 << 20) }, 1 << 20), 1 << 20);
     // The 2 MiB block goes to this thread's cache, which the reporter drains while the thread
     // waits here (it makes no call that would answer the drain request).
@@ -376,6 +412,8 @@ fn workers_run_under_sched_batch() {
             let name = comm.trim();
             if name == "fallow-report" || name == "fallow-zero" {
                 let tid: i32 = dir.file_name().unwrap().to_str().unwrap().parse().unwrap();
+                // SAFETY: `sched_getscheduler` only reads the policy of thread `tid` (an error if it has
+                // exited meanwhile); no memory of ours is involved.
                 let policy = unsafe { libc::sched_getscheduler(tid) };
                 found.push((name.to_string(), policy));
             }
@@ -397,7 +435,8 @@ fn an_idle_threads_cache_is_drained_and_reported() {
             let sizes = [2 << 20, 2 << 20].into_iter().chain(std::iter::repeat_n(PAGE, 16));
             let v: Vec<(usize, usize)> = sizes.map(|n| (a.alloc(n, PAGE, Flags::NONE).unwrap().as_ptr() as usize, n)).collect();
             for &(p, n) in &v {
-                fill(p as *mut u8, n, 7);
+                // SAFETY: each `(p, n)` of `v` is a live block of `n` bytes just allocated on this thread, not yet freed.
+                unsafe { fill(p as *mut u8, n, 7) };
             }
             for &(p, _) in &v {
                 a.free(p as *mut u8).unwrap();
@@ -408,8 +447,10 @@ fn an_idle_threads_cache_is_drained_and_reported() {
             // The cache works as before after the reporter drained it.
             for _ in 0..1000 {
                 let p = a.alloc(PAGE, PAGE, Flags::ZERO).unwrap().as_ptr();
-                assert!(all_bytes(p, PAGE, 0));
-                fill(p, PAGE, 9);
+                // SAFETY: `p` is a live block of one page from `alloc` above, used by this thread only.
+                assert!(unsafe { all_bytes(p, PAGE, 0) });
+                // SAFETY: `p` is a live block of one page from `alloc` above, used by this thread only.
+                unsafe { fill(p, PAGE, 9) };
                 a.free(p).unwrap();
             }
             v
@@ -454,15 +495,18 @@ fn threads_that_pause_while_the_reporter_drains_their_caches_keep_their_data() {
                         let n = PAGE << ((i + round as usize) % 10);
                         let p = a.alloc(n, PAGE, if i % 3 == 0 { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
                         if i % 3 == 0 {
-                            assert!(all_bytes(p, n, 0), "a ZERO block holds data");
+                            // SAFETY: `p` is a live block of `n` bytes from `alloc` above, used by this thread only.
+                            assert!(unsafe { all_bytes(p, n, 0) }, "a ZERO block holds data");
                         }
                         let tag = (t * 100).wrapping_add(i as u8);
-                        fill(p, n, tag);
+                        // SAFETY: `p` is a live block of `n` bytes from `alloc` above, used by this thread only.
+                        unsafe { fill(p, n, tag) };
                         live.push((p, n, tag));
                     }
                     // Free most of them, keep a few live across the pause.
                     for (p, n, tag) in live.drain(4..) {
-                        assert!(all_bytes(p, n, tag), "block {p:?} changed under its owner");
+                        // SAFETY: each entry of `live` is a block of `n` bytes this thread allocated and has not freed.
+                        assert!(unsafe { all_bytes(p, n, tag) }, "block {p:?} changed under its owner");
                         a.free(p).unwrap();
                     }
                     if round % 20 == 0 {
@@ -472,7 +516,8 @@ fn threads_that_pause_while_the_reporter_drains_their_caches_keep_their_data() {
                     }
                 }
                 for (p, n, tag) in live {
-                    assert!(all_bytes(p, n, tag));
+                    // SAFETY: as above: a live block of `n` bytes held by this thread.
+                    assert!(unsafe { all_bytes(p, n, tag) });
                     a.free(p).unwrap();
                 }
             });

@@ -3,6 +3,7 @@
 //! their free states until the block is freed. These tests check the states, the counters and
 //! the validation on every path a block with slack can take: back into the cache, the locked
 //! path, `free_reported`, `resize_in_place`, a double free and pointers into the slack.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -21,7 +22,9 @@ fn cfg() -> Config {
 
 fn check(a: &Allocator) {
     a.check_invariants().unwrap();
-    check_free_states(a).unwrap();
+    // SAFETY: every caller in this file holds `a` on one thread at the call (the one other thread, in
+    // `blocks_with_slack_freed_by_another_thread`, is joined before its last `check`).
+    unsafe { check_free_states(a) }.unwrap();
     let s = a.stats();
     assert_eq!(s.free_pages() * PAGE as u64 + s.bytes_in_use + s.slack_bytes + s.isolated_pages * PAGE as u64, s.reserved_bytes, "{s}");
 }
@@ -47,6 +50,7 @@ fn a_block_with_slack_is_served_and_taken_back_by_the_cache() {
         let s = a.stats();
         assert_eq!(s.bytes_in_use, (pages * PAGE) as u64);
         assert_eq!(s.slack_bytes, ((128 - pages) * PAGE) as u64, "{s}");
+        // SAFETY: `q` is a live block of `pages * PAGE` usable bytes (asserted above), not yet freed.
         unsafe { std::ptr::write_bytes(q, 0x5a, pages * PAGE) };
         check(&a);
         a.free_sized(q, pages * PAGE - 100).unwrap();
@@ -63,6 +67,7 @@ fn zeroed_requests_get_zeros_and_the_slack_keeps_its_states() {
     // From a fresh block (every page reported: reads zero), 80 of its 128 pages, written.
     let q = a.alloc(80 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
     assert_eq!(a.stats().slack_bytes, (48 * PAGE) as u64);
+    // SAFETY: `q` is a live block of 80 pages from `alloc` above, not yet freed.
     unsafe { std::ptr::write_bytes(q, 0xee, 80 * PAGE) };
     a.free(q).unwrap();
     check(&a);
@@ -71,7 +76,8 @@ fn zeroed_requests_get_zeros_and_the_slack_keeps_its_states() {
     let before = a.stats();
     let z = a.alloc(100 * PAGE, PAGE, Flags::ZERO).unwrap().as_ptr();
     assert_eq!(z, q);
-    assert!(all_zero(z, 100 * PAGE));
+    // SAFETY: `z` is a live block of 100 pages from `alloc` above, used by this thread only.
+    assert!(unsafe { all_zero(z, 100 * PAGE) });
     let after = a.stats();
     assert_eq!(after.zeroed_on_alloc_bytes - before.zeroed_on_alloc_bytes, (80 * PAGE) as u64, "{after}");
     assert_eq!(after.zero_skipped_bytes - before.zero_skipped_bytes, (20 * PAGE) as u64, "{after}");
@@ -94,7 +100,9 @@ fn the_locked_paths_give_the_slack_back() {
     // free_reported: the live pages become reported, the slack goes back as it was.
     let q = a.alloc(200 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
     assert_eq!(a.stats().slack_bytes, (56 * PAGE) as u64);
+    // SAFETY: `q` is a live block of 200 pages from `alloc` above, not yet freed.
     unsafe { std::ptr::write_bytes(q, 1, 200 * PAGE) };
+    // SAFETY: `[q, q + 200 pages)` is that live block, mapped, and nothing else lives in it.
     assert_eq!(unsafe { libc::madvise(q as *mut libc::c_void, 200 * PAGE, libc::MADV_DONTNEED) }, 0);
     // SAFETY: the block's pages were just given back with MADV_DONTNEED, so they read zero.
     unsafe { a.free_reported(q) }.unwrap();
@@ -102,6 +110,7 @@ fn the_locked_paths_give_the_slack_back() {
     assert_eq!(a.stats().slack_bytes, 0);
     // resize_in_place, shrinking and growing: the block becomes exact first.
     let r = a.alloc(150 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `r` is a live block of 150 pages from `alloc` above, not yet freed.
     unsafe { std::ptr::write_bytes(r, 2, 150 * PAGE) };
     assert!(a.stats().slack_bytes > 0);
     assert!(a.resize_in_place(r, 140 * PAGE).unwrap());
@@ -109,7 +118,8 @@ fn the_locked_paths_give_the_slack_back() {
     check(&a);
     assert!(a.resize_in_place(r, 250 * PAGE).unwrap());
     assert_eq!(a.usable_size(r), Some(250 * PAGE));
-    assert!(all_eq(r, 140 * PAGE, 2));
+    // SAFETY: `r` is live with 250 usable pages (asserted above), used by this thread only.
+    assert!(unsafe { all_eq(r, 140 * PAGE, 2) });
     check(&a);
     a.free(r).unwrap();
     all_returned(&a);
@@ -140,8 +150,10 @@ fn blocks_with_slack_freed_by_another_thread() {
         let pages = 65 + (i * 37) % 63;
         let p = a.alloc(pages * PAGE, PAGE, if i % 3 == 0 { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
         if i % 3 == 0 {
-            assert!(all_zero(p, pages * PAGE));
+            // SAFETY: `p` is a live block of `pages * PAGE` bytes just allocated, used by this thread only.
+            assert!(unsafe { all_zero(p, pages * PAGE) });
         }
+        // SAFETY: `p` is that live block of `pages * PAGE` bytes, not yet freed.
         unsafe { std::ptr::write_bytes(p, i as u8, pages * PAGE) };
         blocks.push((p as usize, pages, i as u8));
     }
@@ -149,7 +161,9 @@ fn blocks_with_slack_freed_by_another_thread() {
     let b = a.clone();
     std::thread::spawn(move || {
         for (p, pages, v) in blocks {
-            assert!(all_eq(p as *const u8, pages * PAGE, v));
+            // SAFETY: each entry of `blocks` is a live block of `pages * PAGE` bytes, moved to this thread, which
+            // alone uses it until it frees it below.
+            assert!(unsafe { all_eq(p as *const u8, pages * PAGE, v) });
             b.free(p as *mut u8).unwrap();
         }
         b.check_invariants().unwrap();

@@ -1,5 +1,6 @@
 //! Multi-threaded stress: threads allocate, write a pattern, verify it and free, with and without
 //! ZERO, sharing one allocator.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -27,20 +28,24 @@ fn run(a: Allocator, threads: usize, iters: usize) {
                     let len = pages * 4096;
                     let p = a.alloc(len, 4096, flags).unwrap().as_ptr() as usize;
                     if zero {
-                        assert!(all_zero(p as *const u8, len), "ZERO block {p:#x} holds data");
+                        // SAFETY: `p` is a live block of `len` bytes just allocated, which only this thread holds.
+                        assert!(unsafe { all_zero(p as *const u8, len) }, "ZERO block {p:#x} holds data");
                     }
                     let v = (t * 31 + i) as u8 | 1;
+                    // SAFETY: `p` is that live block of `len` bytes, not yet freed.
                     unsafe { std::ptr::write_bytes(p as *mut u8, v, len) };
                     held.push((p, len, v));
                     if held.len() > 8 || rng & 1 == 0 {
                         let k = (rng >> 20) as usize % held.len();
                         let (p, len, v) = held.swap_remove(k);
-                        assert!(all_eq(p as *const u8, len, v), "block {p:#x} was overwritten");
+                        // SAFETY: every entry of `held` is a live block of `len` bytes this thread allocated and has not freed.
+                        assert!(unsafe { all_eq(p as *const u8, len, v) }, "block {p:#x} was overwritten");
                         a.free(p as *mut u8).unwrap();
                     }
                 }
                 for (p, len, v) in held {
-                    assert!(all_eq(p as *const u8, len, v));
+                    // SAFETY: as above: a live block of `len` bytes held by this thread, freed only below.
+                    assert!(unsafe { all_eq(p as *const u8, len, v) });
                     a.free(p as *mut u8).unwrap();
                 }
             })
@@ -53,7 +58,8 @@ fn run(a: Allocator, threads: usize, iters: usize) {
     assert_eq!(s.bytes_in_use, 0);
     assert_eq!(s.alloc_calls, s.free_calls);
     a.check_invariants().unwrap();
-    check_free_states(&a).unwrap();
+    // SAFETY: every thread that allocated from `a` has been joined above.
+    unsafe { check_free_states(&a) }.unwrap();
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Background pre-zeroing (issue 4): idle dirty memory becomes Zeroed (state and contents) and
 //! serves ZERO without a memset; concurrency with the worker in tight loops; zeroing off zeroes
 //! nothing; populated_reserve. No timing is asserted: waits are bounded polls for liveness.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
@@ -27,8 +28,13 @@ fn ask_for_zeroed_memory(a: &Allocator) {
     a.free(z.as_ptr()).unwrap();
 }
 
-
-fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
+/// Whether the `len` bytes at `p` all equal `byte`.
+///
+/// # Safety
+/// `p` is valid for reads of `len` bytes (a live block, or free arena memory of an allocator that
+/// is alive), and no thread writes them during the call.
+unsafe fn all_bytes(p: *const u8, len: usize, byte: u8) -> bool {
+    // SAFETY: the caller guarantees that `[p, p + len)` is readable and not written meanwhile.
     unsafe { std::slice::from_raw_parts(p, len) }.iter().all(|&b| b == byte)
 }
 
@@ -48,12 +54,16 @@ fn idle_dirty_memory_becomes_zeroed_and_zero_allocs_skip_the_memset() {
     ask_for_zeroed_memory(&a);
     let len = 32 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
     unsafe { core::ptr::write_bytes(p, 0xcd, len) };
     a.free(p).unwrap();
     wait_for("32 MiB zeroed", || bytes_in_state(&a, p as usize, len, PageState::Zeroed) == len);
     a.check_invariants().unwrap();
     // The contents, read straight from the (free) arena memory.
-    assert!(all_bytes(p, len, 0), "pages marked zeroed are not zero");
+    // SAFETY: `[p, p + len)` is free memory of `a`'s arena, mapped while `a` lives; no thread allocates
+    // from `a` meanwhile, and the zeroing worker writes only blocks it has isolated (these are
+    // listed Zeroed, so not isolated; reporting is off).
+    assert!(unsafe { all_bytes(p, len, 0) }, "pages marked zeroed are not zero");
     let s = a.stats();
     assert!(s.zeroed_background_bytes >= len as u64);
     assert_eq!(os::resident_pages(p as usize, len).unwrap() * PAGE, len, "zeroing dropped pages");
@@ -61,7 +71,8 @@ fn idle_dirty_memory_becomes_zeroed_and_zero_allocs_skip_the_memset() {
     let before = a.stats().zeroed_on_alloc_bytes;
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
     assert_eq!(q, p, "the zeroed block was not the one chosen");
-    assert!(all_bytes(q, len, 0));
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) });
     assert_eq!(a.stats().zeroed_on_alloc_bytes, before, "pre-zeroed memory was memset again");
     a.free(q).unwrap();
     a.check_invariants().unwrap();
@@ -73,6 +84,7 @@ fn demand_drives_the_amount_zeroed() {
     let a = Allocator::new(config(zeroing(0))).unwrap();
     let len = 32 << 20;
     let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
     unsafe { core::ptr::write_bytes(p, 1, len) };
     a.free(p).unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -125,11 +137,15 @@ fn a_block_freed_less_than_zero_delay_ago_is_left_alone() {
     let p = free_a_written_block_and_let_the_worker_scan(&a, len, 0x5a, 1);
     assert_eq!(a.stats().zeroed_background_bytes, 0, "the worker zeroed a block freed within zero_delay");
     assert_eq!(bytes_in_state(&a, p as usize, len, PageState::Dirty), len);
-    assert!(all_bytes(p, len, 0x5a), "the young block's contents were touched");
+    // SAFETY: `[p, p + len)` is a free block of `a`'s arena, mapped while `a` lives; no thread allocates
+    // from `a`, and the worker leaves a block younger than `zero_delay` (ten minutes) alone.
+    assert!(unsafe { all_bytes(p, len, 0x5a) }, "the young block's contents were touched");
     // With no delay, the same block is zeroed.
     a.set_tunables(Tunables { zero_delay_ms: 0, ..a.tunables() }).unwrap();
     wait_for("zeroing once the delay is gone", || bytes_in_state(&a, p as usize, len, PageState::Zeroed) == len);
-    assert!(all_bytes(p, len, 0));
+    // SAFETY: `[p, p + len)` is free memory of `a`'s arena, now listed Zeroed: no thread allocates from
+    // `a`, and the worker writes only dirty blocks it has isolated (reporting is off).
+    assert!(unsafe { all_bytes(p, len, 0) });
     a.check_invariants().unwrap();
 }
 
@@ -154,7 +170,8 @@ fn zero_request_takes(len: usize) -> (bool, bool) {
     unsafe { core::ptr::write_bytes(hot, 0x22, len) };
     a.free(hot).unwrap();
     let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
-    assert!(all_bytes(q, len, 0), "a ZERO block is not zero");
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) }, "a ZERO block is not zero");
     a.free(q).unwrap();
     a.check_invariants().unwrap();
     (q == hot, q == cold)
@@ -179,6 +196,7 @@ fn zeroing_off_zeroes_nothing() {
     let len = 32 << 20;
     for _ in 0..3 {
         let p = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
         unsafe { core::ptr::write_bytes(p, 0xee, len) };
         a.free(p).unwrap();
     }
@@ -230,6 +248,8 @@ fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
                     let len = (1 + (seed % 64) as usize) * PAGE;
                     let zero = seed & 0x200 != 0;
                     let p = a.alloc(len, PAGE, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr() as usize;
+                    // SAFETY: `p` is a live block of `len` bytes (a multiple of 8, page-aligned) just allocated, which
+                    // only this thread uses; no other reference to it exists.
                     let words = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, len / 8) };
                     if zero {
                         assert!(words.iter().all(|&w| w == 0), "ZERO block not zero");
@@ -245,6 +265,8 @@ fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
                     }
                     if live.len() > 6 || seed & 3 == 0 {
                         let (q, l, pat) = live.swap_remove((seed as usize >> 11) % live.len());
+                        // SAFETY: `q` came from `live`: a block of `l` bytes (page-aligned) this thread allocated and has not
+                        // freed, with no other reference to it.
                         let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
                         for (k, w) in words.iter().enumerate() {
                             assert_eq!(*w, pat ^ k as u64, "allocated block overwritten at word {k}");
@@ -253,6 +275,7 @@ fn concurrent_allocs_while_zeroing_and_reporting_in_tight_loops() {
                     }
                 }
                 for (q, l, pat) in live {
+                    // SAFETY: as above: a live block of `l` bytes this thread holds, page-aligned.
                     let words = unsafe { std::slice::from_raw_parts(q as *const u64, l / 8) };
                     assert!(words.iter().enumerate().all(|(k, w)| *w == pat ^ k as u64));
                     a.free(q as *mut u8).unwrap();
@@ -287,7 +310,8 @@ fn populated_reserve_is_kept_resident_and_zeroed() {
     let before = a.stats().zeroed_on_alloc_bytes;
     let p = a.alloc(reserve, PAGE, Flags::ZERO | Flags::POPULATE).unwrap().as_ptr();
     assert_eq!(os::resident_pages(p as usize, reserve).unwrap() * PAGE, reserve);
-    assert!(all_bytes(p, reserve, 0));
+    // SAFETY: `p` is a live block of `reserve` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(p, reserve, 0) });
     assert_eq!(a.stats().zeroed_on_alloc_bytes, before);
     a.free(p).unwrap();
     a.check_invariants().unwrap();
@@ -302,10 +326,13 @@ fn fork_child_takes_back_blocks_in_flight() {
     for round in 0..40 {
         // Keep the worker busy: dirty memory to zero.
         let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
         unsafe { core::ptr::write_bytes(p, round as u8 | 1, len) };
         a.free(p).unwrap();
         std::thread::sleep(Duration::from_millis(2));
         a.before_fork();
+        // SAFETY: `a.before_fork()` was called just above, so that the child (one thread) can take `a` over
+        // with `after_fork_child`; it uses nothing else and leaves by `_exit`.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             // SAFETY: the child of the `fork` just after `before_fork`, with one thread.
@@ -313,12 +340,16 @@ fn fork_child_takes_back_blocks_in_flight() {
             let s = a.stats();
             let ok = s.isolated_pages == 0
                 && a.check_invariants().is_ok()
-                && a.free_runs().iter().all(|&(addr, l, st)| st != PageState::Zeroed || all_bytes(addr as *const u8, l, 0));
+                // SAFETY: in the child, with one thread and no worker running, `a`'s free runs are mapped memory
+                // that no one writes.
+                && a.free_runs().iter().all(|&(addr, l, st)| st != PageState::Zeroed || unsafe { all_bytes(addr as *const u8, l, 0) });
+            // SAFETY: leaves the child at once, without running the parent's test harness.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
         // SAFETY: this thread called `before_fork` just before the `fork`.
         unsafe { a.after_fork_parent() };
         let mut status = 0;
+        // SAFETY: `pid` is the child forked above, not yet waited for; `status` is writable.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {round} failed: {status}");
     }

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code, clippy::not_unsafe_ptr_arg_deref)]
+#![allow(dead_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use fallow::{Allocator, Config, PageState};
 
@@ -27,23 +28,44 @@ pub fn small() -> Allocator {
     Allocator::new(Config { arena_size: 16 << 20, max_order: 8, tunables, ..Config::default() }).unwrap()
 }
 
-pub fn all_zero(ptr: *const u8, len: usize) -> bool {
+/// Whether the `len` bytes at `ptr` are all zero.
+///
+/// # Safety
+/// `ptr` is valid for reads of `len` bytes (a live block of at least `len` bytes, or mapped
+/// pages), and no other thread writes to them during the call.
+pub unsafe fn all_zero(ptr: *const u8, len: usize) -> bool {
+    // SAFETY: the caller guarantees that `[ptr, ptr + len)` is readable and not written meanwhile.
     let s = unsafe { std::slice::from_raw_parts(ptr, len) };
+    // SAFETY: every bit pattern is a valid `u64`; `align_to` puts only aligned whole words in the middle.
     let (pre, words, post) = unsafe { s.align_to::<u64>() };
     pre.iter().all(|b| *b == 0) && words.iter().all(|w| *w == 0) && post.iter().all(|b| *b == 0)
 }
 
-pub fn all_eq(ptr: *const u8, len: usize, v: u8) -> bool {
+/// Whether the `len` bytes at `ptr` all equal `v`.
+///
+/// # Safety
+/// As for [`all_zero`]: `ptr` is valid for reads of `len` bytes, not written by another thread
+/// during the call.
+pub unsafe fn all_eq(ptr: *const u8, len: usize, v: u8) -> bool {
+    // SAFETY: the caller guarantees that `[ptr, ptr + len)` is readable and not written meanwhile.
     unsafe { std::slice::from_raw_parts(ptr, len) }.iter().all(|b| *b == v)
 }
 
 /// Check that every free page's recorded state is true: `Zeroed` pages read zero, `Reported`
 /// pages are not resident (by `mincore`; reading them would map the zero page, so they are not read).
-pub fn check_free_states(a: &Allocator) -> Result<(), String> {
+///
+/// # Safety
+/// No other thread allocates from `a` during the call: a run listed free could otherwise be
+/// handed out and written while it is read. `a`'s own workers may run: they write or `madvise`
+/// only blocks they have first isolated (taken off every list), which `free_runs` does not list.
+pub unsafe fn check_free_states(a: &Allocator) -> Result<(), String> {
     for (addr, len, state) in a.free_runs() {
         match state {
             PageState::Zeroed => {
-                if !all_zero(addr as *const u8, len) {
+                // SAFETY: the run is free pages inside `a`'s reservation, which stays mapped while
+                // `a` is borrowed; by this function's contract no allocation hands them out (and
+                // so no one writes them) meanwhile.
+                if !unsafe { all_zero(addr as *const u8, len) } {
                     return Err(format!("zeroed run {addr:#x}+{len} holds data"));
                 }
             }
@@ -76,24 +98,34 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// reach a child). `f` must not leave threads of its own running: the child exits right after.
 pub fn in_child(f: impl FnOnce() -> Result<(), String>) {
     let mut fds = [0i32; 2];
+    // SAFETY: `fds` is writable for the two descriptors `pipe2` stores.
     assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: the child has only this thread; it runs `f` (which allocates through glibc's
+    // fork-safe malloc or fallow, whose own locks are not held by this thread) and leaves by `_exit`.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
+        // SAFETY: `fds[0]` is the read end of the pipe created above, which the child does not use.
         unsafe { libc::close(fds[0]) };
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|e| {
             let m = e.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| e.downcast_ref::<String>().cloned());
             Err(format!("panicked: {}", m.unwrap_or_default()))
         });
         if let Err(m) = &r {
+            // SAFETY: `m` is a live string of `m.len()` bytes; `fds[1]` is the pipe's open write end.
             unsafe { libc::write(fds[1], m.as_ptr() as *const libc::c_void, m.len()) };
         }
+        // SAFETY: leaves the child at once, without unwinding into (or running the exit handlers of)
+        // the parent's test harness.
         unsafe { libc::_exit(if r.is_ok() { 0 } else { 1 }) };
     }
+    // SAFETY: `fds[1]` is the pipe's write end, the parent's copy of which it does not use (closing
+    // it lets `read` see end-of-file once the child exits).
     unsafe { libc::close(fds[1]) };
     let mut msg = Vec::new();
     let mut buf = [0u8; 512];
     loop {
+        // SAFETY: `buf` is writable for `buf.len()` bytes; `fds[0]` is the pipe's open read end.
         let n = unsafe { libc::read(fds[0], buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
         if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
@@ -103,8 +135,10 @@ pub fn in_child(f: impl FnOnce() -> Result<(), String>) {
         }
         msg.extend_from_slice(&buf[..n as usize]);
     }
+    // SAFETY: `fds[0]` is the pipe's read end, not used after this.
     unsafe { libc::close(fds[0]) };
     let mut status = 0;
+    // SAFETY: `pid` is the child forked above, not yet waited for; `status` is writable.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     assert!(ok, "child failed (status {status}): {}", String::from_utf8_lossy(&msg));
