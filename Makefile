@@ -1,12 +1,19 @@
 # The README's two commands: `make demo` (the main job: every experiment of the benchmark command
 # at a small default size) and `make test` (every test; installs what it needs on a fresh machine).
 # CI (.ci/run) calls `make test`.
-.PHONY: demo test test-rust test-debug test-loom test-bench test-capi numpy-full-suite
+.PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi numpy-full-suite
 
 demo:
 	cargo run --release -p fallow-bench -- demo
 
-test: test-rust test-debug test-loom test-bench test-capi
+test: test-lint test-rust test-debug test-loom test-bench test-capi
+
+# clippy over every crate and target, warnings as errors: with the crates' own lints, every
+# `unsafe` block carries a SAFETY comment, every unsafe fn a `# Safety` section, and no unsafe
+# operation hides in an unsafe fn without a block of its own.
+test-lint:
+	cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+	cargo clippy --workspace --all-targets --release -- -D warnings
 
 # Every crate's unit and integration tests (core, reporting, zeroing, caches, bench, C API adapter).
 test-rust:
