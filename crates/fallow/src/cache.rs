@@ -625,11 +625,12 @@ impl ThreadCache {
         Some((e.addr(), v.state_of(e.addr())))
     }
 
-    /// A block popped from the cache becomes live: its record says so, and the counters.
+    /// A block of `n` pages popped from the cache becomes live: its record gets `live` (the
+    /// word of a live block, exact or with slack), and the counters say so.
     #[inline(always)]
-    fn hand_out(&self, m: *mut BlockMeta, w: HitWord, n: u32) {
+    fn hand_out(&self, m: *mut BlockMeta, live: HitWord, n: u32) {
         // SAFETY: `m` is the record of the block just popped, in a live arena.
-        unsafe { w.with(Tag::Alloc, w.flags() & !META_FREED_START, n).store(m) };
+        unsafe { live.store(m) };
         self.pages.sub(n as u64);
         self.alloc_hits.add(1);
     }
@@ -662,7 +663,7 @@ impl ThreadCache {
             if live < n {
                 return Some(self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags));
             }
-            self.hand_out(m, w, n);
+            self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), n);
             if flags.0 == 0 && !e.mixed() {
                 v.states().fill(pfn, n, PageState::Allocated);
                 return Some(e.addr());
@@ -678,11 +679,8 @@ impl ThreadCache {
     #[inline(never)]
     fn hand_out_with_slack(&self, a: &Allocator, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
         let n = 1u32 << order;
-        // SAFETY: `m` is the record of the block just popped, in a live arena.
-        unsafe { w.handed_out_with_slack(order, live).store(m) };
-        self.pages.sub(n as u64);
+        self.hand_out(m, w.handed_out_with_slack(order, live), n);
         self.slack.add((n - live) as u64);
-        self.alloc_hits.add(1);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
         // The live part's counts: the block's, less the slack's (this thread owns the block's
@@ -736,6 +734,15 @@ impl ThreadCache {
         self.take_freed::<true>(a, addr, size)
     }
 
+    /// Whether a free of `n` pages into stack `s` must first drain: over the high mark, a full
+    /// stack, or a drain request this cache has not obeyed.
+    #[inline(always)]
+    fn needs_room(&self, a: &Allocator, s: &Stack, n: u32) -> bool {
+        self.pages.get() + n as u64 > self.high
+            || s.ndirty.get() == s.dirty_max.get()
+            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+    }
+
     /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
     /// aligned block comes back into the cache, its live pages `Dirty`, its slack pages in the
     /// states they kept (a mixed entry when some are not `Dirty`). `false`: not a block this
@@ -753,8 +760,7 @@ impl ThreadCache {
             return false;
         }
         let n = 1u32 << o;
-        let s = &self.stacks[o];
-        if self.pages.get() + n as u64 > self.high || s.len() == s.cap || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get() {
+        if self.needs_room(a, &self.stacks[o], n) {
             self.make_room(a, o);
         }
         let (pfn, _) = v.record(addr);
@@ -808,10 +814,7 @@ impl ThreadCache {
         let o = n.trailing_zeros() as usize;
         // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
-        if self.pages.get() + n as u64 > self.high
-            || s.ndirty.get() == s.dirty_max.get()
-            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
-        {
+        if self.needs_room(a, s, n) {
             if !MAY_DRAIN {
                 return false;
             }

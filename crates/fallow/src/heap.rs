@@ -801,8 +801,6 @@ impl Allocator {
         s.free_lazy_pages = counts.lazy as u64;
         s.free_dirty_pages = free_pages - (counts.zeroed + counts.reported + counts.lazy) as u64;
         s.isolated_pages = c.isolated_pages;
-        s.bytes_in_use = c.in_use_pages.wrapping_sub(c.slack_pages) << PAGE_SHIFT;
-        s.slack_bytes = c.slack_pages << PAGE_SHIFT;
         s.live_blocks = c.live_blocks;
         s.alloc_calls = c.alloc_calls;
         s.free_calls = c.free_calls;

@@ -316,35 +316,36 @@ impl BlockMeta {
     pub fn is_free_of_order(&self, order: u8) -> bool {
         (self.word.load(Relaxed) & 0xffff) as u16 == Tag::Free as u16 | (order as u16) << 8
     }
-    /// Change the tag, keeping the rest. Only the one thread that may write this record now (the
-    /// lock holder, or the owner of a cached or live block) calls the setters.
+    /// Replace the bits of `word` under `mask` with `bits` (a load and a store, no
+    /// read-modify-write: only the one thread that may write this record now, the lock holder or
+    /// the owner of a cached or live block, calls the setters).
+    #[inline(always)]
+    fn replace(&self, mask: u64, bits: u64) {
+        let w = self.word.load(Relaxed);
+        self.word.store((w & !mask) | bits, Relaxed)
+    }
+    /// Change the tag, keeping the rest.
     #[inline(always)]
     pub fn set_tag(&self, tag: Tag) {
-        let w = self.word.load(Relaxed);
-        self.word.store((w & !0xff) | tag as u64, Relaxed)
+        self.replace(0xff, tag as u64)
     }
     #[inline(always)]
     pub fn set_flags(&self, flags: u8) {
-        let w = self.word.load(Relaxed);
-        self.word.store((w & !0xff_0000) | (flags as u64) << 16, Relaxed)
+        self.replace(0xff_0000, (flags as u64) << 16)
     }
     #[inline(always)]
     pub fn set_npages(&self, npages: u32) {
-        let w = self.word.load(Relaxed);
-        self.word.store((w & 0xffff_ffff) | (npages as u64) << 32, Relaxed)
+        self.replace(0xffff_ffff << 32, (npages as u64) << 32)
     }
     /// Tag `Isolated` with this order (the rest kept).
     #[inline(always)]
     pub fn set_isolated(&self, order: u8) {
-        let w = self.word.load(Relaxed);
-        self.word.store((w & !0xffff) | Tag::Isolated as u64 | (order as u64) << 8, Relaxed)
+        self.replace(0xffff, Tag::Isolated as u64 | (order as u64) << 8)
     }
     /// Tag `Free` with this order and class (flags and page count kept).
     #[inline(always)]
     pub fn set_free(&self, order: u8, class: u8) {
-        let w = self.word.load(Relaxed);
-        let bits = Tag::Free as u64 | (order as u64) << 8 | (class as u64) << 24;
-        self.word.store((w & 0xffff_ffff_00ff_0000) | bits, Relaxed)
+        self.replace(0xff00_ffff, Tag::Free as u64 | (order as u64) << 8 | (class as u64) << 24)
     }
     #[inline(always)]
     pub fn counts(&self) -> StateCounts {
