@@ -1017,6 +1017,21 @@ impl Allocator {
     /// When that cannot be done (a thread stayed inside its cache for a second, or no `membarrier`).
     #[doc(hidden)]
     pub fn free_runs(&self) -> Vec<(usize, usize, PageState)> {
+        let mut out = Vec::new();
+        self.free_runs_with(|addr, len, state| out.push((addr, len, state)));
+        out
+    }
+
+    /// `free_runs`, handing each run to `f` while the lock is still held: the workers cannot take
+    /// a listed run (to zero, populate or report it) while `f` looks at its pages, so what `f`
+    /// reads is what the states say. (A run read after the lock is dropped may have been reported
+    /// meanwhile, and reading a reported page maps the zero page in: resident.) `f` must not call
+    /// into this allocator (its lock is held).
+    ///
+    /// # Panics
+    /// As `free_runs`.
+    #[doc(hidden)]
+    pub fn free_runs_with(&self, mut f: impl FnMut(usize, usize, PageState)) {
         let h = cache::lock_owners_out(self).expect("free_runs: cannot keep other threads out of their caches");
         let mut out = Vec::new();
         for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
@@ -1027,7 +1042,10 @@ impl Allocator {
             });
         }
         cache::free_runs(&h, &mut out);
-        out
+        for (addr, len, state) in out {
+            f(addr, len, state);
+        }
+        drop(h);
     }
 }
 

@@ -59,25 +59,37 @@ pub unsafe fn all_eq(ptr: *const u8, len: usize, v: u8) -> bool {
 /// handed out and written while it is read. `a`'s own workers may run: they write or `madvise`
 /// only blocks they have first isolated (taken off every list), which `free_runs` does not list.
 pub unsafe fn check_free_states(a: &Allocator) -> Result<(), String> {
-    for (addr, len, state) in a.free_runs() {
-        match state {
-            PageState::Zeroed => {
-                // SAFETY: the run is free pages inside `a`'s reservation, which stays mapped while
-                // `a` is borrowed; by this function's contract no allocation hands them out (and
-                // so no one writes them) meanwhile.
-                if !unsafe { all_zero(addr as *const u8, len) } {
-                    return Err(format!("zeroed run {addr:#x}+{len} holds data"));
-                }
-            }
-            PageState::Reported => {
-                let r = os::resident_pages(addr, len).unwrap();
-                if r != 0 {
-                    return Err(format!("reported run {addr:#x}+{len} has {r} resident pages"));
-                }
-            }
-            PageState::Allocated => return Err(format!("free run {addr:#x} marked allocated")),
-            PageState::Dirty | PageState::LazyFree => {}
+    // Checked while `free_runs_with` holds the lock: a worker could otherwise report a zeroed run
+    // between the listing and the read below, and the read would map the zero page into a
+    // reported run (resident by `mincore`, though it reads zero).
+    let mut first_error = None;
+    a.free_runs_with(|addr, len, state| {
+        if first_error.is_none() {
+            first_error = check_run(addr, len, state).err();
         }
+    });
+    first_error.map_or(Ok(()), Err)
+}
+
+/// One run of `check_free_states`.
+fn check_run(addr: usize, len: usize, state: PageState) -> Result<(), String> {
+    match state {
+        PageState::Zeroed => {
+            // SAFETY: the run is free pages inside the allocator's reservation, which stays mapped
+            // while it is borrowed; by `check_free_states`' contract no allocation hands them out
+            // (and so no one writes them) meanwhile, and the lock keeps the workers off them.
+            if !unsafe { all_zero(addr as *const u8, len) } {
+                return Err(format!("zeroed run {addr:#x}+{len} holds data"));
+            }
+        }
+        PageState::Reported => {
+            let r = os::resident_pages(addr, len).unwrap();
+            if r != 0 {
+                return Err(format!("reported run {addr:#x}+{len} has {r} resident pages"));
+            }
+        }
+        PageState::Allocated => return Err(format!("free run {addr:#x} marked allocated")),
+        PageState::Dirty | PageState::LazyFree => {}
     }
     Ok(())
 }
