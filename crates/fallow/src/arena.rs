@@ -6,14 +6,10 @@
 
 use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-use crate::config::Backing;
+use crate::config::{Backing, ORDERS};
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{BlockMeta, PageState, StateCounts, CLASSES, NIL};
 
-/// Orders go from 0 (4 KiB) to at most this (4 TiB); pfns are `u32`, so an arena holds at most
-/// 2^32 pages (16 TiB).
-pub const MAX_ORDER_LIMIT: u8 = 30;
-pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
 
 pub struct Arena {
     pub base: usize,

@@ -441,7 +441,7 @@ impl Arena {
     #[allow(clippy::needless_range_loop)]
     pub fn check_lists(&self) -> Result<u64, String> {
         let mut pages = 0u64;
-        let mut blocks = [[0u32; crate::arena::ORDERS]; crate::page::CLASSES];
+        let mut blocks = [[0u32; crate::config::ORDERS]; crate::page::CLASSES];
         for class in 0..self.heads.len() {
             for order in 0..=self.max_order {
                 let mut p = self.heads[class][order as usize];

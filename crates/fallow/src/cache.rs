@@ -98,8 +98,7 @@ use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
-/// Largest order a cache may serve (2 MiB blocks).
-pub const CACHE_ORDER_LIMIT: u8 = 9;
+pub(crate) use crate::config::CACHE_ORDER_LIMIT;
 const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
 /// Most blocks of one order a cache holds (the stack capacity of the small orders).
 const STACK_MAX: u32 = 256;

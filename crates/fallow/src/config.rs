@@ -1,8 +1,17 @@
 //! Configuration of an allocator, and its validation. Every setting names its accepted range in
-//! the error it gives.
+//! the error it gives. The limits that settings are checked against live here too, at the bottom
+//! of the layers: the modules that size their tables by them import them from here.
 
-use crate::arena::MAX_ORDER_LIMIT;
 use crate::error::Error;
+
+/// Orders go from 0 (4 KiB) to at most this (4 TiB); pfns are `u32`, so an arena holds at most
+/// 2^32 pages (16 TiB).
+pub const MAX_ORDER_LIMIT: u8 = 30;
+/// Orders of free lists an arena keeps (`0..=MAX_ORDER_LIMIT`).
+pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
+/// Largest order a per-thread cache may serve (2 MiB blocks): a mixed cached block's counts are
+/// `u16`s (cache.rs).
+pub const CACHE_ORDER_LIMIT: u8 = 9;
 
 /// What backs an arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +82,7 @@ impl Config {
                 message: "must be at least 9 (2 MiB) when thp is on",
             });
         }
-        if self.cache_max_order > crate::cache::CACHE_ORDER_LIMIT {
+        if self.cache_max_order > CACHE_ORDER_LIMIT {
             return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 9 (4 KiB to 2 MiB)" });
         }
         if !(2..=65536).contains(&self.cache_high_pages) {

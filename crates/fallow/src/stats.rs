@@ -1,7 +1,7 @@
 //! Statistics: a snapshot taken under the allocator lock in time proportional to the number of
 //! arenas (every figure is a counter kept as the lists change, none is computed by a walk).
 
-use crate::arena::ORDERS;
+use crate::config::ORDERS;
 use crate::os::PAGE_SIZE;
 use crate::page::{Class, CLASSES};
 
