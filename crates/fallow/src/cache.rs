@@ -93,7 +93,8 @@ use std::sync::{Arc, Weak};
 use crate::buddy::preference;
 use crate::buddy::Taken;
 use crate::config::Config;
-use crate::heap::{Allocator, ArenaView, Flags, Heap, Placed, Shared, MAX_ARENAS};
+use crate::flags::Flags;
+use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared, MAX_ARENAS};
 use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
@@ -158,7 +159,7 @@ const MIXED: usize = 1;
 /// table of (64-byte) arena views, with no shift.
 const ARENA_SHIFT: u32 = 6;
 const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
-const _: () = assert!(core::mem::size_of::<crate::heap::ArenaView>() == 1 << ARENA_SHIFT);
+const _: () = assert!(core::mem::size_of::<ArenaView>() == 1 << ARENA_SHIFT);
 
 impl Entry {
     #[inline(always)]
@@ -300,19 +301,13 @@ pub(crate) struct ThreadCache {
 
 const _: () = assert!(core::mem::offset_of!(ThreadCache, max_pages) < 64);
 
-/// The allocator's list of its threads' caches (intrusive: registering allocates nothing).
-pub(crate) struct Registry {
-    head: *mut ThreadCache,
-}
-
-// SAFETY: the registry's pointers are to heap-allocated caches that are linked, unlinked and
-// walked only under the allocator lock (the registry lives in the locked `Heap`), from
-// whichever thread holds it; the `Cell` links of a cache are touched by no one else.
-unsafe impl Send for Registry {}
-
-impl Registry {
-    pub(crate) const fn new() -> Registry {
-        Registry { head: ptr::null_mut() }
+/// The allocator's list of its threads' caches (`Heap::caches`; intrusive: registering allocates
+/// nothing). The heap keeps its head as an untyped pointer (it sits below this layer); every
+/// node is a `ThreadCache`, and only the functions here touch it. Its links (`prev`, `next`) are
+/// `Cell`s of the caches, changed only under the allocator lock.
+impl CacheList {
+    fn first(&self) -> *mut ThreadCache {
+        self.head.cast()
     }
 
     fn push(&mut self, c: *mut ThreadCache) {
@@ -320,12 +315,12 @@ impl Registry {
         // registered cache, live until it is unlinked; `&mut self` means the allocator lock is held.
         unsafe {
             (*c).prev.set(ptr::null_mut());
-            (*c).next.set(self.head);
+            (*c).next.set(self.first());
             if !self.head.is_null() {
-                (*self.head).prev.set(c);
+                (*self.first()).prev.set(c);
             }
         }
-        self.head = c;
+        self.head = c.cast();
     }
 
     fn unlink(&mut self, c: *mut ThreadCache) {
@@ -334,7 +329,7 @@ impl Registry {
         unsafe {
             let (p, n) = ((*c).prev.get(), (*c).next.get());
             if p.is_null() {
-                self.head = n;
+                self.head = n.cast();
             } else {
                 (*p).next.set(n);
             }
@@ -345,7 +340,7 @@ impl Registry {
     }
 
     fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
-        let mut p = self.head;
+        let mut p = self.first();
         core::iter::from_fn(move || {
             if p.is_null() {
                 return None;
@@ -360,9 +355,9 @@ impl Registry {
 }
 
 impl ThreadCache {
-    fn new(a: &Allocator) -> ThreadCache {
-        let cfg = a.config();
-        let orders = a.shared.hit.cache_orders as usize;
+    fn new(a: &Arc<Shared>) -> ThreadCache {
+        let cfg = &a.config;
+        let orders = a.hit.cache_orders as usize;
         let mut stacks: [Stack; MAX_ORDERS] = Default::default();
         let mut batch = [0u32; MAX_ORDERS];
         let mut total = 0u32;
@@ -391,7 +386,7 @@ impl ThreadCache {
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),
             frozen: AtomicU32::new(0),
-            seen_generation: Owned(AtomicU64::new(a.shared.hit.drain_generation.load(Relaxed))),
+            seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             orders,
             max_pages: 1 << (orders - 1),
             stacks,
@@ -401,8 +396,8 @@ impl ThreadCache {
             class_blocks: Default::default(),
             events: Events::default(),
             slack: Owned::default(),
-            owner: Arc::downgrade(&a.shared),
-            id: a.shared.hit.cache_id,
+            owner: Arc::downgrade(a),
+            id: a.hit.cache_id,
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
         }
@@ -590,7 +585,7 @@ impl ThreadCache {
     /// `leave`, since the block is then live and off the cache, its state bytes its owner's as
     /// those of any live block, and the worker's drain touches only blocks in the entries.
     #[inline(always)]
-    pub(crate) fn alloc_hit(&self, a: &Allocator, order: u8) -> Option<(usize, *const AtomicU8)> {
+    pub(crate) fn alloc_hit(&self, a: &Arc<Shared>, order: u8) -> Option<(usize, *const AtomicU8)> {
         let o = order as usize;
         debug_assert!(o < self.orders);
         // SAFETY: `order` is a cached order (`cached_order` checked it against
@@ -639,7 +634,7 @@ impl ThreadCache {
     /// of fewer pages than the block gets the whole block, its pages past `live` as slack (see
     /// "Slack" at the top). `None`: the free lists are empty too.
     #[inline(never)]
-    pub(crate) fn alloc(&self, a: &Allocator, order: u8, live: u32, flags: Flags) -> Option<usize> {
+    pub(crate) fn alloc(&self, a: &Arc<Shared>, order: u8, live: u32, flags: Flags) -> Option<usize> {
         let o = order as usize;
         let n = 1u32 << order;
         debug_assert!(live <= n && (live > n / 2 || n == 1));
@@ -676,7 +671,7 @@ impl ThreadCache {
     /// whose pages keep their free states.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn hand_out_with_slack(&self, a: &Allocator, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
+    fn hand_out_with_slack(&self, a: &Arc<Shared>, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
         let n = 1u32 << order;
         self.hand_out(m, w.handed_out_with_slack(order, live), n);
         self.slack.add((n - live) as u64);
@@ -694,7 +689,7 @@ impl ThreadCache {
 
     /// The hit's tail for a mixed block or a request with flags: count, then `prepare`.
     #[inline(never)]
-    fn alloc_prepare(&self, a: &Allocator, e: Entry, counts: StateCounts, pfn: u32, n: u32, flags: Flags) -> usize {
+    fn alloc_prepare(&self, a: &Arc<Shared>, e: Entry, counts: StateCounts, pfn: u32, n: u32, flags: Flags) -> usize {
         let ev = &self.events;
         if counts.reported + counts.lazy != 0 {
             ev.reused_reported_bytes.add(((counts.reported + counts.lazy) as u64) << PAGE_SHIFT);
@@ -713,7 +708,7 @@ impl ThreadCache {
     /// Empty stacks: refill (obeying a drain request first), pop again.
     #[cold]
     #[inline(never)]
-    fn alloc_slow(&self, a: &Allocator, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
+    fn alloc_slow(&self, a: &Arc<Shared>, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
         self.refill(a, order, zero);
         self.pop(order as usize, zero)
     }
@@ -721,7 +716,7 @@ impl ThreadCache {
     /// The hit path of `free`: as `free`, but `false` (nothing changed) also when the cache must
     /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
     #[inline(always)]
-    pub(crate) fn free_hit(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+    pub(crate) fn free_hit(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
         self.take_freed::<false>(a, addr, size)
     }
 
@@ -729,17 +724,17 @@ impl ThreadCache {
     /// cached order (and of `size`, if given), draining first if needed. `false`: the caller
     /// takes the validated path.
     #[inline(never)]
-    pub(crate) fn free(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+    pub(crate) fn free(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
         self.take_freed::<true>(a, addr, size)
     }
 
     /// Whether a free of `n` pages into stack `s` must first drain: over the high mark, a full
     /// stack, or a drain request this cache has not obeyed.
     #[inline(always)]
-    fn needs_room(&self, a: &Allocator, s: &Stack, n: u32) -> bool {
+    fn needs_room(&self, a: &Arc<Shared>, s: &Stack, n: u32) -> bool {
         self.pages.get() + n as u64 > self.high
             || s.ndirty.get() == s.dirty_max.get()
-            || a.shared.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+            || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
     }
 
     /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
@@ -748,7 +743,7 @@ impl ThreadCache {
     /// cache takes (the caller takes the validated path).
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    fn take_freed_slack(&self, a: &Allocator, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
+    fn take_freed_slack(&self, a: &Arc<Shared>, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
         let o = w.order() as usize;
         let live = w.npages();
         let page = (addr >> PAGE_SHIFT) as u32;
@@ -780,7 +775,7 @@ impl ThreadCache {
     /// `free_hit` (`MAY_DRAIN` false) and `free` (true): the same checks; only `free` may call
     /// out to drain.
     #[inline(always)]
-    fn take_freed<const MAY_DRAIN: bool>(&self, a: &Allocator, addr: usize, size: Option<usize>) -> bool {
+    fn take_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
         if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
             return false;
         }
@@ -842,9 +837,9 @@ impl ThreadCache {
     /// and the stack of order `o` down to half its capacity.
     #[cold]
     #[inline(never)]
-    fn make_room(&self, a: &Allocator, o: usize) {
+    fn make_room(&self, a: &Arc<Shared>, o: usize) {
         let now = a.now_ms();
-        let mut h = a.shared.heap.lock();
+        let mut h = a.heap.lock();
         self.fold(&mut h);
         if !self.obey_drain_request(a, &mut h, now) {
             self.drain_to_half(&mut h, o, now);
@@ -872,8 +867,8 @@ impl ThreadCache {
 
     /// Under the lock: give back everything if a drain request came since this cache last
     /// obeyed one. `true` if one had.
-    fn obey_drain_request(&self, a: &Allocator, h: &mut Heap, now: u32) -> bool {
-        let g = a.shared.hit.drain_generation.load(Relaxed);
+    fn obey_drain_request(&self, a: &Arc<Shared>, h: &mut Heap, now: u32) -> bool {
+        let g = a.hit.drain_generation.load(Relaxed);
         if g == self.seen_generation.get() {
             return false;
         }
@@ -886,11 +881,11 @@ impl ThreadCache {
     /// of the lock (first obeying a drain request, and draining the cache to half its high mark
     /// if the batch has no room).
     #[cold]
-    fn refill(&self, a: &Allocator, order: u8, zero: bool) {
+    fn refill(&self, a: &Arc<Shared>, order: u8, zero: bool) {
         let o = order as usize;
         let n = 1u32 << order;
         let now = a.now_ms();
-        let mut h = a.shared.heap.lock();
+        let mut h = a.heap.lock();
         self.fold(&mut h);
         let mut drained = self.obey_drain_request(a, &mut h, now);
         if self.pages.get() + n as u64 > self.high {
@@ -961,9 +956,9 @@ impl ThreadCache {
     }
 
     /// Give back everything (thread exit, drain request, `drain_thread_cache`).
-    fn drain_all(&self, a: &Allocator) {
+    fn drain_all(&self, a: &Arc<Shared>) {
         let now = a.now_ms();
-        let mut h = a.shared.heap.lock();
+        let mut h = a.heap.lock();
         self.fold(&mut h);
         self.drain_all_locked(&mut h, now);
         a.wake_workers_after_free(h);
@@ -1129,17 +1124,17 @@ fn last_of(id: u64) -> Option<*const ThreadCache> {
 /// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
 /// call, no registration).
 #[inline(always)]
-pub(crate) fn last(a: &Allocator) -> Option<&ThreadCache> {
+pub(crate) fn last(a: &Arc<Shared>) -> Option<&ThreadCache> {
     // SAFETY: `LAST` holds a live cache of this thread whenever its id is an allocator's (ids
     // start at 1; it is reset to 0 before its cache is retired).
-    last_of(a.shared.hit.cache_id).map(|c| unsafe { &*c })
+    last_of(a.hit.cache_id).map(|c| unsafe { &*c })
 }
 
 /// The calling thread's cache of `a`, made at first use; `None` when caches are off for `a`, while
 /// the thread is being set up or torn down, or on a re-entrant call.
 #[inline]
-pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
-    if let Some(c) = last_of(a.shared.hit.cache_id) {
+pub(crate) fn current(a: &Arc<Shared>) -> Option<&ThreadCache> {
+    if let Some(c) = last_of(a.hit.cache_id) {
         // SAFETY: as in `last`.
         return Some(unsafe { &*c });
     }
@@ -1149,8 +1144,8 @@ pub(crate) fn current(a: &Allocator) -> Option<&ThreadCache> {
 }
 
 #[cold]
-fn attach(a: &Allocator) -> Option<*const ThreadCache> {
-    if a.shared.hit.cache_orders == 0 {
+fn attach(a: &Arc<Shared>) -> Option<*const ThreadCache> {
+    if a.hit.cache_orders == 0 {
         return None;
     }
     match STATE.with(|s| s.get()) {
@@ -1170,8 +1165,8 @@ fn attach(a: &Allocator) -> Option<*const ThreadCache> {
 }
 
 impl Slots {
-    fn find_or_make(&self, a: &Allocator) -> Option<*const ThreadCache> {
-        let id = a.shared.hit.cache_id;
+    fn find_or_make(&self, a: &Arc<Shared>) -> Option<*const ThreadCache> {
+        let id = a.hit.cache_id;
         let now = self.clock.get() + 1;
         self.clock.set(now);
         for i in 0..SLOTS {
@@ -1199,7 +1194,7 @@ impl Slots {
         STATE.with(|s| s.set(BUSY));
         let c = Box::into_raw(Box::new(ThreadCache::new(a)));
         STATE.with(|s| s.set(READY));
-        a.shared.heap.lock().caches.push(c);
+        a.heap.lock().caches.push(c);
         self.caches[pick].set(c);
         self.ids[pick].set(id);
         self.used[pick].set(now);
@@ -1240,12 +1235,8 @@ fn retire(c: *mut ThreadCache) {
         tc.fold(&mut h);
         tc.drain_all_locked(&mut h, now);
         h.caches.unlink(c);
-        // Wake a worker for what the drain freed, through a handle only while the allocator has
-        // some (a handle made here would otherwise stop its workers when dropped).
-        match Allocator::revive(&shared) {
-            Some(a) => a.wake_workers_after_free(h),
-            None => drop(h),
-        }
+        // Wake a worker for what the drain freed, only while the allocator has handles.
+        shared.wake_workers_if_alive(h);
     }
     // SAFETY: `c` came from `Box::into_raw` in `find_or_make`; it is out of the table and, if its
     // allocator lives, unlinked from the registry under the lock above, so nothing reaches it now
@@ -1254,13 +1245,13 @@ fn retire(c: *mut ThreadCache) {
 }
 
 /// `Allocator::drain_thread_cache`.
-pub(crate) fn drain_current(a: &Allocator) {
-    if a.shared.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
+pub(crate) fn drain_current(a: &Arc<Shared>) {
+    if a.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
         return;
     }
     let _ = TABLE.try_with(|t| {
         for i in 0..SLOTS {
-            if t.ids[i].get() == a.shared.hit.cache_id {
+            if t.ids[i].get() == a.hit.cache_id {
                 // SAFETY: a slot whose id is set holds a live cache of this thread (id and cache are set and
                 // cleared together), and this is its owner.
                 unsafe { (*t.caches[i].get()).drain_all(a) };
@@ -1313,7 +1304,7 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
     let mut h = s.heap.lock();
     let mut pages = 0;
     // Walk the registry by its raw links: draining needs the heap mutably.
-    let mut p = h.caches.head;
+    let mut p = h.caches.first();
     while !p.is_null() {
         // SAFETY: registered caches are live while on the list, and the lock is held (`h`), so no
         // owner's `retire` can unlink and free one during the walk.
@@ -1364,10 +1355,10 @@ impl Drop for FrozenHeap<'_> {
 /// every 100 us for about a second. `None`: some owner stayed inside that long, or `membarrier`
 /// is not available here and a cache other than the caller's last one exists (without the
 /// barrier, an owner's entry cannot be ruled out).
-pub(crate) fn lock_owners_out(a: &Allocator) -> Option<FrozenHeap<'_>> {
+pub(crate) fn lock_owners_out(a: &Arc<Shared>) -> Option<FrozenHeap<'_>> {
     let own = last(a).map(|c| c as *const ThreadCache);
     for _ in 0..10_000 {
-        let frozen = FrozenHeap { h: a.shared.heap.lock() };
+        let frozen = FrozenHeap { h: a.heap.lock() };
         let mut others = false;
         for c in frozen.caches.iter() {
             c.frozen.store(1, Relaxed);

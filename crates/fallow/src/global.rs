@@ -27,7 +27,8 @@ use core::ptr;
 use std::alloc::System;
 
 use crate::config::Config;
-use crate::heap::{Allocator, Flags};
+use crate::allocator::Allocator;
+use crate::flags::Flags;
 use crate::os::PAGE_SIZE;
 use crate::start::{Entry, StartGate};
 

@@ -14,7 +14,10 @@
 //! - `page`: per-page states and the per-block side record;
 //! - `arena`: a reservation and its side metadata;
 //! - `buddy`: free lists, split and merge over one arena;
-//! - `heap`: the allocator itself (flags, free with validation, growth, statistics);
+//! - `flags`: the flags of an allocation request;
+//! - `heap`: the locked allocator (allocation, free with validation, resize, growth) and what an
+//!   allocator's handles, caches and workers share; the workers' interface (isolation);
+//! - `allocator`: the public `Allocator`, its hit paths inlined, its statistics and controls;
 //! - `worker`: background-thread plumbing; `report`: free page reporting; `zero`: background
 //!   pre-zeroing; `nt`: zeroing with non-temporal stores;
 //! - `cache`: per-thread page caches, the lock-free fast path;
@@ -37,11 +40,13 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
 
+pub(crate) mod allocator;
 pub(crate) mod arena;
 pub(crate) mod buddy;
 pub(crate) mod cache;
 pub(crate) mod config;
 pub(crate) mod error;
+pub(crate) mod flags;
 pub(crate) mod global;
 pub(crate) mod heap;
 pub(crate) mod lock;
@@ -70,6 +75,7 @@ pub mod loom_support {
 pub use config::{Backing, Config, ReportMode, Tunables};
 pub use error::Error;
 pub use global::FallowAlloc;
-pub use heap::{Allocator, Flags};
+pub use allocator::Allocator;
+pub use flags::Flags;
 pub use page::PageState;
 pub use stats::Stats;

@@ -1,0 +1,156 @@
+//! The background workers' interface to the locked allocator: take a listed block out
+//! (`isolate`, `isolate_dirty_piece`: tagged `Isolated`, on no list, recorded in an in-flight
+//! slot), and put it back with its pages in new states (`unisolate`), merging as a free does;
+//! and the few questions a worker asks before it looks for work. Called with the lock held.
+
+use crate::arena::Arena;
+use crate::page::{Class, PageState, StateCounts, Tag};
+
+use super::Heap;
+
+/// One isolated block.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Inflight {
+    pub used: bool,
+    pub arena: u16,
+    pub order: u8,
+    pub pfn: u32,
+    pub counts: StateCounts,
+    pub freed_at_ms: u32,
+}
+
+/// The in-flight slot of the zeroing worker (the reporter's are `0..MAX_REPORT_BATCH`).
+pub(crate) const ZERO_SLOT: usize = crate::config::MAX_REPORT_BATCH as usize;
+/// In-flight slots in all.
+pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
+
+impl Heap {
+    /// Whether some listed block of order >= `order` has pages not yet reported.
+    pub(crate) fn has_unreported(&self, order: u8) -> bool {
+        let mask = !0u64 << order;
+        (0..self.narenas).any(|i| {
+            let a = self.arena(i);
+            (a.nonempty[Class::Dirty as usize] | a.nonempty[Class::Zeroed as usize]) & mask != 0
+        })
+    }
+
+    /// Whether some listed block of order >= `order` has pages that need zeroing.
+    pub(crate) fn has_dirty(&self, order: u8) -> bool {
+        let mask = !0u64 << order;
+        (0..self.narenas).any(|i| self.arena(i).nonempty[Class::Dirty as usize] & mask != 0)
+    }
+
+    /// Free pages that are resident (dirty, zeroed; lazily freed ones are not counted), and of
+    /// them the zeroed ones.
+    pub(crate) fn resident_free_pages(&self) -> (u64, u64) {
+        let (mut resident, mut zeroed) = (0u64, 0u64);
+        for i in 0..self.narenas {
+            let l = &self.arena(i).listed;
+            resident += l.pages - (l.counts.reported + l.counts.lazy) as u64;
+            zeroed += l.counts.zeroed as u64;
+        }
+        (resident, zeroed)
+    }
+
+    /// Take the listed free block at `pfn` of arena `ai` off its list and record it in `slot`.
+    pub(crate) fn isolate(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
+        let a = self.arenas[ai].as_mut().unwrap();
+        let m = a.meta(pfn).get();
+        debug_assert_eq!(m.tag, Tag::Free);
+        a.unlink(pfn);
+        a.meta(pfn).set_tag(Tag::Isolated);
+        let rec = Inflight {
+            used: true,
+            arena: ai as u16,
+            order: m.order,
+            pfn,
+            counts: m.counts,
+            freed_at_ms: m.freed_at_ms,
+        };
+        self.finish_isolate(slot, rec)
+    }
+
+    /// Take a piece of order `order` out of the listed free block at `pfn` (of a larger or equal
+    /// order), choosing at each split the half that still has pages needing zeroing, and listing
+    /// the other halves again. Records the piece in `slot`.
+    pub(crate) fn isolate_dirty_piece(&mut self, slot: usize, ai: usize, pfn: u32, order: u8) -> Inflight {
+        let a = self.arenas[ai].as_mut().unwrap();
+        let m = a.meta(pfn).get();
+        a.unlink(pfn);
+        let (p, counts) =
+            a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| low.needs_zeroing(half) == 0);
+        a.meta(p).set_isolated(order);
+        let rec = Inflight { used: true, arena: ai as u16, order, pfn: p, counts, freed_at_ms: m.freed_at_ms };
+        self.finish_isolate(slot, rec)
+    }
+
+    fn finish_isolate(&mut self, slot: usize, rec: Inflight) -> Inflight {
+        debug_assert!(!self.inflight[slot].used);
+        self.inflight[slot] = rec;
+        self.counters.isolated_pages += 1u64 << rec.order;
+        rec
+    }
+
+    /// Return the block in `slot` to the free lists, each page's state rewritten by `new_state`
+    /// (applied to maximal runs of equal state), merging with free buddies as usual. Returns the
+    /// counts the pages had while isolated.
+    pub(crate) fn unisolate(&mut self, slot: usize, new_state: impl Fn(PageState) -> PageState) -> StateCounts {
+        let rec = self.inflight[slot];
+        debug_assert!(rec.used);
+        self.inflight[slot].used = false;
+        let a = self.arenas[rec.arena as usize].as_mut().unwrap();
+        let n = 1u32 << rec.order;
+        let counts = match rec.counts.uniform_state(n) {
+            // The common case (a whole dirty block reported, a dirty chunk zeroed): one state
+            // before, one after, a memset of the state bytes and no scan under the lock.
+            Some(s) => {
+                let t = new_state(s);
+                if t != s {
+                    a.set_states(rec.pfn, n, t);
+                }
+                StateCounts::uniform(t, n)
+            }
+            None => Self::rewrite_mixed(a, rec.pfn, rec.order, &new_state),
+        };
+        a.meta(rec.pfn).set_tag(Tag::None);
+        a.free_block(rec.pfn, rec.order, counts, rec.freed_at_ms);
+        self.counters.isolated_pages -= n as u64;
+        rec.counts
+    }
+
+    /// `unisolate` of a block whose pages are in several states: rewrite them run by run, count
+    /// them, and rebuild the half records if the result is still mixed.
+    fn rewrite_mixed(a: &mut Arena, pfn: u32, order: u8, new_state: &impl Fn(PageState) -> PageState) -> StateCounts {
+        let n = 1u32 << order;
+        let mut runs: [(u32, u32, PageState); 32] = [(0, 0, PageState::Dirty); 32];
+        let mut nruns = 0;
+        let mut rewrote_all = true;
+        a.for_each_run(pfn, n, |start, len, s| {
+            let t = new_state(s);
+            if t != s {
+                if nruns < runs.len() {
+                    runs[nruns] = (start, len, t);
+                    nruns += 1;
+                } else {
+                    rewrote_all = false;
+                }
+            }
+        });
+        for &(start, len, t) in &runs[..nruns] {
+            a.set_states(start, len, t);
+        }
+        if !rewrote_all {
+            // Many runs: one page at a time.
+            for p in pfn..pfn + n {
+                let s = a.state(p);
+                a.states().set(p, new_state(s));
+            }
+        }
+        let mut counts = a.count_states(pfn, n);
+        if counts.uniform_state(n).is_none() {
+            // Mixed after the worker's changes: the half records must describe the new states.
+            counts = a.rebuild_records(pfn, order);
+        }
+        counts
+    }
+}

@@ -1,0 +1,260 @@
+//! The locked paths: allocation and free with validation, resize in place, usable size, and
+//! growth by a new arena. Everything a per-thread cache does not serve comes here, and so do
+//! the caches' refills and drains (cache/batch.rs) for the lists themselves.
+
+use core::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::flags::Flags;
+use crate::lock::Guard;
+use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::page::{PageState, META_LOCKED};
+
+use super::{Heap, Placed, Shared, MAX_ARENAS};
+
+/// How many times (100 us apart) an allocation that finds nothing free waits for blocks isolated
+/// by a background worker before it reserves a new arena.
+const ISOLATION_WAITS: u32 = 20;
+
+impl Shared {
+    /// Pages and order for a request, or the reason it can never be served.
+    pub(crate) fn shape(&self, size: usize, align: usize) -> Result<(u32, u8), Error> {
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let max = PAGE_SIZE << self.config.max_order;
+        if !align.is_power_of_two() || align > max {
+            return Err(Error::BadAlignment { align, max });
+        }
+        let npages = size.checked_add(PAGE_SIZE - 1).ok_or(Error::TooLarge { size })? >> PAGE_SHIFT;
+        if npages >= u32::MAX as usize / 2 {
+            return Err(Error::TooLarge { size });
+        }
+        let npages = npages as u32;
+        let size_order = npages.next_power_of_two().trailing_zeros() as u8;
+        let align_order = (align.max(PAGE_SIZE) >> PAGE_SHIFT).trailing_zeros() as u8;
+        Ok((npages, size_order.max(align_order)))
+    }
+
+    /// Allocate on the locked path: take a block from the lists (waiting a little for blocks a
+    /// worker isolated, then growing the heap), then `prepare` it outside the lock.
+    #[inline(never)]
+    pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        let (npages, order) = self.shape(size, align)?;
+        let zero = flags.contains(Flags::ZERO);
+        // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
+        let now = if zero { self.now_ms() } else { 0 };
+        let mut waits = 0u32;
+        let placed = loop {
+            let mut h = self.heap.lock();
+            if let Some(p) = h.take(npages, order, zero, now) {
+                break p;
+            }
+            // The arena count as this thread found the heap full: `grow` installs nothing if
+            // another thread has grown the heap since (then the take is retried first).
+            let (isolated, seen) = (h.counters.isolated_pages, h.narenas);
+            drop(h);
+            // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
+            // zeroed, a batch being reported): wait for them a little (at most ~2 ms) rather than
+            // reserve a new arena and fault it in. Only when no other memory is free.
+            if isolated > 0 && waits < ISOLATION_WAITS {
+                waits += 1;
+                os::sleep_ns(100_000);
+                continue;
+            }
+            self.grow(npages as usize, seen)?;
+        };
+        self.prepare(&placed, flags)?;
+        // SAFETY: a block address is never null.
+        Ok(unsafe { NonNull::new_unchecked(placed.addr as *mut u8) })
+    }
+
+    /// After the lock: zero what must be zeroed, mark the pages allocated, populate, lock.
+    pub(crate) fn prepare(self: &Arc<Self>, p: &Placed, flags: Flags) -> Result<(), Error> {
+        let t = &p.taken;
+        let states = self.states_of(p.arena);
+        let zero = flags.contains(Flags::ZERO);
+        let len = (t.npages as usize) << PAGE_SHIFT;
+        if zero && t.counts.needs_zeroing(t.npages) > 0 {
+            states.for_each_run(t.pfn, t.npages, |start, n, s| {
+                if !s.reads_zero() {
+                    let addr = p.addr + (((start - t.pfn) as usize) << PAGE_SHIFT);
+                    // SAFETY: the run lies inside the block just taken, which the caller owns and nobody else
+                    // touches until it is handed out.
+                    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, (n as usize) << PAGE_SHIFT) };
+                }
+            });
+        }
+        states.fill(t.pfn, t.npages, PageState::Allocated);
+        let not_resident = t.counts.reported + t.counts.lazy > 0;
+        if flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK) && not_resident {
+            // SAFETY: the block just taken, mapped read-write, which the caller owns and nobody else
+            // touches until it is handed out.
+            unsafe { os::populate_write(p.addr, len) };
+        }
+        if flags.contains(Flags::LOCK) {
+            if let Err(errno) = os::mlock(p.addr, len) {
+                let _ = self.free_locked(p.addr, None);
+                return Err(Error::Lock { size: len, errno });
+            }
+            let mut h = self.heap.lock();
+            let a = h.arenas[p.arena].as_mut().unwrap();
+            let m = a.meta(t.pfn);
+            m.set_flags(m.flags() | META_LOCKED);
+            h.counters.locked_bytes += len as u64;
+        }
+        Ok(())
+    }
+
+    /// Free the live block at `addr` (of `size` bytes, page-rounded, when given) on the locked,
+    /// validating path: a bad address gets the error that says why.
+    #[inline(never)]
+    pub(crate) fn free_locked(self: &Arc<Self>, addr: usize, size: Option<usize>) -> Result<(), Error> {
+        let mut h = self.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let actual = (npages as usize) << PAGE_SHIFT;
+        if let Some(size) = size {
+            if size.div_ceil(PAGE_SIZE) != npages as usize {
+                return Err(Error::SizeMismatch { addr, given: size, actual });
+            }
+        }
+        let now = self.now_ms();
+        let a = h.arenas[ai].as_mut().unwrap();
+        let locked = a.meta(pfn).flags() & META_LOCKED != 0;
+        if locked {
+            // munlock outside the lock; the block stays live (and ours) meanwhile.
+            a.meta(pfn).set_flags(a.meta(pfn).flags() & !META_LOCKED);
+            h.counters.locked_bytes -= actual as u64;
+            drop(h);
+            os::munlock(addr, actual);
+            h = self.heap.lock();
+            // A concurrent second free of the same block (a caller bug) may have won the race.
+            let again = h.live_block(addr)?;
+            if again != (ai, pfn, npages) {
+                return Err(Error::DoubleFree { addr });
+            }
+        }
+        let a = h.arenas[ai].as_mut().unwrap();
+        let slack = a.release_live(pfn, npages, PageState::Dirty, now);
+        self.account_free(h, npages, slack);
+        Ok(())
+    }
+
+    /// `Allocator::free_reported`: free the live block at `addr`, its pages listed `Reported`.
+    ///
+    /// # Safety
+    /// As `Allocator::free_reported`: every page of the block reads zero and is not resident.
+    pub(crate) unsafe fn free_reported(self: &Arc<Self>, addr: usize) -> Result<(), Error> {
+        let now = self.now_ms();
+        let mut h = self.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let a = h.arenas[ai].as_mut().unwrap();
+        if a.meta(pfn).flags() & META_LOCKED != 0 {
+            drop(h);
+            return self.free_locked(addr, None);
+        }
+        let slack = a.release_live(pfn, npages, PageState::Reported, now);
+        self.account_free(h, npages, slack);
+        Ok(())
+    }
+
+    /// After a live block went back on the lists: count it, release the lock, wake a worker if
+    /// the free made work for it.
+    fn account_free(self: &Arc<Self>, mut h: Guard<'_, Heap>, npages: u32, slack: u32) {
+        let c = &mut h.counters;
+        c.free_calls += 1;
+        c.in_use_pages = c.in_use_pages.wrapping_sub((npages + slack) as u64);
+        c.slack_pages = c.slack_pages.wrapping_sub(slack as u64);
+        c.live_blocks = c.live_blocks.wrapping_sub(1);
+        self.wake_workers_after_free(h);
+    }
+
+    /// Bytes usable in the live block at `addr` (page-rounded), or `None` if `addr` is not the
+    /// start of a live block of this allocator.
+    pub(crate) fn usable_size(&self, addr: usize) -> Option<usize> {
+        let h = self.heap.lock();
+        h.live_block(addr).ok().map(|(_, _, n)| (n as usize) << PAGE_SHIFT)
+    }
+
+    /// `Allocator::resize_in_place` of the live block at `addr`.
+    pub(crate) fn resize_in_place(self: &Arc<Self>, addr: usize, new_size: usize) -> Result<bool, Error> {
+        if new_size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let new_pages = new_size.div_ceil(PAGE_SIZE);
+        let now = self.now_ms();
+        let mut h = self.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let a = h.arenas[ai].as_mut().unwrap();
+        if a.meta(pfn).flags() & META_LOCKED != 0 && new_pages != npages as usize {
+            return Ok(false);
+        }
+        if new_pages as u64 > a.npages as u64 {
+            return Ok(false);
+        }
+        let new_pages = new_pages as u32;
+        if new_pages != npages {
+            // A block with slack becomes an exact block first (its slack back on the lists).
+            let slack = a.drop_slack(pfn, now);
+            h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(slack as u64);
+            h.counters.slack_pages = h.counters.slack_pages.wrapping_sub(slack as u64);
+        }
+        let a = h.arenas[ai].as_mut().unwrap();
+        if new_pages <= npages {
+            if new_pages < npages {
+                let tail = npages - new_pages;
+                a.meta(pfn).set_npages(new_pages);
+                a.set_states(pfn + new_pages, tail, PageState::Dirty);
+                a.free_range(pfn + new_pages, tail, PageState::Dirty, now);
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(tail as u64);
+                self.wake_workers_after_free(h);
+            }
+            return Ok(true);
+        }
+        match a.take_following(pfn, npages, new_pages) {
+            None => Ok(false),
+            Some(counts) => {
+                a.set_states(pfn + npages, new_pages - npages, PageState::Allocated);
+                a.meta(pfn).set_npages(new_pages);
+                h.counters.in_use_pages = h.counters.in_use_pages.wrapping_add((new_pages - npages) as u64);
+                h.counters.reused_reported_bytes += ((counts.reported + counts.lazy) as u64) << PAGE_SHIFT;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Reserve one more arena, large enough for `npages` pages, for a caller that found the heap
+    /// full when it held `seen` arenas.
+    ///
+    /// The reservation runs outside the lock, so threads that find the heap full together all
+    /// get here: each re-checks under the lock, and only the first installs its arena. The others
+    /// unmap theirs (after releasing the lock) and return `Ok` without installing, so that their
+    /// caller retries its take in the arena just installed and grows again only if that cannot
+    /// serve it (at most `MAX_ARENAS` installs, so this ends). A failed reservation is not an error
+    /// either when another thread grew the heap meanwhile (under `RLIMIT_AS` the racers'
+    /// reservations compete for the same room). Go's `mheap.grow` and jemalloc's `ecache_grow`
+    /// serialize growth by holding a lock across it; here the lock is held for bookkeeping only.
+    pub(crate) fn grow(&self, npages: usize, seen: usize) -> Result<(), Error> {
+        let cfg = &self.config;
+        let want = if cfg.arena_size == 0 { os::physical_memory() } else { cfg.arena_size };
+        let need = npages << PAGE_SHIFT;
+        let reserved = crate::arena::reserve_fitting(want, need, cfg.max_order, cfg.backing, cfg.thp);
+        let mut h = self.heap.lock();
+        if h.narenas != seen {
+            drop(h);
+            drop(reserved);
+            return Ok(());
+        }
+        let arena = reserved.map_err(|(tried, errno)| Error::OutOfMemory { size: need, tried, errno })?;
+        if h.narenas == MAX_ARENAS {
+            drop(h); // before the arena, whose drop unmaps it
+            return Err(Error::OutOfMemory { size: need, tried: 0, errno: libc::ENOMEM });
+        }
+        let i = h.narenas;
+        self.publish(i, &arena);
+        h.arenas[i] = Some(arena);
+        h.narenas += 1;
+        Ok(())
+    }
+}

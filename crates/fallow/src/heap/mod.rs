@@ -1,0 +1,279 @@
+//! The locked allocator: arenas behind one lock, and what one allocator's handles, per-thread
+//! caches and workers share (`Shared`). Its parts: `view` (what the hit paths read of an arena
+//! without the lock), `locked` (allocation, free, resize and growth under the lock), `isolate`
+//! (the workers' interface: take an idle block out, put it back in a new state) and `workers`
+//! (waking, starting and stopping the workers after a free). It imports the layers below it
+//! (`buddy`, `arena`, `page`, `worker`, `config`, `os`) and nothing above.
+//!
+//! Locking. One lock (`Shared::heap`) guards every free list, the records (`BlockMeta`) of free,
+//! isolated and unlisted blocks and every state byte of a free page; a cached block's record
+//! word belongs to the cache's owner (docs/design.md, "Access rules", says who may touch what).
+//! It is held for bookkeeping only: the memset of a `ZERO` request, the `madvise` of `POPULATE`,
+//! the `mlock` of `LOCK`, the `mmap` of a new arena all run after it is released, on pages that
+//! the caller already owns. State bytes of pages in a live block belong to the block's owner and
+//! are written outside the lock (they are atomics, read under the lock only to classify a bad
+//! `free`).
+//!
+//! Arena table. Arenas are installed once into a fixed table of `MAX_ARENAS` slots and never
+//! move or go away before the allocator does, so their address ranges are published in atomics
+//! and `owns` is a lock-free range check (the preload library's ownership test).
+
+mod isolate;
+mod locked;
+mod view;
+mod workers;
+
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
+
+use crate::arena::Arena;
+use crate::buddy::{preference, Taken};
+use crate::config::{Config, Tunables};
+use crate::error::Error;
+use crate::lock::Locked;
+use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::page::{Tag, META_FREED_START, META_SLACK};
+use crate::stats::ReclaimCounters;
+use crate::worker::{self, Worker};
+
+pub(crate) use isolate::{Inflight, INFLIGHT, ZERO_SLOT};
+pub(crate) use view::{ArenaView, HitPath};
+
+/// Arenas an allocator may install (its arena table is fixed: arenas never move).
+pub(crate) const MAX_ARENAS: usize = 64;
+
+/// Counters kept under the lock.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counters {
+    pub alloc_calls: u64,
+    pub free_calls: u64,
+    pub zero_skipped_bytes: u64,
+    pub zeroed_on_alloc_bytes: u64,
+    pub reused_reported_bytes: u64,
+    pub locked_bytes: u64,
+    /// Wrapping (read as signed): a block served by a per-thread cache and freed on the locked
+    /// path is subtracted here before the cache's hit is folded in. `stats()` adds the unfolded
+    /// hits of every cache, which makes the sum exact.
+    pub in_use_pages: u64,
+    /// Of `in_use_pages`, the slack of live blocks served by a cache for fewer pages than their
+    /// block (cache.rs, "Slack"). Wrapping, as `in_use_pages`.
+    pub slack_pages: u64,
+    pub live_blocks: u64,
+    pub isolated_pages: u64,
+    /// Blocks handed out that held reported (or lazily freed) pages.
+    pub reported_blocks_reused: u64,
+    /// Background-zeroed pages handed to a request that did not ask for zeros (bytes).
+    pub zeroed_wasted_bytes: u64,
+    /// Pages handed to per-thread caches and not yet drained back, as of the last fold of each
+    /// cache's counters (`cache.rs`); wrapping, like `in_use_pages` and `live_blocks`, because a
+    /// cache's unfolded hits may move pages either way.
+    pub cached_pages: u64,
+    pub cache_hits: u64,
+    pub cache_refills: u64,
+    pub cache_drains: u64,
+    /// Caches of idle threads drained by the reporting worker (`cache::drain_unanswered`).
+    pub cache_remote_drains: u64,
+}
+
+/// Everything the lock guards.
+pub(crate) struct Heap {
+    pub arenas: [Option<Arena>; MAX_ARENAS],
+    pub narenas: usize,
+    pub counters: Counters,
+    /// Settings of the background workers (changed by `Allocator::set_tunables`).
+    pub tunables: Tunables,
+    /// What the workers did (report.rs, zero.rs).
+    pub reclaim: ReclaimCounters,
+    /// Blocks isolated by a worker right now (`Tag::Isolated`, on no list): slots
+    /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker. Kept here
+    /// so that a `fork` child, which has no workers, can put them back.
+    pub inflight: [Inflight; INFLIGHT],
+    /// The per-thread caches of this allocator: the head of an intrusive list whose nodes are the
+    /// caches themselves. The cache layer above owns every operation on it (cache/table.rs); the
+    /// heap only keeps it under its lock, so that the reporter and the checks can walk it.
+    pub caches: CacheList,
+    /// Largest `ZERO` request, in pages, that prefers a hot dirty block to a zeroed one
+    /// (`os::hot_zero_max_bytes`: a sixteenth of the last-level cache).
+    pub hot_zero_max_pages: u32,
+}
+
+/// The head of the list of an allocator's per-thread caches (see `Heap::caches`). A cache is
+/// a node of it; `head` is null or a registered cache, which the cache layer casts back.
+pub(crate) struct CacheList {
+    pub(crate) head: *mut (),
+}
+
+// SAFETY: the list's nodes are heap-allocated caches that are linked, unlinked and walked only
+// under the allocator lock (the list lives in the locked `Heap`), from whichever thread holds it.
+unsafe impl Send for CacheList {}
+
+/// The entry functions of the two workers' threads.
+pub(crate) struct WorkerEntries {
+    pub report: worker::Entry,
+    pub zero: worker::Entry,
+}
+
+/// What every handle, per-thread cache and worker of one allocator shares: the lock and what it
+/// guards, the arena views and the cache hit-path words read without it, the worker words.
+pub(crate) struct Shared {
+    pub heap: Locked<Heap>,
+    views: [ArenaView; MAX_ARENAS],
+    pub(crate) hit: HitPath,
+    pub config: Config,
+    epoch_ns: u64,
+    /// The free page reporting worker (report.rs) and the zeroing worker (zero.rs).
+    pub(crate) reporter: Worker,
+    pub(crate) zeroer: Worker,
+    /// `Allocator` handles alive (workers hold the `Arc` but no handle): the last handle to go
+    /// stops and joins the workers.
+    handles: AtomicUsize,
+    /// pidfd of this process for `process_madvise` (-1: not opened; -2: not usable).
+    pub(crate) pidfd: AtomicI32,
+    /// The workers' thread entries (`report::thread_main`, `zero::thread_main`): given by the
+    /// allocator layer, which sits above the workers, so that this layer names no worker.
+    entries: WorkerEntries,
+    /// Set by the first `ZERO` request (never cleared): until then the zeroing worker zeroes
+    /// nothing but the populated reserve. An atomic because the per-thread caches serve `ZERO`
+    /// requests without the lock and fold their counters only at refill and drain.
+    pub(crate) zero_requested: AtomicBool,
+}
+
+impl Shared {
+    /// Milliseconds since the allocator began (the clock of `BlockMeta::freed_at_ms`).
+    pub(crate) fn now_ms(&self) -> u32 {
+        ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
+    }
+
+    /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
+    /// in `busy_cpu_naps` (the lock is taken only when it napped).
+    pub(crate) fn wait_for_idle_cpu(&self, w: &Worker, gate: &mut worker::IdleGate, max_wait_ns: u64) {
+        let naps = gate.wait(w, max_wait_ns);
+        if naps > 0 {
+            self.heap.lock().reclaim.busy_cpu_naps += naps;
+        }
+    }
+
+    /// The shared state of a new allocator with no arena yet (`grow` installs the first), with
+    /// one handle. `cache_id` and `cache_orders` describe its per-thread caches (cache layer);
+    /// `entries` its workers' threads.
+    pub(crate) fn new(config: Config, cache_id: u64, cache_orders: u32, entries: WorkerEntries) -> Shared {
+        const EMPTY: Option<Arena> = None;
+        Shared {
+            heap: Locked::new(Heap {
+                arenas: [EMPTY; MAX_ARENAS],
+                narenas: 0,
+                counters: Counters::default(),
+                tunables: config.tunables.clamped(&config),
+                reclaim: ReclaimCounters::default(),
+                inflight: [Inflight::default(); INFLIGHT],
+                caches: CacheList { head: core::ptr::null_mut() },
+                hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
+            }),
+            views: core::array::from_fn(|_| ArenaView::empty()),
+            hit: HitPath::new(cache_id, cache_orders),
+            epoch_ns: os::now_ns(),
+            reporter: Worker::new(b"fallow-report"),
+            zeroer: Worker::new(b"fallow-zero"),
+            handles: AtomicUsize::new(1),
+            pidfd: AtomicI32::new(-1),
+            entries,
+            zero_requested: AtomicBool::new(false),
+            config,
+        }
+    }
+}
+
+/// A live block as `alloc` placed it: where, how long, and the states its pages had.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placed {
+    pub arena: usize,
+    pub taken: Taken,
+    pub addr: usize,
+}
+
+impl Heap {
+    pub(crate) fn arena(&self, ai: usize) -> &Arena {
+        self.arenas[ai].as_ref().unwrap()
+    }
+
+    fn take(&mut self, npages: u32, order: u8, zero: bool, now_ms: u32) -> Option<Placed> {
+        // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
+        // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
+        // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
+        let hot_since = (zero && npages <= self.hot_zero_max_pages).then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
+        for ai in 0..self.narenas {
+            let a = self.arenas[ai].as_mut().unwrap();
+            let got = if order <= a.max_order {
+                a.take_preferring_hot(npages, order, preference(zero), hot_since)
+            } else {
+                a.take_run(npages)
+            };
+            if let Some(t) = got {
+                a.mark_live(t.pfn, t.npages, 0);
+                let addr = a.addr(t.pfn);
+                self.account_taken(&t, zero);
+                return Some(Placed { arena: ai, taken: t, addr });
+            }
+        }
+        None
+    }
+
+    fn account_taken(&mut self, t: &Taken, zero: bool) {
+        let c = &mut self.counters;
+        c.alloc_calls += 1;
+        c.in_use_pages = c.in_use_pages.wrapping_add(t.npages as u64);
+        c.live_blocks = c.live_blocks.wrapping_add(1);
+        c.reused_reported_bytes += ((t.counts.reported + t.counts.lazy) as u64) << PAGE_SHIFT;
+        if zero {
+            let memset = t.counts.needs_zeroing(t.npages) as u64;
+            c.zeroed_on_alloc_bytes += memset << PAGE_SHIFT;
+            c.zero_skipped_bytes += (t.npages as u64 - memset) << PAGE_SHIFT;
+        } else {
+            c.zeroed_wasted_bytes += (t.counts.zeroed as u64) << PAGE_SHIFT;
+        }
+        if t.counts.reported + t.counts.lazy > 0 {
+            c.reported_blocks_reused += 1;
+        }
+    }
+
+    pub(crate) fn arena_index(&self, addr: usize) -> Option<usize> {
+        (0..self.narenas).find(|&i| self.arenas[i].as_ref().unwrap().contains(addr))
+    }
+
+    /// Find the live block that starts at `addr`, or say precisely why there is none.
+    pub(crate) fn live_block(&self, addr: usize) -> Result<(usize, u32, u32), Error> {
+        let ai = self.arena_index(addr).ok_or(Error::InvalidPointer { addr })?;
+        let a = self.arenas[ai].as_ref().unwrap();
+        let pfn = a.pfn(addr);
+        let m = a.meta(pfn).get();
+        let aligned = addr & (PAGE_SIZE - 1) == 0;
+        match m.tag {
+            Tag::Alloc if aligned => return Ok((ai, pfn, m.npages)),
+            Tag::Alloc => return Err(Error::InteriorPointer { addr, block: a.addr(pfn) }),
+            Tag::None => {}
+            // The first page of a free, cached or isolated block.
+            _ if aligned && m.flags & META_FREED_START != 0 => return Err(Error::DoubleFree { addr }),
+            _ => return Err(Error::InvalidPointer { addr }),
+        }
+        // Not the first page of any block: the nearest first page below says whose page it is.
+        // Records only, never the state bytes, which a live block's owner writes without the
+        // lock. The walk ends at the nearest block, at most one block's length away.
+        let mut q = pfn;
+        while q > 0 {
+            q -= 1;
+            let mq = a.meta(q);
+            let w = mq.word();
+            match mq.tag() {
+                Tag::None => continue,
+                Tag::Alloc if q + w.npages() > pfn => return Err(Error::InteriorPointer { addr, block: a.addr(q) }),
+                // The slack of a live block: its records may be stale, flags included.
+                Tag::Alloc if w.flags() & META_SLACK != 0 && q + (1u32 << w.order()) > pfn => return Err(Error::InvalidPointer { addr }),
+                _ => break,
+            }
+        }
+        // A block that started here was freed, and merged into the free block below.
+        if aligned && m.flags & META_FREED_START != 0 {
+            return Err(Error::DoubleFree { addr });
+        }
+        Err(Error::InvalidPointer { addr })
+    }
+}
