@@ -1,0 +1,263 @@
+//! The hit paths of a thread's cache: `alloc_hit` and `free_hit` (no lock, no call, no atomic
+//! read-modify-write), their out-of-line forms that may refill or drain first, and the slack
+//! path (a request of fewer pages than its cached block).
+
+use super::*;
+
+impl ThreadCache {
+
+    /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
+    /// `order`, when there is one, all of its pages `Dirty` and still `Cached`. No call, no lock,
+    /// no read-modify-write; `None` (nothing changed): take `alloc`. Returns the block and its
+    /// first state byte: the caller marks its pages `Allocated` (`arena::fill_block`) after
+    /// `leave`, since the block is then live and off the cache, its state bytes its owner's as
+    /// those of any live block, and the worker's drain touches only blocks in the entries.
+    #[inline(always)]
+    pub(crate) fn alloc_hit(&self, a: &Arc<Shared>, order: u8) -> Option<(usize, *const AtomicU8)> {
+        let o = order as usize;
+        debug_assert!(o < self.orders);
+        // SAFETY: `order` is a cached order (`cached_order` checked it against
+        // `cache_max_bytes`), below `self.orders`, the length of the stacks in use.
+        let s = unsafe { self.stacks.get_unchecked(o) };
+        let nd = s.ndirty.get();
+        if nd == 0 {
+            return None;
+        }
+        debug_assert!(nd <= s.cap as u64);
+        // SAFETY: `nd - 1` is below the dirty stack's size, so `first + nd - 1` is one of this
+        // order's entries.
+        let e = unsafe { *s.first.add(nd as usize - 1) };
+        if e.mixed() {
+            return None;
+        }
+        let v = a.view(e.arena());
+        let m = v.meta_of(e.addr());
+        // SAFETY: an entry's block lies in the arena of its entry (invariant 1), so `m` is a
+        // record of that live arena.
+        let w = unsafe { HitWord::load(m) };
+        if w.tag() != Tag::Cached as u8 {
+            return None;
+        }
+        s.ndirty.set(nd - 1);
+        // `hand_out` with this order's constants.
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
+        unsafe { w.handed_out(s.alloc_bits).store(m) };
+        self.pages.sub(s.npages);
+        self.alloc_hits.add(1);
+        Some((e.addr(), v.state_of(e.addr())))
+    }
+
+    /// A block of `n` pages popped from the cache becomes live: its record gets `live` (the
+    /// word of a live block, exact or with slack), and the counters say so.
+    #[inline(always)]
+    pub(super) fn hand_out(&self, m: *mut BlockMeta, live: HitWord, n: u32) {
+        // SAFETY: `m` is the record of the block just popped, in a live arena.
+        unsafe { live.store(m) };
+        self.pages.sub(n as u64);
+        self.alloc_hits.add(1);
+    }
+
+    /// Serve a request of `live` pages (`2^(order-1) < live <= 2^order`) with a block of `order`
+    /// from the cache, refilling it when empty, and prepare it for `flags` (no `LOCK`). A request
+    /// of fewer pages than the block gets the whole block, its pages past `live` as slack (see
+    /// "Slack" at the top). `None`: the free lists are empty too.
+    #[inline(never)]
+    pub(crate) fn alloc(&self, a: &Arc<Shared>, order: u8, live: u32, flags: Flags) -> Option<usize> {
+        let o = order as usize;
+        let n = 1u32 << order;
+        debug_assert!(live <= n && (live > n / 2 || n == 1));
+        let zero = flags.contains(Flags::ZERO);
+        loop {
+            let (e, mixed) = match self.pop(o, zero) {
+                Some(x) => x,
+                None => self.alloc_slow(a, order, zero)?,
+            };
+            let v = a.view(e.arena());
+            let (pfn, m) = v.record(e.addr());
+            // SAFETY: `m` comes from `record` of an entry's address in its own arena (invariant 1), so
+            // it is a record of that live arena's metadata array.
+            let w = unsafe { HitWord::load(m) };
+            if w.tag() != Tag::Cached as u8 {
+                // Taken by a racing double free elsewhere: forget the entry (see the top).
+                self.pages.sub(n as u64);
+                continue;
+            }
+            if live < n {
+                return Some(self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags));
+            }
+            self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), n);
+            if flags.0 == 0 && !e.mixed() {
+                v.states().fill(pfn, n, PageState::Allocated);
+                return Some(e.addr());
+            }
+            return Some(self.alloc_prepare(a, e, mixed.counts(), pfn, n, flags));
+        }
+    }
+
+    /// `alloc`'s hand-out of the cached block `e` (record `m`, word `w`) of `order` for a request
+    /// of `live` pages, fewer than the block's: the block becomes live with the rest as slack,
+    /// whose pages keep their free states.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub(super) fn hand_out_with_slack(&self, a: &Arc<Shared>, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
+        let n = 1u32 << order;
+        self.hand_out(m, w.handed_out_with_slack(order, live), n);
+        self.slack.add((n - live) as u64);
+        let v = a.view(e.arena());
+        let (pfn, _) = v.record(e.addr());
+        // The live part's counts: the block's, less the slack's (this thread owns the block's
+        // state bytes now).
+        let counts = if e.mixed() { mixed.counts().minus(v.states().count(pfn + live, n - live)) } else { StateCounts::default() };
+        if flags.0 == 0 && counts == StateCounts::default() {
+            v.states().fill(pfn, live, PageState::Allocated);
+            return e.addr();
+        }
+        self.alloc_prepare(a, e, counts, pfn, live, flags)
+    }
+
+    /// The hit's tail for a mixed block or a request with flags: count, then `prepare`.
+    #[inline(never)]
+    pub(super) fn alloc_prepare(&self, a: &Arc<Shared>, e: Entry, counts: StateCounts, pfn: u32, n: u32, flags: Flags) -> usize {
+        let ev = &self.events;
+        if counts.reported + counts.lazy != 0 {
+            ev.reused_reported_bytes.add(((counts.reported + counts.lazy) as u64) << PAGE_SHIFT);
+        }
+        if flags.contains(Flags::ZERO) {
+            let memset = counts.needs_zeroing(n) as u64;
+            ev.zeroed_on_alloc_bytes.add(memset << PAGE_SHIFT);
+            ev.zero_skipped_bytes.add((n as u64 - memset) << PAGE_SHIFT);
+        }
+        let p = Placed { arena: e.arena(), taken: Taken { pfn, npages: n, counts }, addr: e.addr() };
+        // Without LOCK, `prepare` cannot fail.
+        let _ = a.prepare(&p, flags);
+        e.addr()
+    }
+
+    /// Empty stacks: refill (obeying a drain request first), pop again.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn alloc_slow(&self, a: &Arc<Shared>, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
+        self.refill(a, order, zero);
+        self.pop(order as usize, zero)
+    }
+
+    /// The hit path of `free`: as `free`, but `false` (nothing changed) also when the cache must
+    /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
+    #[inline(always)]
+    pub(crate) fn free_hit(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
+        self.take_freed::<false>(a, addr, size)
+    }
+
+    /// Take the live block at `addr` into the cache if it is exactly a live, unlocked block of a
+    /// cached order (and of `size`, if given), draining first if needed. `false`: the caller
+    /// takes the validated path.
+    #[inline(never)]
+    pub(crate) fn free(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
+        self.take_freed::<true>(a, addr, size)
+    }
+
+    /// Whether a free of `n` pages into stack `s` must first drain: over the high mark, a full
+    /// stack, or a drain request this cache has not obeyed.
+    #[inline(always)]
+    pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, n: u32) -> bool {
+        self.pages.get() + n as u64 > self.high
+            || s.ndirty.get() == s.dirty_max.get()
+            || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+    }
+
+    /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
+    /// aligned block comes back into the cache, its live pages `Dirty`, its slack pages in the
+    /// states they kept (a mixed entry when some are not `Dirty`). `false`: not a block this
+    /// cache takes (the caller takes the validated path).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    pub(super) fn take_freed_slack(&self, a: &Arc<Shared>, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
+        let o = w.order() as usize;
+        let live = w.npages();
+        let page = (addr >> PAGE_SHIFT) as u32;
+        if o >= self.orders || page & ((1u32 << o) - 1) != 0 || live >= 1 << o || live == 0 {
+            return false;
+        }
+        if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != live as usize) {
+            return false;
+        }
+        let n = 1u32 << o;
+        if self.needs_room(a, &self.stacks[o], n) {
+            self.make_room(a, o);
+        }
+        let (pfn, _) = v.record(addr);
+        let states = v.states();
+        // The slack's pages kept their free states while the block was live; this thread owns
+        // the block, so the counts are read without the lock. The live pages become `Dirty`.
+        let slack = states.count(pfn + live, n - live);
+        // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
+        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        self.push(o, addr, ai, slack);
+        self.pages.add(n as u64);
+        self.slack.sub((n - live) as u64);
+        self.free_hits.add(1);
+        states.fill(pfn, live, PageState::Dirty);
+        true
+    }
+
+    /// `free_hit` (`MAY_DRAIN` false) and `free` (true): the same checks; only `free` may call
+    /// out to drain.
+    #[inline(always)]
+    pub(super) fn take_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
+        if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
+            return false;
+        }
+        // The hit path looks in the first arena only, which holds most blocks (its default size
+        // is the physical memory); `free` looks in all.
+        let found = if MAY_DRAIN { a.view_of(addr) } else { a.first_view_of(addr).map(|v| (0, v)) };
+        let Some((ai, v)) = found else { return false };
+        let m = v.meta_of(addr);
+        // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
+        let w = unsafe { HitWord::load(m) };
+        // The page frame's low bits: the arena is aligned to its largest block, which is at
+        // least as large as any live block of it.
+        let page = (addr >> PAGE_SHIFT) as u32;
+        if !w.live_unlocked() {
+            return false;
+        }
+        // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size, no larger
+        // than the largest cached block (0 wraps to above it).
+        let n = w.npages();
+        let low = n.wrapping_sub(1);
+        if (n | page) & low != 0 || low >= self.max_pages {
+            // A block with slack is not a power of two of pages: the out-of-line path takes it.
+            return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
+        }
+        if let Some(size) = size {
+            if size.div_ceil(1 << PAGE_SHIFT) != n as usize {
+                return false;
+            }
+        }
+        let o = n.trailing_zeros() as usize;
+        // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
+        let s = unsafe { self.stacks.get_unchecked(o) };
+        if self.needs_room(a, s, n) {
+            if !MAY_DRAIN {
+                return false;
+            }
+            self.make_room(a, o);
+        }
+        // SAFETY: `m` is the block's record (above).
+        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
+        // `make_room`), so `first + nd` is one of this order's entries.
+        let nd = s.ndirty.get();
+        debug_assert!(s.len() < s.cap);
+        // SAFETY: the index is in this order's entries (above); only the owner writes them.
+        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
+        s.ndirty.set(nd + 1);
+        self.pages.add(n as u64);
+        self.free_hits.add(1);
+        // The pages last, still before `leave` (the worker may drain the block once the owner
+        // is out): for blocks of several pages it is a call, and little is live across it.
+        // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
+        // multiple of `n` (checked above) in arena `ai`.
+        unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
+        true
+    }
+}

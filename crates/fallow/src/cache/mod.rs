@@ -1,0 +1,551 @@
+//! Per-thread page caches (seed 002, Linux's per-CPU page lists): the fast path of `alloc` and
+//! `free` for blocks of small orders, which takes no lock and does no atomic read-modify-write.
+//!
+//! This module owns the caches: here their layout (entries, stacks, per-thread counters) and the
+//! `enter`/`leave` guard; `hit` the hit paths of `alloc` and `free` (and the slack path);
+//! `batch` the refill and drain under the allocator lock and the folding of the counters;
+//! `table` the thread-local table that finds a thread's cache of an allocator, and the
+//! allocator's list of its caches; `remote` what other threads do to a cache: the reporter's
+//! drain of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
+//! It sits on `heap` (the locked allocator) and nothing above it.
+//!
+//! Design
+//! ------
+//! A cache belongs to one (thread, allocator) pair and holds at most `cache_high_pages` pages
+//! (its high mark) over all orders. It serves the orders `k <= cache_max_order` whose blocks fit
+//! in half the high mark (`2^k <= cache_high_pages / 2`). For each order it keeps, in one array
+//! of `cap(k) = min(cache_high_pages >> k, 256)` entries, two stacks: blocks that need no
+//! zeroing (every page `Zeroed` or `Reported`) grow down from the top, the others ("dirty") grow
+//! up from the bottom. An entry is one word, the block's address with its arena and a `MIXED` bit
+//! in the low bits; a mixed entry (some page not `Dirty`) has its per-state page counts in a side
+//! array at the same index. A block's pages keep their free states while it is cached, so a
+//! `ZERO` request served from the cache memsets exactly the pages whose byte says `Dirty` or
+//! `LazyFree`, as the locked path does.
+//!
+//! States of a block with respect to the caches (`Tag` on its first page):
+//!
+//! ```text
+//!   Free (listed) --refill, under lock--> Cached --hit alloc, owner, no lock--> Alloc (live)
+//!   Alloc --hit free, freeing thread, no lock--> Cached (pages Dirty, FREED_START set)
+//!   Cached --drain (over the high mark: down to half; thread exit, drain request: all),
+//!          under lock--> Free (merged)
+//! ```
+//!
+//! Invariants (checked by `check`, called from `Allocator::check_invariants`):
+//! 1. A cached block of order k is aligned to 2^k pages, has `Tag::Cached` on its first page, is
+//!    on no free list and sits in exactly one cache entry; its pages are in free states and the
+//!    entry's counts (zero for an entry without `MIXED`) equal what their state bytes say;
+//!    zero-stack entries need no zeroing.
+//! 2. A cache's `pages` is the pages in its entries, and is at most its high mark.
+//!    `Counters::cached_pages` (folded) plus each registered cache's unfolded net hits
+//!    (`pages - accounted`) equals the pages in all entries; listed + in use + cached + isolated
+//!    pages = reserved pages (modulo 2^64).
+//! 3. A cache holds at most `cap(k)` blocks of order k.
+//!
+//! Threads and locks. Only the owning thread reads or writes a cache's entries and stack sizes,
+//! and only it changes the tags and page states of the blocks in them. Refill and drain move a
+//! batch of blocks under ONE hold of the allocator lock, and fold the thread's counters into the
+//! allocator's at the same time. Per-thread counters are atomics written by their one owner with a
+//! plain load and store (no `lock` prefix); `stats` reads them under the allocator lock, and the
+//! owner changes `accounted` and resets the event counters only under that lock, so a fold is
+//! never counted twice nor missed.
+//!
+//! The hit path. An allocation hit pops an entry, checks and rewrites the block record's `HitWord`
+//! (one 8-byte load and store: tag, flags, page count), writes the pages' state bytes (one store
+//! for up to 8 pages) and bumps two owner-only counters. A free hit finds the arena by a range
+//! check, loads the `HitWord`, and does the same in reverse. Nothing is read that another thread
+//! writes often: the arena views and the `HitPath` fields of `Shared` sit on cache lines of their
+//! own, written only when an arena is installed or a drain is requested.
+//!
+//! Validation. A hit `free` first checks, with one atomic load of the block's `HitWord`, that the
+//! address is the first page of a live block of a cached order that is not `mlock`ed and that the
+//! size matches; anything else goes to the locked, validating path, which reports a block tagged
+//! `Cached` with `FREED_START` as a double free. A double free that races with the first free on
+//! another thread may escape detection (as with glibc's tcache); refill, hit and drain re-check
+//! the tag and drop an entry whose block is no longer `Cached`, so such a race never puts a block
+//! on the lists twice.
+//!
+//! Lifetime. Each thread has a small table of `(allocator id, cache)` slots in a `thread_local!`
+//! with a destructor; ids are never reused, so a stale slot is never matched. A cache holds a
+//! `Weak` reference to its allocator: at thread exit (or when its slot is reused) the cache
+//! upgrades it, and if the allocator is still alive drains everything back under its lock,
+//! folds its counters and unlinks itself from the allocator's registry; if the allocator is
+//! gone, the entries are simply forgotten (their memory went with the arenas). The registry is an
+//! intrusive list walked only under the allocator lock, and an allocator's drop never walks it.
+//!
+//! Slack. A request of a cached order that is not a power of two of pages (65..127 pages of
+//! order 7) takes a whole cached block on the out-of-line path: its record gets `META_SLACK`, the
+//! order and the request's page count; the pages past it keep their free states (neither listed
+//! nor cached, and nobody touches them) until the block is freed. Freed into a cache, the block
+//! comes back whole, its live pages `Dirty`, its slack as it was (a mixed entry if any slack page
+//! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
+//! The locked path gives the slack back by runs (`Arena::drop_slack`). Slack pages are counted in
+//! `slack_pages`, not in the bytes in use (docs/design.md, "Slack").
+//!
+//! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
+//! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the
+//! global allocator being fallow itself) finds the thread's state `BUSY` and takes the locked path.
+//! After the table's destructor has run, every call takes the locked path.
+
+
+mod batch;
+mod hit;
+mod remote;
+mod table;
+
+use core::cell::Cell;
+use core::num::NonZeroUsize;
+use core::ptr;
+use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+
+use crate::buddy::preference;
+use crate::buddy::Taken;
+use crate::config::Config;
+use crate::flags::Flags;
+use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared, MAX_ARENAS};
+use crate::os::PAGE_SHIFT;
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
+use crate::stats::Stats;
+
+pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, lock_owners_out, pages_held};
+pub(crate) use table::{current, drain_current, last};
+
+use crate::config::CACHE_ORDER_LIMIT;
+const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
+/// Most blocks of one order a cache holds (the stack capacity of the small orders).
+const STACK_MAX: u32 = 256;
+/// Refills of orders below this take whole aligned groups of `2^GROUP_ORDER` pages (one line of
+/// state bytes) when they can.
+const GROUP_ORDER: u8 = 6;
+/// Allocators one thread keeps caches for at once; a further one takes the slot used longest ago.
+const SLOTS: usize = 8;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn new_allocator_id() -> u64 {
+    NEXT_ID.fetch_add(1, Relaxed)
+}
+
+/// How many orders (`0..n`) the caches of an allocator with `cfg` serve: up to `cache_max_order`
+/// (and `max_order`), and only orders whose block fits in half the high mark, so that a cache
+/// drained down to half its high mark always has room for the block being freed.
+pub(crate) fn orders_served(cfg: &Config) -> u32 {
+    if !cfg.cache || cfg.cache_high_pages < 2 {
+        return 0;
+    }
+    let fit = (cfg.cache_high_pages / 2).ilog2() as u8;
+    cfg.cache_max_order.min(cfg.max_order).min(fit) as u32 + 1
+}
+
+/// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
+#[derive(Default)]
+struct Owned(AtomicU64);
+
+impl Owned {
+    #[inline(always)]
+    fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+    #[inline(always)]
+    fn set(&self, v: u64) {
+        self.0.store(v, Relaxed)
+    }
+    #[inline(always)]
+    fn add(&self, v: u64) {
+        self.set(self.get().wrapping_add(v))
+    }
+    #[inline(always)]
+    fn sub(&self, v: u64) {
+        self.set(self.get().wrapping_sub(v))
+    }
+}
+
+/// One cached block in one word: its page-aligned address, its arena in bits 6..=11, and `MIXED`
+/// in bit 0 when its counts (some page not `Dirty`) are in the side array.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Entry(NonZeroUsize);
+
+const MIXED: usize = 1;
+/// The arena index sits in bits 6..=11, so that masking the entry gives its byte offset in the
+/// table of (64-byte) arena views, with no shift.
+const ARENA_SHIFT: u32 = 6;
+const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
+const _: () = assert!(core::mem::size_of::<ArenaView>() == 1 << ARENA_SHIFT);
+
+impl Entry {
+    #[inline(always)]
+    fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
+        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0 (the
+        // placeholder entries of `ThreadCache::new` use `1 << PAGE_SHIFT`), so the word is non-zero.
+        Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
+    }
+    #[inline(always)]
+    fn addr(self) -> usize {
+        self.0.get() & !((1 << PAGE_SHIFT) - 1)
+    }
+    #[inline(always)]
+    fn arena(self) -> usize {
+        (self.0.get() >> ARENA_SHIFT) & (MAX_ARENAS - 1)
+    }
+    #[inline(always)]
+    fn mixed(self) -> bool {
+        self.0.get() & MIXED != 0
+    }
+}
+
+/// Page counts of a mixed entry (its block has at most 512 pages).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+struct Mixed {
+    zeroed: u16,
+    reported: u16,
+    lazy: u16,
+}
+
+impl Mixed {
+    fn of(c: StateCounts) -> Mixed {
+        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 }
+    }
+    #[inline(always)]
+    fn counts(self) -> StateCounts {
+        StateCounts { zeroed: self.zeroed as u32, reported: self.reported as u32, lazy: self.lazy as u32 }
+    }
+}
+
+/// The two stacks of one order, on a cache line of their own (a hit touches one order's).
+#[repr(align(64))]
+struct Stack {
+    /// The entry at `base` (the hit paths index the dirty stack from it).
+    first: *mut Entry,
+    /// First index in the entry arrays, and capacity in blocks.
+    base: u32,
+    cap: u32,
+    /// Dirty stack size (grows up from `base`), zero stack size (grows down from
+    /// `base + cap - 1`).
+    ndirty: Owned,
+    nzero: Owned,
+    /// `cap - nzero`: the dirty stack is full when its size reaches it (one compare on the free
+    /// hit path). Set with `nzero`, by `set_nzero`.
+    dirty_max: Owned,
+    /// What an allocation hit puts in bytes 8..16 of the record of a block of this order (its
+    /// page count and `Tag::Alloc`, `HitWord::handed_out`), and its page count.
+    alloc_bits: u64,
+    npages: u64,
+}
+
+impl Default for Stack {
+    fn default() -> Stack {
+        Stack {
+            first: ptr::null_mut(),
+            base: 0,
+            cap: 0,
+            ndirty: Owned::default(),
+            nzero: Owned::default(),
+            dirty_max: Owned::default(),
+            alloc_bits: 0,
+            npages: 0,
+        }
+    }
+}
+
+impl Stack {
+    #[inline(always)]
+    fn len(&self) -> u32 {
+        (self.ndirty.get() + self.nzero.get()) as u32
+    }
+
+    #[inline(always)]
+    fn set_nzero(&self, nz: u32) {
+        self.nzero.set(nz as u64);
+        self.dirty_max.set((self.cap - nz) as u64);
+    }
+}
+
+/// Events of the rarer paths (mixed blocks, `ZERO` requests) since the last fold.
+#[derive(Default)]
+struct Events {
+    zero_skipped_bytes: Owned,
+    zeroed_on_alloc_bytes: Owned,
+    reused_reported_bytes: Owned,
+}
+
+/// Aligned to a cache line: what the hit path writes shares no line with another thread's data.
+#[repr(C, align(64))]
+pub(crate) struct ThreadCache {
+    // What every hit touches, first (one cache line; then the order's `Stack`, a line of its own).
+    entries: *mut Entry,
+    /// The owner is using the cache without the lock (see "Draining an idle thread's cache").
+    busy: AtomicU32,
+    /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
+    frozen: AtomicU32,
+    /// Pages in the entries, and the high mark.
+    pages: Owned,
+    high: u64,
+    /// Hits since the last fold.
+    alloc_hits: Owned,
+    free_hits: Owned,
+    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
+    seen_generation: Owned,
+    /// Pages of the largest cached block (`1 << (orders - 1)`).
+    max_pages: u32,
+    mixed: *mut Mixed,
+    orders: usize,
+    stacks: [Stack; MAX_ORDERS],
+    // Rarely touched.
+    /// `pages` as of the last fold, refill or drain (changed under the lock only).
+    accounted: Owned,
+    /// Blocks per refill, per order.
+    batch: [u32; MAX_ORDERS],
+    /// Gauges of what the cache holds beyond "all pages dirty" (the common case, a block freed
+    /// into the cache, touches none of them): pages zeroed, reported and lazily freed, and blocks
+    /// of class `Zeroed` and `Reported` per order. Dirty pages and dirty-class blocks are derived.
+    extra_pages: [Owned; 3],
+    class_blocks: [[Owned; MAX_ORDERS]; 2],
+    events: Events,
+    /// Slack pages handed out with blocks (less those taken back) since the last fold.
+    slack: Owned,
+    owner: Weak<Shared>,
+    id: u64,
+    // The registry's links, read and written under the allocator lock only.
+    next: Cell<*mut ThreadCache>,
+    prev: Cell<*mut ThreadCache>,
+}
+
+const _: () = assert!(core::mem::offset_of!(ThreadCache, max_pages) < 64);
+
+impl ThreadCache {
+    fn new(a: &Arc<Shared>) -> ThreadCache {
+        let cfg = &a.config;
+        let orders = a.hit.cache_orders as usize;
+        let mut stacks: [Stack; MAX_ORDERS] = Default::default();
+        let mut batch = [0u32; MAX_ORDERS];
+        let mut total = 0u32;
+        for o in 0..orders {
+            let cap = (cfg.cache_high_pages >> o).min(STACK_MAX);
+            stacks[o].base = total;
+            stacks[o].cap = cap;
+            stacks[o].set_nzero(0);
+            stacks[o].alloc_bits = HitWord::alloc_bits(1 << o);
+            stacks[o].npages = 1 << o;
+            batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
+            total += cap;
+        }
+        let entries = Box::into_raw(vec![Entry::new(1 << PAGE_SHIFT, 0, false); total as usize].into_boxed_slice());
+        for s in &mut stacks[..orders] {
+            // SAFETY: `base < total`, the length of the array.
+            s.first = unsafe { (entries as *mut Entry).add(s.base as usize) };
+        }
+        let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
+        ThreadCache {
+            entries: entries as *mut Entry,
+            mixed: mixed as *mut Mixed,
+            pages: Owned::default(),
+            high: cfg.cache_high_pages as u64,
+            alloc_hits: Owned::default(),
+            free_hits: Owned::default(),
+            busy: AtomicU32::new(0),
+            frozen: AtomicU32::new(0),
+            seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
+            orders,
+            max_pages: 1 << (orders - 1),
+            stacks,
+            accounted: Owned::default(),
+            batch,
+            extra_pages: Default::default(),
+            class_blocks: Default::default(),
+            events: Events::default(),
+            slack: Owned::default(),
+            owner: Arc::downgrade(a),
+            id: a.hit.cache_id,
+            next: Cell::new(ptr::null_mut()),
+            prev: Cell::new(ptr::null_mut()),
+        }
+    }
+
+    /// The owner starts using the cache without the lock: `false` if the reporting worker has
+    /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
+    /// a compiler fence here, `membarrier` on the worker's side (see the top).
+    #[inline(always)]
+    pub(crate) fn enter(&self) -> bool {
+        self.busy.store(1, Relaxed);
+        compiler_fence(Ordering::SeqCst);
+        if self.frozen.load(Ordering::Acquire) != 0 {
+            self.busy.store(0, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// Run `f` on the cache between `enter` and `leave`; `None` if it is frozen.
+    #[inline(always)]
+    pub(crate) fn inside<R>(&self, f: impl FnOnce(&Self) -> R) -> Option<R> {
+        if !self.enter() {
+            return None;
+        }
+        let r = f(self);
+        self.leave();
+        Some(r)
+    }
+
+    /// The owner is done with the cache (every write of its call is ordered before).
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        compiler_fence(Ordering::SeqCst);
+        self.busy.store(0, Ordering::Release);
+    }
+
+    /// Entries in the arrays: the end of the last order's stack.
+    fn nentries(&self) -> usize {
+        let s = &self.stacks[self.orders - 1];
+        (s.base + s.cap) as usize
+    }
+
+    #[inline(always)]
+    fn entry(&self, i: u32) -> *mut Entry {
+        debug_assert!((i as usize) < self.nentries());
+        // SAFETY: `i < nentries()` (callers index inside one stack's `base..base + cap`), the length
+        // of the `entries` allocation made in `new`.
+        unsafe { self.entries.add(i as usize) }
+    }
+
+    #[inline(always)]
+    fn mixed_at(&self, i: u32) -> *mut Mixed {
+        debug_assert!((i as usize) < self.nentries());
+        // SAFETY: as in `entry`: `mixed` has the same `nentries()` length as `entries`.
+        unsafe { self.mixed.add(i as usize) }
+    }
+
+    /// The entry at index `i`, with its counts.
+    #[inline(always)]
+    fn read(&self, i: u32) -> (Entry, Mixed) {
+        // SAFETY: `entry(i)` is in bounds; the read is a plain one, by the owner, or by another thread
+        // while the owner is kept out: a drain under the lock after the `membarrier` handshake
+        // ("Draining an idle thread's cache"), or `check` / `free_runs` through a `FrozenHeap`.
+        let e = unsafe { *self.entry(i) };
+        // SAFETY: as the read of the entry just above.
+        let m = if e.mixed() { unsafe { *self.mixed_at(i) } } else { Mixed::default() };
+        (e, m)
+    }
+
+    #[inline(always)]
+    fn write(&self, i: u32, e: Entry, m: Mixed) {
+        // SAFETY: `i` is in bounds (see `entry`); only the owner writes entries, between `enter` and
+        // `leave`, or under the lock while the owner is kept out (frozen, `busy` 0 after `membarrier`).
+        unsafe { *self.entry(i) = e };
+        if e.mixed() {
+            // SAFETY: as the entry's store above.
+            unsafe { *self.mixed_at(i) = m };
+        }
+    }
+
+    #[inline(never)]
+    fn gauge_mixed(&self, m: Mixed, order: usize, sign: bool) {
+        let apply = |g: &Owned, v: u64| if sign { g.add(v) } else { g.sub(v) };
+        match m.counts().class(1 << order) {
+            Class::Dirty => {}
+            Class::Zeroed => apply(&self.class_blocks[0][order], 1),
+            Class::Reported => apply(&self.class_blocks[1][order], 1),
+        }
+        for (g, v) in self.extra_pages.iter().zip([m.zeroed, m.reported, m.lazy]) {
+            apply(g, v as u64);
+        }
+    }
+
+    /// Blocks by class and order, and pages by state (dirty, zeroed, reported, lazy).
+    #[allow(clippy::needless_range_loop)]
+    fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
+        let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
+        for o in 0..self.orders {
+            let n = self.stacks[o].len() as u64;
+            let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
+            blocks[Class::Zeroed as usize][o] = z;
+            blocks[Class::Reported as usize][o] = r;
+            // Saturating: `stats` on one thread may read another's gauges mid-update.
+            blocks[Class::Dirty as usize][o] = n.saturating_sub(z.wrapping_add(r));
+        }
+        let x = [self.extra_pages[0].get(), self.extra_pages[1].get(), self.extra_pages[2].get()];
+        let total = self.pages.get();
+        (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
+    }
+
+    /// Push any block (refill), with the per-state counts of its pages.
+    fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
+        let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
+        let s = &self.stacks[o];
+        let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
+        debug_assert!(nd + nz < s.cap);
+        if e.mixed() && m.counts().needs_zeroing(1 << o) == 0 {
+            self.write(s.base + s.cap - 1 - nz, e, m);
+            s.set_nzero(nz + 1);
+        } else {
+            self.write(s.base + nd, e, m);
+            s.ndirty.set(nd as u64 + 1);
+        }
+        if e.mixed() {
+            self.gauge_mixed(m, o, true);
+        }
+    }
+
+    #[inline(always)]
+    fn pop_dirty(&self, o: usize) -> Option<(Entry, Mixed)> {
+        let s = &self.stacks[o];
+        let nd = s.ndirty.get() as u32;
+        if nd == 0 {
+            return None;
+        }
+        s.ndirty.set(nd as u64 - 1);
+        let (e, m) = self.read(s.base + nd - 1);
+        if e.mixed() {
+            self.gauge_mixed(m, o, false);
+        }
+        Some((e, m))
+    }
+
+    #[inline(always)]
+    fn pop_zero(&self, o: usize) -> Option<(Entry, Mixed)> {
+        let s = &self.stacks[o];
+        let nz = s.nzero.get() as u32;
+        if nz == 0 {
+            return None;
+        }
+        s.set_nzero(nz - 1);
+        let (e, m) = self.read(s.base + s.cap - nz);
+        self.gauge_mixed(m, o, false);
+        Some((e, m))
+    }
+
+    /// The next block for a request, in the locked path's order of preference (`preference`):
+    /// a plain request takes a dirty block, else the top of the zero-reading stack; a `ZERO`
+    /// request takes the top of the zero-reading stack if it is `Zeroed`-class, else a dirty block
+    /// (a memset costs ~20x less than faulting a reported page back in), else the top of the
+    /// zero-reading stack. `refill` leaves each batch's best zero-reading block on top.
+    #[inline]
+    fn pop(&self, o: usize, zero: bool) -> Option<(Entry, Mixed)> {
+        if zero {
+            let s = &self.stacks[o];
+            let nz = s.nzero.get() as u32;
+            if nz > 0 {
+                let (_, m) = self.read(s.base + s.cap - nz);
+                if m.counts().class(1 << o) == Class::Zeroed {
+                    return self.pop_zero(o);
+                }
+            }
+        }
+        match self.pop_dirty(o) {
+            Some(x) => Some(x),
+            None => self.pop_zero(o),
+        }
+    }
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        // SAFETY: `entries` and `mixed` were made in `new` by `Box::into_raw` of boxed slices of
+        // `nentries()` elements each, and are freed only here, once.
+        unsafe {
+            let n = self.nentries();
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, n)));
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed, n)));
+        }
+    }
+}

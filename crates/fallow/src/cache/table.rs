@@ -1,0 +1,240 @@
+//! Finding a thread's cache of an allocator: a small thread-local table of `(allocator id,
+//! cache)` slots with a destructor that retires them, and the allocator's own list of its
+//! caches (`Heap::caches`), walked under its lock.
+
+use super::*;
+
+/// The allocator's list of its threads' caches (`Heap::caches`; intrusive: registering allocates
+/// nothing). The heap keeps its head as an untyped pointer (it sits below this layer); every
+/// node is a `ThreadCache`, and only the functions here touch it. Its links (`prev`, `next`) are
+/// `Cell`s of the caches, changed only under the allocator lock.
+impl CacheList {
+    pub(super) fn first(&self) -> *mut ThreadCache {
+        self.head.cast()
+    }
+
+    pub(super) fn push(&mut self, c: *mut ThreadCache) {
+        // SAFETY: `c` is a live cache this thread just allocated, and `head`, if not null, a
+        // registered cache, live until it is unlinked; `&mut self` means the allocator lock is held.
+        unsafe {
+            (*c).prev.set(ptr::null_mut());
+            (*c).next.set(self.first());
+            if !self.head.is_null() {
+                (*self.first()).prev.set(c);
+            }
+        }
+        self.head = c.cast();
+    }
+
+    pub(super) fn unlink(&mut self, c: *mut ThreadCache) {
+        // SAFETY: `c` and its neighbours are registered caches, live until they are unlinked (a cache is
+        // unlinked before it is freed, `retire`); `&mut self` means the allocator lock is held.
+        unsafe {
+            let (p, n) = ((*c).prev.get(), (*c).next.get());
+            if p.is_null() {
+                self.head = n.cast();
+            } else {
+                (*p).next.set(n);
+            }
+            if !n.is_null() {
+                (*n).prev.set(p);
+            }
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &ThreadCache> {
+        let mut p = self.first();
+        core::iter::from_fn(move || {
+            if p.is_null() {
+                return None;
+            }
+            // SAFETY: every cache on the list is live (unlinked under the lock before it is freed), and
+            // `&self` is borrowed from the locked `Heap`, so none is unlinked while iterating.
+            let c = unsafe { &*p };
+            p = c.next.get();
+            Some(c)
+        })
+    }
+}
+
+// ---- The thread-local table. ----
+
+const FRESH: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+const DEAD: u8 = 3;
+
+struct Slots {
+    ids: [Cell<u64>; SLOTS],
+    caches: [Cell<*mut ThreadCache>; SLOTS],
+    used: [Cell<u64>; SLOTS],
+    clock: Cell<u64>,
+}
+
+// Array-repeat initialisers of the thread-local table (each use is a fresh value).
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_ID: Cell<u64> = Cell::new(0);
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_CACHE: Cell<*mut ThreadCache> = Cell::new(ptr::null_mut());
+
+thread_local! {
+    /// FRESH until the table's destructor is registered, BUSY while this thread is registering
+    /// it or allocating a cache (a re-entrant call takes the locked path), READY, DEAD after the
+    /// destructor ran.
+    static STATE: Cell<u8> = const { Cell::new(FRESH) };
+    /// The cache used last and its allocator's id: checked first, with no destructor and no
+    /// registration on access; one thread-local, so that the hit path finds both from one
+    /// address.
+    static LAST: Last = const { Last { id: Cell::new(0), cache: Cell::new(ptr::null()) } };
+    static TABLE: Slots = const { Slots { ids: [NO_ID; SLOTS], caches: [NO_CACHE; SLOTS], used: [NO_ID; SLOTS], clock: Cell::new(0) } };
+}
+
+struct Last {
+    id: Cell<u64>,
+    cache: Cell<*const ThreadCache>,
+}
+
+/// The cache this thread used last, if it is `id`'s.
+#[inline(always)]
+pub(super) fn last_of(id: u64) -> Option<*const ThreadCache> {
+    LAST.with(|l| (l.id.get() == id).then(|| l.cache.get()))
+}
+
+/// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
+/// call, no registration).
+#[inline(always)]
+pub(crate) fn last(a: &Arc<Shared>) -> Option<&ThreadCache> {
+    // SAFETY: `LAST` holds a live cache of this thread whenever its id is an allocator's (ids
+    // start at 1; it is reset to 0 before its cache is retired).
+    last_of(a.hit.cache_id).map(|c| unsafe { &*c })
+}
+
+/// The calling thread's cache of `a`, made at first use; `None` when caches are off for `a`, while
+/// the thread is being set up or torn down, or on a re-entrant call.
+#[inline]
+pub(crate) fn current(a: &Arc<Shared>) -> Option<&ThreadCache> {
+    if let Some(c) = last_of(a.hit.cache_id) {
+        // SAFETY: as in `last`.
+        return Some(unsafe { &*c });
+    }
+    // SAFETY: `attach` returns a cache from this thread's table, live until this thread retires
+    // it (slot reuse or the table's destructor), which does not happen while `a` is borrowed.
+    attach(a).map(|p| unsafe { &*p })
+}
+
+#[cold]
+pub(super) fn attach(a: &Arc<Shared>) -> Option<*const ThreadCache> {
+    if a.hit.cache_orders == 0 {
+        return None;
+    }
+    match STATE.with(|s| s.get()) {
+        FRESH => {
+            STATE.with(|s| s.set(BUSY));
+            // First access registers the table's destructor (which may allocate).
+            let ok = TABLE.try_with(|_| ()).is_ok();
+            STATE.with(|s| s.set(if ok { READY } else { DEAD }));
+            if !ok {
+                return None;
+            }
+        }
+        READY => {}
+        _ => return None,
+    }
+    TABLE.try_with(|t| t.find_or_make(a)).ok().flatten()
+}
+
+impl Slots {
+    pub(super) fn find_or_make(&self, a: &Arc<Shared>) -> Option<*const ThreadCache> {
+        let id = a.hit.cache_id;
+        let now = self.clock.get() + 1;
+        self.clock.set(now);
+        for i in 0..SLOTS {
+            if self.ids[i].get() == id {
+                self.used[i].set(now);
+                return Some(select(id, self.caches[i].get()));
+            }
+        }
+        // An empty slot, else one whose allocator is gone, else the one used longest ago.
+        let pick = (0..SLOTS)
+            .find(|&i| self.caches[i].get().is_null())
+            // SAFETY: this runs only when no slot is null, so every slot holds a live cache of this
+            // thread (freed only by `retire`, after its slot is cleared); `owner` is never written.
+            .or_else(|| (0..SLOTS).find(|&i| unsafe { (*self.caches[i].get()).owner.strong_count() } == 0))
+            .unwrap_or_else(|| (0..SLOTS).min_by_key(|&i| self.used[i].get()).unwrap());
+        let old = self.caches[pick].replace(ptr::null_mut());
+        self.ids[pick].set(0);
+        if !old.is_null() {
+            if ptr::eq(LAST.with(|l| l.cache.get()), old) {
+                LAST.with(|l| l.id.set(0));
+            }
+            retire(old);
+        }
+        // Allocate while BUSY (a re-entrant malloc takes the locked path) and without the lock.
+        STATE.with(|s| s.set(BUSY));
+        let c = Box::into_raw(Box::new(ThreadCache::new(a)));
+        STATE.with(|s| s.set(READY));
+        a.heap.lock().caches.push(c);
+        self.caches[pick].set(c);
+        self.ids[pick].set(id);
+        self.used[pick].set(now);
+        Some(select(id, c))
+    }
+}
+
+pub(super) fn select(id: u64, c: *mut ThreadCache) -> *const ThreadCache {
+    LAST.with(|l| {
+        l.cache.set(c);
+        l.id.set(id);
+    });
+    c
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        STATE.with(|s| s.set(DEAD));
+        LAST.with(|l| l.id.set(0));
+        for i in 0..SLOTS {
+            let c = self.caches[i].replace(ptr::null_mut());
+            if !c.is_null() {
+                retire(c);
+            }
+        }
+    }
+}
+
+/// Drain a cache back into its allocator if that still exists, unlink it, and free it.
+pub(super) fn retire(c: *mut ThreadCache) {
+    // SAFETY: `c` was just taken out of this thread's table (slot cleared, `LAST` reset), so it is
+    // a live cache that this thread alone still reaches through the table.
+    let tc = unsafe { &*c };
+    debug_assert!(tc.id != 0);
+    if let Some(shared) = tc.owner.upgrade() {
+        let now = shared.now_ms();
+        let mut h = shared.heap.lock();
+        tc.fold(&mut h);
+        tc.drain_all_locked(&mut h, now);
+        h.caches.unlink(c);
+        // Wake a worker for what the drain freed, only while the allocator has handles.
+        shared.wake_workers_if_alive(h);
+    }
+    // SAFETY: `c` came from `Box::into_raw` in `find_or_make`; it is out of the table and, if its
+    // allocator lives, unlinked from the registry under the lock above, so nothing reaches it now
+    // (if the allocator is gone, so is its registry).
+    drop(unsafe { Box::from_raw(c) });
+}
+
+/// `Allocator::drain_thread_cache`.
+pub(crate) fn drain_current(a: &Arc<Shared>) {
+    if a.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
+        return;
+    }
+    let _ = TABLE.try_with(|t| {
+        for i in 0..SLOTS {
+            if t.ids[i].get() == a.hit.cache_id {
+                // SAFETY: a slot whose id is set holds a live cache of this thread (id and cache are set and
+                // cleared together), and this is its owner.
+                unsafe { (*t.caches[i].get()).drain_all(a) };
+            }
+        }
+    });
+}
