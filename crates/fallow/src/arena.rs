@@ -2,13 +2,14 @@
 //! (one state byte and one [`BlockMeta`] per 4 KiB page), itself reserved with `MAP_NORESERVE` so
 //! that only the metadata of pages actually used is ever committed.
 //!
-//! The free lists over an arena are in `buddy.rs`; this file owns the memory and its metadata.
+//! The free lists over an arena are in `buddy.rs` (`Buddy`); this file owns the memory and its
+//! metadata.
 
 use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
-use crate::config::{Backing, ORDERS};
+use crate::config::Backing;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{BlockMeta, PageState, StateCounts, CLASSES, NIL};
+use crate::page::{BlockMeta, PageState, StateCounts};
 
 
 pub struct Arena {
@@ -22,35 +23,6 @@ pub struct Arena {
     meta: *mut BlockMeta,
     states_len: usize,
     meta_len: usize,
-    // Free lists (buddy.rs): per class and order, doubly linked through `BlockMeta`.
-    pub(crate) heads: [[u32; ORDERS]; CLASSES],
-    pub(crate) tails: [[u32; ORDERS]; CLASSES],
-    pub(crate) nonempty: [u64; CLASSES],
-    /// What the lists hold, kept as blocks are listed and unlisted.
-    pub(crate) listed: Listed,
-}
-
-/// Counters of the free blocks on an arena's lists.
-#[derive(Clone, Copy, Debug)]
-pub struct Listed {
-    pub blocks: [[u32; ORDERS]; CLASSES],
-    pub counts: StateCounts,
-    pub pages: u64,
-}
-
-impl Listed {
-    #[inline]
-    pub fn add_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
-        self.blocks[class][order as usize] += 1;
-        self.counts = self.counts.plus(c);
-        self.pages += pages as u64;
-    }
-    #[inline]
-    pub fn remove_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
-        self.blocks[class][order as usize] -= 1;
-        self.counts = self.counts.minus(c);
-        self.pages -= pages as u64;
-    }
 }
 
 // SAFETY: the raw pointers are to the arena's own mappings (records, state bytes), which it
@@ -190,7 +162,7 @@ impl Arena {
                 return Err(e);
             }
         };
-        let mut arena = Arena {
+        let arena = Arena {
             base,
             len,
             npages: npages as u32,
@@ -200,20 +172,9 @@ impl Arena {
             meta: meta as *mut BlockMeta,
             states_len,
             meta_len,
-            heads: [[NIL; ORDERS]; CLASSES],
-            tails: [[NIL; ORDERS]; CLASSES],
-            nonempty: [0; CLASSES],
-            listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
         };
-        // Fresh metadata is all zero: every page `Reported`, every tag `None`. Put the top-level
-        // blocks on the reported lists.
-        // (From the top down, so that the lowest block is at the head of its list.)
-        let top = 1u32 << max_order;
-        let mut pfn = arena.npages;
-        while pfn > 0 {
-            pfn -= top;
-            arena.push_free(pfn, max_order, StateCounts::uniform(PageState::Reported, top), 0);
-        }
+        // Fresh metadata is all zero: every page `Reported`, every tag `None` (`Buddy::new`
+        // lists the top-level blocks).
         Ok(arena)
     }
 

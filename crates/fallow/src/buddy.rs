@@ -16,8 +16,84 @@
 //!
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
+use core::ops::{Deref, DerefMut};
+
 use crate::arena::Arena;
-use crate::page::{Class, PageState, Record, StateCounts, Tag, META_FREED_START, META_SLACK, NIL};
+use crate::config::ORDERS;
+use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK, NIL};
+
+/// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
+/// records, state bytes); what it adds is the lists, which only this file changes: their heads
+/// and tails per class and order, which lists are not empty, and what they hold. A list is doubly
+/// linked through its blocks' records (`next`, `prev`), most recently freed at the head. Other
+/// layers read the lists through `oldest_first`, `newest`, `has_free` and `for_each_listed`.
+pub(crate) struct Buddy {
+    arena: Arena,
+    heads: [[u32; ORDERS]; CLASSES],
+    tails: [[u32; ORDERS]; CLASSES],
+    nonempty: [u64; CLASSES],
+    /// What the lists hold, kept as blocks are listed and unlisted.
+    listed: Listed,
+}
+
+/// Counters of the free blocks on an arena's lists.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Listed {
+    pub blocks: [[u32; ORDERS]; CLASSES],
+    pub counts: StateCounts,
+    pub pages: u64,
+}
+
+impl Listed {
+    #[inline]
+    pub fn add_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
+        self.blocks[class][order as usize] += 1;
+        self.counts = self.counts.plus(c);
+        self.pages += pages as u64;
+    }
+    #[inline]
+    pub fn remove_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
+        self.blocks[class][order as usize] -= 1;
+        self.counts = self.counts.minus(c);
+        self.pages -= pages as u64;
+    }
+}
+
+impl Deref for Buddy {
+    type Target = Arena;
+    #[inline(always)]
+    fn deref(&self) -> &Arena {
+        &self.arena
+    }
+}
+
+impl DerefMut for Buddy {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut Arena {
+        &mut self.arena
+    }
+}
+
+/// A walk over one free list from its oldest block (the tail) towards its newest, which does not
+/// borrow the lists between steps: the caller may take the block it was just given off the list
+/// (the walk has already read that block's neighbour).
+#[derive(Clone, Copy)]
+pub(crate) struct OldestFirst {
+    next: u32,
+}
+
+impl OldestFirst {
+    /// The next block of the walk and its record, or `None` past the list's head.
+    pub(crate) fn next(&mut self, b: &Buddy) -> Option<(u32, Record)> {
+        if self.next == NIL {
+            return None;
+        }
+        let p = self.next;
+        let m = b.meta(p).get();
+        self.next = m.prev;
+        Some((p, m))
+    }
+}
 
 /// The class order in which a request looks for memory. Reported memory comes last for every
 /// request: faulting a page back in costs ~550 ms/GiB here (the kernel zeroes it too), a memset of
@@ -40,7 +116,50 @@ pub struct Taken {
     pub counts: StateCounts,
 }
 
-impl Arena {
+impl Buddy {
+    /// The free lists of a fresh arena, whose metadata is all zero (every page `Reported`,
+    /// every tag `None`): its top-level blocks on the reported lists (from the top down, so that
+    /// the lowest block is at the head of its list).
+    pub fn new(arena: Arena) -> Buddy {
+        let mut b = Buddy {
+            arena,
+            heads: [[NIL; ORDERS]; CLASSES],
+            tails: [[NIL; ORDERS]; CLASSES],
+            nonempty: [0; CLASSES],
+            listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
+        };
+        let top = 1u32 << b.max_order;
+        let mut pfn = b.npages;
+        while pfn > 0 {
+            pfn -= top;
+            b.push_free(pfn, b.max_order, StateCounts::uniform(PageState::Reported, top), 0);
+        }
+        b
+    }
+
+    /// What the lists hold: blocks per class and order, pages per state.
+    #[inline]
+    pub fn listed(&self) -> &Listed {
+        &self.listed
+    }
+
+    /// The free list of `class` and `order`, oldest block first.
+    pub fn oldest_first(&self, class: Class, order: u8) -> OldestFirst {
+        OldestFirst { next: self.tails[class as usize][order as usize] }
+    }
+
+    /// The most recently freed block on the list of `class` and `order`.
+    pub fn newest(&self, class: Class, order: u8) -> Option<u32> {
+        let p = self.heads[class as usize][order as usize];
+        (p != NIL).then_some(p)
+    }
+
+    /// Whether a block of one of `classes`, of order `order` or above, is listed.
+    pub fn has_free(&self, classes: &[Class], order: u8) -> bool {
+        let mask = !0u64 << order;
+        classes.iter().any(|&c| self.nonempty[c as usize] & mask != 0)
+    }
+
     /// Put a free block on the list its counts select (at the head: most recently freed first).
     pub fn push_free(&mut self, pfn: u32, order: u8, counts: StateCounts, freed_at_ms: u32) {
         let class = counts.class(1 << order) as usize;
@@ -409,7 +528,7 @@ impl Arena {
     }
 }
 
-impl Arena {
+impl Buddy {
     /// Visit every listed free block as `(pfn, order)`.
     pub fn for_each_listed(&self, mut f: impl FnMut(u32, u8)) {
         for class in 0..self.heads.len() {

@@ -46,7 +46,7 @@ use crate::config::ReportMode;
 use crate::heap::Shared;
 use crate::worker::Worker;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{Class, PageState, NIL};
+use crate::page::{Class, PageState};
 
 /// Batches in a row before the reporter pauses (`BUDGET_PAUSE_NS`).
 const PASS_BUDGET: u32 = 16;
@@ -211,23 +211,19 @@ fn report_one_batch(s: &Shared) -> Next {
         for order in t.report_order..=max_order {
             let size = 1u64 << order;
             for class in [Class::Dirty, Class::Zeroed] {
-                let mut p = h.arena(ai).tails[class as usize][order as usize];
+                let mut walk = h.arena(ai).oldest_first(class, order);
                 let mut scanned = 0;
-                while p != NIL && scanned < SCAN_LIMIT {
+                while let Some((p, m)) = walk.next(h.arena(ai)).filter(|_| scanned < SCAN_LIMIT) {
                     scanned += 1;
                     let a = h.arena(ai);
-                    let m = a.meta(p).get();
-                    let prev = m.prev;
                     let age = now.saturating_sub(m.freed_at_ms);
                     if age < t.report_delay_ms {
                         wait_ms = wait_ms.min(t.report_delay_ms - age);
-                        p = prev;
                         continue;
                     }
                     let res = size - (m.counts.reported + m.counts.lazy) as u64;
                     let z = m.counts.zeroed as u64;
                     if resident < floor + res || zeroed < keep_zeroed + z {
-                        p = prev;
                         continue;
                     }
                     let addr = a.addr(p);
@@ -245,7 +241,6 @@ fn report_one_batch(s: &Shared) -> Next {
                     if n == batch {
                         break 'scan;
                     }
-                    p = prev;
                 }
             }
         }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use crate::heap::{Shared, ZERO_SLOT};
 use crate::os::{self, PAGE_SHIFT};
-use crate::page::{Class, PageState, NIL};
+use crate::page::{Class, PageState};
 
 /// Time constant of the demand estimate: a burst of `ZERO` requests keeps memory zeroed for
 /// about this long.
@@ -135,11 +135,10 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     'find: for ai in 0..h.narenas {
         let a = h.arena(ai);
         for order in t.zero_order..=a.max_order {
-            let mut p = a.tails[Class::Dirty as usize][order as usize];
+            let mut walk = a.oldest_first(Class::Dirty, order);
             let mut scanned = 0;
-            while p != NIL && scanned < SCAN_LIMIT {
+            while let Some((p, m)) = walk.next(a).filter(|_| scanned < SCAN_LIMIT) {
                 scanned += 1;
-                let m = a.meta(p).get();
                 let age = now_ms.saturating_sub(m.freed_at_ms);
                 if age < t.zero_delay_ms {
                     wait_ms = wait_ms.min(t.zero_delay_ms - age);
@@ -147,7 +146,6 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
                     found = Some((ai, p, order));
                     break 'find;
                 }
-                p = m.prev;
             }
         }
     }
@@ -157,8 +155,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
         'find2: for ai in 0..h.narenas {
             let a = h.arena(ai);
             for order in t.zero_order.min(chunk_order)..=a.max_order {
-                let p = a.heads[Class::Reported as usize][order as usize];
-                if p != NIL {
+                if let Some(p) = a.newest(Class::Reported, order) {
                     found = Some((ai, p, order));
                     populate = true;
                     break 'find2;

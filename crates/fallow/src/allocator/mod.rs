@@ -233,13 +233,13 @@ impl Allocator {
         let mut counts = StateCounts::default();
         let mut free_pages = 0u64;
         for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
-            for (c, row) in a.listed.blocks.iter().enumerate() {
+            for (c, row) in a.listed().blocks.iter().enumerate() {
                 for (o, n) in row.iter().enumerate() {
                     s.free_blocks[c][o] += *n as u64;
                 }
             }
-            counts = counts.plus(a.listed.counts);
-            free_pages += a.listed.pages;
+            counts = counts.plus(a.listed().counts);
+            free_pages += a.listed().pages;
             s.reserved_bytes += a.len as u64;
         }
         let c = &h.counters;

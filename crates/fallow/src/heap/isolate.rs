@@ -3,7 +3,7 @@
 //! slot), and put it back with its pages in new states (`unisolate`), merging as a free does;
 //! and the few questions a worker asks before it looks for work. Called with the lock held.
 
-use crate::arena::Arena;
+use crate::buddy::Buddy;
 use crate::page::{Class, PageState, StateCounts, Tag};
 
 use super::Heap;
@@ -27,17 +27,12 @@ pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
 impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported.
     pub(crate) fn has_unreported(&self, order: u8) -> bool {
-        let mask = !0u64 << order;
-        (0..self.narenas).any(|i| {
-            let a = self.arena(i);
-            (a.nonempty[Class::Dirty as usize] | a.nonempty[Class::Zeroed as usize]) & mask != 0
-        })
+        (0..self.narenas).any(|i| self.arena(i).has_free(&[Class::Dirty, Class::Zeroed], order))
     }
 
     /// Whether some listed block of order >= `order` has pages that need zeroing.
     pub(crate) fn has_dirty(&self, order: u8) -> bool {
-        let mask = !0u64 << order;
-        (0..self.narenas).any(|i| self.arena(i).nonempty[Class::Dirty as usize] & mask != 0)
+        (0..self.narenas).any(|i| self.arena(i).has_free(&[Class::Dirty], order))
     }
 
     /// Free pages that are resident (dirty, zeroed; lazily freed ones are not counted), and of
@@ -45,7 +40,7 @@ impl Heap {
     pub(crate) fn resident_free_pages(&self) -> (u64, u64) {
         let (mut resident, mut zeroed) = (0u64, 0u64);
         for i in 0..self.narenas {
-            let l = &self.arena(i).listed;
+            let l = self.arena(i).listed();
             resident += l.pages - (l.counts.reported + l.counts.lazy) as u64;
             zeroed += l.counts.zeroed as u64;
         }
@@ -120,7 +115,7 @@ impl Heap {
 
     /// `unisolate` of a block whose pages are in several states: rewrite them run by run, count
     /// them, and rebuild the half records if the result is still mixed.
-    fn rewrite_mixed(a: &mut Arena, pfn: u32, order: u8, new_state: &impl Fn(PageState) -> PageState) -> StateCounts {
+    fn rewrite_mixed(a: &mut Buddy, pfn: u32, order: u8, new_state: &impl Fn(PageState) -> PageState) -> StateCounts {
         let n = 1u32 << order;
         let mut runs: [(u32, u32, PageState); 32] = [(0, 0, PageState::Dirty); 32];
         let mut nruns = 0;

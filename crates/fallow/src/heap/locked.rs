@@ -5,6 +5,7 @@
 use core::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::buddy::Buddy;
 use crate::error::Error;
 use crate::flags::Flags;
 use crate::lock::Guard;
@@ -253,7 +254,7 @@ impl Shared {
         }
         let i = h.narenas;
         self.publish(i, &arena);
-        h.arenas[i] = Some(arena);
+        h.arenas[i] = Some(Buddy::new(arena));
         h.narenas += 1;
         Ok(())
     }

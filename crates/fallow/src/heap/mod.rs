@@ -25,8 +25,7 @@ mod workers;
 
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
 
-use crate::arena::Arena;
-use crate::buddy::{preference, Taken};
+use crate::buddy::{preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
 use crate::error::Error;
 use crate::lock::Locked;
@@ -76,7 +75,7 @@ pub(crate) struct Counters {
 
 /// Everything the lock guards.
 pub(crate) struct Heap {
-    pub arenas: [Option<Arena>; MAX_ARENAS],
+    pub arenas: [Option<Buddy>; MAX_ARENAS],
     pub narenas: usize,
     pub counters: Counters,
     /// Settings of the background workers (changed by `Allocator::set_tunables`).
@@ -156,7 +155,7 @@ impl Shared {
     /// one handle. `cache_id` and `cache_orders` describe its per-thread caches (cache layer);
     /// `entries` its workers' threads.
     pub(crate) fn new(config: Config, cache_id: u64, cache_orders: u32, entries: WorkerEntries) -> Shared {
-        const EMPTY: Option<Arena> = None;
+        const EMPTY: Option<Buddy> = None;
         Shared {
             heap: Locked::new(Heap {
                 arenas: [EMPTY; MAX_ARENAS],
@@ -191,7 +190,7 @@ pub(crate) struct Placed {
 }
 
 impl Heap {
-    pub(crate) fn arena(&self, ai: usize) -> &Arena {
+    pub(crate) fn arena(&self, ai: usize) -> &Buddy {
         self.arenas[ai].as_ref().unwrap()
     }
 
