@@ -70,8 +70,16 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1e6
 }
 
+/// A hot dirty block plus a memset against a cold zeroed block, for `ZERO` requests by size.
+#[derive(clap::Parser)]
+struct Args {
+    /// Repetitions per size (the median is reported).
+    #[arg(default_value_t = 15)]
+    reps: usize,
+}
+
 fn main() {
-    let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(15);
+    let reps = <Args as clap::Parser>::parse().reps;
     println!("ZERO request + one write of the whole block, median of {reps} (us)");
     println!("{:>9}  {:>14}  {:>14}  {:>6}", "size", "hot dirty+memset", "cold zeroed", "ratio");
     for kib in [256usize, 512, 1024, 2048, 4096, 8192, 16384, 65536] {

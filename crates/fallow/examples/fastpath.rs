@@ -309,20 +309,32 @@ fn count(peer: &str, size: usize, n: usize) {
     }
 }
 
+/// The fast-path benchmark: alloc + free of one block in a loop, fallow and its peers.
+#[derive(clap::Parser)]
+struct Args {
+    /// Rounds per figure (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// One block size only, in bytes.
+    #[arg(long)]
+    size: Option<usize>,
+    /// The cache sizing sweep (batch and high mark) instead of the table.
+    #[arg(long)]
+    sweep: bool,
+    /// `PEER SIZE N`: N pairs on one thread and nothing else (for instruction counts).
+    #[arg(long, num_args = 3, value_names = ["PEER", "SIZE", "N"])]
+    count: Option<Vec<String>>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
-    if let Some(i) = args.iter().position(|a| a == "--count") {
-        count(&args[i + 1], args[i + 2].parse().unwrap(), args[i + 3].parse().unwrap());
-    } else if args.iter().any(|a| a == "--sweep") {
-        sweep(rounds);
+    let args = <Args as clap::Parser>::parse();
+    if let Some(c) = &args.count {
+        let size = c[1].parse().unwrap_or_else(|_| panic!("--count: SIZE {:?} is not a number", c[1]));
+        let n = c[2].parse().unwrap_or_else(|_| panic!("--count: N {:?} is not a number", c[2]));
+        count(&c[0], size, n);
+    } else if args.sweep {
+        sweep(args.rounds);
     } else {
-        let only = args.iter().position(|a| a == "--size").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok());
-        table(rounds, only);
+        table(args.rounds, args.size);
     }
 }

@@ -222,8 +222,17 @@ fn bandwidth_beside_zeroing(zeroing: bool) -> (f64, f64, f64) {
     (gbps, zeroed, cpu)
 }
 
+/// The reclaim measurements: zeroing calibration, resident size after reporting, streaming
+/// beside the zeroing worker.
+#[derive(clap::Parser)]
+struct Args {
+    /// `quick`: one run of each figure instead of three (the medians).
+    #[arg(value_parser = ["quick"])]
+    quick: Option<String>,
+}
+
 fn main() {
-    let quick = std::env::args().any(|a| a == "quick");
+    let quick = <Args as clap::Parser>::parse().quick.is_some();
     let runs = if quick { 1 } else { 3 };
     println!("fallow reclaim measurements ({runs} run(s) each, medians)");
     println!("non-temporal zeroing threshold before calibration: {} KiB", fallow::binding_support::nt_threshold() >> 10);
