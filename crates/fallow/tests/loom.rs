@@ -821,7 +821,8 @@ fn hit_alloc_free_model(broken: Break, free: bool) {
         w.report_one_batch();
         let holds = owner.join().unwrap();
         let (listed, cached) = w.settle();
-        assert_eq!([listed, cached, holds].iter().filter(|&&x| x).count(), 1, "the block is listed {listed}, cached {cached}, held {holds}");
+        let places = [listed, cached, holds].iter().filter(|&&x| x).count();
+        assert_eq!(places, 1, "the block is listed {listed}, cached {cached}, held {holds}");
         assert_eq!(w.holders.load(Relaxed), holds as u32);
     });
 }
