@@ -28,9 +28,10 @@ test-debug:
 
 # loom model checks of the lock-free protocols (crates/fallow/tests/loom.rs; docs/design.md,
 # "Model-checked protocols"). `--cfg loom` swaps the atomics of the real protocol code for loom's,
-# so it builds in a target directory of its own. Bound 4 checks in about 5 s here (5: 25 s, 6: 100 s).
+# so it builds in a target directory of its own. Bound 4 checks in about 15 s here; `--nocapture`
+# shows how many executions each model explored.
 test-loom:
-	RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 CARGO_TARGET_DIR=target/loom cargo test -p fallow --release --test loom -- --test-threads=1
+	RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 CARGO_TARGET_DIR=target/loom cargo test -p fallow --release --test loom -- --test-threads=1 --nocapture
 
 # The benchmark command, every experiment once at a tiny size (no timing asserted).
 test-bench:

@@ -9,9 +9,11 @@
 //!   mutex, as `FUTEX_WAIT` does; timeouts are not modelled, so a lost wake-up is a deadlock that
 //!   loom reports). The free path around it (`Allocator::wake_workers_after_free`, `asleep`,
 //!   `Allocator::wake`) and the workers' loops (`report::run`, `zero::run`) are mirrored here.
-//! - The per-thread cache's `busy` / `frozen` handshake (`cache.rs`) and `StartGate`
-//!   (`start.rs`): standalone models that mirror the code line by line (the real code needs an
-//!   allocator, or a kernel thread id per thread, which loom's threads do not have); each
+//! - The per-thread cache's `busy` / `frozen` handshake (`cache.rs`), a cached block's hit
+//!   paths against the reporter's drain and report of it (`cache.rs`, `report.rs`, `heap.rs`), the
+//!   drain request's generations, and `StartGate` (`start.rs`): standalone models that mirror the
+//!   code line by line (the real code needs an allocator, or a kernel thread id per thread, which
+//!   loom's threads do not have); each
 //!   function says which one it mirrors. Each also runs with its protocol broken on purpose
 //!   (an `#[ignore]`d test, run in a child process by `fails_in_child`), and loom must fail it,
 //!   so that a model that stopped finding anything fails the suite.
