@@ -75,7 +75,7 @@ impl Worker {
     /// Start the thread running `entry(arg)`. `Err(errno)` when `pthread_create` refuses; the
     /// caller then still owns `arg`. Called with no allocator lock held, by one thread at a time
     /// (the caller serialises through `claim_start`).
-    pub fn start(&self, entry: Entry, arg: *mut libc::c_void) -> Result<(), i32> {
+    pub(crate) fn start(&self, entry: Entry, arg: *mut libc::c_void) -> Result<(), i32> {
         self.stop.store(false, Ordering::Relaxed);
         self.word.store(RUNNING, Ordering::SeqCst);
         let mut tid: libc::pthread_t = 0;

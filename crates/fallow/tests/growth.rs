@@ -9,7 +9,7 @@ use fallow::{Allocator, Config, Flags, Tunables};
 use std::sync::Barrier;
 
 const ARENA: usize = 16 << 20;
-const THREADS: usize = 8;
+const THREADS: usize = 16;
 
 fn full_allocator() -> (Allocator, usize) {
     // Workers off: an allocation that finds nothing free would otherwise wait for isolated blocks.
@@ -20,9 +20,10 @@ fn full_allocator() -> (Allocator, usize) {
     (a, first)
 }
 
-/// Eight threads released by one barrier, each allocating 255 pages (a 1 MiB block, one page given
-/// back: not a cached size, so every request takes the locked path) from a heap whose first arena
-/// is full; eight such blocks fit in one more 16 MiB arena. Returns the blocks, written.
+/// `THREADS` (16) threads released by one barrier, each allocating 255 pages (a 1 MiB block, one
+/// page given back: not a cached size, so every request takes the locked path) from a heap whose
+/// first arena is full, so that every one of them asks for more than the heap has free; sixteen
+/// such blocks fit in one more 16 MiB arena. Returns the blocks, written.
 fn race(a: &Allocator) -> Vec<usize> {
     let barrier = Barrier::new(THREADS);
     let len = 255 * 4096;
@@ -45,8 +46,10 @@ fn race(a: &Allocator) -> Vec<usize> {
 
 #[test]
 fn threads_that_find_the_heap_full_together_install_one_arena() {
-    // The window is the reservation (a few mmaps) between a failed take and the install: eight
-    // threads released by one barrier hit it together in most rounds, and a round is cheap.
+    // The window is the reservation (a few mmaps) between a failed take and the install: the
+    // sixteen threads released by one barrier hit it together in most rounds, and a round is
+    // cheap. Whatever the interleaving, the heap ends with exactly one new reservation: two
+    // arenas, 32 MiB reserved.
     for round in 0..30 {
         let (a, first) = full_allocator();
         let len = 255 * 4096;
