@@ -3,7 +3,7 @@
 //! (no memset; cold, since the worker's non-temporal stores bypass the cache)? Measures, per size,
 //! a `ZERO` allocation followed by the program writing the whole block once (the hot reuse loop:
 //! `calloc`, `memset`, `free`) in both cases, medians of interleaved repetitions, and prints the
-//! ratio. The rule in `Heap::take` / `Arena::take_preferring_hot` and docs/design.md
+//! ratio. The rule in `Heap::take` / `Buddy::take_preferring_hot` and docs/design.md
 //! ("Reuse-aware zeroing") come from this. In the cold case the hot block, just written, stays
 //! live, so that the zeroed block is the only resident one the request can take; the worker is
 //! switched off once it has zeroed it, so that nothing runs beside the timed part.

@@ -1,7 +1,7 @@
 //! The buddy allocator over one arena: free lists per class and order, split and merge as Linux
 //! does (`mm/page_alloc.c`: `expand`, `__free_one_page`), all in side metadata.
 //!
-//! Invariants (checked by `Heap::check` in tests):
+//! Invariants (checked by `Buddy::check_lists`, from `Allocator::check_invariants`):
 //! - A free block of order k starts at a pfn that is a multiple of 2^k, its first page has
 //!   `Tag::Free` and `order == k`, and it is on exactly one list: `heads[class][k]`, where `class`
 //!   is derived from its `counts`, and `counts` equals what its pages' state bytes say.

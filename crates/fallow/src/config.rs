@@ -10,7 +10,7 @@ pub const MAX_ORDER_LIMIT: u8 = 30;
 /// Orders of free lists an arena keeps (`0..=MAX_ORDER_LIMIT`).
 pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
 /// Largest order a per-thread cache may serve (2 MiB blocks): a mixed cached block's counts are
-/// `u16`s (cache.rs).
+/// `u16`s (cache/).
 pub const CACHE_ORDER_LIMIT: u8 = 9;
 
 /// What backs an arena.
@@ -35,7 +35,7 @@ pub struct Config {
     /// Free page reporting and background pre-zeroing (changeable at run time with
     /// `Allocator::set_tunables`).
     pub tunables: Tunables,
-    /// Per-thread page caches (`cache.rs`, seed 002): blocks of orders `0..=cache_max_order` are
+    /// Per-thread page caches (`cache/`, seed 002): blocks of orders `0..=cache_max_order` are
     /// served and taken back without the lock. Default on.
     pub cache: bool,
     /// Largest cached order (0..=9). Default 9 (2 MiB), as Linux's per-CPU lists with THP.

@@ -7,25 +7,24 @@
 //! library, LD_PRELOAD library and measurement examples (not a stable API; `docs/design.md`,
 //! "Public surface").
 //!
-//! The design, its invariants, threads and locks are in `docs/design.md`. One file per concept
-//! (all crate-private modules):
-//! - `os`: every system call;
-//! - `lock`: the allocator lock (a futex mutex that `fork` handlers can hold);
-//! - `page`: per-page states and the per-block side record;
-//! - `arena`: a reservation and its side metadata;
-//! - `buddy`: free lists, split and merge over one arena;
-//! - `flags`: the flags of an allocation request;
-//! - `heap`: the locked allocator (allocation, free with validation, resize, growth) and what an
-//!   allocator's handles, caches and workers share; the workers' interface (isolation);
-//! - `allocator`: the public `Allocator`, its hit paths inlined, its statistics and controls;
-//! - `worker`: background-thread plumbing; `report`: free page reporting; `zero`: background
-//!   pre-zeroing; `nt`: zeroing with non-temporal stores;
-//! - `cache`: per-thread page caches, the lock-free fast path;
+//! The design, its invariants, threads and locks are in `docs/design.md`. The modules are
+//! layers, bottom up; each imports only modules that come before it here (`tests/layers.rs`):
+//! - `os`: every system call; `error`, `flags`, `lock` (the allocator lock, a futex mutex that
+//!   `fork` handlers can hold), `sync` (the atomics and futex of `worker`, swapped for loom's in
+//!   the model checks), `nt` (zeroing with non-temporal stores), `start` (`StartGate`, the
+//!   creation of a process-wide allocator on first use);
+//! - `config`: settings, their validation, and the limits they are checked against; `page`:
+//!   per-page states and the per-block side record; `stats`: the counters and their report;
+//! - `worker`: background-thread plumbing (the worker word);
+//! - `arena`: a reservation and its side metadata; `buddy`: an arena with its free lists,
+//!   split and merge;
+//! - `heap/`: the locked allocator (allocation, free with validation, resize, growth), what an
+//!   allocator's handles, caches and workers share, and the workers' isolation interface;
+//! - `cache/`: per-thread page caches, the lock-free fast path;
+//! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
+//! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls;
 //! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
-//! - `start`: `StartGate`, the creation of a process-wide allocator on first use;
-//! - `sync`: the atomics and futex of `worker`, swapped for loom's in the model checks;
-//! - `config`, `error`, `stats`;
-//! - `binding_support`: the few internals that fallow's other crates and examples use.
+//!   `binding_support`: the few internals that fallow's other crates and examples use.
 //!
 //! ```
 //! use fallow::{Allocator, Config, Flags};

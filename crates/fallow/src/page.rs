@@ -193,7 +193,7 @@ pub enum Tag {
     /// First page of a free block taken off the lists by a background worker (being reported or
     /// zeroed): neither allocatable nor mergeable until it is returned.
     Isolated = 3,
-    /// First page of a free block held in a per-thread cache (`cache.rs`): on no list, never
+    /// First page of a free block held in a per-thread cache (`cache/`): on no list, never
     /// merged, its pages keep their free states; written by the owning thread without the lock.
     Cached = 4,
 }
@@ -203,7 +203,7 @@ pub const META_FREED_START: u8 = 1; // an allocation that started here was freed
 pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
 /// A live block served by a per-thread cache for a request of fewer pages than its aligned block
 /// (`2^order`, the order byte): its pages past `npages` are its slack, on no list, their state
-/// bytes keeping their free states until the block is freed (cache.rs, "Slack").
+/// bytes keeping their free states until the block is freed (cache/mod.rs, "Slack").
 pub const META_SLACK: u8 = 4;
 
 pub const NIL: u32 = u32::MAX;

@@ -2,7 +2,7 @@
 //! real code (`worker.rs`). A normal build gets `core`'s atomics and `os`'s futex calls, so this
 //! costs nothing; a build with `--cfg loom` (`make test-loom`) gets loom's atomics and a futex
 //! modelled by a mutex and a condition variable, and `lib.rs` then exports what the models call
-//! (`loom_support`). Protocols whose code cannot run under loom (`cache.rs`, `report.rs`,
+//! (`loom_support`). Protocols whose code cannot run under loom (`cache/`, `report.rs`,
 //! `start.rs`: they need an allocator, or a kernel thread id per thread) are modelled line by
 //! line in the test instead.
 

@@ -2,15 +2,15 @@
 //! interleaving (and every outcome the memory model allows of each atomic access) up to a bound
 //! on preemptions: `make test-loom` (`LOOM_MAX_PREEMPTIONS=4`, `--cfg loom`, its own target
 //! directory). Without `--cfg loom` this file is empty. What each model proves, and what it
-//! assumes, is in docs/design.md ("Model-checked protocols", under "Access rules").
+//! assumes, is in docs/design.md ("Model-checked protocols", under "Threads and locks").
 //!
 //! - The worker word (`worker.rs`): the REAL `Worker` code, built on loom's atomics and a futex
 //!   modelled by a mutex and condition variable (`sync.rs`: the value is re-checked under the
 //!   mutex, as `FUTEX_WAIT` does; timeouts are not modelled, so a lost wake-up is a deadlock that
 //!   loom reports). The free path around it (`Allocator::wake_workers_after_free`, `asleep`,
 //!   `Allocator::wake`) and the workers' loops (`report::run`, `zero::run`) are mirrored here.
-//! - The per-thread cache's `busy` / `frozen` handshake (`cache.rs`), a cached block's hit
-//!   paths against the reporter's drain and report of it (`cache.rs`, `report.rs`, `heap.rs`), the
+//! - The per-thread cache's `busy` / `frozen` handshake (`cache/`), a cached block's hit
+//!   paths against the reporter's drain and report of it (`cache/`, `report.rs`, `heap/`), the
 //!   drain request's generations, and `StartGate` (`start.rs`): standalone models that mirror the
 //!   code line by line (the real code needs an allocator, or a kernel thread id per thread, which
 //!   loom's threads do not have); each
@@ -67,7 +67,7 @@ fn started_worker() -> Arc<Worker> {
     Arc::new(w)
 }
 
-/// Mirrors a free on the locked path followed by `Allocator::wake_workers_after_free` (heap.rs),
+/// Mirrors a free on the locked path followed by `Shared::wake_workers_after_free` (heap/workers.rs),
 /// for one worker: under the lock, make work and count the free, read the worker's word
 /// (relaxed); after the lock, wake it if it was asleep (`asleep`: `IDLE`; the `ABSENT` restart
 /// is not modelled) and the free made work for it (`Allocator::wake` -> `Worker::wake_idle`).
@@ -155,7 +155,7 @@ fn a_kick_racing_a_nap_is_seen_by_it_or_the_next() {
     });
 }
 
-// ---- The per-thread cache's busy / frozen handshake (cache.rs, mirrored) ----
+// ---- The per-thread cache's busy / frozen handshake (cache/, mirrored) ----
 //
 // Assumption: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` runs a full barrier on every thread
 // of the process that is running at the time, so the owner's store of `busy` and load of
@@ -300,7 +300,7 @@ fn without_the_owners_fence_loom_finds_the_owner_inside() {
     fails_in_child("broken_cache_handshake_without_the_owners_fence", "Causality violation");
 }
 
-// ---- A cached block against the reporter (cache.rs, report.rs, heap.rs; mirrored) ----
+// ---- A cached block against the reporter (cache/, report.rs, heap/; mirrored) ----
 //
 // One block of one page and one thread's cache, seen whole: the owner takes the block from its
 // cache and gives it back on the hit paths, while the reporter asks the caches to drain, drains
@@ -334,7 +334,7 @@ const ENTRY_REPORTED: u8 = 2;
 /// high mark, in pages.
 const CAP: u32 = 2;
 const HIGH: u32 = 2;
-/// `ISOLATION_WAITS` (heap.rs), cut to one: after that `alloc_locked` grows the heap.
+/// `ISOLATION_WAITS` (heap/locked.rs), cut to one: after that `alloc_locked` grows the heap.
 const WAITS: u32 = 1;
 
 /// Which part of the protocols is broken on purpose.
@@ -891,7 +891,7 @@ fn a_block_returned_before_its_report_is_handed_out_unzeroed() {
     fails_in_child("broken_return_before_report", "Causality violation");
 }
 
-// ---- The drain request's generations (cache.rs, report.rs, heap.rs; mirrored) ----
+// ---- The drain request's generations (cache/, report.rs, heap/; mirrored) ----
 //
 // `Allocator::request_cache_drain` and the reporter's `caches_step` bump `drain_generation`
 // (relaxed); a cache obeys at its next free that sees the new value (`needs_room`, then

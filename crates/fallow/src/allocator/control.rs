@@ -131,7 +131,7 @@ impl Allocator {
                 return Err(format!("in-flight block {} is not tagged isolated", r.pfn));
             }
         }
-        // Wrapping: a cache's unfolded hits move pages between `in_use` and `cached` (cache.rs).
+        // Wrapping: a cache's unfolded hits move pages between `in_use` and `cached` (cache/).
         let sum = listed_pages.wrapping_add(c.in_use_pages).wrapping_add(c.cached_pages).wrapping_add(c.isolated_pages);
         if sum != total {
             return Err(format!(

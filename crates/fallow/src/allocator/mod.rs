@@ -69,7 +69,7 @@ impl Allocator {
     /// thread-cache hit; out of line it would also return its `Result` through memory.
     #[inline(always)]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        // The hit path (cache.rs): a plain request for an exact power-of-two block of a cached
+        // The hit path (cache/): a plain request for an exact power-of-two block of a cached
         // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
         if flags.0 == 0 {
             if let (Some(order), Some(tc)) = (self.cached_order(size, align), cache::last(&self.shared)) {
@@ -124,7 +124,7 @@ impl Allocator {
 
     /// The block the caches would serve for `size` and `align`, as `(order, pages)`: the
     /// smallest block of a cached order that holds the request, aligned to its size at most. A
-    /// request of fewer pages than the block leaves the rest as slack (cache.rs, "Slack").
+    /// request of fewer pages than the block leaves the rest as slack (cache/mod.rs, "Slack").
     #[inline]
     fn cache_shape(&self, size: usize, align: usize) -> Option<(u8, u32)> {
         let last = size.wrapping_sub(1);
@@ -137,7 +137,7 @@ impl Allocator {
         aligned.then_some((order, npages))
     }
 
-    /// The fast path (`cache.rs`): a block of a cached order, without `LOCK` (whose bookkeeping
+    /// The fast path (`cache/`): a block of a cached order, without `LOCK` (whose bookkeeping
     /// needs the lock), from this thread's cache. `None`: take the locked path (which also
     /// reports bad requests).
     #[inline]

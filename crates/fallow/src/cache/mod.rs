@@ -79,7 +79,7 @@
 //! nor cached, and nobody touches them) until the block is freed. Freed into a cache, the block
 //! comes back whole, its live pages `Dirty`, its slack as it was (a mixed entry if any slack page
 //! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
-//! The locked path gives the slack back by runs (`Arena::drop_slack`). Slack pages are counted in
+//! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack").
 //!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global

@@ -54,7 +54,7 @@ pub(crate) struct Counters {
     /// hits of every cache, which makes the sum exact.
     pub in_use_pages: u64,
     /// Of `in_use_pages`, the slack of live blocks served by a cache for fewer pages than their
-    /// block (cache.rs, "Slack"). Wrapping, as `in_use_pages`.
+    /// block (cache/mod.rs, "Slack"). Wrapping, as `in_use_pages`.
     pub slack_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
@@ -63,7 +63,7 @@ pub(crate) struct Counters {
     /// Background-zeroed pages handed to a request that did not ask for zeros (bytes).
     pub zeroed_wasted_bytes: u64,
     /// Pages handed to per-thread caches and not yet drained back, as of the last fold of each
-    /// cache's counters (`cache.rs`); wrapping, like `in_use_pages` and `live_blocks`, because a
+    /// cache's counters (`cache/`); wrapping, like `in_use_pages` and `live_blocks`, because a
     /// cache's unfolded hits may move pages either way.
     pub cached_pages: u64,
     pub cache_hits: u64,
