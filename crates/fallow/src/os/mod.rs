@@ -4,9 +4,8 @@
 //!
 //! `rustix` makes the calls where it has them: inline system calls that neither allocate nor touch
 //! the C `errno`. Paths go to it as `&CStr` (a `&str` or `Path` would be copied into an allocated
-//! C string), and the vDSO behind `clock_gettime` is found through glibc's `getauxval` (rustix's
-//! `use-libc-auxv`: its own reader of the auxiliary vector may allocate). `libc` remains for what
-//! rustix lacks, each place saying why, and for the C library's own state (`errno`, threads).
+//! C string). `libc` remains for what rustix lacks or cannot do from inside `malloc`, each place
+//! saying why, and for the C library's own state (`errno`, threads).
 //!
 //! Nothing here allocates from the heap, so it is safe to call from inside a preloaded `malloc`,
 //! and nothing keeps state that a `fork` child could not use. Failures come back as

@@ -212,7 +212,12 @@ fn mapped_bytes() -> Option<usize> {
 
 /// Monotonic time in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, through the vDSO).
 pub fn now_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    // glibc's, not rustix's: rustix finds the vDSO on first use by reading the auxiliary vector,
+    // either itself (which may allocate) or through `getauxval` looked up with `dlsym` (which
+    // takes the loader's lock), and the first use is inside `malloc` (the allocator's creation).
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
