@@ -231,8 +231,7 @@ extern "C" fn print_stats_at_exit() {
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let page = fallow::binding_support::PAGE_SIZE as u64;
     let mut b = StackBuf::<1024>::new();
-    // SAFETY: `getpid` is a plain libc call with no preconditions.
-    let _ = writeln!(b, "fallow: stats at exit (pid {})", unsafe { libc::getpid() });
+    let _ = writeln!(b, "fallow: stats at exit (pid {})", fallow::binding_support::getpid());
     let _ = writeln!(b, "fallow:   calls:     {} allocs, {} frees", s.alloc_calls, s.free_calls);
     let _ = writeln!(b, "fallow:   in use:    {:.1} MiB in {} blocks", mib(s.bytes_in_use), s.live_blocks);
     if s.slack_bytes > 0 {

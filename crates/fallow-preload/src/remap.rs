@@ -35,8 +35,6 @@ pub static MOVES: AtomicU64 = AtomicU64::new(0);
 pub static COPIES: AtomicU64 = AtomicU64::new(0);
 static MOVE_REFUSED: AtomicBool = AtomicBool::new(false);
 
-const MREMAP_DONTUNMAP: i32 = 4;
-
 /// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`.
 ///
 /// # Safety
@@ -108,18 +106,17 @@ unsafe fn move_pages(from: *mut u8, to: *mut u8, len: usize) -> bool {
     if MOVE_REFUSED.load(Ordering::Relaxed) || MOVES.load(Ordering::Relaxed) >= MOVE_BUDGET {
         return false;
     }
-    let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | MREMAP_DONTUNMAP;
     // SAFETY: both ranges are page-aligned parts of fallow's private anonymous arena that nobody
     // else uses (this function's contract): replacing `to`'s pages and emptying `from` is what the
-    // caller asked for, and `MREMAP_FIXED` only ever lands on `to`, which the caller owns.
-    let r = unsafe { libc::mremap(from as *mut _, len, len, flags, to as *mut libc::c_void) };
-    if r == libc::MAP_FAILED {
-        if fallow::binding_support::errno() == libc::EINVAL {
-            // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.
-            MOVE_REFUSED.store(true, Ordering::Relaxed);
+    // caller asked for.
+    match unsafe { fallow::binding_support::move_pages(from as usize, to as usize, len) } {
+        Ok(()) => true,
+        Err(e) => {
+            if e == libc::EINVAL {
+                // A kernel without MREMAP_DONTUNMAP for this mapping: do not ask again.
+                MOVE_REFUSED.store(true, Ordering::Relaxed);
+            }
+            false
         }
-        return false;
     }
-    debug_assert_eq!(r as usize, to as usize);
-    true
 }

@@ -131,7 +131,7 @@ impl Arena {
         if thp {
             // Best effort: THP may be disabled system-wide.
             // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
-            let _ = unsafe { os::madvise(base, len, libc::MADV_HUGEPAGE) };
+            let _ = unsafe { os::madvise(base, len, os::Advice::HugePage) };
         }
         let states_len = round_up(npages, PAGE_SIZE);
         let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);

@@ -8,7 +8,8 @@
 //! Programs use the public items at the crate root.
 //!
 //! Everything here is sound to call from safe code; what relies on a caller's promise is an
-//! `unsafe fn` with its `# Safety` section (`RawLock::unlock`, `RawLock::reset_after_fork`).
+//! `unsafe fn` with its `# Safety` section (`RawLock::unlock`, `RawLock::reset_after_fork`,
+//! `move_pages`).
 
 /// The page size fallow works in (4 KiB; fallow checks nothing else).
 pub use crate::os::PAGE_SIZE;
@@ -18,6 +19,13 @@ pub use crate::os::{errno, set_errno};
 
 /// Write to stderr without allocating (messages from inside `malloc`).
 pub use crate::os::write_stderr;
+
+/// This process's id (the preload's statistics at exit).
+pub use crate::os::getpid;
+
+/// Move pages from one block to another with `mremap` instead of copying them (the preload's
+/// `realloc`).
+pub use crate::os::move_pages;
 
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::global::StackBuf;

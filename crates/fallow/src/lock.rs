@@ -6,6 +6,8 @@
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicU32, Ordering};
 
+use crate::os;
+
 pub struct RawLock {
     state: AtomicU32,
 }
@@ -47,7 +49,7 @@ impl RawLock {
             }
         }
         while self.state.swap(2, Ordering::Acquire) != 0 {
-            futex_wait(&self.state, 2);
+            os::futex_wait(&self.state, 2, None);
         }
     }
 
@@ -56,7 +58,7 @@ impl RawLock {
     #[inline]
     pub unsafe fn unlock(&self) {
         if self.state.swap(0, Ordering::Release) == 2 {
-            futex_wake(&self.state);
+            os::futex_wake_one(&self.state);
         }
     }
 
@@ -66,32 +68,6 @@ impl RawLock {
     /// Only in a single-threaded child right after `fork`.
     pub unsafe fn reset_after_fork(&self) {
         self.state.store(0, Ordering::Relaxed);
-    }
-}
-
-fn futex_wait(word: &AtomicU32, expected: u32) {
-    // SAFETY: `word` is a live `AtomicU32` borrowed for the call and the timeout pointer is null;
-    // FUTEX_WAIT only reads the word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            core::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live `AtomicU32` borrowed for the call; FUTEX_WAKE only uses its address.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word as *const AtomicU32,
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        );
     }
 }
 

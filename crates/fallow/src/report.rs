@@ -74,7 +74,7 @@ pub fn dontneed_zeroes() -> bool {
                 unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
             }
             // SAFETY: the private scratch page mapped above, which only this function uses.
-            let advised = unsafe { os::madvise(p, PAGE_SIZE, libc::MADV_DONTNEED) }.is_ok();
+            let advised = unsafe { os::madvise(p, PAGE_SIZE, os::Advice::DontNeed) }.is_ok();
             // SAFETY: as above: inside the scratch page, still mapped.
             let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
             // SAFETY: the scratch page, used no more.
@@ -259,8 +259,8 @@ fn report_one_batch(s: &Shared) -> Next {
     let calls = unsafe {
         match mode {
             ReportMode::Punch => punch(&targets[..n], &mut ok[..n]),
-            ReportMode::Free => advise(s, &targets[..n], libc::MADV_FREE, &mut ok[..n]),
-            _ => advise(s, &targets[..n], libc::MADV_DONTNEED, &mut ok[..n]),
+            ReportMode::Free => advise(s, &targets[..n], os::Advice::Free, &mut ok[..n]),
+            _ => advise(s, &targets[..n], os::Advice::DontNeed, &mut ok[..n]),
         }
     };
     let ns = os::now_ns() - t0;
@@ -328,7 +328,7 @@ fn pidfd(s: &Shared) -> i32 {
 /// # Safety
 /// Every target is a block this worker isolated (on no list, handed to nobody) until it is
 /// returned: `advice` may replace its contents with zeros.
-unsafe fn advise(s: &Shared, targets: &[Target], advice: i32, ok: &mut [bool]) -> u64 {
+unsafe fn advise(s: &Shared, targets: &[Target], advice: os::Advice, ok: &mut [bool]) -> u64 {
     let mut calls = 0;
     let fd = if targets.len() > 1 { pidfd(s) } else { -1 };
     if fd >= 0 {

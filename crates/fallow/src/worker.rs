@@ -1,27 +1,28 @@
 //! Background-thread plumbing shared by the reporting worker (`report.rs`) and the zeroing worker
-//! (`zero.rs`): start a thread under `SCHED_BATCH` that keeps to idle CPU time (`IdleGate`), let it sleep
-//! and be woken without a heap allocation, stop it, and restart it in a `fork` child.
+//! (`zero.rs`): start a thread that keeps to idle CPU time (`IdleGate`), let it sleep and be woken
+//! without a heap allocation, stop it, and restart it in a `fork` child.
 //!
 //! Design. Each worker has one futex word, `Worker::word`, in one of these states:
 //!
 //! ```text
-//!   ABSENT --start--> RUNNING --nap(t)--> NAPPING --timeout/kick--> RUNNING
+//!   ABSENT --claim_start, start--> RUNNING --nap(t)--> NAPPING --timeout/kick--> RUNNING
 //!                        |                                            ^
 //!                        +--idle()--> IDLE --wake_idle/kick-----------+
 //!   (fork child: any --> ABSENT; the next free that finds work, or start_workers, restarts it)
 //! ```
 //!
 //! Invariants:
-//! - The allocation and free paths never make a system call for a worker unless the worker is
-//!   `IDLE` (asleep with nothing to do) and the free just created work for it: one relaxed load
-//!   of `word` per free otherwise.
+//! - The allocation and free paths never make a system call for a worker unless the free just
+//!   created work for it and the worker is `IDLE` (asleep with nothing to do: a futex wake) or,
+//!   in a `fork` child whose parent ran it, `ABSENT` (a thread start): otherwise a free costs
+//!   one relaxed load of each worker's `word`.
 //! - No lost wake-up: a worker going idle stores `IDLE` *before* it checks for work under the
 //!   allocator lock; a free creates work under that lock and reads `word` after it, so either the
 //!   worker sees the work or the free sees `IDLE` and wakes it (futex semantics do the rest).
 //! - A worker holds an `Arc<Shared>` (not an `Allocator` handle): the last `Allocator` handle
 //!   stops and joins the workers, then the `Arc`s go away.
-//! - Starting a thread uses `pthread_create` directly: no Rust heap allocation (the preload
-//!   library's `malloc` may be the one that ends up here).
+//! - Starting a thread uses `pthread_create` directly (`os::spawn_thread`): no Rust heap
+//!   allocation (the preload library's `malloc` may be the one that ends up here).
 
 use crate::os::{self, BackgroundPolicy};
 // `core`'s atomics and `os`'s futex; loom's under `--cfg loom` (`tests/loom.rs` model-checks the
@@ -52,7 +53,7 @@ pub struct Worker {
     pub name: &'static [u8],
 }
 
-pub type Entry = extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+pub type Entry = os::ThreadEntry;
 
 impl Worker {
     /// (Not a `const fn`: loom's atomics have no const constructor.)
@@ -68,27 +69,25 @@ impl Worker {
     }
 
     pub fn running(&self) -> bool {
-        // SAFETY: getpid has no preconditions.
-        self.thread.load(Ordering::Acquire) != 0 && self.pid.load(Ordering::Relaxed) == unsafe { libc::getpid() }
+        self.thread.load(Ordering::Acquire) != 0 && self.pid.load(Ordering::Relaxed) == os::getpid()
     }
 
     /// Start the thread running `entry(arg)`. `Err(errno)` when `pthread_create` refuses; the
     /// caller then still owns `arg`. Called with no allocator lock held, by one thread at a time
     /// (the caller serialises through `claim_start`).
-    pub(crate) fn start(&self, entry: Entry, arg: *mut libc::c_void) -> Result<(), i32> {
+    pub(crate) fn start(&self, entry: Entry, arg: *mut core::ffi::c_void) -> Result<(), i32> {
         self.stop.store(false, Ordering::Relaxed);
         self.word.store(RUNNING, Ordering::SeqCst);
-        let mut tid: libc::pthread_t = 0;
-        // SAFETY: `tid` is writable, default attributes; `entry` takes ownership of `arg` only if the
-        // thread is created (the caller keeps it on error).
-        let r = unsafe { libc::pthread_create(&mut tid, core::ptr::null(), entry, arg) };
-        if r != 0 {
-            self.word.store(ABSENT, Ordering::SeqCst);
-            return Err(r);
-        }
-        // SAFETY: getpid has no preconditions.
-        self.pid.store(unsafe { libc::getpid() }, Ordering::Relaxed);
-        self.thread.store(tid as usize, Ordering::Release);
+        // (`entry` takes ownership of `arg` only if the thread is created.)
+        let tid = match os::spawn_thread(entry, arg) {
+            Ok(tid) => tid,
+            Err(e) => {
+                self.word.store(ABSENT, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
+        self.pid.store(os::getpid(), Ordering::Relaxed);
+        self.thread.store(tid, Ordering::Release);
         Ok(())
     }
 
@@ -106,11 +105,7 @@ impl Worker {
     /// Called by the thread itself first: name it and schedule it as a background thread (see
     /// `IdleGate` for how it keeps to idle CPU time).
     pub fn on_thread_start(&self) -> IdleGate {
-        let mut name = [0u8; 16];
-        let n = self.name.len().min(15);
-        name[..n].copy_from_slice(&self.name[..n]);
-        // SAFETY: `name` is NUL-terminated (at most 15 bytes copied into 16 zeroed ones).
-        unsafe { libc::pthread_setname_np(libc::pthread_self(), name.as_ptr() as *const libc::c_char) };
+        os::set_thread_name(self.name);
         let load = os::CpuLoad::open();
         let wanted = if load.is_some() { BackgroundPolicy::Batch } else { BackgroundPolicy::Idle };
         let policy = os::set_background_priority(wanted);
@@ -190,8 +185,9 @@ impl Worker {
         self.request_stop();
         let tid = self.thread.swap(0, Ordering::AcqRel);
         if tid != 0 {
-            // SAFETY: `tid` is a thread this process created and nobody else joins (the swap above took it).
-            unsafe { libc::pthread_join(tid as libc::pthread_t, core::ptr::null_mut()) };
+            // SAFETY: `tid` is a thread this process started (`running` checked the pid) and nobody
+            // else joins (the swap above took it).
+            unsafe { os::join_thread(tid) };
         }
         self.word.store(ABSENT, Ordering::SeqCst);
     }

@@ -75,8 +75,10 @@ fn threads_that_find_the_heap_full_together_install_one_arena() {
 fn a_request_the_new_arena_cannot_serve_still_grows() {
     // The re-check must not swallow a growth that is still needed: a request larger than an
     // arena, racing small ones, gets an arena of its own whichever thread installs first (the
-    // small requests' 16 MiB arena cannot hold it, and its own 48 MiB one has no room left for
-    // them), so every round ends with exactly three arenas and every request served.
+    // small requests' 16 MiB arena cannot hold it), so every round ends with three arenas and
+    // every request served. Which three depends on the race: the small requests' 16 MiB arena
+    // and a 48 MiB one, or, when a small request retries its take in the big request's new
+    // 48 MiB arena before the big one does, two 48 MiB arenas (the big request grows again).
     for round in 0..20 {
         let (a, first) = full_allocator();
         let barrier = Barrier::new(4);
@@ -100,7 +102,8 @@ fn a_request_the_new_arena_cannot_serve_still_grows() {
         assert!(unsafe { all_zero(big as *const u8, 3 * ARENA) }, "round {round}");
         let s = a.stats();
         assert_eq!(s.arenas, 3, "round {round}: {} arenas for three small requests and one of three arenas' size", s.arenas);
-        assert_eq!(s.reserved_bytes, 5 * ARENA as u64, "round {round}");
+        let reserved = s.reserved_bytes / ARENA as u64;
+        assert!(reserved == 5 || reserved == 7, "round {round}: {reserved} arenas' worth reserved, not 1 + 1 + 3 or 1 + 3 + 3");
         for p in smalls.into_iter().chain([big, first]) {
             a.free(p as *mut u8).unwrap();
         }
