@@ -51,7 +51,8 @@ fn declared(header: &str) -> Vec<Declared> {
     let mut offset = 0;
     let mut fields = Vec::new();
     for decl in body.split(';').map(str::trim).filter(|d| !d.is_empty()) {
-        let (c_type, rest) = decl.split_once(char::is_whitespace).unwrap_or_else(|| panic!("bad field {decl:?}"));
+        let (c_type, rest) =
+            decl.split_once(char::is_whitespace).unwrap_or_else(|| panic!("bad field {decl:?}"));
         assert_eq!(c_type, "uint64_t", "field {decl:?}: only uint64_t fields are expected");
         let mut parts = rest.trim().split('[');
         let name = parts.next().unwrap().trim().to_string();
@@ -72,7 +73,9 @@ fn declared(header: &str) -> Vec<Declared> {
 fn generated(fields: &[CField], size: usize) -> Vec<Declared> {
     let mut v: Vec<Declared> = fields
         .iter()
-        .map(|f| Declared { name: f.name.into(), c_type: f.c_type.into(), dims: f.dims.to_vec(), offset: f.offset })
+        .map(|f| {
+            Declared { name: f.name.into(), c_type: f.c_type.into(), dims: f.dims.to_vec(), offset: f.offset }
+        })
         .collect();
     v.push(Declared { name: "(end)".into(), c_type: String::new(), dims: vec![], offset: size });
     v
@@ -83,9 +86,10 @@ fn header_struct_matches_the_table() {
     let rust = generated(C_FIELDS, core::mem::size_of::<FallowStats>());
     let c = declared(HEADER);
     for (i, (r, c)) in rust.iter().zip(&c).enumerate() {
-        assert_eq!(r, c, "field {i} of struct fallow_stats: the table says {r:?}, include/fallow.h says {c:?}");
+        assert_eq!(r, c, "field {i} of struct fallow_stats: the table says {r:?}, include/fallow.h {c:?}");
     }
-    assert_eq!(rust.len(), c.len(), "struct fallow_stats: {} fields in the table, {} in include/fallow.h", rust.len(), c.len());
+    let (nr, nc) = (rust.len(), c.len());
+    assert_eq!(nr, nc, "struct fallow_stats: {nr} fields in the table, {nc} in include/fallow.h");
 }
 
 #[test]
@@ -97,7 +101,9 @@ fn the_check_sees_a_field_on_one_side_only() {
     assert_ne!(declared(&added), rust);
     let dropped = HEADER.replacen("uint64_t slack_bytes;", "", 1);
     assert_ne!(declared(&dropped), rust);
-    let moved = HEADER.replacen("uint64_t live_blocks;", "", 1).replacen(&decl, &format!("uint64_t live_blocks;\n    {decl}"), 1);
+    let moved = HEADER
+        .replacen("uint64_t live_blocks;", "", 1)
+        .replacen(&decl, &format!("uint64_t live_blocks;\n    {decl}"), 1);
     assert_ne!(declared(&moved), rust);
     assert_eq!(declared(HEADER), rust);
 }
