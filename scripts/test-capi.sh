@@ -87,8 +87,8 @@ fi
 step "numpy workload with FALLOW_STATS=1 (zeroing skipped)"
 LD_PRELOAD=$so FALLOW_STATS=1 .venv/bin/python tests/preload/numpy_zeros.py 2> "$out/numpy_zeros.err"
 cat "$out/numpy_zeros.err"
-skipped=$(sed -n 's/.*zeroing: *\([0-9.]*\) MiB skipped.*/\1/p' "$out/numpy_zeros.err" | head -1)
-allocs=$(sed -n 's/.*calls: *\([0-9]*\) allocs.*/\1/p' "$out/numpy_zeros.err" | head -1)
+skipped=$(sed -n 's/.*zero_skipped_bytes: *\([0-9.]*\) MiB.*/\1/p' "$out/numpy_zeros.err" | head -1)
+allocs=$(sed -n 's/.*alloc_calls: *\([0-9]*\).*/\1/p' "$out/numpy_zeros.err" | head -1)
 [[ -n $skipped && -n $allocs ]] || fail "no statistics printed at exit"
 (( allocs >= 80 )) || fail "fallow served only $allocs allocations"
 awk -v s="$skipped" 'BEGIN { exit !(s >= 64) }' || fail "zeroing skipped for only $skipped MiB"

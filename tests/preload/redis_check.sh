@@ -31,6 +31,6 @@ cli shutdown nosave > /dev/null 2>&1 || true
 wait $pid; rc=$?
 trap - EXIT
 grep -q "fallow: free()\|fallow: realloc()\|fallow: malloc_usable_size()" "$out/redis.log" && { cat "$out/redis.log"; echo "FAIL redis: fallow error"; exit 1; }
-allocs=$(sed -n 's/.*calls: *\([0-9]*\) allocs.*/\1/p' "$out/redis.log")
+allocs=$(sed -n 's/.*alloc_calls: *\([0-9]*\).*/\1/p' "$out/redis.log")
 [[ $rc == 0 && -n $allocs && $allocs -gt 0 ]] || { tail "$out/redis.log"; echo "FAIL redis: exit $rc, fallow allocations '${allocs}'"; exit 1; }
 echo "ok redis-server under the preload: $allocs fallow allocations, used_memory $used after deleting 2 of 4 keys"

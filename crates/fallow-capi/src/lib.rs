@@ -20,6 +20,9 @@ use core::ptr;
 use core_fallow::binding_support::StackBuf;
 use core_fallow::{Allocator, Backing, Config, Error, Flags, ReportMode, Tunables};
 
+#[cfg(test)]
+mod header_test;
+
 pub const FALLOW_ZERO: c_uint = 1;
 pub const FALLOW_POPULATE: c_uint = 2;
 pub const FALLOW_LOCK: c_uint = 4;
@@ -60,35 +63,9 @@ pub struct FallowConfig {
     pub backing: c_int,
 }
 
-#[repr(C)]
-pub struct FallowStats {
-    pub bytes_in_use: u64,
-    pub live_blocks: u64,
-    pub free_dirty_pages: u64,
-    pub free_zeroed_pages: u64,
-    pub free_reported_pages: u64,
-    pub free_lazy_pages: u64,
-    pub isolated_pages: u64,
-    pub reserved_bytes: u64,
-    pub arenas: u64,
-    pub alloc_calls: u64,
-    pub free_calls: u64,
-    pub zero_skipped_bytes: u64,
-    pub zeroed_on_alloc_bytes: u64,
-    pub reused_reported_bytes: u64,
-    pub locked_bytes: u64,
-    pub cached_pages: u64,
-    pub cache_hits: u64,
-    pub reported_bytes: u64,
-    pub report_calls: u64,
-    pub report_batches: u64,
-    pub report_ns: u64,
-    pub reported_blocks_reused: u64,
-    pub zeroed_background_bytes: u64,
-    pub zeroing_wasted_bytes: u64,
-    pub slack_bytes: u64,
-    pub free_blocks: [[u64; 31]; 3],
-}
+/// `struct fallow_stats`: generated, with its conversion from `Stats`, from the one table of the
+/// statistics (`stats.rs` of the core); `header_test` checks `include/fallow.h` against it.
+pub use core_fallow::binding_support::CStats as FallowStats;
 
 /// # Safety
 ///
@@ -294,37 +271,7 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
     let Some(out) = (unsafe { out.as_mut() }) else {
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
     };
-    let s = a.stats();
-    out.bytes_in_use = s.bytes_in_use;
-    out.live_blocks = s.live_blocks;
-    out.free_dirty_pages = s.free_dirty_pages;
-    out.free_zeroed_pages = s.free_zeroed_pages;
-    out.free_reported_pages = s.free_reported_pages;
-    out.free_lazy_pages = s.free_lazy_pages;
-    out.isolated_pages = s.isolated_pages;
-    out.reserved_bytes = s.reserved_bytes;
-    out.arenas = s.arenas;
-    out.alloc_calls = s.alloc_calls;
-    out.free_calls = s.free_calls;
-    out.zero_skipped_bytes = s.zero_skipped_bytes;
-    out.zeroed_on_alloc_bytes = s.zeroed_on_alloc_bytes;
-    out.reused_reported_bytes = s.reused_reported_bytes;
-    out.locked_bytes = s.locked_bytes;
-    out.cached_pages = s.cached_pages;
-    out.cache_hits = s.cache_hits;
-    out.reported_bytes = s.reported_bytes;
-    out.report_calls = s.report_calls;
-    out.report_batches = s.report_batches;
-    out.report_ns = s.report_ns;
-    out.reported_blocks_reused = s.reported_blocks_reused;
-    out.zeroed_background_bytes = s.zeroed_background_bytes;
-    out.zeroing_wasted_bytes = s.zeroing_wasted_bytes;
-    out.slack_bytes = s.slack_bytes;
-    for (c, row) in s.free_blocks.iter().enumerate().take(3) {
-        for (o, n) in row.iter().enumerate().take(31) {
-            out.free_blocks[c][o] = *n;
-        }
-    }
+    *out = FallowStats::from(&a.stats());
     0
 }
 

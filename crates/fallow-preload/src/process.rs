@@ -224,40 +224,19 @@ extern "C" fn fork_child() {
     unsafe { FORK_GUARD.reset_after_fork() };
 }
 
-/// `FALLOW_STATS=1`: the statistics on stderr at exit, formatted on the stack.
+/// `FALLOW_STATS=1`: the statistics on stderr at exit, formatted on the stack: the report of
+/// `Stats` (`Stats::write_report`, which does not allocate), then this library's own counters.
 extern "C" fn print_stats_at_exit() {
     let Some(a) = existing() else { return };
     let s = a.stats();
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let page = fallow::binding_support::PAGE_SIZE as u64;
-    let mut b = StackBuf::<1024>::new();
+    let mut b = StackBuf::<8192>::new();
     let _ = writeln!(b, "fallow: stats at exit (pid {})", fallow::binding_support::getpid());
-    let _ = writeln!(b, "fallow:   calls:     {} allocs, {} frees", s.alloc_calls, s.free_calls);
-    let _ = writeln!(b, "fallow:   in use:    {:.1} MiB in {} blocks", mib(s.bytes_in_use), s.live_blocks);
-    if s.slack_bytes > 0 {
-        let _ = writeln!(b, "fallow:   slack:     {:.1} MiB past the requests in cache-served blocks", mib(s.slack_bytes));
-    }
-    let _ = writeln!(
-        b,
-        "fallow:   free:      {:.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free",
-        mib(s.free_dirty_pages * page),
-        mib(s.free_zeroed_pages * page),
-        mib(s.free_reported_pages * page),
-        mib(s.free_lazy_pages * page)
-    );
-    let _ = writeln!(
-        b,
-        "fallow:   zeroing:   {:.1} MiB skipped, {:.1} MiB memset on allocation",
-        mib(s.zero_skipped_bytes),
-        mib(s.zeroed_on_alloc_bytes)
-    );
+    let _ = s.write_report(&mut b, "fallow:   ");
     let _ = writeln!(
         b,
         "fallow:   realloc:   {} page moves (mremap), {} copies",
         crate::remap::MOVES.load(Ordering::Relaxed),
         crate::remap::COPIES.load(Ordering::Relaxed)
     );
-    let _ = writeln!(b, "fallow:   reported reuse: {:.1} MiB", mib(s.reused_reported_bytes));
-    let _ = writeln!(b, "fallow:   reserved:  {:.1} MiB in {} arenas", mib(s.reserved_bytes), s.arenas);
     fallow::binding_support::write_stderr(b.as_bytes());
 }

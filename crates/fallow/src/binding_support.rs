@@ -40,3 +40,7 @@ pub use crate::start::{Entry, StartGate};
 /// The length from which zeroing uses non-temporal stores, and its one-off calibration
 /// (`examples/reclaim_measure.rs` measures both).
 pub use crate::nt::{calibrate as calibrate_nt, threshold as nt_threshold};
+
+/// The C mirror of `Stats` (`struct fallow_stats`), its layout field by field, and the list of
+/// every figure with its unit: all from the one table in `stats.rs`.
+pub use crate::stats::{CField, CStats, Unit, C_FIELDS, FIELDS};

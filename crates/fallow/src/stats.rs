@@ -1,81 +1,224 @@
 //! Statistics: a snapshot taken under the allocator lock in time proportional to the number of
 //! arenas (every figure is a counter kept as the lists change, none is computed by a walk).
+//!
+//! Every figure is defined once, in the table `stats_table!` below: its name, its unit and its
+//! doc. From the table come the fields of [`Stats`], its report (`Display` and
+//! [`Stats::write_report`], one line per figure, the preload's exit report too), the C mirror
+//! [`CStats`] (`struct fallow_stats` of `include/fallow.h`) with its conversion, and
+//! [`C_FIELDS`], the C layout that a test of `fallow-capi` compares with the header.
+//!
+//! The table has two parts. `c`: the figures of `struct fallow_stats`, in its order, which is
+//! ABI (a program built against an older header passes a struct of that size, so a figure added
+//! there goes at its end only with a new entry point or a size field). `rust`: the figures only
+//! `Stats` has.
+
+use core::fmt::{self, Write};
 
 use crate::config::ORDERS;
 use crate::os::PAGE_SIZE;
 use crate::page::{Class, CLASSES};
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Free blocks on the lists, by class (dirty, zeroed, reported) and order: `/proc/buddyinfo`
-    /// split by state.
-    pub free_blocks: [[u64; ORDERS]; CLASSES],
-    /// Free pages by state.
-    pub free_dirty_pages: u64,
-    pub free_zeroed_pages: u64,
-    pub free_reported_pages: u64,
-    pub free_lazy_pages: u64,
-    /// Free pages taken off the lists by a background worker at this moment.
-    pub isolated_pages: u64,
-    /// Bytes in live blocks (page-rounded).
-    pub bytes_in_use: u64,
-    /// Bytes past the request in live blocks that a per-thread cache served whole (a request of
-    /// 65..127 pages gets a block of 128): unused, their pages keep their free states, and they
-    /// come back with the block.
-    pub slack_bytes: u64,
-    pub live_blocks: u64,
-    /// Address space reserved, and in how many arenas.
-    pub reserved_bytes: u64,
-    pub arenas: u64,
-    pub alloc_calls: u64,
-    pub free_calls: u64,
-    /// Bytes of `ZERO` requests served without a memset (zeroed or reported pages).
-    pub zero_skipped_bytes: u64,
-    /// Bytes memset on the allocation path for `ZERO` requests.
-    pub zeroed_on_alloc_bytes: u64,
-    /// Bytes handed out that were reported (so faulted back in by the caller or `POPULATE`).
-    pub reused_reported_bytes: u64,
-    /// Bytes `mlock`ed at this moment.
-    pub locked_bytes: u64,
-    /// Free pages held in per-thread caches (already counted in the free pages by state and in
-    /// `free_blocks`: memory in a cache is free).
-    pub cached_pages: u64,
-    /// Allocations and frees served by a per-thread cache without the lock.
-    pub cache_hits: u64,
-    /// Batched refills and drains of per-thread caches (each one hold of the lock).
-    pub cache_refills: u64,
-    pub cache_drains: u64,
-    /// Caches of idle threads drained by the reporting worker (each a hold of the lock).
-    pub cache_remote_drains: u64,
-    // ---- Free page reporting (report.rs) ----
-    /// Bytes given back to the kernel (pages that were resident when reported).
-    pub reported_bytes: u64,
-    /// System calls made to report (`process_madvise`, `madvise`, `fallocate`).
-    pub report_calls: u64,
-    /// Batches reported (one pass of the reporter each).
-    pub report_batches: u64,
-    /// Blocks handed out that held reported pages.
-    pub reported_blocks_reused: u64,
-    /// Nanoseconds spent in the reporting system calls.
-    pub report_ns: u64,
-    /// Blocks whose report the kernel refused (put back unchanged).
-    pub report_failures: u64,
-    // ---- Background zeroing (zero.rs) ----
-    /// Bytes zeroed by the zeroing worker.
-    pub zeroed_background_bytes: u64,
-    /// Nanoseconds the zeroing worker spent zeroing.
-    pub zeroing_ns: u64,
-    /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
-    pub populated_bytes: u64,
-    /// Background-zeroed bytes that were never used as zeros: reported afterwards, or handed to a
-    /// request that did not ask for zeros.
-    pub zeroing_wasted_bytes: u64,
-    /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
-    pub zero_demand_bytes: u64,
-    /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see `worker::IdleGate`).
-    pub busy_cpu_naps: u64,
-    /// Times the zeroing worker looked for work under the lock (its MEASURE step).
-    pub zero_scans: u64,
+/// What a figure counts, which fixes its Rust and C type and how the report prints it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// Events or objects, printed as is.
+    Count,
+    /// Bytes, printed in MiB.
+    Bytes,
+    /// 4 KiB pages, printed as a count and in MiB.
+    Pages,
+    /// Nanoseconds, printed in milliseconds.
+    Ns,
+    /// Free blocks by class and order (`[[u64; ORDERS]; CLASSES]`), printed as a table after the
+    /// single figures.
+    Blocks,
+}
+
+impl Unit {
+    /// The array dimensions of a figure of this unit (outermost first); none for a single `u64`.
+    pub const fn dims(self) -> &'static [usize] {
+        match self {
+            Unit::Blocks => &[CLASSES, ORDERS],
+            _ => &[],
+        }
+    }
+}
+
+/// The type of a figure of each unit.
+macro_rules! unit_type {
+    (Blocks) => { [[u64; ORDERS]; CLASSES] };
+    ($other:ident) => { u64 };
+}
+
+/// One field of the C struct: its name, element type, array dimensions (none for a scalar) and
+/// offset in `CStats`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CField {
+    pub name: &'static str,
+    pub c_type: &'static str,
+    pub dims: &'static [usize],
+    pub offset: usize,
+}
+
+/// The one list of the statistics; `$m` receives it (`define_stats!`).
+macro_rules! stats_table {
+    ($m:ident) => { $m! {
+    c {
+        /// Bytes in live blocks (page-rounded).
+        bytes_in_use: Bytes,
+        live_blocks: Count,
+        /// Free pages by state.
+        free_dirty_pages: Pages,
+        free_zeroed_pages: Pages,
+        free_reported_pages: Pages,
+        free_lazy_pages: Pages,
+        /// Free pages taken off the lists by a background worker at this moment.
+        isolated_pages: Pages,
+        /// Address space reserved, and in how many arenas.
+        reserved_bytes: Bytes,
+        arenas: Count,
+        alloc_calls: Count,
+        free_calls: Count,
+        /// Bytes of `ZERO` requests served without a memset (zeroed or reported pages).
+        zero_skipped_bytes: Bytes,
+        /// Bytes memset on the allocation path for `ZERO` requests.
+        zeroed_on_alloc_bytes: Bytes,
+        /// Bytes handed out that were reported (so faulted back in by the caller or `POPULATE`).
+        reused_reported_bytes: Bytes,
+        /// Bytes `mlock`ed at this moment.
+        locked_bytes: Bytes,
+        /// Free pages held in per-thread caches (already counted in the free pages by state and
+        /// in `free_blocks`: memory in a cache is free).
+        cached_pages: Pages,
+        /// Allocations and frees served by a per-thread cache without the lock.
+        cache_hits: Count,
+        /// Bytes given back to the kernel (pages that were resident when reported).
+        reported_bytes: Bytes,
+        /// System calls made to report (`process_madvise`, `madvise`, `fallocate`).
+        report_calls: Count,
+        /// Batches reported (one pass of the reporter each).
+        report_batches: Count,
+        /// Nanoseconds spent in the reporting system calls.
+        report_ns: Ns,
+        /// Blocks handed out that held reported pages.
+        reported_blocks_reused: Count,
+        /// Bytes zeroed by the zeroing worker.
+        zeroed_background_bytes: Bytes,
+        /// Background-zeroed bytes that were never used as zeros: reported afterwards, or handed
+        /// to a request that did not ask for zeros.
+        zeroing_wasted_bytes: Bytes,
+        /// Bytes past the request in live blocks that a per-thread cache served whole (a request
+        /// of 65..127 pages gets a block of 128): unused, their pages keep their free states, and
+        /// they come back with the block.
+        slack_bytes: Bytes,
+        /// Free blocks on the lists, by class (dirty, zeroed, reported) and order:
+        /// `/proc/buddyinfo` split by state.
+        free_blocks: Blocks,
+    }
+    rust {
+        /// Batched refills and drains of per-thread caches (each one hold of the lock).
+        cache_refills: Count,
+        cache_drains: Count,
+        /// Caches of idle threads drained by the reporting worker (each a hold of the lock).
+        cache_remote_drains: Count,
+        /// Blocks whose report the kernel refused (put back unchanged).
+        report_failures: Count,
+        /// Nanoseconds the zeroing worker spent zeroing.
+        zeroing_ns: Ns,
+        /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
+        populated_bytes: Bytes,
+        /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
+        zero_demand_bytes: Bytes,
+        /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see
+        /// `worker::IdleGate`).
+        busy_cpu_naps: Count,
+        /// Times the zeroing worker looked for work under the lock (its MEASURE step).
+        zero_scans: Count,
+    }
+    } };
+}
+
+macro_rules! define_stats {
+    (
+        c { $( $(#[doc = $cdoc:literal])* $c:ident : $cu:ident, )* }
+        rust { $( $(#[doc = $rdoc:literal])* $r:ident : $ru:ident, )* }
+    ) => {
+        /// A snapshot of the statistics (`Allocator::stats`); printed by `Display` or
+        /// [`Stats::write_report`].
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $( $(#[doc = $cdoc])* pub $c: unit_type!($cu), )*
+            $( $(#[doc = $rdoc])* pub $r: unit_type!($ru), )*
+        }
+
+        /// `struct fallow_stats` of `include/fallow.h`: the figures of the table's `c` part, in
+        /// its order.
+        #[repr(C)]
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct CStats {
+            $( $(#[doc = $cdoc])* pub $c: unit_type!($cu), )*
+        }
+
+        impl From<&Stats> for CStats {
+            fn from(s: &Stats) -> CStats {
+                CStats { $( $c: s.$c, )* }
+            }
+        }
+
+        /// The layout of `CStats`, field by field in order.
+        pub const C_FIELDS: &[CField] = &[
+            $( CField {
+                name: stringify!($c),
+                c_type: "uint64_t",
+                dims: Unit::$cu.dims(),
+                offset: core::mem::offset_of!(CStats, $c),
+            }, )*
+        ];
+
+        /// Every figure of `Stats`, in the table's order: name and unit.
+        pub const FIELDS: &[(&str, Unit)] = &[
+            $( (stringify!($c), Unit::$cu), )*
+            $( (stringify!($r), Unit::$ru), )*
+        ];
+
+        impl Stats {
+            /// Each single figure as one line `PREFIX name: value`, in the table's order.
+            fn write_figures(&self, w: &mut dyn Write, prefix: &str) -> fmt::Result {
+                $( Figure::write(&self.$c, w, prefix, stringify!($c), Unit::$cu)?; )*
+                $( Figure::write(&self.$r, w, prefix, stringify!($r), Unit::$ru)?; )*
+                Ok(())
+            }
+        }
+    };
+}
+
+stats_table!(define_stats);
+
+/// How a field of `Stats` is printed on its line (the tables are printed apart, by
+/// `write_buddyinfo`).
+trait Figure {
+    fn write(&self, w: &mut dyn Write, prefix: &str, name: &str, unit: Unit) -> fmt::Result;
+}
+
+impl Figure for u64 {
+    fn write(&self, w: &mut dyn Write, prefix: &str, name: &str, unit: Unit) -> fmt::Result {
+        const NAME_WIDTH: usize = 25;
+        let v = *self;
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        write!(w, "{prefix}{name}:{:pad$}", "", pad = NAME_WIDTH.saturating_sub(name.len()))?;
+        match unit {
+            Unit::Count | Unit::Blocks => writeln!(w, "{v:>10}"),
+            Unit::Bytes => writeln!(w, "{:>10.1} MiB", mib(v)),
+            Unit::Pages => writeln!(w, "{v:>10} ({:.1} MiB)", mib(v * PAGE_SIZE as u64)),
+            Unit::Ns => writeln!(w, "{:>10.1} ms", v as f64 / 1e6),
+        }
+    }
+}
+
+impl Figure for [[u64; ORDERS]; CLASSES] {
+    fn write(&self, _: &mut dyn Write, _: &str, _: &str, _: Unit) -> fmt::Result {
+        Ok(())
+    }
 }
 
 /// Counters of the workers, kept under the allocator lock (part of `Heap`).
@@ -124,6 +267,12 @@ impl Stats {
     /// A `/proc/buddyinfo`-like table, one line per class.
     pub fn buddyinfo(&self) -> String {
         let mut s = String::new();
+        let _ = self.write_buddyinfo(&mut s, "");
+        s
+    }
+
+    /// `buddyinfo`, each line after `prefix`, without allocating.
+    fn write_buddyinfo(&self, w: &mut dyn Write, prefix: &str) -> fmt::Result {
         let top = self
             .free_blocks
             .iter()
@@ -131,70 +280,28 @@ impl Stats {
             .max()
             .unwrap_or(0);
         for class in Class::ALL {
-            s.push_str(&format!("{:>9}", class.name()));
+            write!(w, "{prefix}{:>9}", class.name())?;
             for o in 0..=top {
-                s.push_str(&format!(" {:>6}", self.free_blocks[class as usize][o]));
+                write!(w, " {:>6}", self.free_blocks[class as usize][o])?;
             }
-            s.push('\n');
+            writeln!(w)?;
         }
-        s
+        Ok(())
+    }
+
+    /// The report: every single figure on a line of its own (`name: value`, bytes and pages in
+    /// MiB, nanoseconds in ms), then the free blocks by class and order; each line starts with
+    /// `prefix`. Writes into `w` and allocates nothing (the preload prints it from inside
+    /// `malloc`'s library at exit, into a buffer on the stack).
+    pub fn write_report(&self, w: &mut dyn Write, prefix: &str) -> fmt::Result {
+        self.write_figures(w, prefix)?;
+        writeln!(w, "{prefix}free blocks by order:")?;
+        self.write_buddyinfo(w, prefix)
     }
 }
 
-impl std::fmt::Display for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mib = |pages: u64| pages as f64 * PAGE_SIZE as f64 / (1 << 20) as f64;
-        let b = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-        writeln!(f, "in use:        {:>10.1} MiB in {} blocks", b(self.bytes_in_use), self.live_blocks)?;
-        if self.slack_bytes > 0 {
-            writeln!(f, "slack:         {:>10.1} MiB past the requests in cache-served blocks", b(self.slack_bytes))?;
-        }
-        writeln!(
-            f,
-            "free:          {:>10.1} MiB dirty, {:.1} MiB zeroed, {:.1} MiB reported, {:.1} MiB lazy-free, {:.1} MiB isolated",
-            mib(self.free_dirty_pages),
-            mib(self.free_zeroed_pages),
-            mib(self.free_reported_pages),
-            mib(self.free_lazy_pages),
-            mib(self.isolated_pages)
-        )?;
-        writeln!(f, "reserved:      {:>10.1} MiB in {} arenas", b(self.reserved_bytes), self.arenas)?;
-        writeln!(f, "calls:         {} allocs, {} frees", self.alloc_calls, self.free_calls)?;
-        writeln!(
-            f,
-            "zeroing:       {:.1} MiB skipped, {:.1} MiB memset on allocation",
-            b(self.zero_skipped_bytes),
-            b(self.zeroed_on_alloc_bytes)
-        )?;
-        writeln!(f, "reported reuse:{:>10.1} MiB", b(self.reused_reported_bytes))?;
-        writeln!(
-            f,
-            "reporting:     {:.1} MiB in {} batches, {} calls, {:.1} ms in syscalls, {} blocks reused",
-            b(self.reported_bytes),
-            self.report_batches,
-            self.report_calls,
-            self.report_ns as f64 / 1e6,
-            self.reported_blocks_reused
-        )?;
-        writeln!(
-            f,
-            "bg zeroing:    {:.1} MiB zeroed in {:.1} ms, {:.1} MiB populated, {:.1} MiB wasted, demand {:.1} MiB",
-            b(self.zeroed_background_bytes),
-            self.zeroing_ns as f64 / 1e6,
-            b(self.populated_bytes),
-            b(self.zeroing_wasted_bytes),
-            b(self.zero_demand_bytes)
-        )?;
-        writeln!(f, "workers:       {} naps for want of an idle CPU, {} zeroing scans", self.busy_cpu_naps, self.zero_scans)?;
-        writeln!(
-            f,
-            "thread caches: {:>10.1} MiB cached, {} hits, {} refills, {} drains, {} idle caches drained",
-            mib(self.cached_pages),
-            self.cache_hits,
-            self.cache_refills,
-            self.cache_drains,
-            self.cache_remote_drains
-        )?;
-        write!(f, "free blocks by order:\n{}", self.buddyinfo())
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_report(f, "")
     }
 }
