@@ -4,7 +4,7 @@
 //!
 //! The free lists over an arena are in `buddy.rs`; this file owns the memory and its metadata.
 
-use core::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::config::Backing;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
@@ -293,17 +293,20 @@ impl Arena {
     }
 }
 
-/// The state bytes of an arena's pages. Stores are relaxed atomics: the bytes of a free page are
-/// written under the allocator lock, those of a live block by its owner outside it. Every access
-/// is bounds-checked against the arena's page count.
+/// The state bytes of an arena's pages. Every access is a relaxed `AtomicU8` load or store of one
+/// byte, never a plain access nor a wider atomic: a racing double `free` (a program's fault, but
+/// `free` is safe) can leave a thread writing the bytes of a block that meanwhile went elsewhere,
+/// so any access may race with any other, and only same-size atomic accesses may race without
+/// undefined behaviour (docs/design.md, "Access rules"). Every access is bounds-checked against the
+/// arena's page count.
 #[derive(Clone, Copy)]
 pub struct States {
     p: *const AtomicU8,
     npages: u32,
 }
 
-// SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s; every access through it is
-// atomic except through `bytes`, used on pages whose bytes the caller owns (the lock, or a live block's owner).
+// SAFETY: `States` is a pointer to an arena's array of `AtomicU8`s, and every access through it
+// is an atomic byte load or store.
 unsafe impl Send for States {}
 // SAFETY: as `Send`: shared access is to atomics.
 unsafe impl Sync for States {}
@@ -340,87 +343,45 @@ impl States {
         unsafe { (*self.p.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
-    /// The state bytes from `pfn` on as plain bytes, for a fill or a count that the compiler
-    /// vectorizes (byte access to atomics is the same memory). A raw pointer, not a slice: the
-    /// bytes are shared with other threads, and a slice would outlive the caller's hold on them.
-    ///
-    /// # Safety
-    /// The `n` bytes used through the pointer, `[pfn, pfn + n)`, are inside the state array, and
-    /// the caller owns them while it uses the pointer (the lock for free pages, the owner for a
-    /// live or cached block): no other thread accesses them meanwhile.
-    unsafe fn bytes(self, pfn: u32) -> *mut u8 {
-        // SAFETY: `pfn` is inside the state array (the caller's contract), so the offset stays in it.
-        unsafe { self.p.add(pfn as usize) as *mut u8 }
-    }
-
+    /// Set the state of every page of `[pfn, pfn + n)`: one relaxed byte store per page.
     #[inline(always)]
     pub fn fill(self, pfn: u32, n: u32, s: PageState) {
-        // Small aligned blocks (the per-thread caches' hit path): one store, not a call to memset.
-        // The bytes of an aligned block of 2, 4 or 8 pages are aligned to 2, 4 or 8 (the array
-        // is page-aligned), so one wider relaxed store writes them all.
         self.check(pfn, n);
-        let v = (s as u8 as u64) * 0x0101_0101_0101_0101;
-        // SAFETY: `[pfn, pfn + n)` is inside the state array (checked).
-        let p = unsafe { self.p.add(pfn as usize) };
-        match n {
-            1 => return self.set(pfn, s),
-            // SAFETY: `pfn` is a multiple of `n` and the array is page-aligned, so `p` is aligned for the
-            // wider atomic, and `pfn..pfn + n` (the caller's block) is inside the array.
-            2 | 4 | 8 if pfn & (n - 1) == 0 => unsafe {
-                match n {
-                    2 => (*(p as *const core::sync::atomic::AtomicU16)).store(v as u16, Ordering::Relaxed),
-                    4 => (*(p as *const core::sync::atomic::AtomicU32)).store(v as u32, Ordering::Relaxed),
-                    _ => (*(p as *const core::sync::atomic::AtomicU64)).store(v, Ordering::Relaxed),
-                }
-                return;
-            },
-            _ => {}
+        if n == 1 {
+            return self.set(pfn, s);
         }
-        self.fill_bytes(pfn, n, s)
+        // SAFETY: `[pfn, pfn + n)` is inside the state array (checked).
+        unsafe { store_bytes(self.p.add(pfn as usize), n, s as u8) }
     }
 
-    #[inline(never)]
-    fn fill_bytes(self, pfn: u32, n: u32, s: PageState) {
-        self.check(pfn, n);
-        // SAFETY: `pfn..pfn + n` is inside the array (checked) and a block whose bytes the caller
-        // owns (the lock for free pages, the owner for a live or cached block): no other thread
-        // accesses them during the plain stores (the locked path classifies a bad `free` by the
-        // records, never by the state bytes of another thread's live block).
-        unsafe { core::ptr::write_bytes(self.bytes(pfn), s as u8, n as usize) }
-    }
-
-    /// Count the free states of `[pfn, pfn + n)`: eight state bytes at a time, with a shortcut
-    /// for eight `Dirty` pages (the common case: a block freed by a program).
+    /// Count the free states of `[pfn, pfn + n)`, one relaxed byte load per page. Each state adds
+    /// its lane of a 64-bit sum (16 bits per free state, `Allocated` adds nothing): a load, an
+    /// add from a table and no branch per page; the lanes are folded into the counts before
+    /// they can overflow.
     pub fn count(self, pfn: u32, n: u32) -> StateCounts {
         self.check(pfn, n);
-        const ONES: u64 = 0x0101_0101_0101_0101;
-        // The number of zero bytes of `v`, whose bytes are all below 0x80 (states are 0..=4):
-        // adding 0x7f to a byte sets its top bit exactly when the byte is not zero, and carries
-        // nothing into the next byte.
-        let zero_bytes = |v: u64| 8 - ((v + 0x7f * ONES) & (0x80 * ONES)).count_ones();
-        let (mut z, mut r, mut l) = (0u32, 0u32, 0u32);
-        // SAFETY: as in `fill_bytes`: `[pfn, pfn + n)` is inside the array (checked) and a block
-        // whose bytes the caller owns, so no other thread writes them while they are read.
-        let base = unsafe { self.bytes(pfn) } as *const u8;
-        let words = n / 8;
-        for i in 0..words as usize {
-            // SAFETY: bytes `8i..8i + 8` lie in `[0, n)` (above).
-            let v = unsafe { base.add(8 * i).cast::<u64>().read_unaligned() };
-            if v == PageState::Dirty as u64 * ONES {
-                continue;
+        // Lane `16 * state` for the four free states (`Reported` 0 .. `LazyFree` 3).
+        const LANE: [u64; 8] = [1, 1 << 16, 1 << 32, 1 << 48, 0, 0, 0, 0];
+        const CHUNK: usize = u16::MAX as usize;
+        // SAFETY: `[pfn, pfn + n)` is inside the state array (checked).
+        let base = unsafe { self.p.add(pfn as usize) };
+        let lane = |sum: u64, s: PageState| ((sum >> (16 * s as u32)) & 0xffff) as u32;
+        let mut c = StateCounts::default();
+        let mut done = 0usize;
+        while done < n as usize {
+            let end = (n as usize).min(done + CHUNK);
+            let mut sum = 0u64;
+            for i in done..end {
+                // SAFETY: `i < n`, so the byte is inside `[pfn, pfn + n)`; the load is atomic.
+                let b = unsafe { (*base.add(i)).load(Ordering::Relaxed) };
+                sum += LANE[(b & 7) as usize];
             }
-            z += zero_bytes(v ^ (PageState::Zeroed as u64 * ONES));
-            r += zero_bytes(v ^ (PageState::Reported as u64 * ONES));
-            l += zero_bytes(v ^ (PageState::LazyFree as u64 * ONES));
+            c.zeroed += lane(sum, PageState::Zeroed);
+            c.reported += lane(sum, PageState::Reported);
+            c.lazy += lane(sum, PageState::LazyFree);
+            done = end;
         }
-        for i in (words * 8)..n {
-            // SAFETY: `i < n` (above).
-            let b = unsafe { *base.add(i as usize) };
-            z += (b == PageState::Zeroed as u8) as u32;
-            r += (b == PageState::Reported as u8) as u32;
-            l += (b == PageState::LazyFree as u8) as u32;
-        }
-        StateCounts { zeroed: z, reported: r, lazy: l }
+        c
     }
 
     /// Visit the maximal runs of equal state in `[pfn, pfn + n)`: `f(start, len, state)`.
@@ -439,16 +400,29 @@ impl States {
     }
 }
 
-/// Set the state bytes of an aligned block of `n` pages (a power of two) whose first state byte
-/// is at `p` (the per-thread caches' hit path, which has `p` from `ArenaView::state_of`): one
-/// byte store for one page, the block a hit serves most often; larger blocks out of line, as
-/// relaxed stores of 2, 4 or 8 bytes. A branch and a store on the common path, where a switch
-/// on the size was a jump table.
+/// Store `v` into the `n` state bytes from `p`, one relaxed `AtomicU8` store each (the compiler
+/// neither merges atomic stores into wider ones nor turns them into a memset, which would be
+/// plain or wider accesses that may race with another thread's byte; see `States`).
 ///
 /// # Safety
-/// `p` is the state byte of the first page of an aligned block of `n` pages of a live arena,
-/// `n` a power of two: the state array is page-aligned and the block's page frame a multiple of
-/// `n`, so `p` is aligned to `n` and `p..p + n` lies in the array.
+/// `p..p + n` lies in a live arena's state array.
+#[inline(never)]
+unsafe fn store_bytes(p: *const AtomicU8, n: u32, v: u8) {
+    for i in 0..n as usize {
+        // SAFETY: `i < n`, so the byte is in the array (the caller's contract); the store is atomic.
+        unsafe { (*p.add(i)).store(v, Ordering::Relaxed) };
+    }
+}
+
+/// Set the state bytes of an aligned block of `n` pages (a power of two) whose first state byte
+/// is at `p` (the per-thread caches' hit path, which has `p` from `ArenaView::state_of`): one
+/// byte store for one page, the block a hit serves most often; larger blocks out of line, one
+/// relaxed byte store per page as everywhere (`States`). A branch and a store on the common path,
+/// where a switch on the size was a jump table.
+///
+/// # Safety
+/// `p` is the state byte of the first page of a block of `n` pages of a live arena, so
+/// `p..p + n` lies in the state array.
 #[inline(always)]
 pub(crate) unsafe fn fill_block(p: *const AtomicU8, n: u32, s: PageState) {
     debug_assert!(n.is_power_of_two() && (p as usize) & (n as usize - 1) == 0);
@@ -457,29 +431,8 @@ pub(crate) unsafe fn fill_block(p: *const AtomicU8, n: u32, s: PageState) {
         unsafe { (*p).store(s as u8, Ordering::Relaxed) };
         return;
     }
-    // SAFETY: the caller's contract.
-    unsafe { fill_block_larger(p, n, s) }
-}
-
-/// `fill_block` for 2 pages and more: one store for 2, 4 or 8 pages, `States::fill`'s memset
-/// above.
-///
-/// # Safety
-/// As `fill_block`.
-#[inline(never)]
-unsafe fn fill_block_larger(p: *const AtomicU8, n: u32, s: PageState) {
-    let v = (s as u8 as u64) * 0x0101_0101_0101_0101;
-    // SAFETY: `p` is aligned to `n` and `p..p + n` is in the state array (the caller's
-    // contract), so each wider atomic is aligned and in bounds, the same memory as the
-    // `AtomicU8`s.
-    unsafe {
-        match n {
-            2 => (*(p as *const AtomicU16)).store(v as u16, Ordering::Relaxed),
-            4 => (*(p as *const AtomicU32)).store(v as u32, Ordering::Relaxed),
-            8 => (*(p as *const AtomicU64)).store(v, Ordering::Relaxed),
-            _ => States { p, npages: n }.fill_bytes(0, n, s),
-        }
-    }
+    // SAFETY: `p..p + n` is in the state array (the caller's contract).
+    unsafe { store_bytes(p, n, s as u8) }
 }
 
 impl Drop for Arena {
