@@ -344,7 +344,8 @@ impl States {
         unsafe { (*self.p.add(pfn as usize)).store(s as u8, Ordering::Relaxed) }
     }
 
-    /// Set the state of every page of `[pfn, pfn + n)`: one relaxed byte store per page.
+    /// Set the state of every page of `[pfn, pfn + n)`: for the memory model one relaxed byte
+    /// store per page (`bytewise::store`).
     #[inline(always)]
     pub fn fill(self, pfn: u32, n: u32, s: PageState) {
         self.check(pfn, n);
@@ -408,8 +409,9 @@ impl States {
 /// Set the state bytes of an aligned block of `n` pages (a power of two) whose first state byte
 /// is at `p` (the per-thread caches' hit path, which has `p` from `ArenaView::state_of`): one
 /// byte store for one page, the block a hit serves most often; larger blocks out of line
-/// (`bytewise::store`: for the memory model, one relaxed byte store per page, as everywhere). A branch and a store on the common path,
-/// where a switch on the size was a jump table.
+/// (`bytewise::store_pow2`: one store for 2, 4 or 8 pages, for the memory model one relaxed
+/// byte store per page, as everywhere). A branch and a store on the common path, where a switch
+/// on the size was a jump table.
 ///
 /// # Safety
 /// `p` is the state byte of the first page of a block of `n` pages of a live arena, so
@@ -467,18 +469,18 @@ mod bytewise {
             1 => unsafe { (*p).store(v, Ordering::Relaxed) },
             // SAFETY: see above.
             2..=3 => unsafe {
-                asm!("mov word ptr [{p}], {v:x}", "mov word ptr [{q}], {v:x}", p = in(reg) p, q = in(reg) last(2),
-                    v = in(reg) v8, options(nostack, preserves_flags))
+                asm!("mov word ptr [{p}], {v:x}", "mov word ptr [{q}], {v:x}",
+                    p = in(reg) p, q = in(reg) last(2), v = in(reg) v8, options(nostack, preserves_flags))
             },
             // SAFETY: see above.
             4..=7 => unsafe {
-                asm!("mov dword ptr [{p}], {v:e}", "mov dword ptr [{q}], {v:e}", p = in(reg) p, q = in(reg) last(4),
-                    v = in(reg) v8, options(nostack, preserves_flags))
+                asm!("mov dword ptr [{p}], {v:e}", "mov dword ptr [{q}], {v:e}",
+                    p = in(reg) p, q = in(reg) last(4), v = in(reg) v8, options(nostack, preserves_flags))
             },
             // SAFETY: see above.
             8..=15 => unsafe {
-                asm!("mov qword ptr [{p}], {v}", "mov qword ptr [{q}], {v}", p = in(reg) p, q = in(reg) last(8),
-                    v = in(reg) v8, options(nostack, preserves_flags))
+                asm!("mov qword ptr [{p}], {v}", "mov qword ptr [{q}], {v}",
+                    p = in(reg) p, q = in(reg) last(8), v = in(reg) v8, options(nostack, preserves_flags))
             },
             _ => {
                 // SAFETY: `[u64; 2]` and `__m128i` are 16 bytes of plain data.
@@ -487,13 +489,15 @@ mod bytewise {
                     // SAFETY: see above.
                     16..=32 => unsafe {
                         asm!("movdqu xmmword ptr [{p}], {x}", "movdqu xmmword ptr [{q}], {x}",
-                            p = in(reg) p, q = in(reg) last(16), x = in(xmm_reg) x, options(nostack, preserves_flags))
+                            p = in(reg) p, q = in(reg) last(16), x = in(xmm_reg) x,
+                            options(nostack, preserves_flags))
                     },
                     // SAFETY: see above.
                     33..=64 => unsafe {
                         asm!("movdqu xmmword ptr [{p}], {x}", "movdqu xmmword ptr [{p} + 16], {x}",
                             "movdqu xmmword ptr [{q}], {x}", "movdqu xmmword ptr [{q} + 16], {x}",
-                            p = in(reg) p, q = in(reg) last(32), x = in(xmm_reg) x, options(nostack, preserves_flags))
+                            p = in(reg) p, q = in(reg) last(32), x = in(xmm_reg) x,
+                            options(nostack, preserves_flags))
                     },
                     // SAFETY: see above. `n > 64`, so `q = p + n - 64` is above `p` and the loop
                     // runs while its block starts below `q`, so it ends below `q + 64 = p + n`;
@@ -533,11 +537,20 @@ mod bytewise {
         // store is byte-atomic (see the module).
         match n {
             // SAFETY: see above.
-            2 => unsafe { asm!("mov word ptr [{p}], {v:x}", p = in(reg) p, v = in(reg) v8, options(nostack, preserves_flags)) },
+            2 => unsafe {
+                asm!("mov word ptr [{p}], {v:x}", p = in(reg) p, v = in(reg) v8,
+                    options(nostack, preserves_flags))
+            },
             // SAFETY: see above.
-            4 => unsafe { asm!("mov dword ptr [{p}], {v:e}", p = in(reg) p, v = in(reg) v8, options(nostack, preserves_flags)) },
+            4 => unsafe {
+                asm!("mov dword ptr [{p}], {v:e}", p = in(reg) p, v = in(reg) v8,
+                    options(nostack, preserves_flags))
+            },
             // SAFETY: see above.
-            8 => unsafe { asm!("mov qword ptr [{p}], {v}", p = in(reg) p, v = in(reg) v8, options(nostack, preserves_flags)) },
+            8 => unsafe {
+                asm!("mov qword ptr [{p}], {v}", p = in(reg) p, v = in(reg) v8,
+                    options(nostack, preserves_flags))
+            },
             // SAFETY: the caller's contract.
             _ => unsafe { store(p, n, v8 as u8) },
         }
