@@ -97,7 +97,7 @@ impl Heap {
         let n = 1u32 << rec.order;
         let counts = match rec.counts.uniform_state(n) {
             // The common case (a whole dirty block reported, a dirty chunk zeroed): one state
-            // before, one after, a memset of the state bytes and no scan under the lock.
+            // before, one after, one fill of the state bytes and no scan under the lock.
             Some(s) => {
                 let t = new_state(s);
                 if t != s {
