@@ -73,14 +73,11 @@ impl Allocator {
         // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
         if flags.0 == 0 {
             if let (Some(order), Some(tc)) = (self.cached_order(size, align), cache::last(&self.shared)) {
-                // `enter` and `leave` written out rather than `inside`: a closure is a function
-                // of its own that the compiler may leave out of line.
-                let hit = if tc.enter() {
-                    let r = tc.alloc_hit(&self.shared, order);
-                    tc.leave();
-                    r
-                } else {
-                    None
+                // `enter` written out rather than `inside`: a closure is a function of its own
+                // that the compiler may leave out of line. Dropping `e` leaves the cache.
+                let hit = match tc.enter() {
+                    Some(e) => e.alloc_hit(&self.shared, order),
+                    None => None,
                 };
                 if let Some((addr, state)) = hit {
                     // SAFETY: `state` is the first state byte of the block just handed out, an
@@ -167,9 +164,9 @@ impl Allocator {
     fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         // The hit path: a live block of a cached order goes to the cache this thread used last.
         if let Some(tc) = cache::last(&self.shared) {
-            if tc.enter() {
-                let hit = tc.free_hit(&self.shared, addr, size);
-                tc.leave();
+            if let Some(e) = tc.enter() {
+                let hit = e.free_hit(&self.shared, addr, size);
+                drop(e);
                 if hit {
                     return Ok(());
                 }

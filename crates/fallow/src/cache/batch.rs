@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl ThreadCache {
+impl Entries<'_> {
 
     /// Before a free hit: obey a drain request, or drain the cache down to half its high mark
     /// and the stack of order `o` down to half its capacity.

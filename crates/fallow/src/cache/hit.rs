@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl ThreadCache {
+impl Entries<'_> {
 
     /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
     /// `order`, when there is one, all of its pages `Dirty` and still `Cached`. No call, no lock,

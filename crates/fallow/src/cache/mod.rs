@@ -98,6 +98,8 @@ use core::num::NonZeroUsize;
 use core::ptr;
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
+use core::marker::PhantomData;
+use core::ops::Deref;
 
 use crate::buddy::preference;
 use crate::buddy::Taken;
@@ -365,31 +367,32 @@ impl ThreadCache {
     /// The owner starts using the cache without the lock: `false` if the reporting worker has
     /// frozen it (then the owner takes the locked path). The light side of an asymmetric fence:
     /// a compiler fence here, `membarrier` on the worker's side (see the top).
+    /// Called by the owner only (a thread reaches its own caches through its table, `last` and
+    /// `current`); `None` if frozen. The `Inside` it returns leaves the cache when dropped.
     #[inline(always)]
-    pub(crate) fn enter(&self) -> bool {
+    pub(crate) fn enter(&self) -> Option<Inside<'_>> {
         self.busy.store(1, Relaxed);
         compiler_fence(Ordering::SeqCst);
         if self.frozen.load(Ordering::Acquire) != 0 {
             self.busy.store(0, Ordering::Release);
-            return false;
+            return None;
         }
-        true
+        // SAFETY: the caller is the owner (above), and it has set `busy` and then seen `frozen`
+        // clear: no other thread touches the entries until `leave` (the reporter drains only a
+        // cache it froze and then saw not busy, "Draining an idle thread's cache").
+        Some(Inside(unsafe { Entries::kept_out(self) }))
     }
 
     /// Run `f` on the cache between `enter` and `leave`; `None` if it is frozen.
     #[inline(always)]
-    pub(crate) fn inside<R>(&self, f: impl FnOnce(&Self) -> R) -> Option<R> {
-        if !self.enter() {
-            return None;
-        }
-        let r = f(self);
-        self.leave();
-        Some(r)
+    pub(crate) fn inside<R>(&self, f: impl FnOnce(&Entries<'_>) -> R) -> Option<R> {
+        let e = self.enter()?;
+        Some(f(&e))
     }
 
     /// The owner is done with the cache (every write of its call is ordered before).
     #[inline(always)]
-    pub(crate) fn leave(&self) {
+    fn leave(&self) {
         compiler_fence(Ordering::SeqCst);
         self.busy.store(0, Ordering::Release);
     }
@@ -400,6 +403,89 @@ impl ThreadCache {
         (s.base + s.cap) as usize
     }
 
+
+    #[inline(never)]
+    fn gauge_mixed(&self, m: Mixed, order: usize, sign: bool) {
+        let apply = |g: &Owned, v: u64| if sign { g.add(v) } else { g.sub(v) };
+        match m.counts().class(1 << order) {
+            Class::Dirty => {}
+            Class::Zeroed => apply(&self.class_blocks[0][order], 1),
+            Class::Reported => apply(&self.class_blocks[1][order], 1),
+        }
+        for (g, v) in self.extra_pages.iter().zip([m.zeroed, m.reported, m.lazy]) {
+            apply(g, v as u64);
+        }
+    }
+
+    /// Blocks by class and order, and pages by state (dirty, zeroed, reported, lazy).
+    #[allow(clippy::needless_range_loop)]
+    fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
+        let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
+        for o in 0..self.orders {
+            let n = self.stacks[o].len() as u64;
+            let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
+            blocks[Class::Zeroed as usize][o] = z;
+            blocks[Class::Reported as usize][o] = r;
+            // Saturating: `stats` on one thread may read another's gauges mid-update.
+            blocks[Class::Dirty as usize][o] = n.saturating_sub(z.wrapping_add(r));
+        }
+        let x = [self.extra_pages[0].get(), self.extra_pages[1].get(), self.extra_pages[2].get()];
+        let total = self.pages.get();
+        (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
+    }
+}
+
+/// A thread's cache as seen by a thread that may touch its entries and stack sizes: the owner
+/// between `enter` and `leave` (`Inside`), or a thread that holds the allocator lock while the
+/// owner is kept out (`Entries::kept_out`). Every read or write of the entries is a method of
+/// this type (here, `hit.rs`, `batch.rs`), so code that has only a `&ThreadCache` (the registry's
+/// walk, the statistics, which read the owner's atomic counters) cannot reach them. Not `Send`:
+/// the right it stands for holds in one thread.
+pub(crate) struct Entries<'c> {
+    c: &'c ThreadCache,
+    _one_thread: PhantomData<*const ()>,
+}
+
+impl Deref for Entries<'_> {
+    type Target = ThreadCache;
+    #[inline(always)]
+    fn deref(&self) -> &ThreadCache {
+        self.c
+    }
+}
+
+impl<'c> Entries<'c> {
+    /// # Safety
+    /// No other thread touches `c`'s entries or stack sizes while the result lives: the caller
+    /// is the owner inside the cache (`enter`), or holds the allocator lock while the owner is
+    /// kept out (frozen, and seen not `busy` after `membarrier`), or is the owner and holds the
+    /// allocator lock (any other thread touches the entries only under it, the owner then not
+    /// inside).
+    #[inline(always)]
+    pub(super) unsafe fn kept_out(c: &'c ThreadCache) -> Entries<'c> {
+        Entries { c, _one_thread: PhantomData }
+    }
+}
+
+/// The owner inside its cache (`ThreadCache::enter`): leaves it when dropped.
+pub(crate) struct Inside<'c>(Entries<'c>);
+
+impl<'c> Deref for Inside<'c> {
+    type Target = Entries<'c>;
+    #[inline(always)]
+    fn deref(&self) -> &Entries<'c> {
+        &self.0
+    }
+}
+
+impl Drop for Inside<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.c.leave();
+    }
+}
+
+impl Entries<'_> {
     #[inline(always)]
     fn entry(&self, i: u32) -> *mut Entry {
         debug_assert!((i as usize) < self.nentries());
@@ -436,36 +522,6 @@ impl ThreadCache {
             // SAFETY: as the entry's store above.
             unsafe { *self.mixed_at(i) = m };
         }
-    }
-
-    #[inline(never)]
-    fn gauge_mixed(&self, m: Mixed, order: usize, sign: bool) {
-        let apply = |g: &Owned, v: u64| if sign { g.add(v) } else { g.sub(v) };
-        match m.counts().class(1 << order) {
-            Class::Dirty => {}
-            Class::Zeroed => apply(&self.class_blocks[0][order], 1),
-            Class::Reported => apply(&self.class_blocks[1][order], 1),
-        }
-        for (g, v) in self.extra_pages.iter().zip([m.zeroed, m.reported, m.lazy]) {
-            apply(g, v as u64);
-        }
-    }
-
-    /// Blocks by class and order, and pages by state (dirty, zeroed, reported, lazy).
-    #[allow(clippy::needless_range_loop)]
-    fn gauges(&self) -> ([[u64; MAX_ORDERS]; CLASSES], [u64; 4]) {
-        let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
-        for o in 0..self.orders {
-            let n = self.stacks[o].len() as u64;
-            let (z, r) = (self.class_blocks[0][o].get(), self.class_blocks[1][o].get());
-            blocks[Class::Zeroed as usize][o] = z;
-            blocks[Class::Reported as usize][o] = r;
-            // Saturating: `stats` on one thread may read another's gauges mid-update.
-            blocks[Class::Dirty as usize][o] = n.saturating_sub(z.wrapping_add(r));
-        }
-        let x = [self.extra_pages[0].get(), self.extra_pages[1].get(), self.extra_pages[2].get()];
-        let total = self.pages.get();
-        (blocks, [total.saturating_sub(x[0].wrapping_add(x[1]).wrapping_add(x[2])), x[0], x[1], x[2]])
     }
 
     /// Push any block (refill), with the per-state counts of its pages.

@@ -58,9 +58,12 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
             continue; // registered after the freeze
         }
         if fenced && c.busy.load(Ordering::Acquire) == 0 {
-            pages += c.pages.get();
-            c.fold(&mut h);
-            c.drain_all_locked(&mut h, freed_at_ms);
+            // SAFETY: the lock is held, and the owner is kept out: frozen, then seen not busy
+            // after `membarrier` (above).
+            let e = unsafe { Entries::kept_out(c) };
+            pages += e.pages.get();
+            e.fold(&mut h);
+            e.drain_all_locked(&mut h, freed_at_ms);
             c.seen_generation.set(generation);
             h.counters.cache_remote_drains += 1;
         }
@@ -83,6 +86,16 @@ impl core::ops::Deref for FrozenHeap<'_> {
     type Target = Heap;
     fn deref(&self) -> &Heap {
         &self.h
+    }
+}
+
+impl FrozenHeap<'_> {
+    /// Every registered cache, its entries readable: the owners are kept out while the lock is
+    /// held from the freeze to the thaw.
+    pub(crate) fn caches(&self) -> impl Iterator<Item = Entries<'_>> {
+        // SAFETY: `FrozenHeap` holds the lock and has every owner kept out (frozen, and seen not
+        // busy after `membarrier`, or the caller's own cache: `lock_owners_out`) until it drops.
+        self.h.caches.iter().map(|c| unsafe { Entries::kept_out(c) })
     }
 }
 
@@ -172,7 +185,7 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
     let mut pages = 0u64;
     let mut net = 0u64;
     let mut err = None;
-    for c in h.caches.iter() {
+    for c in h.caches() {
         net = net.wrapping_add(c.pages.get().wrapping_sub(c.accounted.get()));
         let mut mine = 0u64;
         let mut gauge = [0u64; 4];
@@ -228,7 +241,7 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
 /// Add the runs of every cached block to `out` (for `Allocator::free_runs`; other threads' entries
 /// are read, which `FrozenHeap` keeps them out of).
 pub(crate) fn free_runs(h: &FrozenHeap<'_>, out: &mut Vec<(usize, usize, PageState)>) {
-    for c in h.caches.iter() {
+    for c in h.caches() {
         c.for_each_entry(|o, e, _| {
             if let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) {
                 ar.for_each_run(ar.pfn(e.addr()), 1 << o, |p, n, s| {

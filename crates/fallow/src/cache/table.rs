@@ -211,8 +211,11 @@ pub(super) fn retire(c: *mut ThreadCache) {
     if let Some(shared) = tc.owner.upgrade() {
         let now = shared.now_ms();
         let mut h = shared.heap.lock();
-        tc.fold(&mut h);
-        tc.drain_all_locked(&mut h, now);
+        // SAFETY: the owner (this thread, not inside the cache), holding the lock, under which
+        // alone another thread (the reporter) touches the entries.
+        let e = unsafe { Entries::kept_out(tc) };
+        e.fold(&mut h);
+        e.drain_all_locked(&mut h, now);
         h.caches.unlink(c);
         // Wake a worker for what the drain freed, only while the allocator has handles.
         shared.wake_workers_if_alive(h);
@@ -232,8 +235,12 @@ pub(crate) fn drain_current(a: &Arc<Shared>) {
         for i in 0..SLOTS {
             if t.ids[i].get() == a.hit.cache_id {
                 // SAFETY: a slot whose id is set holds a live cache of this thread (id and cache are set and
-                // cleared together), and this is its owner.
-                unsafe { (*t.caches[i].get()).drain_all(a) };
+                // cleared together).
+                let tc = unsafe { &*t.caches[i].get() };
+                // This thread is its owner; a frozen cache is being drained by the reporter.
+                if let Some(e) = tc.enter() {
+                    e.drain_all(a);
+                }
             }
         }
     });
