@@ -9,7 +9,10 @@
 //! `fallow-noworkers` (both workers off) is fallow's allocation paths alone, so that
 //! `ratio_vs_best` (calls per second over the better of glibc and fallow-noworkers, at the same
 //! size, mode and threads) is the price, or the gain, of the workers against the best a program
-//! could otherwise have.
+//! could otherwise have. It is computed as the worse of the ratios to each of the two, each the
+//! median over the rounds of one round's ratio (the peers of a round run back to back): the same
+//! figure as the ratio over the better one for exact rates, without the low bias of dividing by
+//! the larger of two noisy medians, and with the machine's drift between rounds cancelled.
 //!
 //! Every measurement gets a fresh peer (a new fallow `Allocator`; the malloc-like libraries are
 //! process-wide and stay warm), built and checked untimed just before the loop and dropped after
@@ -232,7 +235,16 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     let mut worst: Option<(f64, Config)> = None;
     for (k, &c) in configs.iter().enumerate() {
         let cps = |i: usize| median(&rates[k][i]);
-        let best = [glibc, noworkers].into_iter().flatten().map(cps).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        // Peer i's rate over peer j's, round by round (the two ran back to back), median over
+        // the rounds: drift of the machine between rounds cancels out of each pair.
+        let paired = |i: usize, j: usize| {
+            let r: Vec<f64> = rates[k][i].iter().zip(&rates[k][j]).map(|(a, b)| a / b).collect();
+            median(&r)
+        };
+        // Over the better of glibc and fallow-noworkers: the worse of the paired ratios to each.
+        // (Equal to the ratio over the better one for exact figures; the ratio of medians over
+        // the larger of two noisy medians would be biased low, by about half the noise.)
+        let vs_best = |i: usize| [glibc, noworkers].into_iter().flatten().map(|j| paired(i, j)).reduce(f64::min);
         for (i, &kind) in o.peers.iter().enumerate() {
             let ss = &samples[k][i];
             let mut m = Map::new();
@@ -240,8 +252,8 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             m.insert("mode".into(), json!(c.mode.name()));
             m.insert("threads".into(), json!(c.threads));
             m.insert("calls_per_sec".into(), num(cps(i).round()));
-            m.insert("ratio_vs_glibc".into(), glibc.map(|g| num(cps(i) / cps(g))).unwrap_or(Value::Null));
-            m.insert("ratio_vs_best".into(), best.map(|b| num(cps(i) / b)).unwrap_or(Value::Null));
+            m.insert("ratio_vs_glibc".into(), glibc.map(|g| num(paired(i, g))).unwrap_or(Value::Null));
+            m.insert("ratio_vs_best".into(), vs_best(i).map(num).unwrap_or(Value::Null));
             m.insert("us_per_call".into(), num(1e6 * c.threads as f64 / cps(i)));
             let cpus: Vec<f64> = ss.iter().map(|s| s.cpu_ms / s.wall_ms).collect();
             m.insert("cpus_used".into(), num(median(&cpus)));
@@ -250,14 +262,13 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             m.insert("size_bytes".into(), json!(c.size));
             results.push(row(kind, m));
             if Some(i) == fallow {
-                if let Some(b) = best {
-                    let r = cps(i) / b;
+                if let Some(r) = vs_best(i) {
                     if worst.is_none_or(|(w, _)| r < w) {
                         worst = Some((r, c));
                     }
                 }
             }
-            let value = glibc.map(|g| cps(i) / cps(g)).unwrap_or(cps(i));
+            let value = glibc.map(|g| paired(i, g)).unwrap_or(cps(i));
             bars.push((format!("{} {} {} x{}", kind.name(), fmt_size(c.size), c.mode.name(), c.threads), value));
         }
     }
@@ -281,8 +292,9 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "goal": GOAL, "fallow_worst_ratio_vs_best": worst.map(|w| num(w.0)).unwrap_or(Value::Null),
             "summary": summary_line,
-            "note": "n uniform in [size/2, size]; calls_per_sec: all threads; ratio_vs_best: over the better of glibc and \
-                     fallow-noworkers at the same size, mode and threads; median_ms/min_ms/max_ms: the measurement's wall time; \
+            "note": "n uniform in [size/2, size]; calls_per_sec: all threads; ratio_vs_glibc and ratio_vs_best: medians over \
+                     the rounds of the round's ratio (peers of a round run back to back); ratio_vs_best: the worse of the ratios \
+                     to glibc and to fallow-noworkers at the same size, mode and threads; median_ms/min_ms/max_ms: the measurement's wall time; \
                      cpu_ms: the process's CPU time over it (background workers included); cpus_used: cpu over wall",
         }),
         results,
