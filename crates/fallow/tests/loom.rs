@@ -28,6 +28,24 @@ use loom::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicU8};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
+/// A model run with its protocol broken on purpose (`$broken`, `#[ignore]`d: run in a child
+/// process) and the test `$check` that asserts loom fails it with a message containing
+/// `$expected`, so that a model that stopped finding anything fails the suite.
+macro_rules! broken_on_purpose {
+    ($broken:ident, $check:ident, $expected:literal, $model:expr) => {
+        #[test]
+        #[ignore = "broken on purpose: run in a child process by the test that checks loom fails it"]
+        fn $broken() {
+            $model;
+        }
+
+        #[test]
+        fn $check() {
+            fails_in_child(stringify!($broken), $expected);
+        }
+    };
+}
+
 /// Run `f` under loom. The preemption bound comes from `LOOM_MAX_PREEMPTIONS` (the Makefile
 /// sets 4); without it, 4 here too, so that a bare `cargo test` stays quick (seconds).
 /// Prints how many executions (interleavings and load outcomes) loom explored.
@@ -287,18 +305,14 @@ fn check_invariants_never_reads_a_cache_its_owner_is_in() {
     cache_model(true, check_entries);
 }
 
-/// The owner's fence removed (what the handshake would be without `membarrier`): both sides can
-/// miss the other's store, and loom finds the owner and the reporter in the entries at once.
-#[test]
-#[ignore = "the handshake broken on purpose: run by without_the_owners_fence_loom_finds_the_owner_inside"]
-fn broken_cache_handshake_without_the_owners_fence() {
-    cache_model(false, drain_unanswered);
-}
-
-#[test]
-fn without_the_owners_fence_loom_finds_the_owner_inside() {
-    fails_in_child("broken_cache_handshake_without_the_owners_fence", "Causality violation");
-}
+// The owner's fence removed (what the handshake would be without `membarrier`): both sides can
+// miss the other's store, and loom finds the owner and the reporter in the entries at once.
+broken_on_purpose!(
+    broken_cache_handshake_without_the_owners_fence,
+    without_the_owners_fence_loom_finds_the_owner_inside,
+    "Causality violation",
+    cache_model(false, drain_unanswered)
+);
 
 // ---- A cached block against the reporter (cache/, report.rs, heap/; mirrored) ----
 //
@@ -862,34 +876,26 @@ fn a_block_handed_out_as_zeroed_reads_zero_though_the_reporter_drained_and_repor
     free_then_zero_alloc_model(Break::None);
 }
 
-/// `drain_unanswered` draining a frozen cache without looking at `busy`: the owner's hit alloc
-/// takes the block while the reporter drains and isolates it. (The owner does not free it here:
-/// its push would race with the drain's read of the entries, which loom reports first, as in the
-/// handshake model above.)
-#[test]
-#[ignore = "broken on purpose: run by a_drain_that_ignores_busy_hands_the_block_out_twice"]
-fn broken_drain_ignoring_busy() {
-    hit_alloc_free_model(Break::DrainIgnoresBusy, false);
-}
+// `drain_unanswered` draining a frozen cache without looking at `busy`: the owner's hit alloc
+// takes the block while the reporter drains and isolates it. (The owner does not free it here:
+// its push would race with the drain's read of the entries, which loom reports first, as in the
+// handshake model above.)
+broken_on_purpose!(
+    broken_drain_ignoring_busy,
+    a_drain_that_ignores_busy_hands_the_block_out_twice,
+    "while someone else held it",
+    hit_alloc_free_model(Break::DrainIgnoresBusy, false)
+);
 
-#[test]
-fn a_drain_that_ignores_busy_hands_the_block_out_twice() {
-    fails_in_child("broken_drain_ignoring_busy", "while someone else held it");
-}
-
-/// The reporter returning the block (pages `Reported`) before its `madvise`: the owner's `ZERO`
-/// request takes it and skips the memset, and its read of the page is not ordered after the
-/// `madvise` (it may see the program's old data): loom reports the read racing the write.
-#[test]
-#[ignore = "broken on purpose: run by a_block_returned_before_its_report_is_handed_out_unzeroed"]
-fn broken_return_before_report() {
-    free_then_zero_alloc_model(Break::ReturnBeforeReport);
-}
-
-#[test]
-fn a_block_returned_before_its_report_is_handed_out_unzeroed() {
-    fails_in_child("broken_return_before_report", "Causality violation");
-}
+// The reporter returning the block (pages `Reported`) before its `madvise`: the owner's `ZERO`
+// request takes it and skips the memset, and its read of the page is not ordered after the
+// `madvise` (it may see the program's old data): loom reports the read racing the write.
+broken_on_purpose!(
+    broken_return_before_report,
+    a_block_returned_before_its_report_is_handed_out_unzeroed,
+    "Causality violation",
+    free_then_zero_alloc_model(Break::ReturnBeforeReport)
+);
 
 // ---- The drain request's generations (cache/, report.rs, heap/; mirrored) ----
 //
@@ -1044,18 +1050,14 @@ fn a_drain_request_is_obeyed_by_the_owner_or_the_reporter() {
     drain_request_model(false);
 }
 
-/// `drain_unanswered` recording its generation on a cache it left alone (owner inside): the
-/// owner's next calls take the request as obeyed, and block A stays cached.
-#[test]
-#[ignore = "broken on purpose: run by a_skipped_cache_marked_as_obeyed_loses_the_request"]
-fn broken_drain_request_marked_obeyed_when_skipped() {
-    drain_request_model(true);
-}
-
-#[test]
-fn a_skipped_cache_marked_as_obeyed_loses_the_request() {
-    fails_in_child("broken_drain_request_marked_obeyed_when_skipped", "request was lost");
-}
+// `drain_unanswered` recording its generation on a cache it left alone (owner inside): the
+// owner's next calls take the request as obeyed, and block A stays cached.
+broken_on_purpose!(
+    broken_drain_request_marked_obeyed_when_skipped,
+    a_skipped_cache_marked_as_obeyed_loses_the_request,
+    "request was lost",
+    drain_request_model(true)
+);
 
 // ---- StartGate (start.rs, mirrored) ----
 //
@@ -1154,17 +1156,13 @@ fn start_gate_has_one_creator_and_waiters_see_its_allocator() {
     gate_model(true);
 }
 
-/// `finish` without its futex wake: a waiter that went to sleep is never woken (a deadlock).
-#[test]
-#[ignore = "the gate broken on purpose: run by without_the_wake_loom_finds_a_waiter_asleep_for_good"]
-fn broken_start_gate_without_the_wake() {
-    gate_model(false);
-}
-
-#[test]
-fn without_the_wake_loom_finds_a_waiter_asleep_for_good() {
-    fails_in_child("broken_start_gate_without_the_wake", "deadlock");
-}
+// `finish` without its futex wake: a waiter that went to sleep is never woken (a deadlock).
+broken_on_purpose!(
+    broken_start_gate_without_the_wake,
+    without_the_wake_loom_finds_a_waiter_asleep_for_good,
+    "deadlock",
+    gate_model(false)
+);
 
 // ---- Broken protocols must fail ----
 
