@@ -185,16 +185,16 @@ fn a_kick_racing_a_nap_is_seen_by_it_or_the_next() {
 // the reporter ever touch them without a happens-before edge between the two, that is if the
 // owner is ever inside while the reporter drains or reads.
 
-struct Cache {
+/// One cache's `busy` and `frozen` words and the owner's side of their handshake, as
+/// `ThreadCache::enter` and its `leave` do it (every model of a cache below has one).
+struct Handshake {
     busy: AtomicU32,
     frozen: AtomicU32,
-    /// The entries and stack sizes (plain memory in `ThreadCache`).
-    entries: UnsafeCell<u64>,
 }
 
-impl Cache {
-    fn new() -> Cache {
-        Cache { busy: AtomicU32::new(0), frozen: AtomicU32::new(0), entries: UnsafeCell::new(0) }
+impl Handshake {
+    fn new() -> Handshake {
+        Handshake { busy: AtomicU32::new(0), frozen: AtomicU32::new(0) }
     }
 
     /// Mirrors `ThreadCache::enter`. `fenced: false` is the protocol broken on purpose.
@@ -215,16 +215,28 @@ impl Cache {
     fn leave(&self) {
         self.busy.store(0, Release);
     }
+}
+
+struct Cache {
+    hs: Handshake,
+    /// The entries and stack sizes (plain memory in `ThreadCache`).
+    entries: UnsafeCell<u64>,
+}
+
+impl Cache {
+    fn new() -> Cache {
+        Cache { hs: Handshake::new(), entries: UnsafeCell::new(0) }
+    }
 
     /// One call of the owner: a hit between `enter` and `leave` (writes the entries), or the
     /// locked path (the lists, under the lock; never the entries).
     fn owner_call(&self, lock: &Mutex<()>, fenced: bool) {
-        if self.enter(fenced) {
+        if self.hs.enter(fenced) {
             // SAFETY: `e` is the cell's own pointer, valid for the closure; between `enter` (which saw
             // `frozen` clear after its fence) and `leave` no drainer or checker touches the entries
             // (the handshake this model proves; loom fails a racing access).
             self.entries.with_mut(|e| unsafe { *e += 1 });
-            self.leave();
+            self.hs.leave();
         } else {
             drop(lock.lock().unwrap());
         }
@@ -236,20 +248,20 @@ impl Cache {
 fn drain_unanswered(c: &Cache, lock: &Mutex<()>) -> bool {
     {
         let _h = lock.lock().unwrap();
-        c.frozen.store(1, Relaxed);
+        c.hs.frozen.store(1, Relaxed);
     }
     fence(SeqCst); // crate::os::membarrier()
     let _h = lock.lock().unwrap();
     let mut drained = false;
-    if c.frozen.load(Relaxed) != 0 {
-        if c.busy.load(Acquire) == 0 {
+    if c.hs.frozen.load(Relaxed) != 0 {
+        if c.hs.busy.load(Acquire) == 0 {
             // SAFETY: `e` is the cell's own pointer, valid for the closure; with `frozen` set, fenced,
             // and `busy` seen clear, the owner stays out of the entries until the thaw (the handshake
             // this model proves; loom fails a racing access).
             c.entries.with_mut(|e| unsafe { *e = 0 });
             drained = true;
         }
-        c.frozen.store(0, Release);
+        c.hs.frozen.store(0, Release);
     }
     drained
 }
@@ -260,16 +272,16 @@ fn drain_unanswered(c: &Cache, lock: &Mutex<()>) -> bool {
 fn check_entries(c: &Cache, lock: &Mutex<()>) -> bool {
     for _ in 0..2 {
         let h = lock.lock().unwrap();
-        c.frozen.store(1, Relaxed);
+        c.hs.frozen.store(1, Relaxed);
         fence(SeqCst); // crate::os::membarrier()
-        let read = c.busy.load(Acquire) == 0;
+        let read = c.hs.busy.load(Acquire) == 0;
         if read {
             // SAFETY: `e` is the cell's own pointer, valid for the closure; with `frozen` set, fenced,
             // and `busy` seen clear, the owner does not write the entries until the thaw (the
             // handshake this model proves; loom fails a racing access).
             c.entries.with(|e| unsafe { *e });
         }
-        c.frozen.store(0, Release); // FrozenHeap::drop, still under the lock
+        c.hs.frozen.store(0, Release); // FrozenHeap::drop, still under the lock
         drop(h);
         if read {
             return true;
@@ -385,8 +397,7 @@ struct World {
     /// nothing, so it adds no happens-before edge that the protocol lacks.
     holders: AtomicU32,
     // `ThreadCache`.
-    busy: AtomicU32,
-    frozen: AtomicU32,
+    hs: Handshake,
     entries: UnsafeCell<[u8; CAP as usize]>,
     ndirty: AtomicU32,
     nzero: AtomicU32,
@@ -407,8 +418,7 @@ impl World {
             state: AtomicU8::new(if live { ALLOCATED } else { DIRTY }),
             mem: UnsafeCell::new(1),
             holders: AtomicU32::new(live as u32),
-            busy: AtomicU32::new(0),
-            frozen: AtomicU32::new(0),
+            hs: Handshake::new(),
             entries: UnsafeCell::new([if live { 0 } else { ENTRY_PLAIN }, 0]),
             ndirty: AtomicU32::new(!live as u32),
             nzero: AtomicU32::new(0),
@@ -429,22 +439,6 @@ impl World {
     }
 
     // -- The owner. --
-
-    /// Mirrors `ThreadCache::enter`.
-    fn enter(&self) -> bool {
-        self.busy.store(1, Relaxed);
-        fence(SeqCst); // compiler_fence(SeqCst) + what membarrier adds to it
-        if self.frozen.load(Acquire) != 0 {
-            self.busy.store(0, Release);
-            return false;
-        }
-        true
-    }
-
-    /// Mirrors `ThreadCache::leave`.
-    fn leave(&self) {
-        self.busy.store(0, Release);
-    }
 
     /// The entry at `i` (`ThreadCache::read`, a plain read).
     fn read(&self, i: u32) -> u8 {
@@ -596,17 +590,17 @@ impl World {
     /// `alloc_cached` (`ThreadCache::alloc` inside `enter` / `leave`), else `alloc_locked`.
     /// `true`: the program got the block (else a new arena's page).
     fn alloc(&self, zero: bool) -> bool {
-        if !zero && self.enter() {
+        if !zero && self.hs.enter(true) {
             let hit = self.alloc_hit();
-            self.leave();
+            self.hs.leave();
             if hit {
                 self.state.store(ALLOCATED, Relaxed); // fill_block
                 return true;
             }
         }
-        if self.enter() {
+        if self.hs.enter(true) {
             let got = self.cache_alloc(zero);
-            self.leave();
+            self.hs.leave();
             if got {
                 return true;
             }
@@ -664,16 +658,16 @@ impl World {
     /// else `free_slow`: `ThreadCache::free` inside `enter` / `leave`, else `free_locked`.
     fn free(&self) {
         self.let_go();
-        if self.enter() {
+        if self.hs.enter(true) {
             let hit = self.take_freed(false);
-            self.leave();
+            self.hs.leave();
             if hit {
                 return;
             }
         }
-        if self.enter() {
+        if self.hs.enter(true) {
             let hit = self.take_freed(true);
-            self.leave();
+            self.hs.leave();
             if hit {
                 return;
             }
@@ -745,19 +739,19 @@ impl World {
             if self.pages.load(Relaxed) == 0 || self.seen_generation.load(Relaxed) == g {
                 return (false, false);
             }
-            self.frozen.store(1, Relaxed);
+            self.hs.frozen.store(1, Relaxed);
         }
         fence(SeqCst); // crate::os::membarrier()
         let mut h = self.lists.lock().unwrap();
         let (mut drained, mut busy) = (false, false);
-        if self.frozen.load(Relaxed) != 0 {
-            busy = self.busy.load(Acquire) != 0;
+        if self.hs.frozen.load(Relaxed) != 0 {
+            busy = self.hs.busy.load(Acquire) != 0;
             if !busy || self.broken == Break::DrainIgnoresBusy {
                 self.drain_all_locked(&mut h);
                 self.seen_generation.store(g, Relaxed);
                 drained = true;
             }
-            self.frozen.store(0, Release);
+            self.hs.frozen.store(0, Release);
         }
         (drained, busy)
     }
@@ -919,8 +913,7 @@ struct Gen {
     lists: Mutex<u8>,
     /// `HitPath::drain_generation`.
     generation: AtomicU64,
-    busy: AtomicU32,
-    frozen: AtomicU32,
+    hs: Handshake,
     /// The blocks in the cache's entries.
     entries: UnsafeCell<u8>,
     pages: AtomicU32,
@@ -931,29 +924,13 @@ struct Gen {
 }
 
 impl Gen {
-    /// Mirrors `ThreadCache::enter`.
-    fn enter(&self) -> bool {
-        self.busy.store(1, Relaxed);
-        fence(SeqCst); // compiler_fence(SeqCst) + what membarrier adds to it
-        if self.frozen.load(Acquire) != 0 {
-            self.busy.store(0, Release);
-            return false;
-        }
-        true
-    }
-
-    /// Mirrors `ThreadCache::leave`.
-    fn leave(&self) {
-        self.busy.store(0, Release);
-    }
-
     /// Mirrors `Allocator::free_checked` of `block`: `free_hit` inside `enter` / `leave`, else
     /// `ThreadCache::free` inside them, else `free_locked`.
     fn free(&self, block: u8) {
         for may_drain in [false, true] {
-            if self.enter() {
+            if self.hs.enter(true) {
                 let hit = self.take_freed(block, may_drain);
-                self.leave();
+                self.hs.leave();
                 if hit {
                     return;
                 }
@@ -1003,18 +980,18 @@ impl Gen {
             if self.pages.load(Relaxed) == 0 || self.seen_generation.load(Relaxed) == g {
                 return;
             }
-            self.frozen.store(1, Relaxed);
+            self.hs.frozen.store(1, Relaxed);
         }
         fence(SeqCst); // crate::os::membarrier()
         let mut h = self.lists.lock().unwrap();
-        if self.frozen.load(Relaxed) != 0 {
-            if self.busy.load(Acquire) == 0 {
+        if self.hs.frozen.load(Relaxed) != 0 {
+            if self.hs.busy.load(Acquire) == 0 {
                 self.drain_all_locked(&mut h);
                 self.seen_generation.store(g, Relaxed);
             } else if self.broken {
                 self.seen_generation.store(g, Relaxed);
             }
-            self.frozen.store(0, Release);
+            self.hs.frozen.store(0, Release);
         }
     }
 }
@@ -1024,8 +1001,7 @@ fn drain_request_model(broken: bool) {
         let c = Arc::new(Gen {
             lists: Mutex::new(0),
             generation: AtomicU64::new(0),
-            busy: AtomicU32::new(0),
-            frozen: AtomicU32::new(0),
+            hs: Handshake::new(),
             entries: UnsafeCell::new(BLOCK_A),
             pages: AtomicU32::new(1),
             seen_generation: AtomicU64::new(0),
