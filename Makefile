@@ -10,7 +10,7 @@ test: test-lint test-rust test-debug test-loom test-bench test-capi
 
 # clippy over every crate and target, warnings as errors: with the crates' own lints, every
 # `unsafe` block carries a SAFETY comment, every unsafe fn a `# Safety` section, and no unsafe
-# operation hides in an unsafe fn without a block of its own. The loom models (tests/loom.rs)
+# operation hides in an unsafe fn without a block of its own. The loom models (tests/loom/)
 # build only with `--cfg loom`: a second run lints them, in test-loom's target directory so that
 # test-loom does not build the core again.
 test-lint:
@@ -26,7 +26,7 @@ test-rust:
 test-debug:
 	cargo test -p fallow
 
-# loom model checks of the lock-free protocols (crates/fallow/tests/loom.rs; docs/design.md,
+# loom model checks of the lock-free protocols (crates/fallow/tests/loom/; docs/design.md,
 # "Model-checked protocols"). `--cfg loom` swaps the atomics of the real protocol code for loom's,
 # so it builds in a target directory of its own. Bound 4 checks in about 15 s here; `--nocapture`
 # shows how many executions each model explored.

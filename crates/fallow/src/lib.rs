@@ -62,7 +62,7 @@ pub(crate) mod zero;
 #[doc(hidden)]
 pub mod binding_support;
 
-/// Only in a build with `--cfg loom` (`make test-loom`): the protocol code that `tests/loom.rs`
+/// Only in a build with `--cfg loom` (`make test-loom`): the protocol code that `tests/loom/`
 /// model-checks, running on loom's atomics and futex model (`sync.rs`).
 #[cfg(loom)]
 #[doc(hidden)]

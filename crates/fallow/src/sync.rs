@@ -1,4 +1,4 @@
-//! Atomics and the futex of the lock-free protocols that `tests/loom.rs` model-checks with the
+//! Atomics and the futex of the lock-free protocols that `tests/loom/` model-checks with the
 //! real code (`worker.rs`). A normal build gets `core`'s atomics and `os`'s futex calls, so this
 //! costs nothing; a build with `--cfg loom` (`make test-loom`) gets loom's atomics and a futex
 //! modelled by a mutex and a condition variable, and `lib.rs` then exports what the models call
