@@ -283,6 +283,38 @@ unsafe impl GlobalAlloc for FallowAlloc {
 mod tests {
     use super::*;
 
+    fn small() -> Option<Allocator> {
+        Allocator::new(Config { arena_size: 64 << 20, max_order: 10, ..Config::default() }).ok()
+    }
+
+    #[test]
+    fn lazy_allocator_publishes_once_when_the_creator_says_ready() {
+        let lazy = LazyAllocator::new();
+        let mut calls = 0;
+        let a = lazy.get_or_create(small, |a, ready| {
+            calls += 1;
+            // Written, not yet visible, then visible: `ready` publishes, and twice is once.
+            assert!(lazy.get().is_none());
+            ready();
+            assert!(core::ptr::eq(lazy.get().unwrap(), a));
+            ready();
+        });
+        assert_eq!(calls, 1);
+        let a = a.expect("created");
+        let again = lazy.get_or_create(|| panic!("created twice"), |_, _| panic!("published twice"));
+        assert!(core::ptr::eq(again.unwrap(), a));
+
+        // A `publish` that does not call `ready`: published when it returns.
+        let lazy = LazyAllocator::new();
+        assert!(lazy.get_or_create(small, |_, _| {}).is_some() && lazy.get().is_some());
+
+        // A failed creation is final: later requests go to the system without trying again.
+        let lazy = LazyAllocator::new();
+        assert!(lazy.get_or_create(|| None, |_, _| panic!("nothing to publish")).is_none());
+        assert!(lazy.get_or_create(|| panic!("tried again"), |_, _| {}).is_none());
+        assert!(lazy.get().is_none());
+    }
+
     #[test]
     fn routes_by_size_and_frees_by_address() {
         static A: FallowAlloc = FallowAlloc::with_threshold(64 << 10);
