@@ -203,8 +203,10 @@ static int test_from_env(void) {
     CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create despite bad values");
     fputs(log, stdout);
     CHECK(lines(log) == 3, "three warnings: %s", log);
-    CHECK(strstr(log, "fallow: warning: FALLOW_ZEROING=\"busy\" is not one of idle, off; using the default idle\n"), "zeroing: %s", log);
-    CHECK(strstr(log, "FALLOW_ARENA_SIZE=\"3m\" is not a multiple of the largest block (2097152 bytes); using 4194304\n"), "arena: %s", log);
+    CHECK(strstr(log, "fallow: warning: FALLOW_ZEROING=\"busy\" is not one of idle, off; using the default idle\n"),
+          "zeroing: %s", log);
+    CHECK(strstr(log, "FALLOW_ARENA_SIZE=\"3m\" is not a multiple of the largest block (2097152 bytes); using 4194304\n"),
+          "arena: %s", log);
     CHECK(strstr(log, "FALLOW_THRESHOLD=\"lots\"") && strstr(log, "default 262144"), "threshold: %s", log);
     CHECK(fallow_get_tunable(a, "zeroing", &v) == 0 && v == 1, "the default applies");
     CHECK(fallow_stats_read(a, &s) == 0 && s.reserved_bytes == 4 * MiB, "arena %lu", (unsigned long)s.reserved_bytes);

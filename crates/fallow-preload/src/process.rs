@@ -10,7 +10,10 @@
 //!   a `StartGate`, `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit word,
 //!   entered on the first request at or above the threshold, and the slot it guards. This file
 //!   gives it what is the preload's own: the configuration from the settings (`create`) and
-//!   what happens around publication (`publish`: the exit handler, the fork guard).
+//!   what happens around publication (`publish`: the exit handler, the fork guard). Not a
+//!   `FallowAlloc` static: its threshold and configuration are constants of the program, while
+//!   the preload's come from the environment on the first request, and its other side is Rust's
+//!   `System`, while the preload's is glibc's `__libc_*` with C's semantics (`entry.rs`).
 //!   Creating the allocator allocates (its `Arc`, through glibc) and may register an `atexit`
 //!   handler, which may call `malloc`: those requests, made by the creating thread itself, go to
 //!   glibc. Any other thread that makes a large request meanwhile waits for the

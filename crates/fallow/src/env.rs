@@ -107,7 +107,11 @@ impl Display for ArenaSize {
 }
 
 /// Parse from a lookup function, over `base`; `warn` receives each warning line.
-pub fn parse<'a>(base: Config, get: impl Fn(&CStr) -> Option<&'a [u8]>, warn: &mut dyn FnMut(&[u8])) -> EnvSettings {
+pub fn parse<'a>(
+    base: Config,
+    get: impl Fn(&CStr) -> Option<&'a [u8]>,
+    warn: &mut dyn FnMut(&[u8]),
+) -> EnvSettings {
     let d = base.clone();
     let mut s = EnvSettings { threshold: DEFAULT_THRESHOLD, stats: false, config: base };
     let c = &mut s.config;
@@ -199,7 +203,10 @@ pub fn parse<'a>(base: Config, get: impl Fn(&CStr) -> Option<&'a [u8]>, warn: &m
                 adjusted(warn, var, v, why, c.arena_size);
             }
             Some(n) => c.arena_size = n,
-            None => unparsed(warn, var, v, "a size in bytes (suffix k, m or g allowed)", &ArenaSize(d.arena_size)),
+            None => {
+                let default = ArenaSize(d.arena_size);
+                unparsed(warn, var, v, "a size in bytes (suffix k, m or g allowed)", &default)
+            }
         }
     }
     if let Some(v) = get(c"FALLOW_STATS") {
