@@ -73,6 +73,14 @@ void fallow_config_init(fallow_config *config);
 /* Create an allocator (config NULL: the default). */
 int fallow_create(const fallow_config *config, fallow_allocator **out);
 
+/* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
+ * config (NULL: the default): FALLOW_ARENA_SIZE and FALLOW_THP set the configuration,
+ * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS and FALLOW_ZEROING (idle, off) the
+ * tunables; FALLOW_THRESHOLD and FALLOW_STATS, the preload's own, are only checked. A bad value
+ * prints one warning on stderr naming the variable, the value given and the value used (the
+ * config's, or the nearest value in range), and the allocator is created all the same. */
+int fallow_create_from_env(const fallow_config *config, fallow_allocator **out);
+
 /* Destroy an allocator and unmap all its memory, live blocks included. NULL is ignored. */
 void fallow_destroy(fallow_allocator *a);
 

@@ -28,7 +28,8 @@ for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
     [[ -f target/release/$f ]] || fail "target/release/$f missing"
 done
 cargo test -q -p fallow-preload
-cargo test -q -p fallow --lib global
+# The start-up, the settings parser and the fatal path, shared by FallowAlloc, the preload and the C API.
+cargo test -q -p fallow --lib -- global:: env:: message:: start::
 cargo test -q -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"

@@ -149,6 +149,78 @@ static int test_tunables(void) {
     return 0;
 }
 
+/* Call fallow_create_from_env with stderr captured into log (NUL-terminated); the return code. */
+static int create_from_env_logged(const fallow_config *c, fallow_allocator **a, char *log, size_t len) {
+    fflush(stderr);
+    FILE *f = tmpfile();
+    int saved = dup(2);
+    if (!f || saved < 0 || dup2(fileno(f), 2) < 0) return -1;
+    int rc = fallow_create_from_env(c, a);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(f);
+    size_t n = fread(log, 1, len - 1, f);
+    log[n] = 0;
+    fclose(f);
+    return rc;
+}
+
+static int lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* The FALLOW_* variables, as the preload reads them: same values, same warnings. */
+static int test_from_env(void) {
+    char log[4096];
+    fallow_allocator *a = NULL;
+    uint64_t v;
+    fallow_config c; fallow_config_init(&c);
+    c.max_order = 8; /* 1 MiB blocks; FALLOW_THP=1 raises them to 2 MiB */
+    setenv("FALLOW_ARENA_SIZE", "64m", 1);
+    setenv("FALLOW_THP", "1", 1);
+    setenv("FALLOW_REPORT", "off", 1);
+    setenv("FALLOW_REPORT_DELAY_MS", "500", 1);
+    setenv("FALLOW_ZEROING", "off", 1);
+    CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create from env");
+    CHECK(log[0] == 0, "no warning for good values: %s", log);
+    CHECK(fallow_get_tunable(a, "report", &v) == 0 && v == 0, "FALLOW_REPORT=off: report %lu", (unsigned long)v);
+    CHECK(fallow_get_tunable(a, "zeroing", &v) == 0 && v == 0, "FALLOW_ZEROING=off");
+    CHECK(fallow_get_tunable(a, "report_delay_ms", &v) == 0 && v == 500, "delay %lu", (unsigned long)v);
+    fallow_stats s;
+    CHECK(fallow_stats_read(a, &s) == 0 && s.reserved_bytes == 64 * MiB, "arena %lu", (unsigned long)s.reserved_bytes);
+    void *p;
+    CHECK(fallow_alloc(a, 2 * MiB, 2 * MiB, 0, &p) == 0, "a 2 MiB block (FALLOW_THP=1 raised max_order to 9)");
+    CHECK(fallow_free(a, p) == 0, "free");
+    fallow_destroy(a);
+    /* Bad values: one warning each, naming the value used, and the allocator is created. */
+    setenv("FALLOW_ZEROING", "busy", 1);
+    setenv("FALLOW_ARENA_SIZE", "3m", 1);
+    setenv("FALLOW_THRESHOLD", "lots", 1);
+    a = NULL;
+    CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create despite bad values");
+    fputs(log, stdout);
+    CHECK(lines(log) == 3, "three warnings: %s", log);
+    CHECK(strstr(log, "fallow: warning: FALLOW_ZEROING=\"busy\" is not one of idle, off; using the default idle\n"),
+          "zeroing: %s", log);
+    CHECK(strstr(log, "FALLOW_ARENA_SIZE=\"3m\" is not a multiple of the largest block (2097152 bytes); using 4194304\n"),
+          "arena: %s", log);
+    CHECK(strstr(log, "FALLOW_THRESHOLD=\"lots\"") && strstr(log, "default 262144"), "threshold: %s", log);
+    CHECK(fallow_get_tunable(a, "zeroing", &v) == 0 && v == 1, "the default applies");
+    CHECK(fallow_stats_read(a, &s) == 0 && s.reserved_bytes == 4 * MiB, "arena %lu", (unsigned long)s.reserved_bytes);
+    fallow_destroy(a);
+    /* The caller's checks stay: a bad config is EINVAL before the environment is read. */
+    c.backing = 9;
+    CHECK(create_from_env_logged(&c, &a, log, sizeof log) == EINVAL && strstr(fallow_last_error(), "backing") && !log[0],
+          "bad config");
+    CHECK(fallow_create_from_env(&c, NULL) == EINVAL, "out NULL");
+    unsetenv("FALLOW_ARENA_SIZE"); unsetenv("FALLOW_THP"); unsetenv("FALLOW_REPORT");
+    unsetenv("FALLOW_REPORT_DELAY_MS"); unsetenv("FALLOW_ZEROING"); unsetenv("FALLOW_THRESHOLD");
+    return 0;
+}
+
 /* The error message is per thread. */
 static void *other_thread(void *arg) {
     fallow_allocator *a = arg;
@@ -178,6 +250,7 @@ int main(void) {
         { "bad_pointers", test_bad_pointers },
         { "tunables", test_tunables },
         { "thread_local_errors", test_threads },
+        { "from_env", test_from_env },
     };
     int failures = 0;
     for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -82,6 +82,56 @@ pub unsafe extern "C" fn fallow_config_init(c: *mut FallowConfig) {
     unsafe { *c = init };
 }
 
+/// The `Config` a `fallow_config` describes (null: the default), or the error code (EINVAL,
+/// message set) for the caller to return.
+///
+/// # Safety
+///
+/// `c` is null or points to a readable, initialised `FallowConfig`.
+unsafe fn config_from_c(c: *const FallowConfig) -> Result<Config, c_int> {
+    let mut config = Config::default();
+    // SAFETY: `c` is null (then `None`) or points to an initialised `FallowConfig` (the contract).
+    let Some(c) = (unsafe { c.as_ref() }) else { return Ok(config) };
+    if c.max_order > 255 {
+        return Err(fail(libc::EINVAL, format_args!("bad setting max_order: must be between 0 and 30")));
+    }
+    config.arena_size = c.arena_size;
+    config.max_order = c.max_order as u8;
+    config.thp = match c.thp {
+        0 => false,
+        1 => true,
+        _ => return Err(fail(libc::EINVAL, format_args!("bad setting thp: must be 0 or 1"))),
+    };
+    config.backing = match c.backing {
+        0 => Backing::Anonymous,
+        1 => Backing::Memfd,
+        _ => {
+            return Err(fail(
+                libc::EINVAL,
+                format_args!("bad setting backing: must be FALLOW_BACKING_ANONYMOUS (0) or FALLOW_BACKING_MEMFD (1)"),
+            ))
+        }
+    };
+    Ok(config)
+}
+
+/// Create the allocator `config` describes and hand it to C through `out`.
+///
+/// # Safety
+///
+/// `out` is a non-null pointer to a writable `fallow_allocator *`.
+unsafe fn create(config: Config, out: *mut *mut Allocator) -> c_int {
+    match Allocator::new(config) {
+        Ok(a) => {
+            let handle = Box::into_raw(Box::new(a));
+            // SAFETY: `out` is not null and writable (the contract).
+            unsafe { *out = handle };
+            0
+        }
+        Err(e) => fail_with(e),
+    }
+}
+
 /// # Safety
 ///
 /// `c` is null or points to a readable, initialised `FallowConfig`; `out` is null or points to
@@ -91,38 +141,37 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_create: out is NULL"));
     }
-    let mut config = Config::default();
-    // SAFETY: `c` is null (then `None`) or points to an initialised `FallowConfig` (the contract).
-    if let Some(c) = unsafe { c.as_ref() } {
-        if c.max_order > 255 {
-            return fail(libc::EINVAL, format_args!("bad setting max_order: must be between 0 and 30"));
-        }
-        config.arena_size = c.arena_size;
-        config.max_order = c.max_order as u8;
-        config.thp = match c.thp {
-            0 => false,
-            1 => true,
-            _ => return fail(libc::EINVAL, format_args!("bad setting thp: must be 0 or 1")),
-        };
-        config.backing = match c.backing {
-            0 => Backing::Anonymous,
-            1 => Backing::Memfd,
-            _ => {
-                return fail(
-                    libc::EINVAL,
-                    format_args!("bad setting backing: must be FALLOW_BACKING_ANONYMOUS (0) or FALLOW_BACKING_MEMFD (1)"),
-                )
-            }
-        };
+    // SAFETY: `c` is null or a readable, initialised `FallowConfig` (this function's contract).
+    match unsafe { config_from_c(c) } {
+        // SAFETY: `out` is not null (checked above) and writable (the contract).
+        Ok(config) => unsafe { create(config, out) },
+        Err(code) => code,
     }
-    match Allocator::new(config) {
-        Ok(a) => {
-            let handle = Box::into_raw(Box::new(a));
+}
+
+/// `fallow_create` with the `FALLOW_*` environment variables applied over `c`: the preload
+/// library's parser (`binding_support::env`), so the same names, ranges and warnings on stderr
+/// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE` and `FALLOW_THP` set the
+/// configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING` the tunables;
+/// `FALLOW_THRESHOLD` and `FALLOW_STATS` concern the preload only and are just checked.
+///
+/// # Safety
+///
+/// As `fallow_create`; and no other thread changes the environment (`setenv`, `putenv`) during
+/// the call.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_create_from_env(c: *const FallowConfig, out: *mut *mut Allocator) -> c_int {
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_create_from_env: out is NULL"));
+    }
+    // SAFETY: `c` is null or a readable, initialised `FallowConfig` (this function's contract).
+    match unsafe { config_from_c(c) } {
+        Ok(config) => {
+            let settings = core_fallow::binding_support::env::from_environment(config);
             // SAFETY: `out` is not null (checked above) and writable (the contract).
-            unsafe { *out = handle };
-            0
+            unsafe { create(settings.config, out) }
         }
-        Err(e) => fail_with(e),
+        Err(code) => code,
     }
 }
 

@@ -6,13 +6,13 @@
 //! fallow; if fallow cannot serve it (its reservation is exhausted) glibc is asked, and if glibc
 //! cannot either the answer is `NULL` with `errno = ENOMEM`. A pointer is fallow's iff it lies in
 //! fallow's reservation (`Allocator::owns`); inside it, a pointer that is not the start of a live
-//! block is a caller bug: message on stderr, then `abort()`, as glibc does.
+//! block is a caller bug: message on stderr, then `abort()`, as glibc does
+//! (`fallow::binding_support::fatal`, `FallowAlloc`'s path too).
 
 use core::ffi::{c_int, c_void};
-use core::fmt::Write;
 use core::ptr;
 
-use fallow::binding_support::StackBuf;
+use fallow::binding_support::fatal;
 use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
@@ -20,23 +20,6 @@ use crate::process::{self, for_request, owner};
 use crate::remap;
 
 const MIN_ALIGN: usize = 16;
-
-/// A bad pointer: say what and where, without allocating, and abort.
-#[cold]
-pub fn die(op: &str, e: &Error) -> ! {
-    let mut b = StackBuf::<320>::new();
-    let _ = match *e {
-        Error::DoubleFree { addr } => writeln!(b, "fallow: {op}(): double free {addr:#x}"),
-        Error::InvalidPointer { addr } => writeln!(b, "fallow: {op}(): invalid pointer {addr:#x} (not a live block)"),
-        Error::InteriorPointer { addr, block } => {
-            writeln!(b, "fallow: {op}(): invalid pointer {addr:#x} (inside the live block at {block:#x})")
-        }
-        _ => writeln!(b, "fallow: {op}(): {e}"),
-    };
-    fallow::binding_support::write_stderr(b.as_bytes());
-    // SAFETY: plain libc call with no memory-safety preconditions (it does not return).
-    unsafe { libc::abort() }
-}
 
 #[inline]
 fn enomem() -> *mut c_void {
@@ -99,7 +82,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     match owner(p as *const u8) {
         Some(a) => {
             if let Err(e) = a.free(p as *mut u8) {
-                die("free", &e)
+                fatal("free", &e)
             }
         }
         // SAFETY: `p` is not null and not in fallow's reservation, so by the caller's contract it
@@ -132,7 +115,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     match owner(p as *const u8) {
         Some(a) => match a.usable_size(p as *const u8) {
             Some(n) => n,
-            None => die("malloc_usable_size", &Error::InvalidPointer { addr: p as usize }),
+            None => fatal("malloc_usable_size", &Error::InvalidPointer { addr: p as usize }),
         },
         // SAFETY: `p` is not null and not fallow's, so by the caller's contract a live glibc block.
         None => unsafe { libc_usable_size(p) },

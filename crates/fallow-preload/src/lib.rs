@@ -4,8 +4,10 @@
 //!
 //! - `entry`: the exported `malloc` family and the routing rules;
 //! - `remap`: `realloc` of fallow blocks (in place, by moving pages, across the threshold);
-//! - `process`: lazy settings and allocator, `fork` handlers, statistics at exit;
-//! - `env`: `FALLOW_*` environment variables;
+//! - `process`: lazy settings and allocator, `fork` handlers, statistics at exit; the settings
+//!   parser (`FALLOW_*`), the start-up (`LazyAllocator`) and the abort on a bad pointer
+//!   (`fatal`) are the core's, from `fallow::binding_support`, shared with the C library and
+//!   `FallowAlloc`;
 //! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
 //!   that no Rust code in this library comes back through the interposed `malloc`.
 
@@ -14,7 +16,6 @@
 #![deny(clippy::missing_safety_doc)]
 
 pub mod entry;
-pub mod env;
 pub mod libc_heap;
 pub mod process;
 pub mod remap;

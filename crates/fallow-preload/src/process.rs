@@ -6,8 +6,14 @@
 //!   `malloc`, so a thread that finds `PARSING` spins until `PARSED` (nanoseconds). Until the
 //!   settings are parsed `THRESHOLD` is 0, which sends every request to the slow path that
 //!   parses them; afterwards it holds the threshold.
-//! - allocator: a `fallow::binding_support::StartGate`, `UNINIT -> creating (by thread tid) -> READY |
-//!   FAILED` in one 32-bit word, entered on the first request at or above the threshold.
+//! - allocator: a `fallow::binding_support::LazyAllocator`, the start-up `FallowAlloc` uses too:
+//!   a `StartGate`, `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit word,
+//!   entered on the first request at or above the threshold, and the slot it guards. This file
+//!   gives it what is the preload's own: the configuration from the settings (`create`) and
+//!   what happens around publication (`publish`: the exit handler, the fork guard). Not a
+//!   `FallowAlloc` static: its threshold and configuration are constants of the program, while
+//!   the preload's come from the environment on the first request, and its other side is Rust's
+//!   `System`, while the preload's is glibc's `__libc_*` with C's semantics (`entry.rs`).
 //!   Creating the allocator allocates (its `Arc`, through glibc) and may register an `atexit`
 //!   handler, which may call `malloc`: those requests, made by the creating thread itself, go to
 //!   glibc. Any other thread that makes a large request meanwhile waits for the
@@ -34,22 +40,19 @@ use core::fmt::Write;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
-use fallow::binding_support::StackBuf;
-use fallow::binding_support::RawLock;
-use fallow::binding_support::{Entry, StartGate};
+use fallow::binding_support::env::{self, EnvSettings};
+use fallow::binding_support::{LazyAllocator, RawLock, StackBuf};
 use fallow::{Allocator, Config};
-
-use crate::env::{self, EnvSettings};
 
 const UNPARSED: u8 = 0;
 const PARSING: u8 = 1;
 const PARSED: u8 = 2;
 
 struct Slot<T>(UnsafeCell<MaybeUninit<T>>);
-// SAFETY: each `Slot` is written once, by the one thread that won its state machine
-// (`SETTINGS_STATE` PARSING, `GATE` Create), before a Release store that readers Acquire before
-// they take a shared `&T`; after that it is only read. The two slots hold `EnvSettings` (plain
-// `Copy` data) and `Allocator` (`Sync`), so shared references across threads are fine for them.
+// SAFETY: the `Slot` is written once, by the one thread that won its state machine
+// (`SETTINGS_STATE` PARSING), before a Release store that readers Acquire before they take a
+// shared `&T`; after that it is only read. It holds `EnvSettings` (plain data, no interior
+// mutability), so shared references across threads are fine.
 unsafe impl<T> Sync for Slot<T> {}
 
 static SETTINGS_STATE: AtomicU8 = AtomicU8::new(UNPARSED);
@@ -59,8 +62,7 @@ static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
 /// The largest block fallow serves (larger requests go to glibc); set with the allocator.
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
 
-static GATE: StartGate = StartGate::new();
-static ALLOC: Slot<Allocator> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
+static ALLOC: LazyAllocator = LazyAllocator::new();
 /// Whether the `FALLOW_STATS` exit handler is registered (once per process image: a `fork`
 /// child inherits it).
 static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
@@ -91,12 +93,13 @@ pub fn settings() -> &'static EnvSettings {
     loop {
         match SETTINGS_STATE.compare_exchange(UNPARSED, PARSING, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
-                let s = env::from_environment();
+                let s = env::from_environment(Config::default());
+                let threshold = s.threshold;
                 // SAFETY: only the thread whose compare_exchange moved UNPARSED -> PARSING gets
                 // here, once; nobody reads the slot before the PARSED store below (Release).
                 unsafe { (*SETTINGS.0.get()).write(s) };
                 SETTINGS_STATE.store(PARSED, Ordering::Release);
-                THRESHOLD.store(s.threshold, Ordering::Relaxed);
+                THRESHOLD.store(threshold, Ordering::Relaxed);
             }
             // SAFETY: PARSED is stored (Release) only after the slot was written, and this
             // thread's failed compare_exchange read it with Acquire; the slot is never written again.
@@ -109,13 +112,7 @@ pub fn settings() -> &'static EnvSettings {
 /// The allocator if it exists (for ownership checks: no allocator, no pointer of ours).
 #[inline]
 pub fn existing() -> Option<&'static Allocator> {
-    if GATE.is_ready() {
-        // SAFETY: the gate is ready only after `init` wrote the slot, which is never written again
-        // in this process.
-        Some(unsafe { (*ALLOC.0.get()).assume_init_ref() })
-    } else {
-        None
-    }
+    ALLOC.get()
 }
 
 /// The allocator that owns `p`, if any.
@@ -134,7 +131,7 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
     }
     let a = match existing() {
         Some(a) => a,
-        None => init()?,
+        None => ALLOC.get_or_create(create, publish)?,
     };
     let max = MAX_BLOCK.load(Ordering::Relaxed);
     if size > max || align > max {
@@ -143,47 +140,41 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
     Some(a)
 }
 
+/// The creating thread's first step: the allocator the settings configure; on failure, a
+/// warning, and glibc serves everything.
 #[cold]
-fn init() -> Option<&'static Allocator> {
-    match GATE.enter() {
-        Entry::Ready => return existing(),
-        Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
-        Entry::Create => {}
-    }
-    let s = settings();
-    let mut config = Config::default();
-    env::apply_env_tunables(&mut config, s);
-    match Allocator::new(config) {
-        Ok(a) => {
-            MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
-            // SAFETY: only the thread that got `Entry::Create` writes the slot, before the gate
-            // says ready; nobody reads it until then.
-            unsafe { (*ALLOC.0.get()).write(a) };
-            if s.stats && !STATS_AT_EXIT.swap(true, Ordering::Relaxed) {
-                // SAFETY: an `extern "C"` function that lives as long as the library and
-                // formats on the stack.
-                unsafe { libc::atexit(print_stats_at_exit) };
-            }
-            // Published under the fork guard: a `fork` either sees no allocator in all three
-            // of its handlers or the allocator in all three.
-            FORK_GUARD.lock();
-            GATE.finish(true);
-            // SAFETY: taken just above by this thread.
-            unsafe { FORK_GUARD.unlock() };
-            existing()
-        }
+fn create() -> Option<Allocator> {
+    match Allocator::new(settings().config.clone()) {
+        Ok(a) => Some(a),
         Err(e) => {
             let mut b = StackBuf::<320>::new();
             let _ = writeln!(b, "fallow: cannot create the allocator ({e}); glibc serves everything");
             fallow::binding_support::write_stderr(b.as_bytes());
-            GATE.finish(false);
             None
         }
     }
 }
 
+/// The creating thread's last step, before any other thread sees the allocator: the largest
+/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard.
+#[cold]
+fn publish(a: &Allocator, ready: &dyn Fn()) {
+    MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
+    if settings().stats && !STATS_AT_EXIT.swap(true, Ordering::Relaxed) {
+        // SAFETY: an `extern "C"` function that lives as long as the library and formats on the
+        // stack.
+        unsafe { libc::atexit(print_stats_at_exit) };
+    }
+    // Published under the fork guard: a `fork` either sees no allocator in all three of its
+    // handlers or the allocator in all three.
+    FORK_GUARD.lock();
+    ready();
+    // SAFETY: taken just above by this thread.
+    unsafe { FORK_GUARD.unlock() };
+}
+
 /// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread
-/// while it publishes the allocator (`GATE.finish`): so the allocator cannot become ready between
+/// while it publishes the allocator (`publish`): so the allocator cannot become ready between
 /// `fork_prepare`, which locks it only if it exists, and the handlers after the fork, which must
 /// release (or reset) exactly what prepare took.
 static FORK_GUARD: RawLock = RawLock::new();

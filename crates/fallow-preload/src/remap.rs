@@ -20,9 +20,9 @@
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use fallow::binding_support::fatal;
 use fallow::{Allocator, Flags};
 
-use crate::entry::die;
 use crate::libc_heap::__libc_malloc;
 use crate::process;
 
@@ -47,12 +47,12 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
         match a.resize_in_place(p, size) {
             Ok(true) => return p,
             Ok(false) => {}
-            Err(e) => die("realloc", &e),
+            Err(e) => fatal("realloc", &e),
         }
     }
     let old = match a.usable_size(p) {
         Some(n) => n,
-        None => die("realloc", &fallow::Error::InvalidPointer { addr: p as usize }),
+        None => fatal("realloc", &fallow::Error::InvalidPointer { addr: p as usize }),
     };
     if stays {
         if let Ok(q) = a.alloc(size, 16, Flags::NONE) {
@@ -64,7 +64,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
                 // SAFETY: `move_pages` took every page of `p` away with `MREMAP_DONTUNMAP`: the range
                 // is still mapped, with no pages behind it, so it reads zero and is not resident.
                 if let Err(e) = unsafe { a.free_reported(p) } {
-                    die("realloc", &e)
+                    fatal("realloc", &e)
                 }
                 MOVES.fetch_add(1, Ordering::Relaxed);
             } else {
@@ -72,7 +72,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
                 // lets nobody else use it) and `q` for `size`; distinct blocks.
                 unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
                 if let Err(e) = a.free(p) {
-                    die("realloc", &e)
+                    fatal("realloc", &e)
                 }
                 COPIES.fetch_add(1, Ordering::Relaxed);
             }
@@ -90,7 +90,7 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     // a new glibc block of `size` bytes; distinct.
     unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
     if let Err(e) = a.free(p) {
-        die("realloc", &e)
+        fatal("realloc", &e)
     }
     q
 }

@@ -1,8 +1,9 @@
 //! What fallow's own C library (`fallow-capi`), LD_PRELOAD library (`fallow-preload`) and
 //! measurement examples need of its internals, and nothing more: the allocator behind a C
 //! `malloc` has to set `errno`, format messages and write them to stderr without allocating,
-//! take a lock that `fork` handlers can hold, and create the process-wide allocator exactly once
-//! from inside `malloc` itself (`StartGate`).
+//! abort on a bad pointer (`fatal`), take a lock that `fork` handlers can hold, read its settings
+//! from the environment (`env`, shared with the C library) and create the process-wide allocator
+//! exactly once from inside `malloc` itself (`LazyAllocator`, over `StartGate`).
 //!
 //! NOT A STABLE API: hidden from the documentation, it changes with those crates without notice.
 //! Programs use the public items at the crate root.
@@ -28,13 +29,27 @@ pub use crate::os::getpid;
 pub use crate::os::move_pages;
 
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
-pub use crate::global::StackBuf;
+pub use crate::message::StackBuf;
+
+/// The one fatal-error path of a process-wide allocator: `fallow: {op}(): double free 0x...` (or
+/// `invalid pointer 0x...`) on stderr, formatted on the stack, then `abort`.
+pub use crate::message::fatal;
+
+/// The `FALLOW_*` environment variables, parsed once for the preload library and the C library
+/// (`fallow_create_from_env`): the same names, ranges and warnings (`env.rs`).
+pub mod env {
+    pub use crate::env::{
+        from_environment, parse, EnvSettings, DEFAULT_THRESHOLD, MAX_ARENA_SIZE, MAX_REPORT_DELAY_MS, MIN_THRESHOLD,
+    };
+}
 
 /// A futex mutex with explicit `lock` / `unlock`, so that `fork` handlers can hold it across
 /// `fork`.
 pub use crate::lock::RawLock;
 
-/// The once-only creation of a process-wide allocator on first use (the preload's `malloc`).
+/// The once-only creation of a process-wide allocator on first use: `LazyAllocator`, the
+/// preload's and `FallowAlloc`'s, over the gate that `StartGate` is.
+pub use crate::global::LazyAllocator;
 pub use crate::start::{Entry, StartGate};
 
 /// The length from which zeroing uses non-temporal stores, and its one-off calibration

@@ -23,7 +23,7 @@ pub enum Backing {
     Memfd,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// Bytes reserved per arena; 0 means the machine's RAM, rounded up to the largest block.
     pub arena_size: usize,

@@ -11,17 +11,23 @@
 //! - Ownership is decided by address: a pointer is fallow's iff `Allocator::owns` says so (a
 //!   lock-free range check), so `dealloc`/`realloc` never need to know who served the request,
 //!   and a request served by the system during start-up is freed by the system later.
-//! - The allocator is created lazily by the first large request, through a [`StartGate`]
-//!   (`start.rs`): `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit atomic.
-//!   Creating it allocates from the Rust heap (its `Arc`), which comes back here: the creating
-//!   thread's own requests meanwhile go to the system (no recursion); any other thread waits
-//!   for the creation and is then served by fallow, so that large requests racing at start-up
-//!   all get fallow memory. (`std::thread::current()` allocates, so the creator is known by its
-//!   kernel thread id, kept in the gate's word.)
+//! - The allocator is created lazily by the first large request, through a [`LazyAllocator`]
+//!   (defined here, and the preload library's process-wide allocator too): a [`StartGate`]
+//!   (`start.rs`), `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit atomic,
+//!   and the slot it guards. Creating it allocates from the Rust heap (its `Arc`), which comes
+//!   back here: the creating thread's own requests meanwhile go to the system (no recursion);
+//!   any other thread waits for the creation and is then served by fallow, so that large
+//!   requests racing at start-up all get fallow memory. (`std::thread::current()` allocates, so
+//!   the creator is known by its kernel thread id, kept in the gate's word.)
 //! - Requests above the largest fallow block, or with an alignment above it, go to the system.
+//! - A bad pointer given to `dealloc` or `realloc` aborts through `message::fatal`, the
+//!   preload's path too.
+//!
+//! `FallowAlloc` reads no environment variable: its threshold and configuration are the
+//! program's (`with_config`).
 
 use core::alloc::{GlobalAlloc, Layout};
-use core::cell::UnsafeCell;
+use core::cell::{Cell, UnsafeCell};
 use core::mem::MaybeUninit;
 use core::ptr;
 use std::alloc::System;
@@ -29,27 +35,100 @@ use std::alloc::System;
 use crate::config::Config;
 use crate::allocator::Allocator;
 use crate::flags::Flags;
+use crate::message::fatal;
 use crate::os::PAGE_SIZE;
 use crate::start::{Entry, StartGate};
+
+/// A process-wide allocator created on first use: a [`StartGate`] and the slot it guards, the one
+/// start-up of `FallowAlloc` and of the preload library's `malloc`. Nothing here allocates but
+/// the creation itself.
+pub struct LazyAllocator {
+    gate: StartGate,
+    slot: UnsafeCell<MaybeUninit<Allocator>>,
+}
+
+// SAFETY: the `UnsafeCell` is written once, by the one thread that got `Entry::Create` from the
+// `StartGate`, before the gate says ready, and only read after it does (`get`); `Allocator`
+// itself is shared between threads under its own lock.
+unsafe impl Sync for LazyAllocator {}
+
+impl LazyAllocator {
+    pub const fn new() -> LazyAllocator {
+        LazyAllocator { gate: StartGate::new(), slot: UnsafeCell::new(MaybeUninit::uninit()) }
+    }
+
+    /// The allocator, if it has been created (no waiting: for ownership checks, where no
+    /// allocator means no pointer of ours).
+    #[inline]
+    pub fn get(&self) -> Option<&Allocator> {
+        if self.gate.is_ready() {
+            // SAFETY: the gate is ready only after `get_or_create` wrote the slot, which is never
+            // written again.
+            Some(unsafe { (*self.slot.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
+    /// The allocator, creating it on first use or waiting while another thread creates it;
+    /// `None` when creating it failed, when this thread is creating it (a request from inside
+    /// the creation), or when the creation has stalled (`StartGate::enter`): the caller then uses
+    /// the system allocator.
+    ///
+    /// Only the creating thread runs the two functions: `make` gives the allocator (`None`: the
+    /// creation failed, for good); `publish` gets it before any other thread can, with `ready`,
+    /// which it calls to make the allocator visible and wake the waiters (the preload calls it
+    /// under its fork guard); if `publish` returns without calling it, it is called then.
+    #[cold]
+    pub fn get_or_create(
+        &self,
+        make: impl FnOnce() -> Option<Allocator>,
+        publish: impl FnOnce(&Allocator, &dyn Fn()),
+    ) -> Option<&Allocator> {
+        match self.gate.enter() {
+            Entry::Ready => return self.get(),
+            Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
+            Entry::Create => {}
+        }
+        let Some(a) = make() else {
+            self.gate.finish(false);
+            return None;
+        };
+        // SAFETY: only the one thread that got `Entry::Create` writes the slot, before the gate
+        // says ready; nobody reads it until then.
+        unsafe { (*self.slot.get()).write(a) };
+        // SAFETY: written just above, and never written again.
+        let a = unsafe { (*self.slot.get()).assume_init_ref() };
+        let published = Cell::new(false);
+        let ready = || {
+            if !published.replace(true) {
+                self.gate.finish(true);
+            }
+        };
+        publish(a, &ready);
+        ready();
+        Some(a)
+    }
+}
+
+impl Default for LazyAllocator {
+    fn default() -> Self {
+        LazyAllocator::new()
+    }
+}
 
 /// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
 /// `System`.
 pub struct FallowAlloc {
-    gate: StartGate,
+    lazy: LazyAllocator,
     threshold: usize,
     config: Option<Config>,
-    alloc: UnsafeCell<MaybeUninit<Allocator>>,
 }
-
-// SAFETY: the `UnsafeCell` is written once, by the one thread that got `Entry::Create` from the
-// `StartGate`, before the gate says ready, and only read after it does (`allocator`, `get`);
-// `Allocator` itself is shared between threads under its own lock.
-unsafe impl Sync for FallowAlloc {}
 
 impl FallowAlloc {
     /// Default threshold: requests of at least this many bytes go to fallow (see docs/design.md,
     /// "C API and preload", for the measurement behind it). The preload library's default too.
-    pub const DEFAULT_THRESHOLD: usize = 256 << 10;
+    pub const DEFAULT_THRESHOLD: usize = crate::env::DEFAULT_THRESHOLD;
 
     /// The default threshold and the default configuration.
     pub const fn new() -> FallowAlloc {
@@ -59,67 +138,36 @@ impl FallowAlloc {
     /// Requests of at least `threshold` bytes go to fallow (at least one page).
     pub const fn with_threshold(threshold: usize) -> FallowAlloc {
         FallowAlloc {
-            gate: StartGate::new(),
+            lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: None,
-            alloc: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
     /// A threshold and a configuration of the process-wide allocator.
     pub const fn with_config(threshold: usize, config: Config) -> FallowAlloc {
         FallowAlloc {
-            gate: StartGate::new(),
+            lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: Some(config),
-            alloc: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
     /// The fallow allocator behind this adapter, once a large request has created it.
     pub fn allocator(&self) -> Option<&Allocator> {
-        if self.gate.is_ready() {
-            // SAFETY: the gate is ready only after `init` wrote the allocator, and it is never
-            // written again.
-            Some(unsafe { (*self.alloc.get()).assume_init_ref() })
-        } else {
-            None
-        }
+        self.lazy.get()
     }
 
-    /// The allocator, creating it on first use or waiting while another thread creates it;
-    /// `None` when creating it failed, or when this thread is creating it (its own requests from
-    /// inside the creation), in which case the caller uses the system allocator.
-    #[cold]
-    fn init(&self) -> Option<&Allocator> {
-        match self.gate.enter() {
-            Entry::Ready => return self.allocator(),
-            Entry::Failed | Entry::Reentrant | Entry::Stalled => return None,
-            Entry::Create => {}
-        }
-        let config = self.config.clone().unwrap_or_default();
-        match Allocator::new(config) {
-            Ok(a) => {
-                // SAFETY: only the one thread that got `Entry::Create` writes the slot, before
-                // the gate says ready; nobody reads it until then.
-                unsafe { (*self.alloc.get()).write(a) };
-                self.gate.finish(true);
-                self.allocator()
-            }
-            Err(_) => {
-                self.gate.finish(false);
-                None
-            }
-        }
-    }
-
+    /// The allocator, creating it on first use (`LazyAllocator::get_or_create`); `None` sends
+    /// the request to the system allocator.
     #[inline]
     fn get(&self) -> Option<&Allocator> {
-        if self.gate.is_ready() {
-            // SAFETY: as in `allocator`.
-            Some(unsafe { (*self.alloc.get()).assume_init_ref() })
-        } else {
-            self.init()
+        match self.lazy.get() {
+            Some(a) => Some(a),
+            None => {
+                let make = || Allocator::new(self.config.clone().unwrap_or_default()).ok();
+                self.lazy.get_or_create(make, |_, _| {})
+            }
         }
     }
 
@@ -173,7 +221,7 @@ impl Default for FallowAlloc {
 // SAFETY: every block returned fits its layout (fallow's `alloc` honours size and alignment, or
 // fails and `System` serves it); `dealloc` and `realloc` route a pointer by address (`owner`: in a
 // fallow arena or not), so a block always goes back to the allocator that made it (a bad pointer
-// aborts in `die`).
+// aborts in `fatal`).
 unsafe impl GlobalAlloc for FallowAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.alloc_flags(layout, Flags::NONE)
@@ -187,7 +235,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
         match self.owner(p) {
             Some(a) => {
                 if let Err(e) = a.free(p) {
-                    crate::global::die("dealloc", &e);
+                    fatal("dealloc", &e);
                 }
             }
             // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
@@ -207,7 +255,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
                 match a.resize_in_place(p, new_size) {
                     Ok(true) => return p,
                     Ok(false) => {}
-                    Err(e) => die("realloc", &e),
+                    Err(e) => fatal("realloc", &e),
                 }
             }
         } else if old < self.threshold && new_size < self.threshold {
@@ -231,52 +279,41 @@ unsafe impl GlobalAlloc for FallowAlloc {
     }
 }
 
-/// A bad pointer handed to the global allocator is memory corruption: say which and abort,
-/// without allocating.
-#[cold]
-pub(crate) fn die(op: &str, e: &crate::error::Error) -> ! {
-    let mut buf = crate::global::StackBuf::<256>::new();
-    let _ = core::fmt::Write::write_fmt(&mut buf, format_args!("fallow: {op}(): {e}\n"));
-    crate::os::write_stderr(buf.as_bytes());
-    std::process::abort()
-}
-
-/// A fixed buffer that `fmt::Write` fills without allocating (truncating when full).
-pub struct StackBuf<const N: usize> {
-    buf: [u8; N],
-    len: usize,
-}
-
-impl<const N: usize> StackBuf<N> {
-    pub const fn new() -> Self {
-        StackBuf { buf: [0; N], len: 0 }
-    }
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-}
-
-impl<const N: usize> Default for StackBuf<N> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<const N: usize> core::fmt::Write for StackBuf<N> {
-    fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        let n = s.len().min(N - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn small() -> Option<Allocator> {
+        Allocator::new(Config { arena_size: 64 << 20, max_order: 10, ..Config::default() }).ok()
+    }
+
+    #[test]
+    fn lazy_allocator_publishes_once_when_the_creator_says_ready() {
+        let lazy = LazyAllocator::new();
+        let mut calls = 0;
+        let a = lazy.get_or_create(small, |a, ready| {
+            calls += 1;
+            // Written, not yet visible, then visible: `ready` publishes, and twice is once.
+            assert!(lazy.get().is_none());
+            ready();
+            assert!(core::ptr::eq(lazy.get().unwrap(), a));
+            ready();
+        });
+        assert_eq!(calls, 1);
+        let a = a.expect("created");
+        let again = lazy.get_or_create(|| panic!("created twice"), |_, _| panic!("published twice"));
+        assert!(core::ptr::eq(again.unwrap(), a));
+
+        // A `publish` that does not call `ready`: published when it returns.
+        let lazy = LazyAllocator::new();
+        assert!(lazy.get_or_create(small, |_, _| {}).is_some() && lazy.get().is_some());
+
+        // A failed creation is final: later requests go to the system without trying again.
+        let lazy = LazyAllocator::new();
+        assert!(lazy.get_or_create(|| None, |_, _| panic!("nothing to publish")).is_none());
+        assert!(lazy.get_or_create(|| panic!("tried again"), |_, _| {}).is_none());
+        assert!(lazy.get().is_none());
+    }
 
     #[test]
     fn routes_by_size_and_frees_by_address() {

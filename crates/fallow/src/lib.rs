@@ -9,12 +9,14 @@
 //!
 //! The design, its invariants, threads and locks are in `docs/design.md`. The modules are
 //! layers, bottom up; each imports only modules that come before it here (`tests/layers.rs`):
-//! - `os`: every system call; `error`, `flags`, `lock` (the allocator lock, a futex mutex that
-//!   `fork` handlers can hold), `sync` (the atomics and futex of `worker`, swapped for loom's in
-//!   the model checks), `nt` (zeroing with non-temporal stores), `start` (`StartGate`, the
-//!   creation of a process-wide allocator on first use);
-//! - `config`: settings, their validation, and the limits they are checked against; `page`:
-//!   per-page states and the per-block side record; `stats`: the counters and their report;
+//! - `os`: every system call; `error`; `message` (`StackBuf`, messages without allocating, and
+//!   `fatal`, the abort on a bad pointer); `flags`, `lock` (the allocator lock, a futex mutex
+//!   that `fork` handlers can hold), `sync` (the atomics and futex of `worker`, swapped for
+//!   loom's in the model checks), `nt` (zeroing with non-temporal stores), `start` (`StartGate`,
+//!   the creation of a process-wide allocator on first use);
+//! - `config`: settings, their validation, and the limits they are checked against; `env`: the
+//!   `FALLOW_*` environment variables over a `Config`; `page`: per-page states and the
+//!   per-block side record; `stats`: the counters and their report;
 //! - `worker`: background-thread plumbing (the worker word);
 //! - `arena`: a reservation and its side metadata; `buddy`: an arena with its free lists,
 //!   split and merge;
@@ -23,7 +25,8 @@
 //! - `cache/`: per-thread page caches, the lock-free fast path;
 //! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
 //! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls;
-//! - `global`: `FallowAlloc`, a `GlobalAlloc` (large requests to fallow, small to the system);
+//! - `global`: `LazyAllocator` (a process-wide allocator created on first use) and `FallowAlloc`,
+//!   a `GlobalAlloc` (large requests to fallow, small to the system);
 //!   `binding_support`: the few internals that fallow's other crates and examples use.
 //!
 //! ```
@@ -44,11 +47,13 @@ pub(crate) mod arena;
 pub(crate) mod buddy;
 pub(crate) mod cache;
 pub(crate) mod config;
+pub(crate) mod env;
 pub(crate) mod error;
 pub(crate) mod flags;
 pub(crate) mod global;
 pub(crate) mod heap;
 pub(crate) mod lock;
+pub(crate) mod message;
 pub(crate) mod nt;
 pub(crate) mod os;
 pub(crate) mod page;

@@ -11,6 +11,8 @@ const LAYERS: &[&str] = &[
     // System calls and the smallest shared vocabulary: no crate import at all.
     "os",
     "error",
+    // Messages without allocating (`StackBuf`) and the abort on a bad pointer (`fatal`).
+    "message",
     "flags",
     "lock",
     "sync",
@@ -18,6 +20,8 @@ const LAYERS: &[&str] = &[
     "start",
     // Settings and limits, page states and block records, counters and their report.
     "config",
+    // The `FALLOW_*` environment variables over a `Config` (the preload's and the C library's).
+    "env",
     "page",
     "stats",
     // The worker word (sleep and wake of a background thread), without the workers' policies.

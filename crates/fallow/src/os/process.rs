@@ -210,6 +210,25 @@ fn mapped_bytes() -> Option<usize> {
     usize::try_from(parse_decimal(size)?).ok()?.checked_mul(PAGE_SIZE)
 }
 
+/// The value of the environment variable `name`, as the C library's `getenv` gives it: no copy
+/// and no allocation (`std::env` allocates, and settings are read inside `malloc`).
+///
+/// # Safety
+///
+/// No thread changes the environment (`setenv`, `putenv`, `unsetenv`) while the caller holds the
+/// bytes returned: they point into the environment itself (glibc's `getenv` asks the same).
+pub unsafe fn getenv<'a>(name: &CStr) -> Option<&'a [u8]> {
+    // Not a system call: glibc walks `environ`, without allocating.
+    // SAFETY: `name` is a valid NUL-terminated string for the call.
+    let v = unsafe { libc::getenv(name.as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null `getenv` result is a NUL-terminated string in the environment, valid
+    // while the environment is not changed, which the caller promises for `'a`.
+    Some(unsafe { CStr::from_ptr(v) }.to_bytes())
+}
+
 /// Monotonic time in nanoseconds (`clock_gettime(CLOCK_MONOTONIC)`, through the vDSO).
 pub fn now_ns() -> u64 {
     // glibc's, not rustix's: rustix finds the vDSO on first use by reading the auxiliary vector,

@@ -1,0 +1,398 @@
+//! Settings by environment, one parser for the preload library and the C library:
+//! `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`, `FALLOW_THP`,
+//! `FALLOW_STATS` and `FALLOW_ARENA_SIZE`, applied over a given `Config` (the default one for the
+//! preload, the caller's for `fallow_create_from_env`).
+//!
+//! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are
+//! formatted on the stack. Every value is validated, and a bad one gives exactly one warning
+//! naming the variable, the value given and the value used; nothing here can fail the program:
+//! - a value that does not parse: the default (the given configuration's value) applies;
+//! - a size out of its range: the nearest value in range applies. Ranges:
+//!   `FALLOW_THRESHOLD` one page (4096) to the largest block (a larger threshold would send
+//!   nothing to fallow); `FALLOW_REPORT_DELAY_MS` 0 to 3600000 (one hour, as
+//!   `Tunables::report_delay_ms` accepts); `FALLOW_ARENA_SIZE` 0 (the machine's RAM) or a
+//!   multiple of the largest block from the largest block to 1 TiB (the core reserves arenas in
+//!   whole largest blocks, so other values are rounded up). The largest block is the
+//!   configuration's (1 GiB by default); `FALLOW_THP=1` raises it to 2 MiB if it is smaller;
+//! - `FALLOW_REPORT=dontneed` or `free` with the memfd backing, which neither frees: the default.
+//!
+//! `FALLOW_REPORT=off` is `Tunables::report = false`; `dontneed` and `free` set
+//! `Tunables::report_mode`; `FALLOW_ZEROING` is `Tunables::zeroing`. `FALLOW_THRESHOLD` and
+//! `FALLOW_STATS` concern a process-wide allocator only (the preload); the C library checks them
+//! all the same, so that the same environment gives the same warnings.
+
+use core::ffi::CStr;
+use core::fmt::{Arguments, Display, Write};
+
+use crate::config::{Backing, Config, ReportMode, MAX_ORDER_LIMIT};
+use crate::message::StackBuf;
+use crate::os;
+
+/// Default `FALLOW_THRESHOLD`: requests of at least 256 KiB go to fallow (the measurement is in
+/// docs/design.md, "C API and preload"); `FallowAlloc`'s default too.
+pub const DEFAULT_THRESHOLD: usize = 256 << 10;
+/// Longest `FALLOW_REPORT_DELAY_MS` (one hour), as `Tunables::report_delay_ms` accepts.
+pub const MAX_REPORT_DELAY_MS: u32 = 3_600_000;
+/// Largest `FALLOW_ARENA_SIZE`: 1 TiB per arena.
+pub const MAX_ARENA_SIZE: usize = 1 << 40;
+/// Smallest `FALLOW_THRESHOLD`: one page, fallow's unit.
+pub const MIN_THRESHOLD: usize = os::PAGE_SIZE;
+
+/// What the environment says: the process-wide settings and the allocator's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvSettings {
+    /// `FALLOW_THRESHOLD`: requests of at least this many bytes go to fallow.
+    pub threshold: usize,
+    /// `FALLOW_STATS=1`: the statistics on stderr at exit.
+    pub stats: bool,
+    /// The configuration given, with `FALLOW_ARENA_SIZE` and `FALLOW_THP` applied, and in its
+    /// tunables `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING`.
+    pub config: Config,
+}
+
+/// The settings from the process environment over `base`, each warning written to stderr.
+pub fn from_environment(base: Config) -> EnvSettings {
+    parse(
+        base,
+        |name| {
+            // SAFETY: `parse` uses the bytes only during this call, and we rely on no other thread
+            // changing the environment meanwhile (settings are read once, on the first large
+            // request or by an explicit call; glibc's own getenv asks the same).
+            unsafe { os::getenv(name) }
+        },
+        &mut |msg| os::write_stderr(msg),
+    )
+}
+
+/// One warning line, formatted on the stack: `{var}={value:?} {what}; using {used}`.
+fn warn_line(warn: &mut dyn FnMut(&[u8]), var: &str, value: &[u8], what: Arguments, used: Arguments) {
+    let mut b = StackBuf::<384>::new();
+    let shown = core::str::from_utf8(&value[..value.len().min(64)]).unwrap_or("<not utf-8>");
+    let _ = writeln!(b, "fallow: warning: {var}={shown:?} {what}; using {used}");
+    warn(b.as_bytes());
+}
+
+/// A value that does not parse: the default applies.
+fn unparsed(warn: &mut dyn FnMut(&[u8]), var: &str, value: &[u8], expected: &str, default: &dyn Display) {
+    warn_line(warn, var, value, format_args!("is not {expected}"), format_args!("the default {default}"));
+}
+
+/// A size out of its range: the nearest value in range (`used`) applies.
+fn adjusted(warn: &mut dyn FnMut(&[u8]), var: &str, value: &[u8], why: Arguments, used: usize) {
+    warn_line(warn, var, value, why, format_args!("{used}"));
+}
+
+/// How `FALLOW_REPORT` names what `config` does without it.
+fn report_name(config: &Config) -> &'static str {
+    if !config.tunables.report {
+        return "off";
+    }
+    match config.tunables.effective_mode(config.backing) {
+        ReportMode::Free => "free",
+        ReportMode::Punch => "punch",
+        ReportMode::DontNeed | ReportMode::Auto => "dontneed",
+    }
+}
+
+/// An arena size as the warnings name it.
+struct ArenaSize(usize);
+
+impl Display for ArenaSize {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            0 => write!(f, "0 (the machine's RAM)"),
+            n => write!(f, "{n}"),
+        }
+    }
+}
+
+/// Parse from a lookup function, over `base`; `warn` receives each warning line.
+pub fn parse<'a>(
+    base: Config,
+    get: impl Fn(&CStr) -> Option<&'a [u8]>,
+    warn: &mut dyn FnMut(&[u8]),
+) -> EnvSettings {
+    let d = base.clone();
+    let mut s = EnvSettings { threshold: DEFAULT_THRESHOLD, stats: false, config: base };
+    let c = &mut s.config;
+    // The largest block the ranges are checked against is the one `FALLOW_THP` leads to (its
+    // warning, if any, comes in its turn below).
+    let thp = match get(c"FALLOW_THP") {
+        Some(b"1") => true,
+        Some(b"0") => false,
+        _ => d.thp,
+    };
+    let max_order = if thp { d.max_order.max(9) } else { d.max_order }.min(MAX_ORDER_LIMIT);
+    let block = os::PAGE_SIZE << max_order;
+    if let Some(v) = get(c"FALLOW_THRESHOLD") {
+        let var = "FALLOW_THRESHOLD";
+        match parse_size(v) {
+            Some(n) if n < MIN_THRESHOLD => {
+                s.threshold = MIN_THRESHOLD;
+                adjusted(warn, var, v, format_args!("is below one page ({MIN_THRESHOLD} bytes)"), s.threshold);
+            }
+            Some(n) if n > block => {
+                s.threshold = block;
+                let why = format_args!("is above the largest block ({block} bytes): no request would go to fallow");
+                adjusted(warn, var, v, why, s.threshold);
+            }
+            Some(n) => s.threshold = n,
+            None => unparsed(warn, var, v, "a size in bytes (suffix k, m or g allowed)", &DEFAULT_THRESHOLD),
+        }
+    }
+    if let Some(v) = get(c"FALLOW_REPORT") {
+        let var = "FALLOW_REPORT";
+        match v {
+            b"off" => c.tunables.report = false,
+            b"dontneed" | b"free" if d.backing == Backing::Memfd => {
+                let used = format_args!("the default {}", report_name(&d));
+                warn_line(warn, var, v, format_args!("does not free memfd pages"), used);
+            }
+            b"dontneed" | b"free" => {
+                c.tunables.report = true;
+                c.tunables.report_mode = if v == b"free" { ReportMode::Free } else { ReportMode::DontNeed };
+            }
+            _ => unparsed(warn, var, v, "one of dontneed, free, off", &report_name(&d)),
+        }
+    }
+    if let Some(v) = get(c"FALLOW_REPORT_DELAY_MS") {
+        let var = "FALLOW_REPORT_DELAY_MS";
+        let max = MAX_REPORT_DELAY_MS;
+        match parse_size(v).filter(|_| v.iter().all(u8::is_ascii_digit)) {
+            Some(n) if n > max as usize => {
+                c.tunables.report_delay_ms = max;
+                adjusted(warn, var, v, format_args!("is above one hour ({max} ms)"), max as usize);
+            }
+            Some(n) => c.tunables.report_delay_ms = n as u32,
+            None => unparsed(warn, var, v, "a number of milliseconds", &d.tunables.report_delay_ms),
+        }
+    }
+    if let Some(v) = get(c"FALLOW_ZEROING") {
+        match v {
+            b"idle" => c.tunables.zeroing = true,
+            b"off" => c.tunables.zeroing = false,
+            _ => {
+                let default = if d.tunables.zeroing { "idle" } else { "off" };
+                unparsed(warn, "FALLOW_ZEROING", v, "one of idle, off", &default);
+            }
+        }
+    }
+    if let Some(v) = get(c"FALLOW_THP") {
+        if v != b"0" && v != b"1" {
+            unparsed(warn, "FALLOW_THP", v, "0 or 1", &(d.thp as u8));
+        }
+    }
+    c.thp = thp;
+    c.max_order = if thp { d.max_order.max(9) } else { d.max_order };
+    if let Some(v) = get(c"FALLOW_ARENA_SIZE") {
+        let var = "FALLOW_ARENA_SIZE";
+        let max = MAX_ARENA_SIZE.max(block);
+        match parse_size(v) {
+            Some(n) if n != 0 && n < block => {
+                c.arena_size = block;
+                adjusted(warn, var, v, format_args!("is below the largest block ({block} bytes)"), c.arena_size);
+            }
+            Some(n) if n > max => {
+                c.arena_size = max;
+                adjusted(warn, var, v, format_args!("is above 1 TiB ({MAX_ARENA_SIZE} bytes)"), c.arena_size);
+            }
+            Some(n) if n % block != 0 => {
+                // The core reserves whole largest blocks: say what it will reserve.
+                c.arena_size = n.div_ceil(block) * block;
+                let why = format_args!("is not a multiple of the largest block ({block} bytes)");
+                adjusted(warn, var, v, why, c.arena_size);
+            }
+            Some(n) => c.arena_size = n,
+            None => {
+                let default = ArenaSize(d.arena_size);
+                unparsed(warn, var, v, "a size in bytes (suffix k, m or g allowed)", &default)
+            }
+        }
+    }
+    if let Some(v) = get(c"FALLOW_STATS") {
+        match v {
+            b"0" | b"" => s.stats = false,
+            b"1" => s.stats = true,
+            _ => unparsed(warn, "FALLOW_STATS", v, "0 or 1", &0),
+        }
+    }
+    s
+}
+
+/// Decimal bytes with an optional binary suffix (`k`, `m`, `g`, either case).
+fn parse_size(v: &[u8]) -> Option<usize> {
+    let (digits, shift) = match v.last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: usize = 0;
+    for &c in digits {
+        n = n.checked_mul(10)?.checked_add((c - b'0') as usize)?;
+    }
+    n.checked_mul(1usize << shift).filter(|&x| x >> shift == n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Tunables;
+
+    fn run_over(base: Config, vars: &[(&str, &str)]) -> (EnvSettings, Vec<String>) {
+        let mut warnings = Vec::new();
+        let s = parse(
+            base,
+            |name| vars.iter().find(|(k, _)| k.as_bytes() == name.to_bytes()).map(|(_, v)| v.as_bytes()),
+            &mut |m| warnings.push(String::from_utf8(m.to_vec()).unwrap()),
+        );
+        (s, warnings)
+    }
+
+    fn run(vars: &[(&str, &str)]) -> (EnvSettings, Vec<String>) {
+        run_over(Config::default(), vars)
+    }
+
+    fn defaults() -> EnvSettings {
+        EnvSettings { threshold: DEFAULT_THRESHOLD, stats: false, config: Config::default() }
+    }
+
+    #[test]
+    fn good_values() {
+        let (s, w) = run(&[
+            ("FALLOW_THRESHOLD", "1m"),
+            ("FALLOW_REPORT", "free"),
+            ("FALLOW_REPORT_DELAY_MS", "500"),
+            ("FALLOW_ZEROING", "off"),
+            ("FALLOW_THP", "1"),
+            ("FALLOW_STATS", "1"),
+            ("FALLOW_ARENA_SIZE", "2G"),
+        ]);
+        assert!(w.is_empty(), "{w:?}");
+        let tunables =
+            Tunables { report_mode: ReportMode::Free, report_delay_ms: 500, zeroing: false, ..Tunables::default() };
+        let config = Config { thp: true, arena_size: 2 << 30, tunables, ..Config::default() };
+        assert_eq!(s, EnvSettings { threshold: 1 << 20, stats: true, config });
+        s.config.validate().unwrap();
+
+        let (s, w) = run(&[("FALLOW_REPORT", "off"), ("FALLOW_ZEROING", "idle"), ("FALLOW_THP", "0")]);
+        assert!(w.is_empty(), "{w:?}");
+        assert!(!s.config.tunables.report && s.config.tunables.zeroing && !s.config.thp);
+        assert_eq!(run(&[("FALLOW_REPORT", "dontneed")]).0.config.tunables.report_mode, ReportMode::DontNeed);
+    }
+
+    #[test]
+    fn bad_values_warn_once_each_and_keep_defaults() {
+        let (s, w) = run(&[
+            ("FALLOW_THRESHOLD", "lots"),
+            ("FALLOW_REPORT", "sometimes"),
+            ("FALLOW_REPORT_DELAY_MS", "5k"),
+            ("FALLOW_ZEROING", "busy"),
+            ("FALLOW_THP", "yes"),
+            ("FALLOW_STATS", "2"),
+            ("FALLOW_ARENA_SIZE", "-1"),
+        ]);
+        assert_eq!(s, defaults());
+        assert_eq!(w.len(), 7, "{w:?}");
+        assert!(w[0].contains("FALLOW_THRESHOLD=\"lots\"") && w[0].contains("default 262144"), "{}", w[0]);
+        assert!(w[1].contains("FALLOW_REPORT") && w[1].contains("default dontneed"));
+        assert!(w[2].contains("FALLOW_REPORT_DELAY_MS") && w[2].contains("default 2000"));
+        assert!(w[3].contains("FALLOW_ZEROING") && w[3].contains("default idle"));
+        assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 0"));
+        assert!(w[5].contains("FALLOW_ARENA_SIZE") && w[5].contains("default 0 (the machine's RAM)"), "{}", w[5]);
+        assert!(w[6].contains("FALLOW_STATS"));
+        let (_, w) = run(&[("FALLOW_THRESHOLD", "99999999999999999999g")]);
+        assert_eq!(w.len(), 1);
+    }
+
+    #[test]
+    fn out_of_range_values_warn_once_each_naming_the_value_used() {
+        let gib = 1usize << 30;
+        let (s, w) = run(&[
+            ("FALLOW_THRESHOLD", "100"),
+            ("FALLOW_REPORT_DELAY_MS", "3600001"),
+            ("FALLOW_ARENA_SIZE", "100m"),
+        ]);
+        assert_eq!((s.threshold, s.config.tunables.report_delay_ms, s.config.arena_size), (4096, 3_600_000, gib));
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("FALLOW_THRESHOLD=\"100\" is below one page") && w[0].ends_with("; using 4096\n"), "{}", w[0]);
+        assert!(w[1].contains("FALLOW_REPORT_DELAY_MS=\"3600001\"") && w[1].ends_with("; using 3600000\n"), "{}", w[1]);
+        assert!(
+            w[2].contains("FALLOW_ARENA_SIZE=\"100m\" is below the largest block") && w[2].ends_with("; using 1073741824\n"),
+            "{}",
+            w[2]
+        );
+
+        let (s, w) = run(&[("FALLOW_THRESHOLD", "2g"), ("FALLOW_ARENA_SIZE", "2T")]);
+        // "2T" has no known suffix: not a size, the default applies.
+        assert_eq!((s.threshold, s.config.arena_size), (gib, 0));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].contains("FALLOW_THRESHOLD=\"2g\" is above the largest block") && w[0].ends_with("; using 1073741824\n"),
+            "{}",
+            w[0]
+        );
+        assert!(w[1].contains("FALLOW_ARENA_SIZE=\"2T\"") && w[1].contains("using the default 0"), "{}", w[1]);
+
+        let (s, w) = run(&[("FALLOW_ARENA_SIZE", "2000g"), ("FALLOW_THRESHOLD", "1k")]);
+        assert_eq!((s.config.arena_size, s.threshold), (1 << 40, 4096));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("FALLOW_THRESHOLD=\"1k\"") && w[0].ends_with("; using 4096\n"), "{}", w[0]);
+        assert!(
+            w[1].contains("FALLOW_ARENA_SIZE=\"2000g\" is above 1 TiB") && w[1].ends_with("; using 1099511627776\n"),
+            "{}",
+            w[1]
+        );
+
+        let (s, w) = run(&[("FALLOW_ARENA_SIZE", "1536m")]);
+        assert_eq!(s.config.arena_size, 2 * gib);
+        assert!(w.len() == 1 && w[0].contains("not a multiple") && w[0].ends_with("; using 2147483648\n"), "{w:?}");
+
+        // The bounds themselves are in range, and 0 means the machine's RAM.
+        let (s, w) = run(&[
+            ("FALLOW_THRESHOLD", "4096"),
+            ("FALLOW_REPORT_DELAY_MS", "3600000"),
+            ("FALLOW_ARENA_SIZE", "1024g"),
+        ]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!((s.threshold, s.config.tunables.report_delay_ms, s.config.arena_size), (4096, 3_600_000, 1 << 40));
+        let (s, w) = run(&[("FALLOW_THRESHOLD", "1g"), ("FALLOW_ARENA_SIZE", "0"), ("FALLOW_REPORT_DELAY_MS", "0")]);
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!((s.threshold, s.config.arena_size, s.config.tunables.report_delay_ms), (gib, 0, 0));
+    }
+
+    #[test]
+    fn ranges_and_defaults_are_the_given_configuration_s() {
+        // 16 MiB blocks: the ranges follow the configuration's largest block.
+        let base = Config { max_order: 12, arena_size: 64 << 20, ..Config::default() };
+        let (s, w) = run_over(base.clone(), &[("FALLOW_ARENA_SIZE", "20m"), ("FALLOW_THRESHOLD", "32m")]);
+        assert_eq!((s.config.arena_size, s.threshold), (32 << 20, 16 << 20));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("FALLOW_THRESHOLD=\"32m\"") && w[0].ends_with("; using 16777216\n"), "{}", w[0]);
+        assert!(w[1].contains("not a multiple of the largest block (16777216") && w[1].ends_with("; using 33554432\n"));
+        let (s, w) = run_over(base.clone(), &[("FALLOW_ARENA_SIZE", "big")]);
+        assert_eq!(s.config, base);
+        assert!(w.len() == 1 && w[0].ends_with("using the default 67108864\n"), "{w:?}");
+
+        // FALLOW_THP=1 over 1 MiB blocks: 2 MiB blocks, which the ranges then use.
+        let base = Config { max_order: 8, ..Config::default() };
+        let (s, w) = run_over(base, &[("FALLOW_THP", "1"), ("FALLOW_ARENA_SIZE", "3m")]);
+        assert!(s.config.thp && s.config.max_order == 9 && s.config.arena_size == 4 << 20, "{:?}", s.config);
+        assert!(w.len() == 1 && w[0].ends_with("; using 4194304\n"), "{w:?}");
+        s.config.validate().unwrap();
+
+        // The memfd backing: dontneed and free would free nothing; the default (punch) stays.
+        let base = Config { backing: Backing::Memfd, tunables: Tunables::off(), ..Config::default() };
+        let (s, w) = run_over(base.clone(), &[("FALLOW_REPORT", "free"), ("FALLOW_ZEROING", "on")]);
+        assert_eq!(s.config, base);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("FALLOW_REPORT=\"free\" does not free memfd pages; using the default off"), "{}", w[0]);
+        assert!(w[1].contains("FALLOW_ZEROING=\"on\"") && w[1].contains("the default off"), "{}", w[1]);
+        let (s, w) = run_over(base, &[("FALLOW_REPORT", "dontneed")]);
+        assert!(w.len() == 1 && !s.config.tunables.report, "{w:?}");
+        s.config.validate().unwrap();
+    }
+}
