@@ -147,7 +147,11 @@ impl Worker {
 
     /// `nap`, telling whether it ended by a kick (tunables changed, stop) rather than the time.
     pub fn nap_unless_kicked(&self, ns: u64) -> bool {
-        if self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok() {
+        // A stop whose kick an earlier nap consumed: as in `idle`, the flag is read after
+        // announcing `NAPPING`, so either it is seen here or the kick finds `NAPPING` and wakes
+        // us. (Without it a worker could nap through a stop for the whole of a long nap.)
+        let announced = self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok();
+        if announced && !self.stopping() {
             futex_wait(&self.word, NAPPING, Some(ns));
         }
         // One swap: a kick that lands after the wait is seen here, never overwritten.

@@ -93,6 +93,28 @@ fn a_stop_is_never_lost_by_a_nap_then_idle() {
     });
 }
 
+/// `request_stop` racing a worker that naps twice without looking at the flag in between
+/// (`zero::run`: `IdleGate::wait` naps while no CPU is idle and a kick ends it; the step then
+/// finds only blocks freed too recently and naps until the oldest is old enough, which may be
+/// minutes): the second nap must not sleep through a stop whose kick the first consumed, because
+/// a nap reads the flag after announcing `NAPPING`. A lost stop is a deadlock (`stop_and_join`
+/// would wait for the whole nap).
+#[test]
+fn a_stop_is_never_lost_by_a_nap_then_a_nap() {
+    model(|| {
+        let w = started_worker();
+        let w2 = w.clone();
+        let worker = thread::spawn(move || {
+            while !w2.stopping() {
+                w2.nap_unless_kicked(NAP_NS);
+                w2.nap(NAP_NS);
+            }
+        });
+        w.request_stop();
+        worker.join().unwrap();
+    });
+}
+
 /// A kick racing with a nap (tunables changed, `IdleGate::wait`) is reported by that nap or,
 /// if it landed after the nap's swap, by the next one, which then does not sleep. The nap's
 /// timeout is a third thread: a futex wake that no kick caused, at any moment (the futex model
