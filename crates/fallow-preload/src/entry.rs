@@ -145,7 +145,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     if let Some(a) = owner(p as *const u8) {
         // SAFETY: `p` lies in `a`'s reservation and is, by the caller's contract, a block `a`
         // handed out, unused by anyone else during the call; `size > 0`.
-        return unsafe { remap::realloc_owned(a, p as *mut u8, size) } as *mut c_void;
+        return unsafe { remap::realloc_owned(a, p as *mut u8, size, process::threshold()) } as *mut c_void;
     }
     // A glibc block: stays with glibc unless it grows past the threshold.
     if let Some(a) = for_request(size, MIN_ALIGN) {

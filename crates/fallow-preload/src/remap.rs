@@ -24,7 +24,6 @@ use fallow::binding_support::fatal;
 use fallow::{Allocator, Flags};
 
 use crate::libc_heap::__libc_malloc;
-use crate::process;
 
 /// Blocks smaller than this are copied: copying 1 MiB costs about as much as the system calls
 /// and mapping split a move costs.
@@ -35,14 +34,15 @@ pub static MOVES: AtomicU64 = AtomicU64::new(0);
 pub static COPIES: AtomicU64 = AtomicU64::new(0);
 static MOVE_REFUSED: AtomicBool = AtomicBool::new(false);
 
-/// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`.
+/// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`. A `size` below
+/// `threshold` (the preload's, `process::threshold`) leaves fallow for glibc.
 ///
 /// # Safety
 /// realloc(3)'s contract: `p` is a block `a` handed out and nobody uses it during the call (a
 /// pointer that is not a live block's start is reported and aborts; its bytes are copied only
 /// once `a` has vouched for it); after the call only the block returned is the caller's.
-pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
-    let stays = size >= process::threshold() && size <= a.max_block();
+pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: usize) -> *mut u8 {
+    let stays = size >= threshold && size <= a.max_block();
     if stays {
         match a.resize_in_place(p, size) {
             Ok(true) => return p,
