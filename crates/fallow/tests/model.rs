@@ -225,8 +225,13 @@ fn tunables(which: usize) -> Tunables {
 const THREADS: usize = 3;
 /// How long a case repeats its operations for the zeroing worker to run beside them.
 const ZEROING_WAIT: Duration = Duration::from_secs(2);
+/// How long a case repeats its operations at most for the workers to run beside them (a
+/// liveness bound; 24 cases, so a machine that never leaves a CPU idle costs 8 minutes).
+const WORKERS_WAIT: Duration = Duration::from_secs(20);
 /// Cases in which the zeroing worker zeroed something.
 static ZEROING_CASES: AtomicU64 = AtomicU64::new(0);
+/// Cases in which the reporting worker reported a batch.
+static REPORTING_CASES: AtomicU64 = AtomicU64::new(0);
 /// Operations between two checkpoints.
 const CHECK: usize = 8;
 /// Live blocks a thread keeps at most (an allocation past it frees one first).
@@ -426,12 +431,11 @@ fn run_threads(ops: &[Vec<MtOp>]) -> Result<(), String> {
                 sc.spawn(move || {
                     let mut live: Vec<Live> = Vec::new();
                     let mut fill = 0u8;
-                    // The same operations again until the reporter has worked beside them (a
-                    // liveness bound of 180 s; its idle-CPU wait is bounded), and the zeroing
-                    // worker too or `ZEROING_WAIT` has passed (its wait for an idle CPU is not
-                    // bounded: on a busy machine it may not run in every case, and
-                    // `model_threads` asks it to have run in one case at least). Each pass ends
-                    // at a checkpoint.
+                    // The same operations again until the reporter has worked beside them, and
+                    // the zeroing worker too or `ZEROING_WAIT` has passed, for at most
+                    // `WORKERS_WAIT` (the workers step only on an idle CPU: on a busy machine they
+                    // may not run in every case, and `model_threads` asks each to have run in
+                    // one case at least). Each pass ends at a checkpoint.
                     loop {
                         for chunk in ops.chunks(CHECK) {
                             if !sh.failed.load(Ordering::SeqCst) {
@@ -450,7 +454,7 @@ fn run_threads(ops: &[Vec<MtOp>]) -> Result<(), String> {
                                 let s = sh.a.stats();
                                 let zeroed = s.zeroed_background_bytes > 0 || t0.elapsed() > ZEROING_WAIT;
                                 let done = s.report_batches > 0 && zeroed;
-                                sh.again.store(!done && t0.elapsed() < Duration::from_secs(180), Ordering::SeqCst);
+                                sh.again.store(!done && t0.elapsed() < WORKERS_WAIT, Ordering::SeqCst);
                             }
                             barrier.wait();
                         }
@@ -476,9 +480,12 @@ fn run_threads(ops: &[Vec<MtOp>]) -> Result<(), String> {
     if let Some(e) = sh.failure.lock().unwrap().take() {
         return Err(e);
     }
+    // Whether the workers ran is counted over the cases, not failed per case: on a machine kept
+    // busy by others they may not get an idle CPU within the `WORKERS_WAIT` a case waits, and a failed
+    // case would be shrunk, each try waiting as long again.
     let s = sh.a.stats();
-    if s.report_batches == 0 {
-        return Err(format!("the reporter never ran beside the threads in 180 s:\n{s}"));
+    if s.report_batches > 0 {
+        REPORTING_CASES.fetch_add(1, Ordering::Relaxed);
     }
     if s.zeroed_background_bytes > 0 {
         ZEROING_CASES.fetch_add(1, Ordering::Relaxed);
@@ -520,5 +527,6 @@ fn run_model_threads() {
 #[test]
 fn model_threads() {
     run_model_threads();
+    assert!(REPORTING_CASES.load(Ordering::Relaxed) > 0, "the reporter reported nothing beside the threads in any case");
     assert!(ZEROING_CASES.load(Ordering::Relaxed) > 0, "the zeroing worker zeroed nothing beside the threads in any case");
 }
