@@ -39,7 +39,7 @@ pub use crate::message::fatal;
 /// (`fallow_create_from_env`): the same names, ranges and warnings (`env.rs`).
 pub mod env {
     pub use crate::env::{
-        from_environment, parse, EnvSettings, DEFAULT_THRESHOLD, MAX_ARENA_SIZE, MAX_REPORT_DELAY_MS, MIN_THRESHOLD,
+        from_environment, parse, EnvSettings, DEFAULT_THRESHOLD, MAX_ARENA_SIZE, MIN_THRESHOLD,
     };
 }
 

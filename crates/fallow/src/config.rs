@@ -12,6 +12,9 @@ pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
 /// Largest order a per-thread cache may serve (2 MiB blocks): a mixed cached block's counts are
 /// `u16`s (cache/).
 pub const CACHE_ORDER_LIMIT: u8 = 9;
+/// Longest `report_delay_ms` and `zero_delay_ms` (one hour; also the longest
+/// `FALLOW_REPORT_DELAY_MS`).
+pub const MAX_DELAY_MS: u32 = 3_600_000;
 
 /// What backs an arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +193,7 @@ impl Tunables {
         if cfg.thp && self.report_order < 9 {
             return bad("report_order", "must be between 9 (2 MiB) and max_order when thp is on");
         }
-        if self.report_delay_ms > 3_600_000 {
+        if self.report_delay_ms > MAX_DELAY_MS {
             return bad("report_delay", "must be between 0 and 3600 s");
         }
         if self.report_batch == 0 || self.report_batch > MAX_REPORT_BATCH {
@@ -208,7 +211,7 @@ impl Tunables {
         if self.zero_order > MAX_ORDER_LIMIT {
             return bad("zero_order", "must be between 0 and 30 (above max_order means max_order)");
         }
-        if self.zero_delay_ms > 3_600_000 {
+        if self.zero_delay_ms > MAX_DELAY_MS {
             return bad("zero_delay_ms", "must be between 0 and 3600 s");
         }
         if !self.zero_chunk.is_power_of_two() || self.zero_chunk < 4096 || self.zero_chunk > 1 << 30 {

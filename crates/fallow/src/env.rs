@@ -31,8 +31,6 @@ use crate::os;
 /// Default `FALLOW_THRESHOLD`: requests of at least 256 KiB go to fallow (the measurement is in
 /// docs/design.md, "C API and preload"); `FallowAlloc`'s default too.
 pub const DEFAULT_THRESHOLD: usize = 256 << 10;
-/// Longest `FALLOW_REPORT_DELAY_MS` (one hour), as `Tunables::report_delay_ms` accepts.
-pub const MAX_REPORT_DELAY_MS: u32 = 3_600_000;
 /// Largest `FALLOW_ARENA_SIZE`: 1 TiB per arena.
 pub const MAX_ARENA_SIZE: usize = 1 << 40;
 /// Smallest `FALLOW_THRESHOLD`: one page, fallow's unit.
@@ -157,7 +155,7 @@ pub fn parse<'a>(
     }
     if let Some(v) = get(c"FALLOW_REPORT_DELAY_MS") {
         let var = "FALLOW_REPORT_DELAY_MS";
-        let max = MAX_REPORT_DELAY_MS;
+        let max = crate::config::MAX_DELAY_MS;
         match parse_size(v).filter(|_| v.iter().all(u8::is_ascii_digit)) {
             Some(n) if n > max as usize => {
                 c.tunables.report_delay_ms = max;

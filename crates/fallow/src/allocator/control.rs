@@ -165,18 +165,12 @@ impl Allocator {
     #[doc(hidden)]
     pub fn free_runs_with(&self, mut f: impl FnMut(usize, usize, PageState)) {
         let h = cache::lock_owners_out(&self.shared).expect("free_runs: cannot keep other threads out of their caches");
-        let mut out = Vec::new();
         for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
             a.for_each_listed(|pfn, order| {
-                a.for_each_run(pfn, 1 << order, |p, n, s| {
-                    out.push((a.addr(p), (n as usize) << PAGE_SHIFT, s));
-                });
+                a.for_each_run(pfn, 1 << order, |p, n, s| f(a.addr(p), (n as usize) << PAGE_SHIFT, s))
             });
         }
-        cache::free_runs(&h, &mut out);
-        for (addr, len, state) in out {
-            f(addr, len, state);
-        }
+        cache::free_runs(&h, &mut f);
         drop(h);
     }
 }

@@ -60,7 +60,7 @@ impl Allocator {
 
     /// The largest block, in bytes.
     pub fn max_block(&self) -> usize {
-        PAGE_SIZE << self.shared.config.max_order
+        self.shared.max_block()
     }
 
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).

@@ -238,14 +238,14 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
     Ok(())
 }
 
-/// Add the runs of every cached block to `out` (for `Allocator::free_runs`; other threads' entries
-/// are read, which `FrozenHeap` keeps them out of).
-pub(crate) fn free_runs(h: &FrozenHeap<'_>, out: &mut Vec<(usize, usize, PageState)>) {
+/// Give `f` the runs `(address, bytes, state)` of every cached block (for `Allocator::free_runs`;
+/// other threads' entries are read, which `FrozenHeap` keeps them out of).
+pub(crate) fn free_runs(h: &FrozenHeap<'_>, f: &mut impl FnMut(usize, usize, PageState)) {
     for c in h.caches() {
         c.for_each_entry(|o, e, _| {
             if let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) {
                 ar.for_each_run(ar.pfn(e.addr()), 1 << o, |p, n, s| {
-                    out.push((ar.addr(p), (n as usize) << PAGE_SHIFT, s));
+                    f(ar.addr(p), (n as usize) << PAGE_SHIFT, s);
                 });
             }
         });

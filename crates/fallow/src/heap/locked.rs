@@ -24,7 +24,7 @@ impl Shared {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
-        let max = PAGE_SIZE << self.config.max_order;
+        let max = self.max_block();
         if !align.is_power_of_two() || align > max {
             return Err(Error::BadAlignment { align, max });
         }

@@ -137,6 +137,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The largest block, in bytes.
+    pub(crate) fn max_block(&self) -> usize {
+        PAGE_SIZE << self.config.max_order
+    }
+
     /// Milliseconds since the allocator began (the clock of `BlockMeta::freed_at_ms`).
     pub(crate) fn now_ms(&self) -> u32 {
         ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
