@@ -75,17 +75,24 @@ fn a_free_that_makes_work_never_misses_an_idle_worker() {
 /// deadlock.
 #[test]
 fn a_stop_is_never_lost_by_a_nap_then_idle() {
-    model(|| {
+    stop_races(|w| {
+        // IdleGate::wait, one nap (it stops napping at a kick).
+        if !w.stopping() {
+            w.nap_unless_kicked(NAP_NS);
+        }
+        // report_one_batch: nothing to report; caches_step: nothing to drain.
+        w.idle(Worker::IDLE_MAX_NS, || false);
+    });
+}
+
+/// `request_stop` from this thread racing a worker that runs `step` until it sees the flag.
+fn stop_races(step: fn(&Worker)) {
+    model(move || {
         let w = started_worker();
         let w2 = w.clone();
         let worker = thread::spawn(move || {
             while !w2.stopping() {
-                // IdleGate::wait, one nap (it stops napping at a kick).
-                if !w2.stopping() {
-                    w2.nap_unless_kicked(NAP_NS);
-                }
-                // report_one_batch: nothing to report; caches_step: nothing to drain.
-                w2.idle(Worker::IDLE_MAX_NS, || false);
+                step(&w2);
             }
         });
         w.request_stop();
@@ -101,17 +108,9 @@ fn a_stop_is_never_lost_by_a_nap_then_idle() {
 /// would wait for the whole nap).
 #[test]
 fn a_stop_is_never_lost_by_a_nap_then_a_nap() {
-    model(|| {
-        let w = started_worker();
-        let w2 = w.clone();
-        let worker = thread::spawn(move || {
-            while !w2.stopping() {
-                w2.nap_unless_kicked(NAP_NS);
-                w2.nap(NAP_NS);
-            }
-        });
-        w.request_stop();
-        worker.join().unwrap();
+    stop_races(|w| {
+        w.nap_unless_kicked(NAP_NS);
+        w.nap(NAP_NS);
     });
 }
 
