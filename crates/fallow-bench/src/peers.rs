@@ -163,6 +163,10 @@ enum Imp {
     Fallow(Allocator),
 }
 
+/// A C library's `malloc` and `free` (`Peer::c_calls`).
+pub type CMalloc = unsafe extern "C" fn(usize) -> *mut libc::c_void;
+pub type CFree = unsafe extern "C" fn(*mut libc::c_void);
+
 pub const PAGE: usize = 4096;
 const HUGE: usize = 2 << 20;
 
@@ -193,6 +197,17 @@ impl Peer {
         match &self.imp {
             Imp::Fallow(a) => Some(a),
             _ => None,
+        }
+    }
+
+    /// The plain `malloc` and `free` of a malloc-like peer (glibc, jemalloc, mimalloc), for a loop
+    /// that calls them as a program does, without `alloc`'s dispatch; `None` for the others.
+    pub fn c_calls(&self) -> Option<(CMalloc, CFree)> {
+        match self.imp {
+            Imp::Glibc => Some((libc::malloc, libc::free)),
+            Imp::Jemalloc => Some((tikv_jemalloc_sys::malloc, tikv_jemalloc_sys::free)),
+            Imp::Mimalloc => Some((libmimalloc_sys::mi_malloc, libmimalloc_sys::mi_free)),
+            Imp::Mmap | Imp::Fallow(_) => None,
         }
     }
 

@@ -13,26 +13,56 @@ use serde_json::json;
 
 use super::{make_peers, round_order, row, Chart, Experiment, Options, Outcome};
 use crate::measure::{fmt_size, median, num, summary, timed, Progress, Sample};
-use crate::peers::{Peer, Setup};
+use crate::peers::{Peer, Setup, PAGE};
+use fallow::Flags;
 
 const TIME_CAP: Duration = Duration::from_millis(250);
 
 /// Up to `count` pairs, stopping at `deadline`; the pairs done, or None if an allocation failed.
+/// Each peer is called as a program calls it: the C libraries' `malloc` and `free` directly, and
+/// fallow's `alloc` and `free` inlined into the loop (as a Rust program gets them), each loop
+/// compiled for its peer, so that no peer pays for another's dispatch or registers.
 fn pairs(p: &Peer, size: usize, count: usize, deadline: Instant) -> Option<usize> {
+    if let Some(a) = p.fallow() {
+        let alloc = |n| a.alloc(n, PAGE, Flags::NONE).map_or(core::ptr::null_mut(), |b| b.as_ptr());
+        let free = |b: *mut u8| {
+            if let Err(e) = a.free(b) {
+                free_failed(p, e)
+            }
+        };
+        return pairs_with(size, count, deadline, alloc, free);
+    }
+    if let Some((malloc, free)) = p.c_calls() {
+        // SAFETY: `malloc` takes any size; `free` gets only blocks `malloc` returned, once each
+        // (`pairs_with`).
+        return pairs_with(size, count, deadline, |n| unsafe { malloc(n) } as *mut u8, |b| unsafe { free(b as _) });
+    }
+    // SAFETY: `free` gets only blocks of `size` bytes that `p.alloc` returned, once each.
+    pairs_with(size, count, deadline, |n| p.alloc(n, false, false), |b| unsafe { p.free(b, size) })
+}
+
+#[cold]
+#[inline(never)]
+fn free_failed(p: &Peer, e: fallow::Error) -> ! {
+    eprintln!("fallow: {}: free failed: {e}", p.name());
+    std::process::exit(1);
+}
+
+/// The loop of `pairs`: `free` is called once on each non-null block `alloc` returned.
+#[inline(always)]
+fn pairs_with(size: usize, count: usize, deadline: Instant, alloc: impl Fn(usize) -> *mut u8, free: impl Fn(*mut u8)) -> Option<usize> {
     for i in 0..count {
         if i % 64 == 63 && Instant::now() >= deadline {
             return Some(i);
         }
-        let b = p.alloc(size, false, false);
+        let b = alloc(size);
         if b.is_null() {
             return None;
         }
-        // SAFETY: `b` is the peer's live block of `size >= 1` bytes (not null: checked above), this
-        // thread's alone, freed once after the write.
-        unsafe {
-            core::ptr::write_volatile(b, i as u8);
-            p.free(b, size);
-        }
+        // SAFETY: `b` is the peer's live block of `size >= 1` bytes (not null: checked above),
+        // this thread's alone, freed once after the write.
+        unsafe { core::ptr::write_volatile(b, i as u8) };
+        free(b);
     }
     Some(count)
 }
