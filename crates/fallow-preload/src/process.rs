@@ -155,8 +155,9 @@ fn create() -> Option<Allocator> {
     }
 }
 
-/// The creating thread's last step, before any other thread sees the allocator: the largest
-/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard.
+/// The creating thread's last step: before any other thread sees the allocator, the largest
+/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard; then
+/// `fallow run`'s record if it asked for one (`run_record`).
 #[cold]
 fn publish(a: &Allocator, ready: &dyn Fn()) {
     MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
@@ -171,6 +172,8 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     ready();
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
+    // Under `fallow run` only: its record (a sampler thread and a final record at exit).
+    crate::run_record::start();
 }
 
 /// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread
