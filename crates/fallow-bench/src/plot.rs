@@ -54,7 +54,8 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
         SegmentValue::CenterOf(i) => labels.get((n - 1 - *i) as usize).cloned().unwrap_or_default(),
         _ => String::new(),
     };
-    let tick = |x: &f64| if log { format_value(10f64.powf(*x)) } else { format_value(*x) };
+    let linear = tick_format(hi - lo);
+    let tick = |x: &f64| if log { format_value(10f64.powf(*x)) } else { linear(x) };
     ctx.configure_mesh()
         .disable_y_mesh()
         .y_labels(bars.len().max(1))
@@ -87,6 +88,21 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Axis ticks with one number of decimals for the whole axis, chosen from its span (`0`, `20`, `40`
+/// rather than `0.00`, `20.0`, `40.0`).
+pub fn tick_format(span: f64) -> impl Fn(&f64) -> String {
+    let decimals = if span >= 20.0 {
+        0
+    } else if span >= 2.0 {
+        1
+    } else if span > 0.0 {
+        (2.0 - span.log10().floor()).clamp(2.0, 6.0) as usize
+    } else {
+        0
+    };
+    move |v: &f64| format!("{v:.decimals$}")
+}
+
 pub fn format_value(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -99,4 +115,68 @@ pub fn format_value(v: f64) -> String {
         let decimals = (-v.log10()).ceil() as usize + 1;
         format!("{v:.decimals$}")
     }
+}
+
+/// Draw `series` (name, points) as lines over a shared x axis into the PNG file `path`, with a
+/// legend naming each line (`fallow run --timeline`).
+pub fn draw_lines(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    path: &Path,
+) -> Result<(), String> {
+    register_font();
+    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x_max, mut y_max) = (0.0f64, 0.0f64);
+    for &(x, y) in pts {
+        x_max = x_max.max(x);
+        y_max = y_max.max(y);
+    }
+    let x_max = if x_max > 0.0 { x_max * 1.02 } else { 1.0 };
+    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+    let mut ctx = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| err(&e))?;
+    ctx.configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_labels(10)
+        .y_labels(8)
+        .x_label_formatter(&tick_format(x_max))
+        .y_label_formatter(&tick_format(y_max))
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let colors = [
+        RGBColor(40, 40, 40),
+        RGBColor(200, 120, 50),
+        RGBColor(190, 60, 60),
+        RGBColor(60, 150, 80),
+        RGBColor(140, 100, 180),
+        RGBColor(70, 110, 170),
+    ];
+    for (i, (name, p)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        ctx.draw_series(LineSeries::new(p.iter().copied(), c.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    ctx.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
 }
