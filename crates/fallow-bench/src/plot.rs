@@ -1,4 +1,5 @@
-//! PNG bar charts of an experiment's main figure, one bar per peer. Text is drawn with a font
+//! PNG bar charts of an experiment's main figure, one bar per peer, and line charts over time
+//! (`fallow run --timeline`), each with a legend. Text is drawn with a font
 //! compiled into the binary (Ubuntu Light, from the `epaint_default_fonts` crate) so that a
 //! machine without system fonts draws the same charts.
 
@@ -24,10 +25,12 @@ fn register_font() {
 pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     register_font();
     let bars: Vec<&(String, f64)> = chart.bars.iter().filter(|(_, v)| v.is_finite() && *v >= 0.0).collect();
-    let height = 120 + 34 * bars.len().max(1) as u32;
-    let root = BitMapBackend::new(path, (900, height)).into_drawing_area();
+    let height = 150 + 34 * bars.len().max(1) as u32;
+    let whole = BitMapBackend::new(path, (900, height)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
+    whole.fill(&WHITE).map_err(|e| err(&e))?;
+    // The legend in a strip of its own under the chart, where no bar can hide it.
+    let (root, legend) = whole.split_vertically(height - 30);
     let max = bars.iter().map(|(_, v)| *v).fold(0.0f64, f64::max);
     let min_pos = bars.iter().map(|(_, v)| *v).filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
     let log = max > 0.0 && min_pos.is_finite() && max / min_pos > 100.0;
@@ -84,7 +87,13 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
         Text::new(format!(" {}", format_value(*v)), (x_of(*v), SegmentValue::CenterOf(y)), style.clone())
     }))
     .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+    let key = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, (color, what)) in [(fallow_color, "fallow (and its variants)"), (peer_color, "other allocators")].iter().enumerate() {
+        let x = 20 + 260 * i as i32;
+        legend.draw(&Rectangle::new([(x, 8), (x + 18, 22)], color.filled())).map_err(|e| err(&e))?;
+        legend.draw(&Text::new(*what, (x + 26, 15), key.clone())).map_err(|e| err(&e))?;
+    }
+    whole.present().map_err(|e| err(&e))?;
     Ok(())
 }
 
