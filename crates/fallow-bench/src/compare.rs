@@ -47,8 +47,13 @@ fn package(peer: &str) -> &'static str {
     }
 }
 
-/// Each peer with the library to preload (`None`: glibc, nothing), and the missing ones with why.
-pub fn peers(preload: Option<&Path>) -> (Vec<(&'static str, Option<PathBuf>)>, Vec<(&'static str, String)>) {
+/// A peer and the library to preload for it (`None`: glibc, nothing).
+type Found = (&'static str, Option<PathBuf>);
+/// A peer that cannot run, and why.
+type Missing = (&'static str, String);
+
+/// Each peer with the library to preload, and the missing ones with why.
+pub fn peers(preload: Option<&Path>) -> (Vec<Found>, Vec<Missing>) {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for p in PEERS {
