@@ -170,8 +170,8 @@ pub fn totals(records: &[Record], pid: u32) -> Totals {
     let mut fields = BTreeMap::new();
     for r in last.values() {
         for (k, v) in &r.fields {
-            // The threshold is a setting, the same in every process: not summed.
-            if k == "threshold" {
+            // Settings, the same in every process: not summed.
+            if k == "threshold" || k == "max_block" {
                 fields.insert(k.clone(), *v);
             } else {
                 *fields.entry(k.clone()).or_insert(0) += v;
@@ -223,22 +223,37 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
             "  fallow served nothing: no request reached the threshold ({})",
             human(settings_threshold() as f64)
         ));
+    } else if get("alloc_calls") == 0 {
+        lines.push(format!(
+            "  fallow served nothing: no request was between the threshold ({}) and fallow's largest block ({}); \
+             larger ones go to glibc",
+            human(get("threshold") as f64),
+            human(get("max_block") as f64)
+        ));
     } else {
         let procs = if t.processes == 1 { String::new() } else { format!(" in {} processes", t.processes) };
+        let n = get("alloc_calls");
         lines.push(format!(
-            "  fallow: {} large allocations served{procs} (requests of at least {}), {} live at the end",
-            get("alloc_calls"),
+            "  fallow: {n} large allocation{} served{procs} (requests of at least {}), {} live at the end",
+            if n == 1 { "" } else { "s" },
             human(get("threshold") as f64),
             human(get("in_use") as f64)
         ));
-        lines.push(format!(
-            "  zeroed requests: {} without a memset, of them {} fresh or given-back pages the kernel \
-             zero-fills at first touch and at least {} pre-zeroed in the background; {} memset at allocation",
-            human(get("zero_skipped") as f64),
-            human(get("zero_skipped").min(get("reused_reported")) as f64),
-            human(pre_zeroed as f64),
-            human(get("zeroed_on_alloc") as f64)
-        ));
+        if get("zero_skipped") + get("zeroed_on_alloc") == 0 {
+            lines.push("  zeroed requests (calloc): none".into());
+        } else {
+            lines.push(format!(
+                "  zeroed requests (calloc): {} without a memset, {} with a memset at allocation",
+                human(get("zero_skipped") as f64),
+                human(get("zeroed_on_alloc") as f64)
+            ));
+            lines.push(format!(
+                "    of those without: {} fresh or given-back pages (the kernel zero-fills them at first touch), \
+                 at least {} pre-zeroed in the background",
+                human(get("zero_skipped").min(get("reused_reported")) as f64),
+                human(pre_zeroed as f64)
+            ));
+        }
         if let (Some(ms), Some(rate)) = (saved_ms, memset_gib_s) {
             lines.push(format!(
                 "  memset time saved: about {} (the pre-zeroed bytes at {rate:.1} GiB/s, the memset rate \

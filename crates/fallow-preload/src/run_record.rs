@@ -154,9 +154,10 @@ fn write_record(kind: u8, a: &Allocator) {
     );
     let _ = write!(
         b,
-        " threshold={} alloc_calls={} free_calls={} zero_skipped={} zeroed_on_alloc={} reused_reported={} \
+        " threshold={} max_block={} alloc_calls={} free_calls={} zero_skipped={} zeroed_on_alloc={} reused_reported={} \
          reported={} report_calls={} zeroed_background={} zeroing_wasted={} cache_hits={}",
         threshold(),
+        a.max_block(),
         s.alloc_calls,
         s.free_calls,
         s.zero_skipped_bytes,
