@@ -140,6 +140,8 @@ check_one_line "at least 24MiB" bench density --size 8MiB --budget 1KiB
 check_one_line "cannot create the directory /proc/none" bench pin --json /proc/none/x.json
 check_one_line "--threshold: FALLOW_THRESHOLD=\"100\" is below one page" run --threshold 100 -- true
 check_one_line "does not exist" run --preload /nonexistent/libfallow_preload.so -- true
+check_one_line "cannot start /nonexistent/program" run -- /nonexistent/program
+[ "$rc" = 127 ] || { echo "test-bench: FAILED: a program not found gave $rc, not 127"; exit 1; }
 # Output into a missing directory: created, one `wrote PATH` line per file.
 "$BIN" bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc,fallow \
     --json "$OUT/new/a/pin.json" --plot "$OUT/new/b/pin.png" >"$OUT/wrote.txt"

@@ -114,8 +114,8 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
     let (found, missing) = peers(a.preload.as_deref());
     let runs = a.runs as usize;
     let mut results: Vec<Vec<Finished>> = vec![Vec::new(); found.len()];
-    let command: Vec<String> = a.command.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-    eprintln!("fallow compare: {} x{runs} under {} (output to /dev/null)", command.join(" "), {
+    let command = launch::display_command(&a.command);
+    eprintln!("fallow compare: {} x{runs} under {} (output to /dev/null)", command, {
         found.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", ")
     });
     for round in 0..runs {
@@ -130,14 +130,14 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
     let rows: Vec<Map<String, Value>> =
         found.iter().zip(&results).map(|((p, _), runs)| row(p, runs, glibc)).collect();
     let chart = Chart {
-        title: format!("fallow compare: {} (median wall time of {runs})", command.join(" ")),
+        title: format!("fallow compare: {} (median wall time of {runs})", crate::plot::shorten(&command, 70)),
         unit: "ms".into(),
         bars: rows
             .iter()
             .map(|r| (r["peer"].as_str().unwrap_or("?").to_string(), r["wall_ms"].as_f64().unwrap_or(f64::NAN)))
             .collect(),
     };
-    println!("fallow compare: {} (medians of {runs} runs each, interleaved)", command.join(" "));
+    println!("fallow compare: {} (medians of {runs} runs each, interleaved)", command);
     print!("{}", crate::report::table(&rows));
     println!(
         "x_glibc_wall: glibc's wall time over the allocator's (above 1 is faster); rss_x_glibc: peak RSS over \
@@ -159,7 +159,8 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
             })
             .collect();
         let record = json!({
-            "command": command,
+            "command": a.command.iter().map(|s| s.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+            "command_line": command,
             "runs": runs,
             "machine": crate::measure::machine(),
             "results": rows,

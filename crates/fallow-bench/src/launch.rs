@@ -175,7 +175,11 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
     }
     let start_ns = monotonic_ns();
     let t0 = Instant::now();
-    let child = cmd.spawn().map_err(|e| format!("cannot start {program}: {e}"))?;
+    let child = cmd.spawn().map_err(|e| {
+        let why = e.to_string();
+        let why = why.split(" (os error").next().unwrap_or(&why).to_string();
+        format!("cannot start {program}: {why}")
+    })?;
     let pid = child.id();
     // SAFETY: setting the disposition of two signals to "ignore" for this process; the previous
     // dispositions are put back below.
@@ -238,6 +242,51 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
     })
 }
 
+/// The status a shell exits with when it cannot start a program: 127 when it is not found, 126
+/// when it is found but cannot be executed.
+pub fn start_failure_status(program: &std::ffi::OsStr) -> u8 {
+    let p = Path::new(program);
+    let found = if p.components().count() > 1 {
+        p.exists()
+    } else {
+        std::env::var_os("PATH")
+            .map(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+            .unwrap_or(false)
+    };
+    if found {
+        126
+    } else {
+        127
+    }
+}
+
+/// A command line as a shell user would type it: plain words bare, others quoted (`'a b'`, and
+/// `$'...'` for one holding a newline), so that a summary's header stays on one line.
+pub fn display_command(args: &[OsString]) -> String {
+    let word = |a: &OsString| {
+        let a = a.to_string_lossy();
+        let plain = |c: char| c.is_ascii_alphanumeric() || "_./=:,+-@%".contains(c);
+        if !a.is_empty() && a.chars().all(plain) {
+            a.into_owned()
+        } else if a.contains('\n') || a.contains('\t') {
+            let inner: String = a
+                .chars()
+                .map(|c| match c {
+                    '\n' => "\\n".to_string(),
+                    '\t' => "\\t".to_string(),
+                    '\'' => "\\'".to_string(),
+                    '\\' => "\\\\".to_string(),
+                    c => c.to_string(),
+                })
+                .collect();
+            format!("$'{inner}'")
+        } else {
+            format!("'{}'", a.replace('\'', "'\\''"))
+        }
+    };
+    args.iter().map(word).collect::<Vec<_>>().join(" ")
+}
+
 /// Bytes as people read them: `1.5 GiB`, `640 KiB`, `12 B`.
 pub fn human(bytes: f64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -287,6 +336,8 @@ mod tests {
         assert_eq!(run(c, None, true).unwrap().ending, Ending::Signaled(libc::SIGTERM));
         assert!(run(Command::new("/nonexistent/program"), None, true).unwrap_err().contains("cannot start"));
         assert_eq!(human(1536.0), "1.5 KiB");
+        let cmd: Vec<OsString> = ["python3", "-c", "import x\nx.y('a')", "a b", "ok=1"].iter().map(OsString::from).collect();
+        assert_eq!(display_command(&cmd), "python3 -c $'import x\\nx.y(\\'a\\')' 'a b' ok=1");
         assert_eq!(human(3.0 * (1u64 << 30) as f64), "3.0 GiB");
     }
 }

@@ -97,6 +97,16 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// `text` cut to `max` characters, with an ellipsis when cut (a chart title must fit its width).
+pub fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
 /// Axis ticks with one number of decimals for the whole axis, chosen from its span (`0`, `20`, `40`
 /// rather than `0.00`, `20.0`, `40.0`).
 pub fn tick_format(span: f64) -> impl Fn(&f64) -> String {

@@ -372,14 +372,21 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
     for (k, v) in &vars {
         cmd.env(k, v);
     }
-    let f = launch::run(cmd, Some(SAMPLE_MS), false)?;
+    let f = match launch::run(cmd, Some(SAMPLE_MS), false) {
+        Ok(f) => f,
+        Err(e) => {
+            // As a shell: 127 for a program not found, 126 for one that cannot be executed.
+            eprintln!("fallow: error: {e}");
+            return Ok(launch::start_failure_status(&a.command[0]));
+        }
+    };
     let text = std::fs::read_to_string(&rec.0).unwrap_or_default();
     let records = parse_record(&text);
     let t = totals(&records, f.pid);
     let pre_zeroed = t.fields.get("zero_skipped").copied().unwrap_or(0).saturating_sub(t.fields.get("reused_reported").copied().unwrap_or(0));
     let rate = (pre_zeroed > 0).then(|| crate::measure::memset_gib_per_s(64 << 20, 5));
-    let command: Vec<String> = a.command.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-    let (lines, mut record) = summarize(&f, &t, rate, &command.join(" "));
+    let command = launch::display_command(&a.command);
+    let (lines, mut record) = summarize(&f, &t, rate, &command);
     for l in &lines {
         eprintln!("{l}");
     }
@@ -395,7 +402,7 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.timeline {
-        let title = format!("fallow run: {}", command.join(" "));
+        let title = format!("fallow run: {}", crate::plot::shorten(&command, 90));
         crate::plot::draw_lines(&title, "seconds from the start", "MiB", &series, path)?;
         eprintln!("wrote {}", path.display());
     }
