@@ -125,7 +125,9 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
         }
     }
     let glibc = results.first().map(|r| {
-        (median(&r.iter().map(|f| f.wall_ms).collect::<Vec<_>>()), median(&r.iter().map(|f| f.peak_rss as f64).collect::<Vec<_>>()))
+        let wall: Vec<f64> = r.iter().map(|f| f.wall_ms).collect();
+        let rss: Vec<f64> = r.iter().map(|f| f.peak_rss as f64).collect();
+        (median(&wall), median(&rss))
     });
     let rows: Vec<Map<String, Value>> =
         found.iter().zip(&results).map(|((p, _), runs)| row(p, runs, glibc)).collect();

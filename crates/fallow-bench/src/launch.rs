@@ -183,7 +183,8 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
     let pid = child.id();
     // SAFETY: setting the disposition of two signals to "ignore" for this process; the previous
     // dispositions are put back below.
-    let (old_int, old_quit) = unsafe { (libc::signal(libc::SIGINT, libc::SIG_IGN), libc::signal(libc::SIGQUIT, libc::SIG_IGN)) };
+    let (old_int, old_quit) =
+        unsafe { (libc::signal(libc::SIGINT, libc::SIG_IGN), libc::signal(libc::SIGQUIT, libc::SIG_IGN)) };
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = sample_ms.map(|ms| {
@@ -336,7 +337,8 @@ mod tests {
         assert_eq!(run(c, None, true).unwrap().ending, Ending::Signaled(libc::SIGTERM));
         assert!(run(Command::new("/nonexistent/program"), None, true).unwrap_err().contains("cannot start"));
         assert_eq!(human(1536.0), "1.5 KiB");
-        let cmd: Vec<OsString> = ["python3", "-c", "import x\nx.y('a')", "a b", "ok=1"].iter().map(OsString::from).collect();
+        let words = ["python3", "-c", "import x\nx.y('a')", "a b", "ok=1"];
+        let cmd: Vec<OsString> = words.iter().map(OsString::from).collect();
         assert_eq!(display_command(&cmd), "python3 -c $'import x\\nx.y(\\'a\\')' 'a b' ok=1");
         assert_eq!(human(3.0 * (1u64 << 30) as f64), "3.0 GiB");
     }

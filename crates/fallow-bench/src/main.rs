@@ -268,7 +268,8 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         if unused == ["--size"] {
             return Err("reuse takes --size (one largest request) or --sizes (a sweep), not both".into());
         }
-        return Err(format!("{} {what} to the {} experiment ('fallow bench --help' says which options apply where)", unused.join(", "), e.name()));
+        let (list, name) = (unused.join(", "), e.name());
+        return Err(format!("{list} {what} to the {name} experiment ('fallow bench --help' says which options apply where)"));
     }
     let peers = a.allocators.map(flatten).unwrap_or_else(|| e.default_peers());
     let mut o = options(e, peers);

@@ -88,7 +88,8 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     }))
     .map_err(|e| err(&e))?;
     let key = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
-    for (i, (color, what)) in [(fallow_color, "fallow (and its variants)"), (peer_color, "other allocators")].iter().enumerate() {
+    let keys = [(fallow_color, "fallow (and its variants)"), (peer_color, "other allocators")];
+    for (i, (color, what)) in keys.iter().enumerate() {
         let x = 20 + 260 * i as i32;
         legend.draw(&Rectangle::new([(x, 8), (x + 18, 22)], color.filled())).map_err(|e| err(&e))?;
         legend.draw(&Text::new(*what, (x + 26, 15), key.clone())).map_err(|e| err(&e))?;

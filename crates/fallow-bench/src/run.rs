@@ -91,7 +91,8 @@ pub fn settings(a: &RunArgs) -> Result<Vec<(&'static str, String)>, String> {
         vars.push(("FALLOW_REPORT_DELAY_MS", "--report-delay-ms", ms.to_string()));
     }
     if let Some(z) = a.zeroing {
-        vars.push(("FALLOW_ZEROING", "--zeroing", if matches!(z, Zeroing::Idle) { "idle" } else { "off" }.into()));
+        let v = if matches!(z, Zeroing::Idle) { "idle" } else { "off" };
+        vars.push(("FALLOW_ZEROING", "--zeroing", v.into()));
     }
     if a.thp {
         vars.push(("FALLOW_THP", "--thp", "1".into()));
@@ -139,7 +140,10 @@ pub fn parse_record(text: &str) -> Vec<Record> {
             };
             let pid = it.next()?.parse().ok()?;
             let t_ns = it.next()?.parse().ok()?;
-            let fields = it.filter_map(|kv| kv.split_once('=')).filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?))).collect();
+            let fields = it
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect();
             Some(Record { last, pid, t_ns, fields })
         })
         .collect()
@@ -225,8 +229,8 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
         ));
     } else if get("alloc_calls") == 0 {
         lines.push(format!(
-            "  fallow served nothing: no request was between the threshold ({}) and fallow's largest block ({}); \
-             larger ones go to glibc",
+            "  fallow served nothing: no request was between the threshold ({}) and fallow's largest \
+             block ({}); larger ones go to glibc",
             human(get("threshold") as f64),
             human(get("max_block") as f64)
         ));
@@ -248,8 +252,8 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
                 human(get("zeroed_on_alloc") as f64)
             ));
             lines.push(format!(
-                "    of those without: {} fresh or given-back pages (the kernel zero-fills them at first touch), \
-                 at least {} pre-zeroed in the background",
+                "    of those without: {} fresh or given-back pages (the kernel zero-fills them at first \
+                 touch), at least {} pre-zeroed in the background",
                 human(get("zero_skipped").min(get("reused_reported")) as f64),
                 human(pre_zeroed as f64)
             ));
@@ -262,7 +266,8 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
             ));
         }
         lines.push(format!(
-            "  returned to the kernel: {} in {} calls; free at the end: {} dirty, {} zeroed, {} in thread caches",
+            "  returned to the kernel: {} in {} calls; free at the end: {} dirty, {} zeroed, {} in thread \
+             caches",
             human(get("reported") as f64),
             get("report_calls"),
             human(get("free_dirty") as f64),
@@ -333,7 +338,8 @@ pub fn timeline(f: &Finished, records: &[Record]) -> Vec<(String, Vec<(f64, f64)
         ("cached", "free in thread caches"),
         ("reported", "returned to the kernel (total)"),
     ] {
-        let pts: Vec<(f64, f64)> = own.iter().map(|r| (x(r.t_ns), mib(r.fields.get(key).copied().unwrap_or(0)))).collect();
+        let pts: Vec<(f64, f64)> =
+            own.iter().map(|r| (x(r.t_ns), mib(r.fields.get(key).copied().unwrap_or(0)))).collect();
         if !pts.is_empty() {
             series.push((name.to_string(), pts));
         }
@@ -346,7 +352,8 @@ struct RecordFile(PathBuf);
 
 impl RecordFile {
     fn create() -> Result<RecordFile, String> {
-        let p = std::env::temp_dir().join(format!("fallow-run-{}-{}.rec", std::process::id(), launch::monotonic_ns()));
+        let name = format!("fallow-run-{}-{}.rec", std::process::id(), launch::monotonic_ns());
+        let p = std::env::temp_dir().join(name);
         std::fs::write(&p, b"").map_err(|e| format!("cannot create the record file {}: {e}", p.display()))?;
         Ok(RecordFile(p))
     }
@@ -383,7 +390,8 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
     let text = std::fs::read_to_string(&rec.0).unwrap_or_default();
     let records = parse_record(&text);
     let t = totals(&records, f.pid);
-    let pre_zeroed = t.fields.get("zero_skipped").copied().unwrap_or(0).saturating_sub(t.fields.get("reused_reported").copied().unwrap_or(0));
+    let field = |k: &str| t.fields.get(k).copied().unwrap_or(0);
+    let pre_zeroed = field("zero_skipped").saturating_sub(field("reused_reported"));
     let rate = (pre_zeroed > 0).then(|| crate::measure::memset_gib_per_s(64 << 20, 5));
     let command = launch::display_command(&a.command);
     let (lines, mut record) = summarize(&f, &t, rate, &command);

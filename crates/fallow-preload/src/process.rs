@@ -77,6 +77,10 @@ extern "C" fn register_fork_handlers() {
     // LD_PRELOAD library does: it is never unloaded); they only reach the allocator through
     // `existing()`, so they do nothing before it exists.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    // Under `fallow run` only (`FALLOW_RUN_RECORD`): its record, set up here at load time rather
+    // than inside a `malloc`. After the fork handlers, which must be registered before any thread
+    // exists.
+    crate::run_record::init();
 }
 
 /// The threshold, parsing the settings first if nobody has.
@@ -155,9 +159,8 @@ fn create() -> Option<Allocator> {
     }
 }
 
-/// The creating thread's last step: before any other thread sees the allocator, the largest
-/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard; then
-/// `fallow run`'s record if it asked for one (`run_record`).
+/// The creating thread's last step, before any other thread sees the allocator: the largest
+/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard.
 #[cold]
 fn publish(a: &Allocator, ready: &dyn Fn()) {
     MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
@@ -172,8 +175,6 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     ready();
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
-    // Under `fallow run` only: its record (a sampler thread and a final record at exit).
-    crate::run_record::start();
 }
 
 /// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread

@@ -3,23 +3,29 @@
 //! it a sample of fallow's free memory by state every `SAMPLE_MS`, and its final figures at exit.
 //! Nothing happens without the variable: no thread, no file, no handler.
 //!
-//! One line per record, written with one `write` to a file opened `O_APPEND`, so the lines of the
-//! processes sharing the file (the program's `fork` children, the programs it executes: they
+//! One line per record, written with one `write` to the file opened `O_APPEND`, so the lines of
+//! the processes sharing the file (the program's `fork` children, the programs it executes: they
 //! inherit the variable) do not mix: `S pid t_ns key=value...` for a sample, `F pid t_ns
-//! key=value...` at exit, both with the same figures; `t_ns` is `CLOCK_MONOTONIC`, which `fallow run` reads too. Every value is a
-//! byte count or a count. Formatted on the stack: nothing here calls `malloc`.
+//! key=value...` at exit, both with the same figures; `t_ns` is `CLOCK_MONOTONIC`, which `fallow
+//! run` reads too. Every value is a byte count or a count. Formatted on the stack: nothing here
+//! calls `malloc`.
 //!
-//! The samples come from a thread of this library's own, started when the allocator is published
-//! (`process::publish`) and only under `fallow run`: it sleeps between samples, with every signal
-//! blocked (the program's signals go to the program's threads), and takes a snapshot of the
-//! statistics (`Allocator::stats`, a short hold of the allocator's lock every `SAMPLE_MS`). The
-//! program's threads never do any of this work. A `fork` child has no sampler (only the forking
-//! thread survives), but writes its own final record. The final record comes from an `atexit`
-//! handler, so a program that ends by a signal or `_exit` leaves only its samples.
+//! Everything is set up when the library is loaded (`process`'s `.init_array` function calls
+//! `init`), never inside a `malloc`: the path is copied, the exit handler registered and the
+//! sampler thread started there. The sampler is a thread of this library's own: it sleeps between
+//! samples, with every signal blocked (the program's signals go to the program's threads), and once
+//! the allocator exists takes a snapshot of the statistics (`Allocator::stats`, a short hold of the
+//! allocator's lock every `SAMPLE_MS`). The program's threads never do any of this work. Each record
+//! opens the file, writes and closes it: a program that closes every descriptor it did not open
+//! (daemons do) cannot leave us writing into a descriptor number it has reused. A `fork` child has
+//! no sampler (only the forking thread survives), but writes its own final record. The final
+//! record comes from an `atexit` handler, so a program that ends by a signal or `_exit` leaves only
+//! its samples.
 
+use core::cell::UnsafeCell;
 use core::ffi::c_void;
 use core::fmt::Write;
-use core::sync::atomic::{AtomicI32, Ordering};
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use fallow::binding_support::{StackBuf, PAGE_SIZE};
 use fallow::{Allocator, Stats};
@@ -29,24 +35,34 @@ use crate::process::{existing, threshold};
 /// Milliseconds between two samples.
 const SAMPLE_MS: u64 = 100;
 
-/// The record file, or -1 when there is none.
-static FD: AtomicI32 = AtomicI32::new(-1);
+/// The record file's path, NUL-terminated; written once by `init`, at load time.
+struct Path(UnsafeCell<[u8; PATH_MAX]>);
+// SAFETY: written only by `init`, which runs once, from the loader's `.init_array` call before any
+// thread of the program or of this library exists, and before `ENABLED` is set (Release); read only
+// after `ENABLED` is seen set (Acquire), never written again.
+unsafe impl Sync for Path {}
 
-/// Open the record if `FALLOW_RUN_RECORD` names one; then start the sampler and register the
-/// final record. Called once per process image, by the thread that publishes the allocator.
-pub fn start() {
-    // SAFETY: a NUL-terminated name; the environment is not changed by another thread while the
-    // allocator is created (the settings are read from it at the same point, `process::settings`).
-    let path = unsafe { libc::getenv(c"FALLOW_RUN_RECORD".as_ptr()) };
-    if path.is_null() {
+const PATH_MAX: usize = 4096;
+static PATH: Path = Path(UnsafeCell::new([0; PATH_MAX]));
+/// Whether `PATH` holds the record file's path.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// If `FALLOW_RUN_RECORD` names a file: keep its path, register the final record and start the
+/// sampler. Called once, when the library is loaded (single-threaded).
+pub fn init() {
+    // SAFETY: a NUL-terminated name; at load time no other thread can change the environment.
+    let p = unsafe { libc::getenv(c"FALLOW_RUN_RECORD".as_ptr()) };
+    if p.is_null() {
         return;
     }
-    // SAFETY: `path` is the NUL-terminated string `getenv` returned, read during this call only.
-    let fd = unsafe { libc::open(path, libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC) };
-    if fd < 0 {
+    // SAFETY: `p` is the NUL-terminated string `getenv` returned, read during this call only.
+    let given = unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes();
+    if given.is_empty() || given.len() >= PATH_MAX {
         return;
     }
-    FD.store(fd, Ordering::Relaxed);
+    // SAFETY: see `Path`: this is the one write, before `ENABLED` is set and before any thread.
+    unsafe { (&mut *PATH.0.get())[..given.len()].copy_from_slice(given) };
+    ENABLED.store(true, Ordering::Release);
     // SAFETY: an `extern "C"` function that lives as long as the library (never unloaded) and
     // formats on the stack.
     unsafe { libc::atexit(final_record) };
@@ -124,13 +140,13 @@ fn rss_bytes() -> u64 {
     let mut fields = text.split(|&c| c == b' ');
     let _size = fields.next();
     let resident = fields.next().unwrap_or(b"0");
-    let pages = resident.iter().take_while(|c| c.is_ascii_digit()).fold(0u64, |v, &c| v * 10 + (c - b'0') as u64);
+    let digits = resident.iter().take_while(|c| c.is_ascii_digit());
+    let pages = digits.fold(0u64, |v, &c| v * 10 + (c - b'0') as u64);
     pages * PAGE_SIZE as u64
 }
 
 fn write_record(kind: u8, a: &Allocator) {
-    let fd = FD.load(Ordering::Relaxed);
-    if fd < 0 {
+    if !ENABLED.load(Ordering::Acquire) {
         return;
     }
     let s: Stats = a.stats();
@@ -154,8 +170,8 @@ fn write_record(kind: u8, a: &Allocator) {
     );
     let _ = write!(
         b,
-        " threshold={} max_block={} alloc_calls={} free_calls={} zero_skipped={} zeroed_on_alloc={} reused_reported={} \
-         reported={} report_calls={} zeroed_background={} zeroing_wasted={} cache_hits={}",
+        " threshold={} max_block={} alloc_calls={} free_calls={} zero_skipped={} zeroed_on_alloc={} \
+         reused_reported={} reported={} report_calls={} zeroed_background={} zeroing_wasted={} cache_hits={}",
         threshold(),
         a.max_block(),
         s.alloc_calls,
@@ -171,6 +187,15 @@ fn write_record(kind: u8, a: &Allocator) {
     );
     let _ = writeln!(b);
     let bytes = b.as_bytes();
-    // SAFETY: `bytes` is readable for its length; a failed or short write loses this record only.
-    unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    // SAFETY: `PATH` is NUL-terminated and no longer written (`ENABLED` was seen set); `bytes` is
+    // readable for its length; the descriptor is this call's own, closed once. A failed open or a
+    // short write loses this record only.
+    unsafe {
+        let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CLOEXEC;
+        let fd = libc::open((&*PATH.0.get()).as_ptr().cast(), flags);
+        if fd >= 0 {
+            libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+            libc::close(fd);
+        }
+    }
 }
