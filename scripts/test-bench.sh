@@ -173,6 +173,19 @@ if [ "$rc0" != 0 ] || [ "$rc3" != 3 ] || [ "$rck" != 143 ]; then
     cat "$OUT/run0.err" "$OUT/run3.err" "$OUT/runk.err"
     exit 1
 fi
+# A SIGTERM sent to `fallow run` goes on to the program; the summary still comes.
+"$BIN" run -- sleep 60 2>"$OUT/term.err" &
+fp=$!
+for _ in $(seq 200); do [ -n "$(cat /proc/$fp/task/*/children 2>/dev/null)" ] && break; sleep 0.05; done
+sleep 0.2
+kill -TERM "$fp"
+set +e
+wait "$fp"
+rct=$?
+set -e
+if [ "$rct" != 143 ] || ! grep -q "sleep 60: signal 15" "$OUT/term.err"; then
+    echo "test-bench: FAILED: SIGTERM to fallow run gave $rct with:"; cat "$OUT/term.err"; exit 1
+fi
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -164,10 +164,26 @@ pub fn vm_rss(pid: u32) -> Option<u64> {
     Some(kib << 10)
 }
 
+/// The program being waited for (0: none), for `forward`.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+/// `SIGTERM` and `SIGHUP` sent to this process go on to the program, which decides what they do
+/// (usually it ends, and its summary is still printed).
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: `kill` is async-signal-safe. `pid` is our child: it is cleared as soon as `wait4`
+        // has reaped it (a signal in between goes to a zombie, or, were its pid reused within
+        // those nanoseconds, astray: the kernel hands out pids in turn, so it is not).
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
 /// Run `cmd` (its environment set by the caller) to its end. With `sample_ms`, a thread of this
 /// process reads the program's resident size that often. `quiet` sends the program's output to
 /// `/dev/null`. While the program runs, this process ignores `SIGINT` and `SIGQUIT`, as a shell
-/// does for a foreground command: a Ctrl-C ends the program, and the summary is still printed.
+/// does for a foreground command (a Ctrl-C reaches the program from the terminal, and the summary
+/// is still printed), and passes `SIGTERM` and `SIGHUP` on to the program.
 pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Finished, String> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     if quiet {
@@ -181,10 +197,19 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
         format!("cannot start {program}: {why}")
     })?;
     let pid = child.id();
-    // SAFETY: setting the disposition of two signals to "ignore" for this process; the previous
-    // dispositions are put back below.
-    let (old_int, old_quit) =
-        unsafe { (libc::signal(libc::SIGINT, libc::SIG_IGN), libc::signal(libc::SIGQUIT, libc::SIG_IGN)) };
+    CHILD.store(pid as i32, Ordering::Relaxed);
+    // SAFETY: setting the dispositions of four signals for this process: two ignored, two handled
+    // by `forward`, which only calls `kill` (async-signal-safe); the previous dispositions are put
+    // back below.
+    let (old_int, old_quit, old_term, old_hup) = unsafe {
+        let forward = forward as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        (
+            libc::signal(libc::SIGINT, libc::SIG_IGN),
+            libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+            libc::signal(libc::SIGTERM, forward),
+            libc::signal(libc::SIGHUP, forward),
+        )
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = sample_ms.map(|ms| {
@@ -208,6 +233,7 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
             break r;
         }
     };
+    CHILD.store(0, Ordering::Relaxed);
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = sampler {
@@ -217,6 +243,8 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
     unsafe {
         libc::signal(libc::SIGINT, old_int);
         libc::signal(libc::SIGQUIT, old_quit);
+        libc::signal(libc::SIGTERM, old_term);
+        libc::signal(libc::SIGHUP, old_hup);
     }
     drop(child);
     if waited < 0 {
