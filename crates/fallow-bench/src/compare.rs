@@ -75,10 +75,10 @@ pub fn peers(preload: Option<&Path>) -> (Vec<Found>, Vec<Missing>) {
 fn one_run(command: &[OsString], lib: Option<&Path>) -> Result<Finished, String> {
     let mut cmd = Command::new(&command[0]);
     cmd.args(&command[1..]);
-    match lib {
-        Some(l) => cmd.env("LD_PRELOAD", launch::ld_preload_with(l)),
-        None => cmd.env_remove("LD_PRELOAD"),
-    };
+    // glibc: the environment as it is (what it already preloads stays, as for the others).
+    if let Some(l) = lib {
+        cmd.env("LD_PRELOAD", launch::ld_preload_with(l));
+    }
     launch::run(cmd, None, true)
 }
 

@@ -199,7 +199,14 @@ fn secs(ms: f64) -> String {
 }
 
 /// The summary's lines and its JSON record.
-pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &str) -> (Vec<String>, Value) {
+/// `threshold`: the one the program ran with (for a program that never reached it).
+pub fn summarize(
+    f: &Finished,
+    t: &Totals,
+    memset_gib_s: Option<f64>,
+    command: &str,
+    threshold: usize,
+) -> (Vec<String>, Value) {
     let get = |k: &str| t.fields.get(k).copied().unwrap_or(0);
     let mut lines = vec![format!("fallow run: {command}: {}", f.ending.describe())];
     lines.push(format!(
@@ -217,7 +224,7 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
         "  RSS: peak {} (wait4), {} {}",
         human(f.peak_rss as f64),
         rss_source,
-        final_rss.map(|b| human(b as f64)).unwrap_or_else(|| "unknown".into())
+        final_rss.map(|b| human(b as f64)).unwrap_or_else(|| "unknown (no sample: it ran too briefly)".into())
     ));
     lines.push(format!("  page faults: {} minor, {} major", f.minor_faults, f.major_faults));
     let pre_zeroed = get("zero_skipped").saturating_sub(get("reused_reported"));
@@ -225,7 +232,7 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
     if t.processes == 0 {
         lines.push(format!(
             "  fallow served nothing: no request reached the threshold ({})",
-            human(settings_threshold() as f64)
+            human(threshold as f64)
         ));
     } else if get("alloc_calls") == 0 {
         lines.push(format!(
@@ -304,12 +311,15 @@ pub fn summarize(f: &Finished, t: &Totals, memset_gib_s: Option<f64>, command: &
     (lines, record)
 }
 
-/// The threshold the preload uses when no option sets it.
-fn settings_threshold() -> usize {
-    std::env::var("FALLOW_THRESHOLD")
-        .ok()
-        .and_then(|v| crate::measure::parse_size(&v).ok())
-        .unwrap_or(fallow::binding_support::env::DEFAULT_THRESHOLD)
+/// The threshold the program runs with: `--threshold`, else `FALLOW_THRESHOLD` as the preload reads
+/// it from the environment `fallow run` was given, else the default.
+fn effective_threshold(vars: &[(&'static str, String)]) -> usize {
+    let given = vars.iter().find(|(k, _)| *k == "FALLOW_THRESHOLD").map(|(_, v)| v.clone());
+    let Some(v) = given.or_else(|| std::env::var("FALLOW_THRESHOLD").ok()) else {
+        return fallow::binding_support::env::DEFAULT_THRESHOLD;
+    };
+    let get = |name: &std::ffi::CStr| (name.to_bytes() == b"FALLOW_THRESHOLD").then_some(v.as_bytes());
+    fallow::binding_support::env::parse(fallow::Config::default(), get, &mut |_| {}).threshold
 }
 
 /// The timeline's series in MiB over seconds from the start: the program's RSS (this process's
@@ -394,7 +404,7 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
     let pre_zeroed = field("zero_skipped").saturating_sub(field("reused_reported"));
     let rate = (pre_zeroed > 0).then(|| crate::measure::memset_gib_per_s(64 << 20, 5));
     let command = launch::display_command(&a.command);
-    let (lines, mut record) = summarize(&f, &t, rate, &command);
+    let (lines, mut record) = summarize(&f, &t, rate, &command, effective_threshold(&vars));
     for l in &lines {
         eprintln!("{l}");
     }
@@ -453,5 +463,6 @@ mod tests {
         assert!(e.starts_with("--threshold: FALLOW_THRESHOLD=\"100\" is below one page"), "{e}");
         let p = P::try_parse_from(["x", "--report-delay-ms", "9999999", "--", "true"]).unwrap();
         assert!(settings(&p.a).unwrap_err().starts_with("--report-delay-ms"));
+        assert_eq!(effective_threshold(&[("FALLOW_THRESHOLD", "8388608".into())]), 8 << 20);
     }
 }
