@@ -425,16 +425,21 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
     Ok(())
 }
 
-/// A command-line error as one plain sentence (clap's first line, without its usage and tip).
+/// A command-line error as one plain sentence: clap's first paragraph (the error and what it
+/// lists on the lines below it) on one line, without its usage, tip or help pointer.
 fn usage_error(e: &clap::Error) -> String {
     let text = e.to_string();
-    let first = text.lines().next().unwrap_or("").trim();
-    let mut sentence = first.strip_prefix("error: ").unwrap_or(first).to_string();
-    // clap puts the possible values on a line of their own: they belong to the sentence.
-    if let Some(values) = text.lines().map(str::trim).find(|l| l.starts_with("[possible values:")) {
-        sentence = format!("{sentence} {values}");
+    let mut words: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with("Usage:") || l.starts_with("For more information") {
+            break;
+        }
+        if !l.starts_with("tip:") {
+            words.push(l.strip_prefix("error: ").unwrap_or(l));
+        }
     }
-    sentence
+    words.join(" ")
 }
 
 fn main() -> ExitCode {
@@ -448,7 +453,12 @@ fn main() -> ExitCode {
             ) {
                 e.exit();
             }
-            eprintln!("fallow: error: {} ('fallow help' lists the commands and options)", usage_error(&e));
+            let sub = std::env::args().nth(1).filter(|a| ["demo", "bench", "run", "compare"].contains(&a.as_str()));
+            let help = match sub {
+                Some(c) => format!("'fallow {c} --help' lists its options"),
+                None => "'fallow help' lists the commands".into(),
+            };
+            eprintln!("fallow: error: {} ({help})", usage_error(&e));
             return ExitCode::from(2);
         }
     };
