@@ -173,6 +173,12 @@ if [ "$rc0" != 0 ] || [ "$rc3" != 3 ] || [ "$rck" != 143 ]; then
     cat "$OUT/run0.err" "$OUT/run3.err" "$OUT/runk.err"
     exit 1
 fi
+# The status comes through even when fallow run's own stderr is closed.
+set +e
+"$BIN" run -- sh -c 'exit 4' 2>&-
+rcc=$?
+set -e
+[ "$rcc" = 4 ] || { echo "test-bench: FAILED: with stderr closed fallow run exited $rcc, not 4"; exit 1; }
 # A SIGTERM sent to `fallow run` goes on to the program; the summary still comes.
 "$BIN" run -- sleep 60 2>"$OUT/term.err" &
 fp=$!

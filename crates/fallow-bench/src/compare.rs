@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use crate::experiments::{round_order, Chart};
 use crate::launch::{self, Finished};
 use crate::measure::median;
+use crate::report::say;
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -115,9 +116,8 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
     let runs = a.runs as usize;
     let mut results: Vec<Vec<Finished>> = vec![Vec::new(); found.len()];
     let command = launch::display_command(&a.command);
-    eprintln!("fallow compare: {} x{runs} under {} (output to /dev/null)", command, {
-        found.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", ")
-    });
+    let names = found.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", ");
+    crate::report::note(&format!("fallow compare: {command} x{runs} under {names} (output to /dev/null)"));
     for round in 0..runs {
         for i in round_order(found.len(), round) {
             let (_, lib) = &found[i];
@@ -139,14 +139,14 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
             .map(|r| (r["peer"].as_str().unwrap_or("?").to_string(), r["wall_ms"].as_f64().unwrap_or(f64::NAN)))
             .collect(),
     };
-    println!("fallow compare: {} (medians of {runs} runs each, interleaved)", command);
-    print!("{}", crate::report::table(&rows));
-    println!(
+    say(&format!("fallow compare: {command} (medians of {runs} runs each, interleaved)"));
+    say(crate::report::table(&rows).trim_end());
+    say(
         "x_glibc_wall: glibc's wall time over the allocator's (above 1 is faster); rss_x_glibc: peak RSS over \
-         glibc's (below 1 is smaller); status: the exit statuses seen (128+N: signal N)"
+         glibc's (below 1 is smaller); status: the exit statuses seen (128+N: signal N)",
     );
     for (p, why) in &missing {
-        println!("{p}: {why}");
+        say(&format!("{p}: {why}"));
     }
     if let Some(path) = &a.json {
         let every: Vec<Value> = found
@@ -174,11 +174,11 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
             "missing": missing.iter().map(|(p, why)| json!({"peer": p, "why": why})).collect::<Vec<_>>(),
         });
         crate::report::write_json(&record, path)?;
-        println!("wrote {}", path.display());
+        say(&format!("wrote {}", path.display()));
     }
     if let Some(path) = &a.plot {
         crate::plot::draw(&chart, path)?;
-        println!("wrote {}", path.display());
+        say(&format!("wrote {}", path.display()));
     }
     Ok(())
 }

@@ -174,6 +174,20 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
     render(&header, &rows)
 }
 
+/// A line on stdout; a closed or full stdout (`fallow compare ... | head`) is not an error (`println!`
+/// would panic, and this binary aborts on a panic).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// A line on stderr, as `say`: `fallow run` must exit with the program's status whatever happens
+/// to its stderr.
+pub fn note(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// Whether `path` can be written: its directory is created if missing, and the file is created
 /// (empty) now, so that a bad path is one plain error before any work is done.
 pub fn check_writable(path: &Path) -> Result<(), String> {

@@ -393,11 +393,12 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
         Ok(f) => f,
         Err(e) => {
             // As a shell: 127 for a program not found, 126 for one that cannot be executed.
-            eprintln!("fallow: error: {e}");
+            crate::report::note(&format!("fallow: error: {e}"));
             return Ok(launch::start_failure_status(&a.command[0]));
         }
     };
     let text = std::fs::read_to_string(&rec.0).unwrap_or_default();
+    drop(rec);
     let records = parse_record(&text);
     let t = totals(&records, f.pid);
     let field = |k: &str| t.fields.get(k).copied().unwrap_or(0);
@@ -406,7 +407,7 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
     let command = launch::display_command(&a.command);
     let (lines, mut record) = summarize(&f, &t, rate, &command, effective_threshold(&vars));
     for l in &lines {
-        eprintln!("{l}");
+        crate::report::note(l);
     }
     let series = timeline(&f, &records);
     if let Some(path) = &a.json {
@@ -417,12 +418,12 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
             .into();
         record["timeline_unit"] = json!("seconds from the start, MiB");
         crate::report::write_json(&record, path)?;
-        eprintln!("wrote {}", path.display());
+        crate::report::note(&format!("wrote {}", path.display()));
     }
     if let Some(path) = &a.timeline {
         let title = format!("fallow run: {}", crate::plot::shorten(&command, 90));
         crate::plot::draw_lines(&title, "seconds from the start", "MiB", &series, path)?;
-        eprintln!("wrote {}", path.display());
+        crate::report::note(&format!("wrote {}", path.display()));
     }
     Ok(f.ending.shell_status())
 }
