@@ -2,8 +2,10 @@
 # Smoke test of the `fallow` benchmark command (crates/fallow-bench): every experiment once at a
 # tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it), checking that the
 # JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit,
-# never a panic; `fallow demo --tiny` writes its JSON and PNG files. No timing is asserted. Run
-# from the repository root.
+# never a panic; `fallow demo --tiny` writes its JSON and PNG files; `fallow run` on a small C
+# program (tests/run/probe.c), its summary checked against the program's own /proc/self/status
+# and getrusage, its exit status and death by signal passed through; `fallow compare --runs 1 --
+# true` has a row for every installed peer. No timing is asserted. Run from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +19,7 @@ if ! need python3 || ! need make || ! need cc; then
     fi
 fi
 
-cargo build --release -q -p fallow-bench
+cargo build --release -q -p fallow-bench -p fallow-preload
 cargo test --release -q -p fallow-bench
 BIN=target/release/fallow
 OUT=$(mktemp -d)
@@ -117,6 +119,155 @@ for args in "bench nosuch" "bench pin --size 12XB" "bench pin --allocators glibc
         exit 1
     fi
 done
+
+# Bad arguments that clap would answer with a usage dump, and options that do not apply to the
+# experiment: one line, naming the problem.
+check_one_line() { # expected text, args...
+    local want=$1; shift
+    set +e
+    "${CHECK_BIN:-$BIN}" "$@" >"$OUT/err.out" 2>"$OUT/err.txt"
+    rc=$?
+    set -e
+    if [ "$rc" = 0 ] || [ "$(wc -l <"$OUT/err.txt")" != 1 ] || ! grep -qF -- "$want" "$OUT/err.txt"; then
+        echo "test-bench: FAILED: 'fallow $*' exited $rc with (wanted one line with '$want'):"; cat "$OUT/err.txt"
+        exit 1
+    fi
+}
+check_one_line "a size cannot be negative" bench pin --size -5
+check_one_line "--hogs does not apply to the pin experiment" bench pin --hogs 2
+check_one_line "--lock, --budget do not apply to the scale experiment" bench scale --lock --budget 1GiB
+check_one_line "at least 24MiB" bench density --size 8MiB --budget 1KiB
+check_one_line "cannot create the directory /proc/none" bench pin --json /proc/none/x.json
+check_one_line "--threshold: FALLOW_THRESHOLD=\"100\" is below one page" run --threshold 100 -- true
+check_one_line "does not exist" run --preload /nonexistent/libfallow_preload.so -- true
+check_one_line "cannot start /nonexistent/program" run -- /nonexistent/program
+[ "$rc" = 127 ] || { echo "test-bench: FAILED: a program not found gave $rc, not 127"; exit 1; }
+# Output into a missing directory: created, one `wrote PATH` line per file.
+"$BIN" bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc,fallow \
+    --json "$OUT/new/a/pin.json" --plot "$OUT/new/b/pin.png" >"$OUT/wrote.txt"
+for f in "$OUT/new/a/pin.json" "$OUT/new/b/pin.png"; do
+    test -s "$f" && grep -qxF "wrote $f" "$OUT/wrote.txt" || { echo "test-bench: FAILED: no 'wrote $f'"; cat "$OUT/wrote.txt"; exit 1; }
+done
+
+echo "test-bench: run"
+cc -O2 -o "$OUT/probe" tests/run/probe.c
+# The preload is looked for beside the binary, then in ../lib: a copy of the binary alone names
+# both paths; in an installed layout (bin/ and lib/) it is found.
+mkdir -p "$OUT/alone" "$OUT/prefix/bin" "$OUT/prefix/lib"
+cp "$BIN" "$OUT/alone/fallow"
+CHECK_BIN=$OUT/alone/fallow check_one_line "$OUT/alone/libfallow_preload.so and $OUT/alone/../lib/libfallow_preload.so" \
+    run -- true
+cp "$BIN" "$OUT/prefix/bin/fallow"
+cp target/release/libfallow_preload.so "$OUT/prefix/lib/"
+"$OUT/prefix/bin/fallow" run -- true 2>"$OUT/installed.txt" || { echo "test-bench: FAILED: installed layout"; cat "$OUT/installed.txt"; exit 1; }
+set +e
+"$BIN" run --json "$OUT/run0.json" --timeline "$OUT/run0.png" -- "$OUT/probe" "$OUT/probe0.txt" 0 20 2>"$OUT/run0.err"
+rc0=$?
+"$BIN" run --json "$OUT/run3.json" --threshold 1MiB --zeroing off -- "$OUT/probe" "$OUT/probe3.txt" 3 5 2>"$OUT/run3.err"
+rc3=$?
+"$BIN" run --json "$OUT/runk.json" -- "$OUT/probe" "$OUT/probek.txt" kill:15 5 2>"$OUT/runk.err"
+rck=$?
+set -e
+if [ "$rc0" != 0 ] || [ "$rc3" != 3 ] || [ "$rck" != 143 ]; then
+    echo "test-bench: FAILED: fallow run passed the statuses through as $rc0 $rc3 $rck (wanted 0 3 143)"
+    cat "$OUT/run0.err" "$OUT/run3.err" "$OUT/runk.err"
+    exit 1
+fi
+# The status comes through even when fallow run's own stderr is closed.
+set +e
+"$BIN" run -- sh -c 'exit 4' 2>&-
+rcc=$?
+set -e
+[ "$rcc" = 4 ] || { echo "test-bench: FAILED: with stderr closed fallow run exited $rcc, not 4"; exit 1; }
+# A SIGTERM sent to `fallow run` goes on to the program; the summary still comes.
+"$BIN" run -- sleep 60 2>"$OUT/term.err" &
+fp=$!
+for _ in $(seq 200); do [ -n "$(cat /proc/$fp/task/*/children 2>/dev/null)" ] && break; sleep 0.05; done
+sleep 0.2
+kill -TERM "$fp"
+set +e
+wait "$fp"
+rct=$?
+set -e
+if [ "$rct" != 143 ] || ! grep -q "sleep 60: signal 15" "$OUT/term.err"; then
+    echo "test-bench: FAILED: SIGTERM to fallow run gave $rct with:"; cat "$OUT/term.err"; exit 1
+fi
+python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+bad = []
+MiB = 1 << 20
+for name, rounds, status, ending in [("0", 20, 0, "exit 0"), ("3", 5, 3, "exit 3"), ("k", 5, 143, "signal 15")]:
+    r = json.load(open(os.path.join(out, f"run{name}.json")))
+    own = dict(kv.split("=") for kv in open(os.path.join(out, f"probe{name}.txt")).read().split())
+    own = {k: int(v) for k, v in own.items()}
+    err = open(os.path.join(out, f"run{name}.err")).read()
+    def check(what, ok, detail):
+        if not ok:
+            bad.append(f"run{name}: {what}: {detail}")
+    check("status", r["status"] == status and r["ending"].startswith(ending), (r["status"], r["ending"]))
+    for word in ["time: wall", "RSS: peak", "page faults:", "large allocations served", "returned to the kernel"]:
+        check("summary", word in err, f"no '{word}' in:\n{err}")
+    # Tolerances: the program measures itself just before it returns; what the kernel counts
+    # after that (exit, the preload's final record) is small: peak and final RSS within 4 MiB
+    # or 10%, faults within 10% + 300, CPU time at least the program's own (less 5 ms of clock
+    # granularity) and at most 1 s more.
+    near = lambda a, b: abs(a - b) <= max(4 * MiB, 0.1 * b)
+    check("peak RSS vs VmHWM", near(r["peak_rss_bytes"], own["hwm_kib"] * 1024), (r["peak_rss_bytes"], own["hwm_kib"]))
+    if name != "k":
+        check("final RSS vs VmRSS", r["final_rss_source"] == "at exit" and near(r["final_rss_bytes"], own["rss_kib"] * 1024),
+              (r["final_rss_bytes"], r["final_rss_source"], own["rss_kib"]))
+    else:
+        check("no final record after a signal", r["final_rss_source"] == "last sample" and "last sample" in err, r["final_rss_source"])
+    check("minor faults", own["minflt"] <= r["minor_faults"] <= own["minflt"] * 1.1 + 300, (r["minor_faults"], own["minflt"]))
+    own_cpu = (own["utime_us"] + own["stime_us"]) / 1000
+    check("CPU time", own_cpu - 5 <= r["cpu_ms"] <= own_cpu + 1000, (r["cpu_ms"], own_cpu))
+    check("wall time covers the program's 300 ms rest", r["wall_ms"] >= 300, r["wall_ms"])
+    f = r["fallow"]
+    # One 32 MiB block kept and `rounds` 16 MiB blocks, all calloc'ed above any threshold used.
+    check("large allocations", f.get("alloc_calls") == rounds + 1, f.get("alloc_calls"))
+    check("live at the end", f.get("in_use") == 32 * MiB, f.get("in_use"))
+    check("threshold", f.get("threshold") == (MiB if name == "3" else 256 << 10), f.get("threshold"))
+    check("pre-zeroed", r["pre_zeroed_bytes"] == max(0, f["zero_skipped"] - f["reused_reported"]), r["pre_zeroed_bytes"])
+    if name == "0":
+        tl = r["timeline"]
+        check("timeline series", {"RSS", "free dirty", "fallow live"} <= set(tl), sorted(tl))
+        check("timeline samples", len(tl.get("RSS", [])) >= 3 and len(tl.get("fallow live", [])) >= 3,
+              {k: len(v) for k, v in tl.items()})
+        check("timeline PNG", open(os.path.join(out, "run0.png"), "rb").read(8).startswith(b"\x89PNG"), "not a PNG")
+if bad:
+    print("test-bench: FAILED\n  " + "\n  ".join(bad))
+    sys.exit(1)
+PY
+
+echo "test-bench: compare"
+"$BIN" compare --runs 1 --json "$OUT/compare.json" --plot "$OUT/compare.png" -- true >"$OUT/compare.txt" 2>&1
+python3 - "$OUT" <<'PY'
+import glob, json, os, platform, sys
+out = sys.argv[1]
+r = json.load(open(os.path.join(out, "compare.json")))
+rows = {x["peer"]: x for x in r["results"]}
+arch = platform.machine()
+libs = {"jemalloc": "libjemalloc.so*", "mimalloc": "libmimalloc.so*", "tcmalloc": "libtcmalloc*.so*"}
+dirs = [f"/usr/lib/{arch}-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+want = {"glibc", "fallow"} | {p for p, pat in libs.items() if any(glob.glob(os.path.join(d, pat)) for d in dirs)}
+bad = []
+if set(rows) != want:
+    bad.append(f"rows {sorted(rows)}, installed {sorted(want)}")
+missing = {m["peer"] for m in r["missing"]}
+if missing != set(libs) - want:
+    bad.append(f"missing listed {sorted(missing)}, not installed {sorted(set(libs) - want)}")
+for p, x in rows.items():
+    if x["status"] != "0" or not x["wall_ms"] > 0 or not x["peak_rss_mib"] > 0:
+        bad.append(f"{p}: {x}")
+text = open(os.path.join(out, "compare.txt")).read()
+for p in want:
+    if not any(line.startswith(p + " ") for line in text.splitlines()):
+        bad.append(f"no table row for {p}")
+if bad:
+    print("test-bench: FAILED: compare\n  " + "\n  ".join(bad) + "\n" + text)
+    sys.exit(1)
+PY
 
 echo "test-bench: demo --tiny"
 "$BIN" demo --tiny --out "$OUT/demo" >"$OUT/demo.txt"

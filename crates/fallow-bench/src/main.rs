@@ -1,17 +1,22 @@
 //! `fallow`: the benchmark command. `fallow demo` runs every experiment at small sizes and prints
-//! one table; `fallow bench EXPERIMENT` runs one with its own options. Command-line parsing and the
-//! run loop live here; the peers in `peers.rs`, the experiments in `experiments/`, measuring in
-//! `measure.rs`, tables and files in `report.rs`, charts in `plot.rs`.
+//! one table; `fallow bench EXPERIMENT` runs one with its own options; `fallow run` runs a user's
+//! program under the preload library and summarizes what fallow did for it (`run.rs`), `fallow
+//! compare` runs it under each allocator (`compare.rs`), both starting it through `launch.rs`.
+//! Command-line parsing and the run loop live here; the peers in `peers.rs`, the experiments in
+//! `experiments/`, measuring in `measure.rs`, tables and files in `report.rs`, charts in `plot.rs`.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
 
+mod compare;
 mod experiments;
+mod launch;
 mod measure;
 mod peers;
 mod plot;
 mod report;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +28,12 @@ use experiments::{Experiment, Options, Outcome};
 use peers::PeerKind;
 
 #[derive(Parser)]
-#[command(name = "fallow", version, about = "The seeds' experiments against glibc, jemalloc, mimalloc, mmap and fallow")]
+#[command(
+    name = "fallow",
+    version,
+    about = "Run a program under fallow, compare allocators on it, or run the seeds' experiments",
+    allow_negative_numbers = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -49,6 +59,10 @@ enum Command {
     },
     /// One experiment.
     Bench(Box<BenchArgs>),
+    /// Run a program under fallow (by LD_PRELOAD) and say what fallow did for it.
+    Run(Box<run::RunArgs>),
+    /// Run a program under glibc, jemalloc, mimalloc, tcmalloc and fallow, and compare.
+    Compare(Box<compare::CompareArgs>),
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
     Guest {
@@ -78,6 +92,7 @@ enum Command {
 }
 
 #[derive(clap::Args)]
+#[command(allow_negative_numbers = true)]
 struct BenchArgs {
     #[arg(value_enum)]
     experiment: Experiment,
@@ -120,19 +135,19 @@ struct BenchArgs {
     /// density: the budget (default 3.75 x --size).
     #[arg(long, value_parser = measure::parse_size)]
     budget: Option<usize>,
-    /// density: the allocation size a guest uses to touch its G.
-    #[arg(long, default_value = "64KiB", value_parser = measure::parse_size)]
-    chunk: usize,
-    /// density: the most guests started.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
-    guests: u64,
+    /// density: the allocation size a guest uses to touch its G (default 64KiB).
+    #[arg(long, value_parser = measure::parse_size)]
+    chunk: Option<usize>,
+    /// density: the most guests started (default 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    guests: Option<u64>,
     /// scale: alloc+free pairs per thread; stream: buffers per round.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
     /// density: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
-    /// reading the guests' RSS.
-    #[arg(long, value_enum, default_value = "auto")]
-    enforce: experiments::Enforce,
+    /// reading the guests' RSS (default auto).
+    #[arg(long, value_enum)]
+    enforce: Option<experiments::Enforce>,
     /// reuse: the largest request of each size in the sweep, comma-separated (default
     /// 512KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
     #[arg(long, value_parser = parse_sizes)]
@@ -149,9 +164,9 @@ struct BenchArgs {
     /// exit: how the child leaves: return, _exit, signal (comma-separated; default all three).
     #[arg(long, value_enum, value_delimiter = ',')]
     exits: Vec<experiments::exit::Way>,
-    /// exit: the child's allocation block.
-    #[arg(long, default_value = "16MiB", value_parser = measure::parse_size)]
-    block: usize,
+    /// exit: the child's allocation block (default 16MiB).
+    #[arg(long, value_parser = measure::parse_size)]
+    block: Option<usize>,
 }
 
 /// A list of sizes as given on the command line.
@@ -220,8 +235,42 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
     }
 }
 
+/// The options given that `e` does not use, by their names on the command line.
+fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
+    use Experiment::*;
+    let given: [(&'static str, bool, &[Experiment]); 17] = [
+        ("--threads", a.threads.is_some(), &[Scale, Reuse]),
+        ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit]),
+        ("--parallel", a.parallel, &[Density]),
+        ("--lock", a.lock, &[Pin]),
+        ("--thp", a.thp, &[Pin]),
+        ("--budget", a.budget.is_some(), &[Density]),
+        ("--chunk", a.chunk.is_some(), &[Density]),
+        ("--guests", a.guests.is_some(), &[Density]),
+        ("--count", a.count.is_some(), &[Scale, Stream]),
+        ("--enforce", a.enforce.is_some(), &[Density]),
+        ("--sizes", a.sizes.is_some(), &[Reuse]),
+        ("--modes", !a.modes.is_empty(), &[Reuse]),
+        ("--duration-ms", a.duration_ms.is_some(), &[Reuse]),
+        ("--hogs", a.hogs.is_some(), &[Exit]),
+        ("--exits", !a.exits.is_empty(), &[Exit]),
+        ("--block", a.block.is_some(), &[Exit]),
+        ("--size", a.size.is_some() && a.sizes.is_some(), &[]),
+    ];
+    given.iter().filter(|(_, set, applies)| *set && !applies.contains(&e)).map(|(name, _, _)| *name).collect()
+}
+
 fn bench(a: BenchArgs) -> Result<(), String> {
     let e = a.experiment;
+    let unused = unused_options(e, &a);
+    if !unused.is_empty() {
+        let what = if unused.len() == 1 { "does not apply" } else { "do not apply" };
+        if unused == ["--size"] {
+            return Err("reuse takes --size (one largest request) or --sizes (a sweep), not both".into());
+        }
+        let (list, name) = (unused.join(", "), e.name());
+        return Err(format!("{list} {what} to the {name} experiment ('fallow bench --help' says which options apply where)"));
+    }
     let peers = a.allocators.map(flatten).unwrap_or_else(|| e.default_peers());
     let mut o = options(e, peers);
     if let Some(s) = a.size {
@@ -239,7 +288,7 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     }
     o.modes = a.modes;
     o.exits = a.exits;
-    o.block = a.block;
+    o.block = a.block.unwrap_or(o.block);
     if let Some(t) = a.threads {
         o.threads = t as usize;
     }
@@ -256,9 +305,13 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     o.lock = a.lock;
     o.thp = a.thp;
     o.budget = a.budget.unwrap_or(0);
-    o.chunk = a.chunk;
-    o.max_guests = a.guests as usize;
-    o.enforce = a.enforce;
+    o.chunk = a.chunk.unwrap_or(o.chunk);
+    o.max_guests = a.guests.map_or(o.max_guests, |g| g as usize);
+    o.enforce = a.enforce.unwrap_or(o.enforce);
+    // A bad output path is an error before the experiment runs, not after.
+    for p in [&a.json, &a.plot].into_iter().flatten() {
+        report::check_writable(p)?;
+    }
     let outcome = e.run(&o)?;
     println!("{}", outcome.chart.title);
     print!("{}", report::experiment_table(&outcome));
@@ -268,11 +321,11 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     let machine = measure::machine();
     if let Some(path) = &a.json {
         report::write_json(&outcome.to_json(&machine), path)?;
-        println!("JSON: {}", path.display());
+        println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {
         report::write_plot(&outcome, path)?;
-        println!("plot: {}", path.display());
+        println!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -372,11 +425,51 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
     Ok(())
 }
 
+/// A command-line error as one plain sentence: clap's first paragraph (the error and what it
+/// lists on the lines below it) on one line, without its usage, tip or help pointer.
+fn usage_error(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let mut words: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if l.is_empty() || l.starts_with("Usage:") || l.starts_with("For more information") {
+            break;
+        }
+        if !l.starts_with("tip:") {
+            words.push(l.strip_prefix("error: ").unwrap_or(l));
+        }
+    }
+    words.join(" ")
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            let sub = std::env::args().nth(1).filter(|a| ["demo", "bench", "run", "compare"].contains(&a.as_str()));
+            let help = match sub {
+                Some(c) => format!("'fallow {c} --help' lists its options"),
+                None => "'fallow help' lists the commands".into(),
+            };
+            eprintln!("fallow: error: {} ({help})", usage_error(&e));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         Command::Demo { out, allocators, threads, tiny } => demo(out, allocators, threads, tiny),
         Command::Bench(a) => bench(*a),
+        Command::Run(a) => match run::main(*a) {
+            Ok(status) => return ExitCode::from(status),
+            Err(e) => Err(e),
+        },
+        Command::Compare(a) => compare::main(*a),
         Command::Guest { allocator, size, chunk, cgroup } => {
             experiments::density::guest_main(allocator, size, chunk, cgroup)
         }

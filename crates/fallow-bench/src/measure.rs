@@ -111,6 +111,9 @@ pub fn sleep_ms(ms: u64) {
 /// Parse `1GiB`, `512MiB`, `64KiB`, `4096`, `1G`, `2M`, `1.5GiB`.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("a size cannot be negative (got '{s}')"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (n, unit) = t.split_at(split);
     let n: f64 = n.parse().map_err(|_| format!("bad size '{s}' (examples: 4096, 64KiB, 512MiB, 1GiB)"))?;

@@ -1,4 +1,5 @@
-//! PNG bar charts of an experiment's main figure, one bar per peer. Text is drawn with a font
+//! PNG bar charts of an experiment's main figure, one bar per peer, and line charts over time
+//! (`fallow run --timeline`), each with a legend. Text is drawn with a font
 //! compiled into the binary (Ubuntu Light, from the `epaint_default_fonts` crate) so that a
 //! machine without system fonts draws the same charts.
 
@@ -24,10 +25,12 @@ fn register_font() {
 pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     register_font();
     let bars: Vec<&(String, f64)> = chart.bars.iter().filter(|(_, v)| v.is_finite() && *v >= 0.0).collect();
-    let height = 120 + 34 * bars.len().max(1) as u32;
-    let root = BitMapBackend::new(path, (900, height)).into_drawing_area();
+    let height = 150 + 34 * bars.len().max(1) as u32;
+    let whole = BitMapBackend::new(path, (900, height)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
+    whole.fill(&WHITE).map_err(|e| err(&e))?;
+    // The legend in a strip of its own under the chart, where no bar can hide it.
+    let (root, legend) = whole.split_vertically(height - 30);
     let max = bars.iter().map(|(_, v)| *v).fold(0.0f64, f64::max);
     let min_pos = bars.iter().map(|(_, v)| *v).filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
     let log = max > 0.0 && min_pos.is_finite() && max / min_pos > 100.0;
@@ -54,7 +57,8 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
         SegmentValue::CenterOf(i) => labels.get((n - 1 - *i) as usize).cloned().unwrap_or_default(),
         _ => String::new(),
     };
-    let tick = |x: &f64| if log { format_value(10f64.powf(*x)) } else { format_value(*x) };
+    let linear = tick_format(hi - lo);
+    let tick = |x: &f64| if log { format_value(10f64.powf(*x)) } else { linear(x) };
     ctx.configure_mesh()
         .disable_y_mesh()
         .y_labels(bars.len().max(1))
@@ -83,8 +87,40 @@ pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
         Text::new(format!(" {}", format_value(*v)), (x_of(*v), SegmentValue::CenterOf(y)), style.clone())
     }))
     .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+    let key = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    let keys = [(fallow_color, "fallow (and its variants)"), (peer_color, "other allocators")];
+    for (i, (color, what)) in keys.iter().enumerate() {
+        let x = 20 + 260 * i as i32;
+        legend.draw(&Rectangle::new([(x, 8), (x + 18, 22)], color.filled())).map_err(|e| err(&e))?;
+        legend.draw(&Text::new(*what, (x + 26, 15), key.clone())).map_err(|e| err(&e))?;
+    }
+    whole.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// `text` cut to `max` characters, with an ellipsis when cut (a chart title must fit its width).
+pub fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Axis ticks with one number of decimals for the whole axis, chosen from its span (`0`, `20`, `40`
+/// rather than `0.00`, `20.0`, `40.0`).
+pub fn tick_format(span: f64) -> impl Fn(&f64) -> String {
+    let decimals = if span >= 20.0 {
+        0
+    } else if span >= 2.0 {
+        1
+    } else if span > 0.0 {
+        (2.0 - span.log10().floor()).clamp(2.0, 6.0) as usize
+    } else {
+        0
+    };
+    move |v: &f64| format!("{v:.decimals$}")
 }
 
 pub fn format_value(v: f64) -> String {
@@ -99,4 +135,64 @@ pub fn format_value(v: f64) -> String {
         let decimals = (-v.log10()).ceil() as usize + 1;
         format!("{v:.decimals$}")
     }
+}
+
+/// Draw `series` (name, points) as lines over a shared x axis into the PNG file `path`, with a
+/// legend naming each line (`fallow run --timeline`).
+pub fn draw_lines(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    path: &Path,
+) -> Result<(), String> {
+    register_font();
+    let whole = BitMapBackend::new(path, (1100, 560)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    whole.fill(&WHITE).map_err(|e| err(&e))?;
+    // The legend in a column of its own right of the chart, where no line can hide it or be hidden.
+    let (root, legend) = whole.split_horizontally(860);
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x_max, mut y_max) = (0.0f64, 0.0f64);
+    for &(x, y) in pts {
+        x_max = x_max.max(x);
+        y_max = y_max.max(y);
+    }
+    let x_max = if x_max > 0.0 { x_max * 1.02 } else { 1.0 };
+    let y_max = if y_max > 0.0 { y_max * 1.1 } else { 1.0 };
+    let mut ctx = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| err(&e))?;
+    ctx.configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_labels(10)
+        .y_labels(8)
+        .x_label_formatter(&tick_format(x_max))
+        .y_label_formatter(&tick_format(y_max))
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(|e| err(&e))?;
+    let colors = [
+        RGBColor(40, 40, 40),
+        RGBColor(200, 120, 50),
+        RGBColor(190, 60, 60),
+        RGBColor(60, 150, 80),
+        RGBColor(140, 100, 180),
+        RGBColor(70, 110, 170),
+    ];
+    let key = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, (name, p)) in series.iter().enumerate() {
+        let c = colors[i % colors.len()];
+        ctx.draw_series(LineSeries::new(p.iter().copied(), c.stroke_width(2))).map_err(|e| err(&e))?;
+        let y = 60 + 24 * i as i32;
+        legend.draw(&PathElement::new(vec![(4, y), (26, y)], c.stroke_width(3))).map_err(|e| err(&e))?;
+        legend.draw(&Text::new(name.as_str(), (32, y), key.clone())).map_err(|e| err(&e))?;
+    }
+    whole.present().map_err(|e| err(&e))?;
+    Ok(())
 }

@@ -53,16 +53,20 @@ fn render(header: &[String], rows: &[Vec<String>]) -> String {
 
 /// One experiment's table: a row per result, a column per field.
 pub fn experiment_table(o: &Outcome) -> String {
+    table(&o.results)
+}
+
+/// A row per result, a column per field of the first (`peer` first; `allocator` and `variant`
+/// left out).
+pub fn table(results: &[Map<String, Value>]) -> String {
     let skip = ["allocator", "variant", "peer"];
-    let keys: Vec<String> = o
-        .results
+    let keys: Vec<String> = results
         .first()
         .map(|r| r.keys().filter(|k| !skip.contains(&k.as_str())).cloned().collect())
         .unwrap_or_default();
     let mut header = vec!["peer".to_string()];
     header.extend(keys.iter().cloned());
-    let rows: Vec<Vec<String>> = o
-        .results
+    let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
             let mut row = vec![cell(&r["peer"])];
@@ -170,17 +174,54 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
     render(&header, &rows)
 }
 
-pub fn write_json(value: &Value, path: &Path) -> Result<(), String> {
+/// A line on stdout; a closed or full stdout (`fallow compare ... | head`) is not an error (`println!`
+/// would panic, and this binary aborts on a panic).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// A line on stderr, as `say`: `fallow run` must exit with the program's status whatever happens
+/// to its stderr.
+pub fn note(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// Whether `path` can be written: its directory is created if missing, and the file is created
+/// (empty) now, so that a bad path is one plain error before any work is done.
+pub fn check_writable(path: &Path) -> Result<(), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create the directory {}: {}", dir.display(), plain(&e)))?;
     }
+    if path.is_dir() {
+        return Err(format!("cannot write {}: it is a directory", path.display()));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .map_err(|e| format!("cannot write {}: {}", path.display(), plain(&e)))
+}
+
+/// An I/O error without Rust's `(os error N)` tail.
+fn plain(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+pub fn write_json(value: &Value, path: &Path) -> Result<(), String> {
+    check_writable(path)?;
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {}", path.display(), plain(&e)))
 }
 
 pub fn write_plot(o: &Outcome, path: &Path) -> Result<(), String> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    }
+    check_writable(path)?;
     crate::plot::draw(&o.chart, path)
 }

@@ -8,6 +8,8 @@
 //!   parser (`FALLOW_*`), the start-up (`LazyAllocator`) and the abort on a bad pointer
 //!   (`fatal`) are the core's, from `fallow::binding_support`, shared with the C library and
 //!   `FallowAlloc`;
+//! - `run_record`: under `fallow run`, samples of the free memory by state and the final figures,
+//!   appended to the file `FALLOW_RUN_RECORD` names;
 //! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
 //!   that no Rust code in this library comes back through the interposed `malloc`.
 
@@ -19,6 +21,7 @@ pub mod entry;
 pub mod libc_heap;
 pub mod process;
 pub mod remap;
+pub mod run_record;
 
 #[global_allocator]
 static RUST_HEAP: libc_heap::LibcHeap = libc_heap::LibcHeap;

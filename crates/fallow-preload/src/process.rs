@@ -77,6 +77,10 @@ extern "C" fn register_fork_handlers() {
     // LD_PRELOAD library does: it is never unloaded); they only reach the allocator through
     // `existing()`, so they do nothing before it exists.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    // Under `fallow run` only (`FALLOW_RUN_RECORD`): its record, set up here at load time rather
+    // than inside a `malloc`. After the fork handlers, which must be registered before any thread
+    // exists.
+    crate::run_record::init();
 }
 
 /// The threshold, parsing the settings first if nobody has.

@@ -353,12 +353,26 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     result.map(|_| run)
 }
 
+/// The smallest budget is one guest's G and this much more, for the guest process.
+const MIN_BUDGET_ROOM: usize = 16 << 20;
+
 pub fn run(o: &Options) -> Result<Outcome, String> {
     let g = o.size;
     if g < 1 << 20 {
         return Err(format!("density needs --size of at least 1MiB per guest (got {g} bytes)"));
     }
     let budget = if o.budget > 0 { o.budget } else { g / 4 * 15 };
+    // One guest's G plus room for the guest process itself (this binary, a few MiB resident).
+    let min_budget = g + MIN_BUDGET_ROOM;
+    if budget < min_budget {
+        return Err(format!(
+            "density needs --budget of at least {} (one guest's --size {} plus {} for the guest process); got {}",
+            fmt_size(min_budget),
+            fmt_size(g),
+            fmt_size(MIN_BUDGET_ROOM),
+            fmt_size(budget)
+        ));
+    }
     // The peers are built here only to check that they can be (the guests build their own).
     make_peers(&o.peers, Setup { working_set: g, thp: false })?;
     let bar = Mutex::new(Progress::new("density", o.rounds * o.peers.len() * o.max_guests.min(4)));
