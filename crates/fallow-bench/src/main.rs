@@ -36,10 +36,10 @@ enum Command {
         /// Where the JSON and PNG files go.
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
-        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
-        /// fallow-noworkers, all).
-        #[arg(long, default_value = "all", value_parser = parse_peers)]
-        allocators: PeerList,
+        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
+        /// fallow-noreport, fallow-noworkers, all); default each experiment's own (as `bench`).
+        #[arg(long, value_parser = parse_peers)]
+        allocators: Option<PeerList>,
         /// Most threads for the scale experiment (default: the online CPUs).
         #[arg(long)]
         threads: Option<usize>,
@@ -52,6 +52,18 @@ enum Command {
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
     Guest {
+        #[arg(long, value_parser = parse_peer)]
+        allocator: PeerKind,
+        #[arg(long, value_parser = measure::parse_size)]
+        size: usize,
+        #[arg(long, value_parser = measure::parse_size)]
+        chunk: usize,
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+    },
+    /// A pressure guest (started by the pressure experiment).
+    #[command(name = "__pressure_guest", hide = true)]
+    PressureGuest {
         #[arg(long, value_parser = parse_peer)]
         allocator: PeerKind,
         #[arg(long, value_parser = measure::parse_size)]
@@ -83,7 +95,8 @@ struct BenchArgs {
     experiment: Experiment,
     /// Bytes (4096, 64KiB, 512MiB, 1GiB): pin: bytes obtained; density: G per guest; scale: block;
     /// stream: buffer; interference: churned block; realloc: final size; reuse: the one largest
-    /// request (instead of the sweep); exit: bytes the child touches and frees.
+    /// request (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
+    /// guest works on in its turn (it keeps W/8 between turns).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
     /// scale: most threads (1..N), default the online CPUs; reuse: the second thread count
@@ -93,9 +106,10 @@ struct BenchArgs {
     /// Rounds; results are medians over rounds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
-    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
-    /// fallow-noworkers, all); default all (exit: glibc, jemalloc, mimalloc and the fallow default,
-    /// nozero and noworkers variants).
+    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
+    /// fallow-noreport, fallow-noworkers, all); default all but fallow-delay (exit: glibc, jemalloc,
+    /// mimalloc and the fallow default, nozero and noworkers variants; pressure: glibc, jemalloc,
+    /// mimalloc, fallow-delay and fallow).
     #[arg(long, value_parser = parse_peers)]
     allocators: Option<PeerList>,
     /// Write the JSON record here.
@@ -105,10 +119,11 @@ struct BenchArgs {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// pin: idle gap after the free (default 1000); density: how long each guest may take to
-    /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20).
+    /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20);
+    /// pressure: the gap after each guest's turn (default 100).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     idle_ms: Option<u64>,
-    /// density: run the peers at once (each with its own guests and budget) instead of in turn.
+    /// density, pressure: run the peers at once (each with its own guests and budget) instead of in turn.
     #[arg(long)]
     parallel: bool,
     /// pin: mlock the memory (the VFIO pin case).
@@ -117,19 +132,21 @@ struct BenchArgs {
     /// pin: transparent huge pages.
     #[arg(long)]
     thp: bool,
-    /// density: the budget (default 3.75 x --size).
+    /// density: the budget (default 3.75 x --size); pressure: the guests' budget (default: their
+    /// live data plus half of what one guest frees, plus the guest programs themselves).
     #[arg(long, value_parser = measure::parse_size)]
     budget: Option<usize>,
-    /// density: the allocation size a guest uses to touch its G.
-    #[arg(long, default_value = "64KiB", value_parser = measure::parse_size)]
-    chunk: usize,
-    /// density: the most guests started.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=64))]
-    guests: u64,
-    /// scale: alloc+free pairs per thread; stream: buffers per round.
+    /// density: the allocation size a guest uses to touch its G (default 64KiB); pressure: the
+    /// block size of a guest's allocations (default 1MiB).
+    #[arg(long, value_parser = measure::parse_size)]
+    chunk: Option<usize>,
+    /// density: the most guests started (default 8); pressure: the guests (default 4).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    guests: Option<u64>,
+    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
-    /// density: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
+    /// density, pressure: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
     /// reading the guests' RSS.
     #[arg(long, value_enum, default_value = "auto")]
     enforce: experiments::Enforce,
@@ -182,6 +199,7 @@ fn default_count(e: Experiment) -> usize {
     match e {
         Experiment::Scale => 20_000,
         Experiment::Stream => 16,
+        Experiment::Pressure => 3,
         _ => 1,
     }
 }
@@ -206,8 +224,8 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         lock: false,
         thp: false,
         budget: 0,
-        chunk: 64 << 10,
-        max_guests: 8,
+        chunk: if e == Experiment::Pressure { 1 << 20 } else { 64 << 10 },
+        max_guests: if e == Experiment::Pressure { 4 } else { 8 },
         enforce: experiments::Enforce::Auto,
         parallel: e == Experiment::Density,
         count: default_count(e),
@@ -256,8 +274,12 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     o.lock = a.lock;
     o.thp = a.thp;
     o.budget = a.budget.unwrap_or(0);
-    o.chunk = a.chunk;
-    o.max_guests = a.guests as usize;
+    if let Some(c) = a.chunk {
+        o.chunk = c;
+    }
+    if let Some(g) = a.guests {
+        o.max_guests = g as usize;
+    }
     o.enforce = a.enforce;
     let outcome = e.run(&o)?;
     println!("{}", outcome.chart.title);
@@ -277,25 +299,29 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Result<(), String> {
-    let peers = flatten(peers);
+fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: bool) -> Result<(), String> {
+    let given = peers.map(flatten);
     let t0 = Instant::now();
     let machine = measure::machine();
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in Experiment::DEMO {
-        let mut o = options(e, peers.clone());
+        let mut o = options(e, given.clone().unwrap_or_else(|| e.default_peers()));
         o.threads = threads;
         if e == Experiment::Reuse {
             // The 1-thread loop over the default sweep, short measurements.
             o.threads = 1;
             o.duration_ms = 100;
         }
+        if e == Experiment::Pressure {
+            // 4 guests of 64 MiB, 3 turns each: 12 turns a peer, peers in turn.
+            o.size = 64 << 20;
+        }
         if tiny {
             o.rounds = 1;
             o.idle_ms = 50;
-            o.max_guests = 3;
+            o.max_guests = if e == Experiment::Pressure { 2 } else { 3 };
             o.size = match e {
                 Experiment::Pin => 8 << 20,
                 Experiment::Density => 16 << 20,
@@ -305,12 +331,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
                 Experiment::Realloc => 8 << 20,
                 Experiment::Reuse => 64 << 10,
                 Experiment::Exit => 8 << 20,
+                Experiment::Pressure => 8 << 20,
             };
             o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
             o.duration_ms = 20;
             o.count = match e {
                 Experiment::Scale => 500,
                 Experiment::Stream => 4,
+                Experiment::Pressure => 2,
                 _ => 1,
             };
         }
@@ -319,7 +347,12 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         report::write_plot(&outcome, &out.join(format!("{}.png", e.name())))?;
         outcomes.push(outcome);
     }
-    let names: Vec<&str> = peers.iter().map(|k| k.name()).collect();
+    // The table's rows: every peer of any experiment, in the order of `PeerKind::ALL`.
+    let names: Vec<&str> = PeerKind::ALL
+        .into_iter()
+        .filter(|k| outcomes.iter().any(|o| o.results.iter().any(|r| r["peer"] == k.name())))
+        .map(|k| k.name())
+        .collect();
     let p = |e: Experiment| outcomes.iter().find(|o| o.experiment == e).map(|o| o.params.clone()).unwrap_or_default();
     let (pin, density, scale, stream, interference, realloc) = (
         p(Experiment::Pin),
@@ -330,12 +363,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         p(Experiment::Realloc),
     );
     let reuse = p(Experiment::Reuse);
+    let pressure = p(Experiment::Pressure);
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
-         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread",
+         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; pressure {} guests of {} in turns, \
+         {} each, under {} MiB ({})",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -349,14 +384,20 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         realloc["to_human"].as_str().unwrap_or("?"),
         list(&reuse["sizes"]),
         reuse["duration_ms"],
+        pressure["guests"],
+        pressure["guest_human"].as_str().unwrap_or("?"),
+        pressure["cycles"],
+        pressure["budget_mib"],
+        pressure["enforcement"].as_str().unwrap_or("?"),
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
         "pin x glibc: glibc's time over the peer's (above 1 is faster); density fit: guests that fit (of {}); \
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
-         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; medians over rounds \
-         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}).",
+         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; pressure killed: guests \
+         OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; medians over \
+         rounds (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, pressure {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
@@ -366,6 +407,7 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         interference["rounds"],
         realloc["rounds"],
         reuse["rounds"],
+        pressure["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -379,6 +421,9 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench(*a),
         Command::Guest { allocator, size, chunk, cgroup } => {
             experiments::density::guest_main(allocator, size, chunk, cgroup)
+        }
+        Command::PressureGuest { allocator, size, chunk, cgroup } => {
+            experiments::pressure::guest_main(allocator, size, chunk, cgroup)
         }
         Command::ExitChild { allocator, size, block, idle_ms, way } => {
             experiments::exit::child_main(allocator, size, block, idle_ms, way)

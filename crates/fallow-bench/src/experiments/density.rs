@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::guests::{rss_of, Cgroup};
 use super::{make_peers, row, Chart, Enforce, Experiment, Options, Outcome};
 use crate::measure::{children_cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
 use crate::peers::{Peer, PeerKind, Setup};
@@ -148,11 +149,7 @@ impl Guest {
     }
 
     fn rss(&self) -> usize {
-        std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
-            .map(|pages| pages * 4096)
-            .unwrap_or(0)
+        rss_of(self.child.id())
     }
 
     fn stop(&mut self) {
@@ -169,86 +166,6 @@ impl Guest {
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             }
-        }
-    }
-}
-
-/// A memory cgroup limited to the budget, removed when dropped.
-struct Cgroup {
-    dir: PathBuf,
-    version: u8,
-}
-
-impl Cgroup {
-    fn create(tag: &str, limit: usize) -> Option<Cgroup> {
-        // SAFETY: `geteuid` has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return None;
-        }
-        let name = format!("fallow-density-{}-{tag}", std::process::id());
-        let v1 = PathBuf::from("/sys/fs/cgroup/memory");
-        if v1.join("memory.limit_in_bytes").exists() {
-            let dir = v1.join(&name);
-            if std::fs::create_dir(&dir).is_ok() {
-                let ok = std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).is_ok();
-                let cg = Cgroup { dir, version: 1 };
-                if ok {
-                    return Some(cg);
-                }
-            }
-        }
-        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-            let root = PathBuf::from(root);
-            let ctl = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
-            if !ctl.split_whitespace().any(|c| c == "memory") {
-                continue;
-            }
-            let dir = root.join(&name);
-            if std::fs::create_dir(&dir).is_ok() {
-                let ok = std::fs::write(dir.join("memory.max"), limit.to_string()).is_ok()
-                    && std::fs::write(dir.join("memory.swap.max"), "0").map(|_| true).unwrap_or(true);
-                let cg = Cgroup { dir, version: 2 };
-                if ok {
-                    return Some(cg);
-                }
-            }
-        }
-        None
-    }
-
-    fn read(&self, file: &str) -> Option<u64> {
-        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
-    }
-
-    fn failcnt(&self) -> Option<u64> {
-        if self.version == 1 {
-            self.read("memory.failcnt")
-        } else {
-            let ev = std::fs::read_to_string(self.dir.join("memory.events")).ok()?;
-            ev.lines().find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
-        }
-    }
-
-    fn usage(&self) -> Option<u64> {
-        self.read(if self.version == 1 { "memory.usage_in_bytes" } else { "memory.current" })
-    }
-
-    fn enforcement(&self) -> &'static str {
-        if self.version == 1 {
-            "cgroup-v1"
-        } else {
-            "cgroup-v2"
-        }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -271,8 +188,8 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let g = o.size;
     let cgroup = match o.enforce {
         Enforce::Rss => None,
-        Enforce::Auto => Cgroup::create(kind.name(), budget),
-        Enforce::Cgroup => Some(Cgroup::create(kind.name(), budget).ok_or(
+        Enforce::Auto => Cgroup::create("density", kind.name(), budget),
+        Enforce::Cgroup => Some(Cgroup::create("density", kind.name(), budget).ok_or(
             "--enforce cgroup: cannot create a memory cgroup (needs root and cgroup v1 memory or v2 with the memory controller)",
         )?),
     };
@@ -424,6 +341,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             ),
             unit: "guests".into(),
             bars,
+            lines: None,
         },
     })
 }
