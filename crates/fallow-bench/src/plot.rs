@@ -161,7 +161,7 @@ fn draw_lines(chart: &Chart, lines: &Lines, path: &Path) -> Result<(), String> {
 fn axis_tick(v: f64) -> String {
     (0..4)
         .map(|d| format!("{v:.d$}"))
-        .find(|s| (s.parse::<f64>().unwrap_or(f64::NAN) - v).abs() <= v.abs() * 1e-9 + 1e-12)
+        .find(|s| (s.parse::<f64>().unwrap_or(f64::NAN) - v).abs() <= 1e-6 * v.abs().max(1e-3))
         .unwrap_or_else(|| format_value(v))
 }
 
@@ -190,5 +190,8 @@ mod tests {
         assert_eq!(axis_tick(2.5), "2.5");
         assert_eq!(axis_tick(0.25), "0.25");
         assert_eq!(axis_tick(0.1 + 0.2), "0.3");
+        // Ticks computed in floating point land near round values.
+        assert_eq!(axis_tick(50.000000001), "50");
+        assert_eq!(axis_tick(1e-11), "0");
     }
 }
