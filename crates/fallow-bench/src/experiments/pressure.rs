@@ -412,7 +412,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "peers_in_parallel": o.parallel, "enforcement": enforcement,
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "note": "median_ms: wall time of the cycles; cpu_ms: the guests' CPU time (wait4); rss: the guests' summed \
-                     resident set sampled every 10 ms; guests_killed: OOM-killed (cgroup) of `guests`; \
+                     anonymous resident set sampled every 10 ms; guests_killed: OOM-killed (cgroup) of `guests`; \
                      slots_over_budget: turns with the summed RSS seen above the budget",
         }),
         results,
