@@ -194,6 +194,7 @@ impl Guest {
 struct Run {
     killed: usize,
     failed: usize,
+    /// Turns completed (a guest killed during its turn does not complete it).
     slots: usize,
     slots_over: usize,
     wall_ms: f64,
@@ -274,15 +275,16 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let slot = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let mut work_ms = Vec::new();
-    let mut slots = 0;
+    // Turns begun (the sampler's mark of the current turn); `work_ms` has those completed.
+    let mut turns = 0;
     let t0 = Instant::now();
     let ((timeline, slots_over), wall_ms) = std::thread::scope(|sc| {
         let sampler = sc.spawn(|| sample(&pids, budget, &slot, &stop, t0));
         if started.is_ok() {
             for _ in 0..o.count {
                 for g in guests.iter_mut().filter(|g| g.alive) {
-                    slots += 1;
-                    slot.store(slots, Ordering::Release);
+                    turns += 1;
+                    slot.store(turns, Ordering::Release);
                     match g.work() {
                         Some(ms) => work_ms.push(ms),
                         None => g.alive = false,
@@ -311,13 +313,13 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     Ok(Run {
         killed: reaped.iter().filter(|r| r.killed).count(),
         failed: reaped.iter().filter(|r| r.failed).count(),
-        slots,
+        slots: work_ms.len(),
+        work_ms,
         slots_over,
         wall_ms,
         cpu_ms: reaped.iter().map(|r| r.cpu_ms).sum(),
         faults: reaped.iter().map(|r| r.minflt + r.majflt).sum(),
         major_faults: reaped.iter().map(|r| r.majflt).sum(),
-        work_ms,
         rss: summarize(&timeline, budget),
         timeline,
         peak_usage,
