@@ -94,13 +94,13 @@ impl PeerKind {
         }
     }
 
-    /// The environment a process running this peer gets over its parent's: for a fallow
-    /// variant, its settings of the soft memory limit and the pressure triggers (unset: their
-    /// defaults, `auto`). The other `FALLOW_*` variables are passed on as they are.
-    pub fn guest_env(self) -> &'static [(&'static str, Option<&'static str>)] {
+    /// What a process running this peer has in its environment over its parent's: for
+    /// `fallow-delay`, the soft memory limit and the pressure triggers off. The other peers get
+    /// their parent's environment as it is (so `FALLOW_MEMORY_LIMIT=64MiB` before the command
+    /// tries that setting with `fallow`; unset, the defaults apply).
+    pub fn guest_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", Some("off")), ("FALLOW_PRESSURE", Some("off"))],
-            _ if self.fallow_variant().is_some() => &[("FALLOW_MEMORY_LIMIT", None), ("FALLOW_PRESSURE", None)],
+            PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", "off"), ("FALLOW_PRESSURE", "off")],
             _ => &[],
         }
     }
@@ -507,11 +507,10 @@ mod tests {
     fn fallow_delay_turns_the_limit_and_the_pressure_triggers_off_in_its_processes() {
         let env = |k: PeerKind, var: &str| k.guest_env().iter().find(|(v, _)| *v == var).map(|(_, x)| *x);
         for var in ["FALLOW_MEMORY_LIMIT", "FALLOW_PRESSURE"] {
-            assert_eq!(env(PeerKind::FallowDelay, var), Some(Some("off")));
-            // The default variant runs with the defaults, whatever the parent's environment says.
-            assert_eq!(env(PeerKind::Fallow, var), Some(None));
+            assert_eq!(env(PeerKind::FallowDelay, var), Some("off"));
         }
-        assert!(PeerKind::Glibc.guest_env().is_empty());
+        // The others run with their parent's environment (unset there: the defaults).
+        assert!(PeerKind::Fallow.guest_env().is_empty() && PeerKind::Glibc.guest_env().is_empty());
         assert_eq!(PeerKind::parse_list("fallow-delay").unwrap(), vec![PeerKind::FallowDelay]);
         assert_eq!((PeerKind::FallowDelay.allocator(), PeerKind::FallowDelay.variant()), ("fallow", "delay"));
     }

@@ -6,8 +6,9 @@
 //!
 //! A guest is this binary re-executed in the hidden `__pressure_guest` mode, with the peer's
 //! environment (`PeerKind::guest_env`: `fallow-delay` runs with `FALLOW_MEMORY_LIMIT=off` and
-//! `FALLOW_PRESSURE=off`, the default `fallow` with both at their defaults), and builds its
-//! allocator from that environment (`Peer::from_environment`). It holds K = W/8 bytes for its
+//! `FALLOW_PRESSURE=off`; the others with this process's environment, `fallow` at the defaults
+//! unless it sets them: `environment` in the record lists the `FALLOW_*` variables given), and
+//! builds its allocator from that environment (`Peer::from_environment`). It holds K = W/8 bytes for its
 //! whole life (allocated and written at start) and serves, over its stdin/stdout:
 //!   "work": allocate the other W - K bytes in `--chunk` (1 MiB) blocks, write them whole, read
 //!     them back (a sum), free them; answer "done <ms>";
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::guests::{anon_of, reap, Cgroup, Reaped};
 use super::timeline::{default_budget, downsample, summarize, Point, Summary};
@@ -153,12 +154,7 @@ impl Guest {
         if let Some(dir) = cgroup {
             cmd.arg("--cgroup").arg(dir);
         }
-        for &(var, value) in kind.guest_env() {
-            match value {
-                Some(v) => cmd.env(var, v),
-                None => cmd.env_remove(var),
-            };
-        }
+        cmd.envs(kind.guest_env().iter().copied());
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -328,6 +324,14 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     })
 }
 
+/// The `FALLOW_*` variables of this process, which the guests but `fallow-delay`'s run with.
+fn fallow_env() -> Map<String, Value> {
+    std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), Value::from(v.to_string_lossy().into_owned())))
+        .filter(|(k, _)| k.starts_with("FALLOW_"))
+        .collect()
+}
+
 pub fn run(o: &Options) -> Result<Outcome, String> {
     let w = o.size;
     if w < 1 << 20 {
@@ -412,6 +416,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "data_budget_bytes": default_budget(w, keep, o.max_guests), "live_bytes": w + (o.max_guests - 1) * keep,
             "guests": o.max_guests, "cycles": o.count, "gap_ms": o.idle_ms, "chunk": o.chunk, "rounds": o.rounds,
             "peers_in_parallel": o.parallel, "enforcement": enforcement,
+            "environment": fallow_env(),
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "note": "median_ms: wall time of the cycles; cpu_ms: the guests' CPU time (wait4); rss: the guests' summed \
                      anonymous resident set sampled every 10 ms; guests_killed: OOM-killed (cgroup) of `guests`; \
