@@ -51,28 +51,10 @@ enum Command {
     Bench(Box<BenchArgs>),
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
-    Guest {
-        #[arg(long, value_parser = parse_peer)]
-        allocator: PeerKind,
-        #[arg(long, value_parser = measure::parse_size)]
-        size: usize,
-        #[arg(long, value_parser = measure::parse_size)]
-        chunk: usize,
-        #[arg(long)]
-        cgroup: Option<PathBuf>,
-    },
+    Guest(GuestArgs),
     /// A pressure guest (started by the pressure experiment).
     #[command(name = "__pressure_guest", hide = true)]
-    PressureGuest {
-        #[arg(long, value_parser = parse_peer)]
-        allocator: PeerKind,
-        #[arg(long, value_parser = measure::parse_size)]
-        size: usize,
-        #[arg(long, value_parser = measure::parse_size)]
-        chunk: usize,
-        #[arg(long)]
-        cgroup: Option<PathBuf>,
-    },
+    PressureGuest(GuestArgs),
     /// An exit child (started by the exit experiment).
     #[command(name = "__exit_child", hide = true)]
     ExitChild {
@@ -87,6 +69,19 @@ enum Command {
         #[arg(long, value_enum)]
         way: experiments::exit::Way,
     },
+}
+
+/// What a guest process is started with (`experiments::guests::GuestPipe`).
+#[derive(clap::Args)]
+struct GuestArgs {
+    #[arg(long, value_parser = parse_peer)]
+    allocator: PeerKind,
+    #[arg(long, value_parser = measure::parse_size)]
+    size: usize,
+    #[arg(long, value_parser = measure::parse_size)]
+    chunk: usize,
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -419,12 +414,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo { out, allocators, threads, tiny } => demo(out, allocators, threads, tiny),
         Command::Bench(a) => bench(*a),
-        Command::Guest { allocator, size, chunk, cgroup } => {
-            experiments::density::guest_main(allocator, size, chunk, cgroup)
-        }
-        Command::PressureGuest { allocator, size, chunk, cgroup } => {
-            experiments::pressure::guest_main(allocator, size, chunk, cgroup)
-        }
+        Command::Guest(g) => experiments::density::guest_main(g.allocator, g.size, g.chunk, g.cgroup),
+        Command::PressureGuest(g) => experiments::pressure::guest_main(g.allocator, g.size, g.chunk, g.cgroup),
         Command::ExitChild { allocator, size, block, idle_ms, way } => {
             experiments::exit::child_main(allocator, size, block, idle_ms, way)
         }

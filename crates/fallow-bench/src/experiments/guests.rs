@@ -1,12 +1,118 @@
-//! What the experiments with guest processes share (density, pressure): the memory cgroup that
-//! holds a budget, a process's resident set, and reaping a guest with its resource use.
+//! What the experiments with guest processes share (density, pressure): starting a guest and
+//! speaking to it, the memory cgroup that holds a budget, a process's resident set, and reaping a
+//! guest with its resource use.
 //!
-//! A guest is this binary re-executed in a hidden mode; it joins the cgroup itself (writing its
+//! A guest is this binary re-executed in a hidden mode (`GuestPipe`), told what to do on its
+//! stdin a line at a time and answering on its stdout; it joins the cgroup itself (writing its
 //! pid to `cgroup.procs`) before it allocates anything, so that everything it touches is charged
 //! to the budget.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::peers::PeerKind;
+
+/// A guest process and the pipes to it.
+pub struct GuestPipe {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl GuestPipe {
+    /// Start `fallow MODE --allocator K --size SIZE --chunk CHUNK [--cgroup DIR]` with the peer's
+    /// environment (`PeerKind::guest_env`) over this process's, and `stderr` as its stderr.
+    pub fn spawn(
+        mode: &str,
+        kind: PeerKind,
+        size: usize,
+        chunk: usize,
+        cgroup: Option<&PathBuf>,
+        stderr: Stdio,
+    ) -> Result<GuestPipe, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg(mode)
+            .arg("--allocator")
+            .arg(kind.name())
+            .arg("--size")
+            .arg(size.to_string())
+            .arg("--chunk")
+            .arg(chunk.to_string())
+            .envs(kind.guest_env().iter().copied());
+        if let Some(dir) = cgroup {
+            cmd.arg("--cgroup").arg(dir);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| format!("cannot start a guest: {e}"))?;
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Ok(GuestPipe { child, stdin, stdout })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The guest's next line, trimmed; None once it is gone.
+    pub fn read_line(&mut self) -> Option<String> {
+        let mut s = String::new();
+        match self.stdout.read_line(&mut s) {
+            Ok(n) if n > 0 => Some(s.trim().to_string()),
+            _ => None,
+        }
+    }
+
+    /// Send `line`; false if the guest is gone.
+    pub fn say(&mut self, line: &str) -> bool {
+        writeln!(self.stdin, "{line}").is_ok() && self.stdin.flush().is_ok()
+    }
+
+    /// Send `command` and read its answer `done <ms>`: the guest's own time in ms, or None if it
+    /// died meanwhile (killed by the OOM killer).
+    pub fn ask(&mut self, command: &str) -> Option<f64> {
+        if !self.say(command) {
+            return None;
+        }
+        let l = self.read_line()?;
+        l.strip_prefix("done ").and_then(|v| v.parse().ok())
+    }
+}
+
+/// Run `run_peer` for every peer in every round: in turn, the first peer rotating from round to
+/// round (`super::round_order`), or with `--parallel` all peers of a round at once (each has its
+/// guests and budget); a peer's runs in round order, the first error ends it all.
+pub fn rounds<R: Send>(
+    o: &super::Options,
+    run_peer: impl Fn(PeerKind) -> Result<R, String> + Sync,
+) -> Result<Vec<Vec<R>>, String> {
+    let mut runs: Vec<Vec<R>> = (0..o.peers.len()).map(|_| Vec::new()).collect();
+    for round in 0..o.rounds {
+        if o.parallel {
+            let got: Vec<Result<R, String>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = o.peers.iter().map(|&k| {
+                    let run_peer = &run_peer;
+                    sc.spawn(move || run_peer(k))
+                }).collect();
+                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a guest supervisor thread failed".into()))).collect()
+            });
+            for (i, r) in got.into_iter().enumerate() {
+                runs[i].push(r?);
+            }
+        } else {
+            for i in super::round_order(o.peers.len(), round) {
+                runs[i].push(run_peer(o.peers[i])?);
+            }
+        }
+    }
+    Ok(runs)
+}
 
 /// A memory cgroup limited to the budget, removed when dropped (once its processes are gone).
 pub struct Cgroup {

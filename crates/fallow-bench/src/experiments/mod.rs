@@ -1,6 +1,7 @@
 //! The experiments, one file each, and what they share: their options, their outcome (the JSON
-//! record and a bar chart, or lines over time), and running peers interleaved. Guest processes
-//! and their budget are in `guests.rs` (density, pressure); pressure's arithmetic in `timeline.rs`.
+//! record and a bar chart, or lines over time), and running peers interleaved. Guest processes,
+//! their budget and running their peers' rounds are in `guests.rs` (density, pressure);
+//! pressure's arithmetic in `timeline.rs`.
 //!
 //! Every experiment builds all its peers in this process, then for each round measures every
 //! peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always

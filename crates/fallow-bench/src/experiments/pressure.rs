@@ -38,16 +38,16 @@
 //! the wall time of the cycles, and per guest from `wait4`: CPU time (user + system, all threads:
 //! an allocator's background work is charged to it) and page faults.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::process::{ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::guests::{anon_of, reap, Cgroup, Reaped};
+use super::guests::{anon_of, reap, Cgroup, GuestPipe, Reaped};
 use super::timeline::{default_budget, downsample, summarize, Point, Summary};
 use super::{make_peers, row, Chart, Enforce, Experiment, Lines, Options, Outcome};
 use crate::measure::{fill, fmt_size, median, num, summary, Progress, Sample};
@@ -132,57 +132,19 @@ pub fn guest_main(kind: PeerKind, size: usize, chunk: usize, cgroup: Option<Path
 }
 
 struct Guest {
+    pipe: GuestPipe,
     pid: u32,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
     /// Still answering (false once it died or failed to answer).
     alive: bool,
 }
 
 impl Guest {
-    /// Start a guest and wait for its "ready"; one that dies first is returned dead (reaped later).
+    /// Start a guest and wait for its "ready"; one that dies first is returned dead (reaped later
+    /// by its pid with `guests::reap`: its `Child` is never waited for).
     fn spawn(kind: PeerKind, o: &Options, cgroup: Option<&PathBuf>) -> Result<Guest, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("__pressure_guest")
-            .arg("--allocator")
-            .arg(kind.name())
-            .arg("--size")
-            .arg(o.size.to_string())
-            .arg("--chunk")
-            .arg(o.chunk.to_string());
-        if let Some(dir) = cgroup {
-            cmd.arg("--cgroup").arg(dir);
-        }
-        cmd.envs(kind.guest_env().iter().copied());
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start a guest: {e}"))?;
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        // `child` is dropped without waiting: the guest is reaped by pid (`guests::reap`).
-        let mut g = Guest { pid: child.id(), stdin, stdout, alive: true };
-        g.alive = g.read_line().as_deref() == Some("ready");
-        Ok(g)
-    }
-
-    fn read_line(&mut self) -> Option<String> {
-        let mut s = String::new();
-        match self.stdout.read_line(&mut s) {
-            Ok(n) if n > 0 => Some(s.trim().to_string()),
-            _ => None,
-        }
-    }
-
-    /// One work phase: the guest's own time in ms, or None if it died (killed by the OOM killer).
-    fn work(&mut self) -> Option<f64> {
-        writeln!(self.stdin, "work").ok()?;
-        self.stdin.flush().ok()?;
-        let l = self.read_line()?;
-        l.strip_prefix("done ").and_then(|v| v.parse().ok())
+        let mut pipe = GuestPipe::spawn("__pressure_guest", kind, o.size, o.chunk, cgroup, Stdio::inherit())?;
+        let alive = pipe.read_line().as_deref() == Some("ready");
+        Ok(Guest { pid: pipe.pid(), pipe, alive })
     }
 }
 
@@ -281,7 +243,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
                 for g in guests.iter_mut().filter(|g| g.alive) {
                     turns += 1;
                     slot.store(turns, Ordering::Release);
-                    match g.work() {
+                    match g.pipe.ask("work") {
                         Some(ms) => work_ms.push(ms),
                         None => g.alive = false,
                     }
@@ -299,8 +261,8 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let enforcement = cgroup.as_ref().map(|c| c.enforcement()).unwrap_or("rss");
     let mut reaped: Vec<Reaped> = Vec::new();
     for mut g in guests {
-        let _ = writeln!(g.stdin, "exit");
-        drop(g.stdin);
+        g.pipe.say("exit");
+        drop(g.pipe);
         reaped.push(reap(g.pid, Duration::from_secs(10)));
     }
     // The cgroup is removed only now that its processes are gone.
@@ -342,25 +304,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     // The peers are built here only to check that they can be (the guests build their own).
     make_peers(&o.peers, Setup { working_set: w, thp: false })?;
     let bar = Mutex::new(Progress::new("pressure", o.rounds * o.peers.len() * o.count));
-    let mut runs: Vec<Vec<Run>> = (0..o.peers.len()).map(|_| Vec::new()).collect();
-    for round in 0..o.rounds {
-        if o.parallel {
-            let got: Vec<Result<Run, String>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = o.peers.iter().map(|&k| {
-                    let bar = &bar;
-                    sc.spawn(move || run_peer(k, o, budget, bar))
-                }).collect();
-                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a pressure thread failed".into()))).collect()
-            });
-            for (i, r) in got.into_iter().enumerate() {
-                runs[i].push(r?);
-            }
-        } else {
-            for i in super::round_order(o.peers.len(), round) {
-                runs[i].push(run_peer(o.peers[i], o, budget, &bar)?);
-            }
-        }
-    }
+    let runs = super::guests::rounds(o, |k| run_peer(k, o, budget, &bar))?;
     bar.lock().unwrap().finish();
     let mib = |b: f64| b / (1u64 << 20) as f64;
     let med = |rs: &[Run], f: &dyn Fn(&Run) -> f64| median(&rs.iter().map(f).collect::<Vec<_>>());
