@@ -1,6 +1,6 @@
 //! What the experiments with guest processes share (density, pressure): starting a guest and
-//! speaking to it, the memory cgroup that holds a budget, a process's resident set, and reaping a
-//! guest with its resource use.
+//! speaking to it, the memory cgroup that holds a budget, a process's resident set, reaping a
+//! guest with its resource use, and running every peer's guests round after round.
 //!
 //! A guest is this binary re-executed in a hidden mode (`GuestPipe`), told what to do on its
 //! stdin a line at a time and answering on its stdout; it joins the cgroup itself (writing its

@@ -8,8 +8,8 @@
 //! environment (`PeerKind::guest_env`: `fallow-delay` runs with `FALLOW_MEMORY_LIMIT=off` and
 //! `FALLOW_PRESSURE=off`; the others with this process's environment, `fallow` at the defaults
 //! unless it sets them: `environment` in the record lists the `FALLOW_*` variables given), and
-//! builds its allocator from that environment (`Peer::from_environment`). It holds K = W/8 bytes for its
-//! whole life (allocated and written at start) and serves, over its stdin/stdout:
+//! builds its allocator from that environment (`Peer::from_environment`). It holds K = W/8 bytes
+//! for its whole life (allocated and written at start) and serves, over its stdin/stdout:
 //!   "work": allocate the other W - K bytes in `--chunk` (1 MiB) blocks, write them whole, read
 //!     them back (a sum), free them; answer "done <ms>";
 //!   "exit" or end of input: leave.
@@ -34,9 +34,9 @@
 //! Measured per peer: the summed resident set of its guests every 10 ms, anonymous memory only
 //! (`/proc/PID/statm` resident less shared: the program's file pages are mapped by every guest
 //! but charged once; `guests::anon_of`), its peak, mean, time over budget and the series for the
-//! plot, the cgroup's peak usage and `failcnt`,
-//! the wall time of the cycles, and per guest from `wait4`: CPU time (user + system, all threads:
-//! an allocator's background work is charged to it) and page faults.
+//! plot, the cgroup's peak usage and `failcnt`, the wall time of the cycles, and per guest from
+//! `wait4`: CPU time (user + system, all threads: an allocator's background work is charged to
+//! it) and page faults.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
