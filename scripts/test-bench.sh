@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Smoke test of the `fallow` benchmark command (crates/fallow-bench): every experiment once at a
-# tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it), checking that the
-# JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit,
-# never a panic; `fallow demo --tiny` writes its JSON and PNG files; `fallow run` on a small C
-# program (tests/run/probe.c), its summary checked against the program's own /proc/self/status
-# and getrusage, its exit status and death by signal passed through; `fallow compare --runs 1 --
-# true` has a row for every installed peer. No timing is asserted. Run from the repository root.
+# tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it; pressure with a cgroup
+# where the machine allows one and with RSS readings), checking that the JSON record has its fields
+# for every peer; bad arguments give a clear error and a non-zero exit, never a panic; `fallow demo
+# --tiny` writes its JSON and PNG files; `fallow run` on a small C program (tests/run/probe.c), its
+# summary checked against the program's own /proc/self/status and getrusage, its exit status and
+# death by signal passed through; `fallow compare --runs 1 -- true` has a row for every installed
+# peer. No timing is asserted. Run from the repository root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ cargo test --release -q -p fallow-bench
 BIN=target/release/fallow
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-PEERS="glibc,jemalloc,mimalloc,mmap,fallow,fallow-nozero,fallow-noreport,fallow-noworkers"
+PEERS="glibc,jemalloc,mimalloc,mmap,fallow,fallow-delay,fallow-nozero,fallow-noreport,fallow-noworkers"
 
 run() { # name, experiment, extra args...
     local name=$1 e=$2; shift 2
@@ -42,6 +43,8 @@ run interference interference --size 1MiB
 run realloc realloc --size 4MiB
 run reuse reuse --sizes 64KiB,1MiB --threads 2 --duration-ms 20
 run exit exit --size 8MiB --hogs 1
+run pressure pressure --size 8MiB --guests 2 --count 2 --idle-ms 20
+run pressure-rss pressure --size 8MiB --guests 2 --count 2 --idle-ms 20 --enforce rss
 
 python3 - "$OUT" "$PEERS" <<'PY'
 import json, os, sys
@@ -59,6 +62,10 @@ fields = {
     "realloc": ["moves"],
     "reuse": ["size", "mode", "threads", "calls_per_sec", "ratio_vs_glibc", "ratio_vs_best", "cpus_used", "calls"],
     "exit": ["way", "hogs", "exit_ms", "lifetime_ms", "ratio_vs_glibc"],
+    "pressure": ["guests", "guests_killed", "guests_failed", "slots", "slots_over_budget", "peak_rss_mib",
+                 "mean_rss_mib", "page_faults", "work_ms", "enforcement", "rss_timeline"],
+    "pressure-rss": ["guests", "guests_killed", "guests_failed", "slots", "slots_over_budget", "peak_rss_mib",
+                     "mean_rss_mib", "page_faults", "work_ms", "enforcement", "rss_timeline"],
 }
 bad = []
 for e, extra in fields.items():
@@ -98,6 +105,25 @@ for e, extra in fields.items():
         for r in d["results"]:
             if len(r["settled_rss_mib"]) != len(r["settle_ms"]) or not (0 <= r["guests_fit"] <= 2):
                 bad.append(f"density/{r['peer']}: inconsistent guest records")
+    if e.startswith("pressure"):
+        for r in d["results"]:
+            who = f"{e}/{r['peer']}"
+            if r["guests"] != 2 or r["guests_failed"] != 0:
+                bad.append(f"{who}: {r['guests']} guests, {r['guests_failed']} failed")
+            # Every living guest takes its 2 turns; a killed one takes fewer.
+            killed = r["guests_killed"] or 0
+            if not (4 - 2 * killed <= r["slots"] <= 4) or not (0 <= killed <= 2):
+                bad.append(f"{who}: {r['slots']} turns with {killed} killed")
+            t = r["rss_timeline"]
+            if not t or any(len(p) != 2 for p in t) or any(b[0] < a[0] for a, b in zip(t, t[1:])):
+                bad.append(f"{who}: the RSS timeline is not a series of [seconds, MiB] in time order")
+            # Each guest holds 1 MiB (W/8) at least once it is ready: the peak sees them all.
+            if not r["peak_rss_mib"] >= 2 or not r["mean_rss_mib"] <= r["peak_rss_mib"]:
+                bad.append(f"{who}: peak {r['peak_rss_mib']} MiB, mean {r['mean_rss_mib']} MiB")
+            if not r["page_faults"] > 0:
+                bad.append(f"{who}: no page faults counted")
+        if e == "pressure-rss" and any(r["enforcement"] != "rss" or r["guests_killed"] is not None for r in d["results"]):
+            bad.append("pressure-rss: enforcement is not rss, or guests were counted as killed")
     if not open(os.path.join(out, e + ".png"), "rb").read(8).startswith(b"\x89PNG"):
         bad.append(f"{e}: the plot is not a PNG")
 if bad:
@@ -108,7 +134,8 @@ PY
 # Bad arguments: a clear error, exit status 2 (usage) or 1, no panic.
 for args in "bench nosuch" "bench pin --size 12XB" "bench pin --allocators glibc,nosuch" "bench pin --rounds 0" \
             "bench density --size 1000" "bench reuse --sizes 1MiB,4000" "bench reuse --modes memset" \
-            "bench exit --exits quit" "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
+            "bench exit --exits quit" "bench pressure --size 1000" "bench pressure --allocators fallow-late" \
+            "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
     set +e
     # shellcheck disable=SC2086
     "$BIN" $args >"$OUT/err.out" 2>"$OUT/err.txt"
@@ -271,8 +298,10 @@ PY
 
 echo "test-bench: demo --tiny"
 "$BIN" demo --tiny --out "$OUT/demo" >"$OUT/demo.txt"
-for e in pin density scale stream interference realloc reuse; do
+for e in pin density scale stream interference realloc reuse pressure; do
     test -s "$OUT/demo/$e.json" && test -s "$OUT/demo/$e.png" || { echo "test-bench: FAILED: demo wrote no $e files"; exit 1; }
 done
-grep -q "^fallow-noreport " "$OUT/demo.txt" || { echo "test-bench: FAILED: the demo table has no fallow-noreport row"; cat "$OUT/demo.txt"; exit 1; }
+for peer in fallow-noreport fallow-delay; do
+    grep -q "^$peer " "$OUT/demo.txt" || { echo "test-bench: FAILED: the demo table has no $peer row"; cat "$OUT/demo.txt"; exit 1; }
+done
 echo "test-bench: ok"

@@ -138,6 +138,7 @@ pub fn main(a: CompareArgs) -> Result<(), String> {
             .iter()
             .map(|r| (r["peer"].as_str().unwrap_or("?").to_string(), r["wall_ms"].as_f64().unwrap_or(f64::NAN)))
             .collect(),
+        lines: None,
     };
     say(&format!("fallow compare: {command} (medians of {runs} runs each, interleaved)"));
     say(crate::report::table(&rows).trim_end());

@@ -46,10 +46,10 @@ enum Command {
         /// Where the JSON and PNG files go.
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
-        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
-        /// fallow-noworkers, all).
-        #[arg(long, default_value = "all", value_parser = parse_peers)]
-        allocators: PeerList,
+        /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
+        /// fallow-noreport, fallow-noworkers, all); default each experiment's own (as `bench`).
+        #[arg(long, value_parser = parse_peers)]
+        allocators: Option<PeerList>,
         /// Most threads for the scale experiment (default: the online CPUs).
         #[arg(long)]
         threads: Option<usize>,
@@ -65,16 +65,10 @@ enum Command {
     Compare(Box<compare::CompareArgs>),
     /// A density guest (started by the density experiment).
     #[command(name = "__guest", hide = true)]
-    Guest {
-        #[arg(long, value_parser = parse_peer)]
-        allocator: PeerKind,
-        #[arg(long, value_parser = measure::parse_size)]
-        size: usize,
-        #[arg(long, value_parser = measure::parse_size)]
-        chunk: usize,
-        #[arg(long)]
-        cgroup: Option<PathBuf>,
-    },
+    Guest(GuestArgs),
+    /// A pressure guest (started by the pressure experiment).
+    #[command(name = "__pressure_guest", hide = true)]
+    PressureGuest(GuestArgs),
     /// An exit child (started by the exit experiment).
     #[command(name = "__exit_child", hide = true)]
     ExitChild {
@@ -91,6 +85,19 @@ enum Command {
     },
 }
 
+/// What a guest process is started with (`experiments::guests::GuestPipe`).
+#[derive(clap::Args)]
+struct GuestArgs {
+    #[arg(long, value_parser = parse_peer)]
+    allocator: PeerKind,
+    #[arg(long, value_parser = measure::parse_size)]
+    size: usize,
+    #[arg(long, value_parser = measure::parse_size)]
+    chunk: usize,
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+}
+
 #[derive(clap::Args)]
 #[command(allow_negative_numbers = true)]
 struct BenchArgs {
@@ -98,7 +105,8 @@ struct BenchArgs {
     experiment: Experiment,
     /// Bytes (4096, 64KiB, 512MiB, 1GiB): pin: bytes obtained; density: G per guest; scale: block;
     /// stream: buffer; interference: churned block; realloc: final size; reuse: the one largest
-    /// request (instead of the sweep); exit: bytes the child touches and frees.
+    /// request (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
+    /// guest works on in its turn (it keeps W/8 between turns).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
     /// scale: most threads (1..N), default the online CPUs; reuse: the second thread count
@@ -108,9 +116,10 @@ struct BenchArgs {
     /// Rounds; results are medians over rounds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
-    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-nozero, fallow-noreport,
-    /// fallow-noworkers, all); default all (exit: glibc, jemalloc, mimalloc and the fallow default,
-    /// nozero and noworkers variants).
+    /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
+    /// fallow-noreport, fallow-noworkers, all); default all but fallow-delay (exit: glibc, jemalloc,
+    /// mimalloc and the fallow default, nozero and noworkers variants; pressure: glibc, jemalloc,
+    /// mimalloc, fallow-delay and fallow).
     #[arg(long, value_parser = parse_peers)]
     allocators: Option<PeerList>,
     /// Write the JSON record here.
@@ -120,10 +129,11 @@ struct BenchArgs {
     #[arg(long)]
     plot: Option<PathBuf>,
     /// pin: idle gap after the free (default 1000); density: how long each guest may take to
-    /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20).
+    /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20);
+    /// pressure: the gap after each guest's turn (default 100).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     idle_ms: Option<u64>,
-    /// density: run the peers at once (each with its own guests and budget) instead of in turn.
+    /// density, pressure: run the peers at once (each with its own guests and budget) instead of in turn.
     #[arg(long)]
     parallel: bool,
     /// pin: mlock the memory (the VFIO pin case).
@@ -132,19 +142,21 @@ struct BenchArgs {
     /// pin: transparent huge pages.
     #[arg(long)]
     thp: bool,
-    /// density: the budget (default 3.75 x --size).
+    /// density: the budget (default 3.75 x --size); pressure: the guests' budget (default: their
+    /// live data plus half of what one guest frees, plus the guest programs themselves).
     #[arg(long, value_parser = measure::parse_size)]
     budget: Option<usize>,
-    /// density: the allocation size a guest uses to touch its G (default 64KiB).
+    /// density: the allocation size a guest uses to touch its G (default 64KiB); pressure: the
+    /// block size of a guest's allocations (default 1MiB).
     #[arg(long, value_parser = measure::parse_size)]
     chunk: Option<usize>,
-    /// density: the most guests started (default 8).
+    /// density: the most guests started (default 8); pressure: the guests (default 4).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     guests: Option<u64>,
-    /// scale: alloc+free pairs per thread; stream: buffers per round.
+    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
-    /// density: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
+    /// density, pressure: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
     /// reading the guests' RSS (default auto).
     #[arg(long, value_enum)]
     enforce: Option<experiments::Enforce>,
@@ -197,6 +209,7 @@ fn default_count(e: Experiment) -> usize {
     match e {
         Experiment::Scale => 20_000,
         Experiment::Stream => 16,
+        Experiment::Pressure => 3,
         _ => 1,
     }
 }
@@ -221,8 +234,8 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         lock: false,
         thp: false,
         budget: 0,
-        chunk: 64 << 10,
-        max_guests: 8,
+        chunk: if e == Experiment::Pressure { 1 << 20 } else { 64 << 10 },
+        max_guests: if e == Experiment::Pressure { 4 } else { 8 },
         enforce: experiments::Enforce::Auto,
         parallel: e == Experiment::Density,
         count: default_count(e),
@@ -240,15 +253,15 @@ fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
     use Experiment::*;
     let given: [(&'static str, bool, &[Experiment]); 17] = [
         ("--threads", a.threads.is_some(), &[Scale, Reuse]),
-        ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit]),
-        ("--parallel", a.parallel, &[Density]),
+        ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit, Pressure]),
+        ("--parallel", a.parallel, &[Density, Pressure]),
         ("--lock", a.lock, &[Pin]),
         ("--thp", a.thp, &[Pin]),
-        ("--budget", a.budget.is_some(), &[Density]),
-        ("--chunk", a.chunk.is_some(), &[Density]),
-        ("--guests", a.guests.is_some(), &[Density]),
-        ("--count", a.count.is_some(), &[Scale, Stream]),
-        ("--enforce", a.enforce.is_some(), &[Density]),
+        ("--budget", a.budget.is_some(), &[Density, Pressure]),
+        ("--chunk", a.chunk.is_some(), &[Density, Pressure]),
+        ("--guests", a.guests.is_some(), &[Density, Pressure]),
+        ("--count", a.count.is_some(), &[Scale, Stream, Pressure]),
+        ("--enforce", a.enforce.is_some(), &[Density, Pressure]),
         ("--sizes", a.sizes.is_some(), &[Reuse]),
         ("--modes", !a.modes.is_empty(), &[Reuse]),
         ("--duration-ms", a.duration_ms.is_some(), &[Reuse]),
@@ -330,25 +343,29 @@ fn bench(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Result<(), String> {
-    let peers = flatten(peers);
+fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: bool) -> Result<(), String> {
+    let given = peers.map(flatten);
     let t0 = Instant::now();
     let machine = measure::machine();
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in Experiment::DEMO {
-        let mut o = options(e, peers.clone());
+        let mut o = options(e, given.clone().unwrap_or_else(|| e.default_peers()));
         o.threads = threads;
         if e == Experiment::Reuse {
             // The 1-thread loop over the default sweep, short measurements.
             o.threads = 1;
             o.duration_ms = 100;
         }
+        if e == Experiment::Pressure {
+            // 4 guests of 64 MiB, 3 turns each: 12 turns a peer, peers in turn.
+            o.size = 64 << 20;
+        }
         if tiny {
             o.rounds = 1;
             o.idle_ms = 50;
-            o.max_guests = 3;
+            o.max_guests = if e == Experiment::Pressure { 2 } else { 3 };
             o.size = match e {
                 Experiment::Pin => 8 << 20,
                 Experiment::Density => 16 << 20,
@@ -358,12 +375,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
                 Experiment::Realloc => 8 << 20,
                 Experiment::Reuse => 64 << 10,
                 Experiment::Exit => 8 << 20,
+                Experiment::Pressure => 8 << 20,
             };
             o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
             o.duration_ms = 20;
             o.count = match e {
                 Experiment::Scale => 500,
                 Experiment::Stream => 4,
+                Experiment::Pressure => 2,
                 _ => 1,
             };
         }
@@ -372,7 +391,12 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         report::write_plot(&outcome, &out.join(format!("{}.png", e.name())))?;
         outcomes.push(outcome);
     }
-    let names: Vec<&str> = peers.iter().map(|k| k.name()).collect();
+    // The table's rows: every peer of any experiment, in the order of `PeerKind::ALL`.
+    let names: Vec<&str> = PeerKind::ALL
+        .into_iter()
+        .filter(|k| outcomes.iter().any(|o| o.results.iter().any(|r| r["peer"] == k.name())))
+        .map(|k| k.name())
+        .collect();
     let p = |e: Experiment| outcomes.iter().find(|o| o.experiment == e).map(|o| o.params.clone()).unwrap_or_default();
     let (pin, density, scale, stream, interference, realloc) = (
         p(Experiment::Pin),
@@ -383,12 +407,14 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         p(Experiment::Realloc),
     );
     let reuse = p(Experiment::Reuse);
+    let pressure = p(Experiment::Pressure);
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
-         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread",
+         interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; pressure {} guests of {} in turns, \
+         {} each, under {} MiB ({})",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -402,14 +428,20 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         realloc["to_human"].as_str().unwrap_or("?"),
         list(&reuse["sizes"]),
         reuse["duration_ms"],
+        pressure["guests"],
+        pressure["guest_human"].as_str().unwrap_or("?"),
+        pressure["cycles"],
+        pressure["budget_mib"],
+        pressure["enforcement"].as_str().unwrap_or("?"),
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
         "pin x glibc: glibc's time over the peer's (above 1 is faster); density fit: guests that fit (of {}); \
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
-         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; medians over rounds \
-         (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}).",
+         over glibc's (above 1 is faster), worst: the lowest over sizes and modes; pressure killed: guests \
+         OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; medians over \
+         rounds (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, pressure {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
@@ -419,6 +451,7 @@ fn demo(out: PathBuf, peers: PeerList, threads: Option<usize>, tiny: bool) -> Re
         interference["rounds"],
         realloc["rounds"],
         reuse["rounds"],
+        pressure["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -470,9 +503,8 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Compare(a) => compare::main(*a),
-        Command::Guest { allocator, size, chunk, cgroup } => {
-            experiments::density::guest_main(allocator, size, chunk, cgroup)
-        }
+        Command::Guest(g) => experiments::density::guest_main(g.allocator, g.size, g.chunk, g.cgroup),
+        Command::PressureGuest(g) => experiments::pressure::guest_main(g.allocator, g.size, g.chunk, g.cgroup),
         Command::ExitChild { allocator, size, block, idle_ms, way } => {
             experiments::exit::child_main(allocator, size, block, idle_ms, way)
         }

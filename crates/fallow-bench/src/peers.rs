@@ -5,6 +5,13 @@
 //! through `mi_*`, `mmap` as a fresh anonymous mapping per request (the kernel's own zeroing on
 //! first touch), and fallow as an `Allocator` per peer built from [`fallow_config`].
 //!
+//! The fallow variants differ in their configuration (`fallow_config`), and `fallow-delay` also in
+//! the environment of the processes that run it (`PeerKind::guest_env`): it returns free memory on
+//! the reporting delay alone, with the soft memory limit and the pressure triggers turned off
+//! (`FALLOW_MEMORY_LIMIT=off`, `FALLOW_PRESSURE=off`), which the guests of the pressure
+//! experiment read when they build their allocator. In this process it is configured as `fallow`:
+//! the in-process experiments put no memory under pressure.
+//!
 //! Invariants: a pointer is freed by the peer that gave it, with the size it was asked for; a
 //! peer never frees memory that an experiment still touches. A `Peer` is `Sync`: the malloc-like
 //! libraries are thread-safe and a fallow `Allocator` is shared by its clones.
@@ -19,18 +26,20 @@ pub enum PeerKind {
     Mimalloc,
     Mmap,
     Fallow,
+    FallowDelay,
     FallowNozero,
     FallowNoreport,
     FallowNoworkers,
 }
 
 impl PeerKind {
-    pub const ALL: [PeerKind; 8] = [
+    pub const ALL: [PeerKind; 9] = [
         PeerKind::Glibc,
         PeerKind::Jemalloc,
         PeerKind::Mimalloc,
         PeerKind::Mmap,
         PeerKind::Fallow,
+        PeerKind::FallowDelay,
         PeerKind::FallowNozero,
         PeerKind::FallowNoreport,
         PeerKind::FallowNoworkers,
@@ -44,6 +53,7 @@ impl PeerKind {
             PeerKind::Mimalloc => "mimalloc",
             PeerKind::Mmap => "mmap",
             PeerKind::Fallow => "fallow",
+            PeerKind::FallowDelay => "fallow-delay",
             PeerKind::FallowNozero => "fallow-nozero",
             PeerKind::FallowNoreport => "fallow-noreport",
             PeerKind::FallowNoworkers => "fallow-noworkers",
@@ -53,9 +63,11 @@ impl PeerKind {
     /// The JSON `allocator` field.
     pub fn allocator(self) -> &'static str {
         match self {
-            PeerKind::Fallow | PeerKind::FallowNozero | PeerKind::FallowNoreport | PeerKind::FallowNoworkers => {
-                "fallow"
-            }
+            PeerKind::Fallow
+            | PeerKind::FallowDelay
+            | PeerKind::FallowNozero
+            | PeerKind::FallowNoreport
+            | PeerKind::FallowNoworkers => "fallow",
             other => other.name(),
         }
     }
@@ -63,6 +75,7 @@ impl PeerKind {
     /// The JSON `variant` field.
     pub fn variant(self) -> &'static str {
         match self {
+            PeerKind::FallowDelay => "delay",
             PeerKind::FallowNozero => "nozero",
             PeerKind::FallowNoreport => "noreport",
             PeerKind::FallowNoworkers => "noworkers",
@@ -73,10 +86,22 @@ impl PeerKind {
     pub fn fallow_variant(self) -> Option<FallowVariant> {
         match self {
             PeerKind::Fallow => Some(FallowVariant::Default),
+            PeerKind::FallowDelay => Some(FallowVariant::Delay),
             PeerKind::FallowNozero => Some(FallowVariant::NoZero),
             PeerKind::FallowNoreport => Some(FallowVariant::NoReport),
             PeerKind::FallowNoworkers => Some(FallowVariant::NoWorkers),
             _ => None,
+        }
+    }
+
+    /// What a process running this peer has in its environment over its parent's: for
+    /// `fallow-delay`, the soft memory limit and the pressure triggers off. The other peers get
+    /// their parent's environment as it is (so `FALLOW_MEMORY_LIMIT=64MiB` before the command
+    /// tries that setting with `fallow`; unset, the defaults apply).
+    pub fn guest_env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", "off"), ("FALLOW_PRESSURE", "off")],
+            _ => &[],
         }
     }
 
@@ -113,6 +138,9 @@ impl PeerKind {
 pub enum FallowVariant {
     /// Every default.
     Default,
+    /// Every default in this process; its guests return memory on the delay alone (the limit
+    /// and the pressure triggers off through their environment, `PeerKind::guest_env`).
+    Delay,
     /// Background pre-zeroing off.
     NoZero,
     /// Free page reporting off.
@@ -124,13 +152,13 @@ pub enum FallowVariant {
 /// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
 /// address space per arena and asks for huge pages or not.
 ///
-/// This is the one place where the variants differ: `NoZero` turns pre-zeroing off, `NoReport`
+/// This is the one place where the variants differ in this process: `NoZero` turns pre-zeroing off, `NoReport`
 /// turns reporting off, `NoWorkers` turns both off (so that no background thread is started).
 pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
     let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
     let t = config.tunables;
     match variant {
-        FallowVariant::Default => config,
+        FallowVariant::Default | FallowVariant::Delay => config,
         FallowVariant::NoZero => fallow::Config { tunables: fallow::Tunables { zeroing: false, ..t }, ..config },
         FallowVariant::NoReport => fallow::Config { tunables: fallow::Tunables { report: false, ..t }, ..config },
         FallowVariant::NoWorkers => {
@@ -172,12 +200,27 @@ const HUGE: usize = 2 << 20;
 
 impl Peer {
     pub fn new(kind: PeerKind, setup: Setup) -> Result<Peer, String> {
+        Peer::build(kind, setup, false)
+    }
+
+    /// As `new`, but a fallow variant's configuration has the process's `FALLOW_*` environment
+    /// applied over it, as the C library's `fallow_create_from_env` does (a bad value: one
+    /// warning on stderr, then the variant's own value). For guest processes, whose environment
+    /// `PeerKind::guest_env` sets.
+    pub fn from_environment(kind: PeerKind, setup: Setup) -> Result<Peer, String> {
+        Peer::build(kind, setup, true)
+    }
+
+    fn build(kind: PeerKind, setup: Setup, env: bool) -> Result<Peer, String> {
         let imp = match (kind, kind.fallow_variant()) {
             (_, Some(v)) => {
                 // One arena holds the whole working set twice over (room for a grown copy); at
                 // least the largest block (1 GiB by default), which is address space only.
                 let arena = setup.working_set.saturating_mul(2).max(1 << 30);
-                let cfg = fallow_config(v, arena, setup.thp);
+                let mut cfg = fallow_config(v, arena, setup.thp);
+                if env {
+                    cfg = fallow::binding_support::env::from_environment(cfg).config;
+                }
                 Imp::Fallow(Allocator::new(cfg).map_err(|e| format!("{}: {e}", kind.name()))?)
             }
             (PeerKind::Glibc, None) => Imp::Glibc,
@@ -473,5 +516,17 @@ mod tests {
         for k in PeerKind::ALL {
             assert_eq!(PeerKind::parse(k.name()), Some(k));
         }
+    }
+
+    #[test]
+    fn fallow_delay_turns_the_limit_and_the_pressure_triggers_off_in_its_processes() {
+        let env = |k: PeerKind, var: &str| k.guest_env().iter().find(|(v, _)| *v == var).map(|(_, x)| *x);
+        for var in ["FALLOW_MEMORY_LIMIT", "FALLOW_PRESSURE"] {
+            assert_eq!(env(PeerKind::FallowDelay, var), Some("off"));
+        }
+        // The others run with their parent's environment (unset there: the defaults).
+        assert!(PeerKind::Fallow.guest_env().is_empty() && PeerKind::Glibc.guest_env().is_empty());
+        assert_eq!(PeerKind::parse_list("fallow-delay").unwrap(), vec![PeerKind::FallowDelay]);
+        assert_eq!((PeerKind::FallowDelay.allocator(), PeerKind::FallowDelay.variant()), ("fallow", "delay"));
     }
 }

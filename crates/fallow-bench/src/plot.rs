@@ -1,5 +1,5 @@
 //! PNG bar charts of an experiment's main figure, one bar per peer, and line charts over time
-//! (`fallow run --timeline`), each with a legend. Text is drawn with a font
+//! (pressure's summed RSS, one line per peer; `fallow run --timeline`), each with a legend. Text is drawn with a font
 //! compiled into the binary (Ubuntu Light, from the `epaint_default_fonts` crate) so that a
 //! machine without system fonts draws the same charts.
 
@@ -24,6 +24,10 @@ fn register_font() {
 /// than two decades the axis is logarithmic (the bars start at the decade below the smallest).
 pub fn draw(chart: &Chart, path: &Path) -> Result<(), String> {
     register_font();
+    if let Some(lines) = &chart.lines {
+        let limit = lines.limit.as_ref().map(|(label, v)| (label.as_str(), *v));
+        return draw_lines(&chart.title, &lines.x_desc, &chart.unit, &lines.series, limit, path);
+    }
     let bars: Vec<&(String, f64)> = chart.bars.iter().filter(|(_, v)| v.is_finite() && *v >= 0.0).collect();
     let height = 150 + 34 * bars.len().max(1) as u32;
     let whole = BitMapBackend::new(path, (900, height)).into_drawing_area();
@@ -138,12 +142,14 @@ pub fn format_value(v: f64) -> String {
 }
 
 /// Draw `series` (name, points) as lines over a shared x axis into the PNG file `path`, with a
-/// legend naming each line (`fallow run --timeline`).
+/// legend naming each line (`fallow run --timeline`, pressure's summed RSS per peer), and `limit`
+/// (label, value) as a black horizontal line labelled with its value.
 pub fn draw_lines(
     title: &str,
     x_desc: &str,
     y_desc: &str,
     series: &[(String, Vec<(f64, f64)>)],
+    limit: Option<(&str, f64)>,
     path: &Path,
 ) -> Result<(), String> {
     register_font();
@@ -152,8 +158,10 @@ pub fn draw_lines(
     whole.fill(&WHITE).map_err(|e| err(&e))?;
     // The legend in a column of its own right of the chart, where no line can hide it or be hidden.
     let (root, legend) = whole.split_horizontally(860);
-    let pts = series.iter().flat_map(|(_, p)| p.iter());
-    let (mut x_max, mut y_max) = (0.0f64, 0.0f64);
+    let limit = limit.filter(|(_, v)| v.is_finite());
+    let finite = |&&(x, y): &&(f64, f64)| x.is_finite() && y.is_finite();
+    let pts = series.iter().flat_map(|(_, p)| p.iter().filter(finite));
+    let (mut x_max, mut y_max) = (0.0f64, limit.map_or(0.0, |l| l.1));
     for &(x, y) in pts {
         x_max = x_max.max(x);
         y_max = y_max.max(y);
@@ -186,12 +194,22 @@ pub fn draw_lines(
         RGBColor(70, 110, 170),
     ];
     let key = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    let mut keys = 0;
+    let mut legend_line = |name: &str, style: ShapeStyle| -> Result<(), String> {
+        let y = 60 + 24 * keys;
+        keys += 1;
+        legend.draw(&PathElement::new(vec![(4, y), (26, y)], style)).map_err(|e| err(&e))?;
+        legend.draw(&Text::new(name, (32, y), key.clone())).map_err(|e| err(&e))
+    };
+    if let Some((label, v)) = limit {
+        let style = BLACK.stroke_width(1);
+        ctx.draw_series(LineSeries::new([(0.0, v), (x_max, v)], style)).map_err(|e| err(&e))?;
+        legend_line(&format!("{label} {}", format_value(v)), style)?;
+    }
     for (i, (name, p)) in series.iter().enumerate() {
         let c = colors[i % colors.len()];
-        ctx.draw_series(LineSeries::new(p.iter().copied(), c.stroke_width(2))).map_err(|e| err(&e))?;
-        let y = 60 + 24 * i as i32;
-        legend.draw(&PathElement::new(vec![(4, y), (26, y)], c.stroke_width(3))).map_err(|e| err(&e))?;
-        legend.draw(&Text::new(name.as_str(), (32, y), key.clone())).map_err(|e| err(&e))?;
+        ctx.draw_series(LineSeries::new(p.iter().filter(finite).copied(), c.stroke_width(2))).map_err(|e| err(&e))?;
+        legend_line(name, c.stroke_width(3))?;
     }
     whole.present().map_err(|e| err(&e))?;
     Ok(())

@@ -57,12 +57,13 @@ pub fn experiment_table(o: &Outcome) -> String {
 }
 
 /// A row per result, a column per field of the first (`peer` first; `allocator` and `variant`
-/// left out).
+/// left out, and series over time such as pressure's `rss_timeline`, which are for the JSON
+/// record and the plot).
 pub fn table(results: &[Map<String, Value>]) -> String {
-    let skip = ["allocator", "variant", "peer"];
+    let skip = |k: &str| ["allocator", "variant", "peer"].contains(&k) || k.ends_with("_timeline");
     let keys: Vec<String> = results
         .first()
-        .map(|r| r.keys().filter(|k| !skip.contains(&k.as_str())).cloned().collect())
+        .map(|r| r.keys().filter(|k| !skip(k.as_str())).cloned().collect())
         .unwrap_or_default();
     let mut header = vec!["peer".to_string()];
     header.extend(keys.iter().cloned());
@@ -101,6 +102,8 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
         "realloc ms",
         "reuse x glibc (1MiB calloc)",
         "reuse worst x glibc",
+        "pressure killed",
+        "pressure peak MiB",
         "cpu ms (pin)",
     ]
     .iter()
@@ -151,6 +154,16 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
             crate::plot::format_value(v.into_iter().fold(f64::INFINITY, f64::min))
         }
     };
+    // pressure: guests OOM-killed, or without a cgroup the turns seen over budget.
+    let pressure_failed = |peer: &str| -> String {
+        find(outcomes, Experiment::Pressure, peer)
+            .first()
+            .map(|r| match r.get("guests_killed") {
+                Some(Value::Null) | None => format!("{} over", cell(r.get("slots_over_budget").unwrap_or(&Value::Null))),
+                Some(v) => cell(v),
+            })
+            .unwrap_or_else(|| "-".into())
+    };
     let rows: Vec<Vec<String>> = peers
         .iter()
         .map(|p| {
@@ -167,6 +180,8 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 get(Experiment::Realloc, p, "median_ms"),
                 reuse_at(p, "1MiB", "calloc"),
                 reuse_worst(p),
+                pressure_failed(p),
+                get(Experiment::Pressure, p, "peak_rss_mib"),
                 get(Experiment::Pin, p, "cpu_ms"),
             ]
         })

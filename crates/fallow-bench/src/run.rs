@@ -422,7 +422,7 @@ pub fn main(a: RunArgs) -> Result<u8, String> {
     }
     if let Some(path) = &a.timeline {
         let title = format!("fallow run: {}", crate::plot::shorten(&command, 90));
-        crate::plot::draw_lines(&title, "seconds from the start", "MiB", &series, path)?;
+        crate::plot::draw_lines(&title, "seconds from the start", "MiB", &series, None, path)?;
         crate::report::note(&format!("wrote {}", path.display()));
     }
     Ok(f.ending.shell_status())

@@ -1,5 +1,6 @@
-//! What fallow's own C library (`fallow-capi`), LD_PRELOAD library (`fallow-preload`) and
-//! measurement examples need of its internals, and nothing more: the allocator behind a C
+//! What fallow's own C library (`fallow-capi`), LD_PRELOAD library (`fallow-preload`),
+//! measurement examples and benchmark guests (`fallow-bench`: `env`) need of its internals, and
+//! nothing more: the allocator behind a C
 //! `malloc` has to set `errno`, format messages and write them to stderr without allocating,
 //! abort on a bad pointer (`fatal`), take a lock that `fork` handlers can hold, read its settings
 //! from the environment (`env`, shared with the C library) and create the process-wide allocator

@@ -28,14 +28,15 @@
 //! memhog check: the last guest still alive touches its G once more; `memhog_ms` is its time
 //! (null if the guest was killed doing it).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::guests::{rss_of, Cgroup, GuestPipe};
 use super::{make_peers, row, Chart, Enforce, Experiment, Options, Outcome};
 use crate::measure::{children_cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
 use crate::peers::{Peer, PeerKind, Setup};
@@ -85,37 +86,16 @@ pub fn guest_main(kind: PeerKind, size: usize, chunk: usize, cgroup: Option<Path
 }
 
 struct Guest {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    pipe: GuestPipe,
     /// Resident bytes once started, before touching anything (the program itself).
     baseline: usize,
 }
 
 impl Guest {
     fn spawn(kind: PeerKind, o: &Options, cgroup: Option<&PathBuf>) -> Result<Guest, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("__guest")
-            .arg("--allocator")
-            .arg(kind.name())
-            .arg("--size")
-            .arg(o.size.to_string())
-            .arg("--chunk")
-            .arg(o.chunk.to_string());
-        if let Some(dir) = cgroup {
-            cmd.arg("--cgroup").arg(dir);
-        }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start a guest: {e}"))?;
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut g = Guest { child, stdin, stdout, baseline: 0 };
-        match g.read_line() {
+        let pipe = GuestPipe::spawn("__guest", kind, o.size, o.chunk, cgroup, Stdio::null())?;
+        let mut g = Guest { pipe, baseline: 0 };
+        match g.pipe.read_line() {
             Some(l) if l == "ready" => {
                 g.baseline = g.rss();
                 Ok(g)
@@ -127,128 +107,33 @@ impl Guest {
         }
     }
 
-    fn read_line(&mut self) -> Option<String> {
-        let mut s = String::new();
-        match self.stdout.read_line(&mut s) {
-            Ok(n) if n > 0 => Some(s.trim().to_string()),
-            _ => None,
-        }
-    }
-
     /// Touch G; the guest's own time in ms, or None if it died (killed by the OOM killer).
     fn touch(&mut self) -> Option<f64> {
-        writeln!(self.stdin, "touch").ok()?;
-        self.stdin.flush().ok()?;
-        let l = self.read_line()?;
-        l.strip_prefix("done ").and_then(|v| v.parse().ok())
+        self.pipe.ask("touch")
     }
 
     fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.pipe.child.try_wait(), Ok(None))
     }
 
     fn rss(&self) -> usize {
-        std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
-            .map(|pages| pages * 4096)
-            .unwrap_or(0)
+        rss_of(self.pipe.pid())
     }
 
     fn stop(&mut self) {
-        let _ = writeln!(self.stdin, "exit");
-        let _ = self.stdin.flush();
+        self.pipe.say("exit");
+        let child = &mut self.pipe.child;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match self.child.try_wait() {
+            match child.try_wait() {
                 Ok(Some(_)) | Err(_) => return,
                 Ok(None) if Instant::now() > deadline => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
+                    let _ = child.kill();
+                    let _ = child.wait();
                     return;
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
             }
-        }
-    }
-}
-
-/// A memory cgroup limited to the budget, removed when dropped.
-struct Cgroup {
-    dir: PathBuf,
-    version: u8,
-}
-
-impl Cgroup {
-    fn create(tag: &str, limit: usize) -> Option<Cgroup> {
-        // SAFETY: `geteuid` has no preconditions and cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            return None;
-        }
-        let name = format!("fallow-density-{}-{tag}", std::process::id());
-        let v1 = PathBuf::from("/sys/fs/cgroup/memory");
-        if v1.join("memory.limit_in_bytes").exists() {
-            let dir = v1.join(&name);
-            if std::fs::create_dir(&dir).is_ok() {
-                let ok = std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).is_ok();
-                let cg = Cgroup { dir, version: 1 };
-                if ok {
-                    return Some(cg);
-                }
-            }
-        }
-        for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
-            let root = PathBuf::from(root);
-            let ctl = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
-            if !ctl.split_whitespace().any(|c| c == "memory") {
-                continue;
-            }
-            let dir = root.join(&name);
-            if std::fs::create_dir(&dir).is_ok() {
-                let ok = std::fs::write(dir.join("memory.max"), limit.to_string()).is_ok()
-                    && std::fs::write(dir.join("memory.swap.max"), "0").map(|_| true).unwrap_or(true);
-                let cg = Cgroup { dir, version: 2 };
-                if ok {
-                    return Some(cg);
-                }
-            }
-        }
-        None
-    }
-
-    fn read(&self, file: &str) -> Option<u64> {
-        std::fs::read_to_string(self.dir.join(file)).ok()?.trim().parse().ok()
-    }
-
-    fn failcnt(&self) -> Option<u64> {
-        if self.version == 1 {
-            self.read("memory.failcnt")
-        } else {
-            let ev = std::fs::read_to_string(self.dir.join("memory.events")).ok()?;
-            ev.lines().find_map(|l| l.strip_prefix("max ").and_then(|v| v.trim().parse().ok()))
-        }
-    }
-
-    fn usage(&self) -> Option<u64> {
-        self.read(if self.version == 1 { "memory.usage_in_bytes" } else { "memory.current" })
-    }
-
-    fn enforcement(&self) -> &'static str {
-        if self.version == 1 {
-            "cgroup-v1"
-        } else {
-            "cgroup-v2"
-        }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }
@@ -271,8 +156,8 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let g = o.size;
     let cgroup = match o.enforce {
         Enforce::Rss => None,
-        Enforce::Auto => Cgroup::create(kind.name(), budget),
-        Enforce::Cgroup => Some(Cgroup::create(kind.name(), budget).ok_or(
+        Enforce::Auto => Cgroup::create("density", kind.name(), budget),
+        Enforce::Cgroup => Some(Cgroup::create("density", kind.name(), budget).ok_or(
             "--enforce cgroup: cannot create a memory cgroup (needs root and cgroup v1 memory or v2 with the memory controller)",
         )?),
     };
@@ -376,25 +261,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     // The peers are built here only to check that they can be (the guests build their own).
     make_peers(&o.peers, Setup { working_set: g, thp: false })?;
     let bar = Mutex::new(Progress::new("density", o.rounds * o.peers.len() * o.max_guests.min(4)));
-    let mut runs: Vec<Vec<Run>> = (0..o.peers.len()).map(|_| Vec::new()).collect();
-    for round in 0..o.rounds {
-        if o.parallel {
-            let got: Vec<Result<Run, String>> = std::thread::scope(|sc| {
-                let hs: Vec<_> = o.peers.iter().map(|&k| {
-                    let bar = &bar;
-                    sc.spawn(move || run_peer(k, o, budget, bar))
-                }).collect();
-                hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a density thread failed".into()))).collect()
-            });
-            for (i, r) in got.into_iter().enumerate() {
-                runs[i].push(r?);
-            }
-        } else {
-            for i in super::round_order(o.peers.len(), round) {
-                runs[i].push(run_peer(o.peers[i], o, budget, &bar)?);
-            }
-        }
-    }
+    let runs = super::guests::rounds(o, |k| run_peer(k, o, budget, &bar))?;
     bar.lock().unwrap().finish();
     let mut results = Vec::new();
     let mut bars = Vec::new();
@@ -438,6 +305,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             ),
             unit: "guests".into(),
             bars,
+            lines: None,
         },
     })
 }

@@ -282,6 +282,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             ),
             unit: "ms".into(),
             bars,
+            lines: None,
         },
     })
 }

@@ -127,6 +127,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             title: format!("interference: memory-bound loop slowdown while {} blocks churn (lower is better)", fmt_size(size)),
             unit: "x alone".into(),
             bars,
+            lines: None,
         },
     })
 }

@@ -1,5 +1,7 @@
 //! The experiments, one file each, and what they share: their options, their outcome (the JSON
-//! record and a bar chart), and running peers interleaved.
+//! record and a bar chart, or lines over time), and running peers interleaved. Guest processes,
+//! their budget and running their peers' rounds are in `guests.rs` (density, pressure);
+//! pressure's arithmetic in `timeline.rs`.
 //!
 //! Every experiment builds all its peers in this process, then for each round measures every
 //! peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
@@ -8,12 +10,15 @@
 
 pub mod density;
 pub mod exit;
+mod guests;
 pub mod interference;
 pub mod pin;
+pub mod pressure;
 pub mod realloc;
 pub mod reuse;
 pub mod scale;
 pub mod stream;
+mod timeline;
 
 use serde_json::{Map, Value};
 
@@ -29,12 +34,13 @@ pub enum Experiment {
     Realloc,
     Reuse,
     Exit,
+    Pressure,
 }
 
 impl Experiment {
     /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
     /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
-    pub const DEMO: [Experiment; 7] = [
+    pub const DEMO: [Experiment; 8] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
@@ -42,6 +48,7 @@ impl Experiment {
         Experiment::Interference,
         Experiment::Realloc,
         Experiment::Reuse,
+        Experiment::Pressure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +61,7 @@ impl Experiment {
             Experiment::Realloc => "realloc",
             Experiment::Reuse => "reuse",
             Experiment::Exit => "exit",
+            Experiment::Pressure => "pressure",
         }
     }
 
@@ -68,13 +76,23 @@ impl Experiment {
             Experiment::Realloc => 128 << 20,
             Experiment::Reuse => 1 << 20,
             Experiment::Exit => 256 << 20,
+            Experiment::Pressure => 256 << 20,
         }
     }
 
-    /// The peers when `--allocators` is not given: every one, but for exit the malloc-like
-    /// libraries and the fallow variants that differ in their background workers.
+    /// The peers when `--allocators` is not given: every one but `fallow-delay` (which differs
+    /// from `fallow` under memory pressure only), but for exit the malloc-like libraries and the
+    /// fallow variants that differ in their background workers, and for pressure the malloc-like
+    /// libraries and fallow with and without the limit and the pressure triggers.
     pub fn default_peers(self) -> Vec<PeerKind> {
         match self {
+            Experiment::Pressure => vec![
+                PeerKind::Glibc,
+                PeerKind::Jemalloc,
+                PeerKind::Mimalloc,
+                PeerKind::FallowDelay,
+                PeerKind::Fallow,
+            ],
             Experiment::Exit => vec![
                 PeerKind::Glibc,
                 PeerKind::Jemalloc,
@@ -83,13 +101,13 @@ impl Experiment {
                 PeerKind::FallowNozero,
                 PeerKind::FallowNoworkers,
             ],
-            _ => PeerKind::ALL.to_vec(),
+            _ => PeerKind::ALL.into_iter().filter(|&k| k != PeerKind::FallowDelay).collect(),
         }
     }
 
     pub fn default_rounds(self) -> usize {
         match self {
-            Experiment::Density => 1,
+            Experiment::Density | Experiment::Pressure => 1,
             Experiment::Interference => 5,
             _ => 3,
         }
@@ -97,10 +115,12 @@ impl Experiment {
 
     /// pin: the idle gap; density: how long a guest may take to settle (longer than fallow's
     /// default reporting delay of 2 s, so that reporting can show); exit: the child's sleep
-    /// between freeing and leaving.
+    /// between freeing and leaving; pressure: the gap after each turn (much shorter than the
+    /// reporting delay: a clock alone gives nothing back in time).
     pub fn default_idle_ms(self) -> u64 {
         match self {
             Experiment::Density => 3000,
+            Experiment::Pressure => 100,
             Experiment::Exit => 20,
             _ => 1000,
         }
@@ -116,6 +136,7 @@ impl Experiment {
             Experiment::Realloc => realloc::run(o),
             Experiment::Reuse => reuse::run(o),
             Experiment::Exit => exit::run(o),
+            Experiment::Pressure => pressure::run(o),
         }
     }
 }
@@ -130,14 +151,15 @@ pub struct Options {
     pub idle_ms: u64,
     pub lock: bool,
     pub thp: bool,
-    /// density: the budget in bytes (0: 3.75 x size); the allocation chunk of a guest.
+    /// density: the budget in bytes (0: 3.75 x size); pressure: the same (0: from the live data);
+    /// both: the allocation chunk of a guest, the guests (density: the most started).
     pub budget: usize,
     pub chunk: usize,
     pub max_guests: usize,
-    /// density: how the budget is enforced; run the peers at once.
+    /// density and pressure: how the budget is enforced; run the peers at once.
     pub enforce: Enforce,
     pub parallel: bool,
-    /// scale: alloc+free pairs per thread; stream: buffers per round.
+    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest.
     pub count: usize,
     /// reuse: the sizes swept (empty: the default sweep), the modes (empty: both), the time of
     /// one measurement.
@@ -151,7 +173,7 @@ pub struct Options {
     pub block: usize,
 }
 
-/// density: how the budget is enforced: a memory cgroup if the machine allows it, else RSS
+/// density, pressure: how the budget is enforced: a memory cgroup if the machine allows it, else RSS
 /// (`Auto`); a cgroup or fail (`Cgroup`); RSS readings only (`Rss`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Enforce {
@@ -168,11 +190,21 @@ pub struct Outcome {
     pub chart: Chart,
 }
 
-/// A bar chart: one bar per label.
+/// A bar chart: one bar per label; or, when `lines` is set, lines over time (the bars then are
+/// for the tables only).
 pub struct Chart {
     pub title: String,
     pub unit: String,
     pub bars: Vec<(String, f64)>,
+    pub lines: Option<Lines>,
+}
+
+/// Lines of (x, y) points, one per label, with a horizontal line for a limit; y is in the
+/// chart's unit.
+pub struct Lines {
+    pub x_desc: String,
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+    pub limit: Option<(String, f64)>,
 }
 
 impl Outcome {

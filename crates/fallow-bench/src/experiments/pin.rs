@@ -131,6 +131,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             title: format!("pin: obtain {} zeroed, every page touched{what} (lower is better)", fmt_size(n)),
             unit: "ms".into(),
             bars,
+            lines: None,
         },
     })
 }

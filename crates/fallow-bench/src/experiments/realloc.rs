@@ -83,6 +83,6 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
         }),
         results,
-        chart: Chart { title: format!("realloc: grow 1MiB to {} by doubling (lower is better)", fmt_size(max)), unit: "ms".into(), bars },
+        chart: Chart { title: format!("realloc: grow 1MiB to {} by doubling (lower is better)", fmt_size(max)), unit: "ms".into(), bars, lines: None },
     })
 }

@@ -302,6 +302,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             title: format!("reuse: alloc, memset, free in a tight loop, {what} (higher is better)"),
             unit: unit.into(),
             bars,
+            lines: None,
         },
     })
 }

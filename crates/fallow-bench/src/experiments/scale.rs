@@ -135,6 +135,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             title: format!("scale: ns per alloc+free pair of {}, x threads (lower is better)", fmt_size(size)),
             unit: "ns/pair".into(),
             bars,
+            lines: None,
         },
     })
 }

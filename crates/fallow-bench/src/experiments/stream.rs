@@ -70,6 +70,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             title: format!("stream: write {} buffers {count} times (GiB/s, higher is better)", fmt_size(n)),
             unit: "GiB/s".into(),
             bars,
+            lines: None,
         },
     })
 }
