@@ -1,12 +1,14 @@
 # The README's two commands: `make demo` (the main job: every experiment of the benchmark command
 # at a small default size) and `make test` (every test; installs what it needs on a fresh machine).
-# CI (.ci/run) calls `make test`.
-.PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi numpy-full-suite
+# CI (.ci/run) calls `make test`. `make install` / `make uninstall`: the C library, the preload
+# library, the header, the pkg-config file and the `fallow` command, under PREFIX (and DESTDIR).
+.PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi test-install numpy-full-suite \
+	build install uninstall
 
 demo:
 	cargo run --release -p fallow-bench -- demo
 
-test: test-lint test-rust test-debug test-loom test-bench test-capi
+test: test-lint test-rust test-debug test-loom test-bench test-capi test-install
 
 # clippy over every crate and target, warnings as errors: with the crates' own lints, every
 # `unsafe` block carries a SAFETY comment, every unsafe fn a `# Safety` section, and no unsafe
@@ -45,3 +47,37 @@ test-capi:
 # Not part of `make test` (about 15 minutes): numpy's whole test suite with and without the preload.
 numpy-full-suite:
 	scripts/numpy-full-suite.sh
+
+# Installation as C users expect: `make install PREFIX=/usr/local` (the default), with DESTDIR
+# for staging (paths inside the installed files name PREFIX, not DESTDIR). `make uninstall` with
+# the same PREFIX and DESTDIR removes exactly the files listed in INSTALLED (directories stay, as
+# they may hold other packages' files). scripts/test-install.sh checks both.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+INSTALLED = $(BINDIR)/fallow $(LIBDIR)/libfallow.so $(LIBDIR)/libfallow.a $(LIBDIR)/libfallow_preload.so \
+	$(INCLUDEDIR)/fallow.h $(PKGCONFIGDIR)/fallow.pc
+
+build:
+	cargo build --release -p fallow-capi -p fallow-preload -p fallow-bench
+
+install: build
+	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
+	install -m 755 target/release/fallow "$(DESTDIR)$(BINDIR)/fallow"
+	install -m 755 target/release/libfallow.so target/release/libfallow_preload.so "$(DESTDIR)$(LIBDIR)/"
+	install -m 644 target/release/libfallow.a "$(DESTDIR)$(LIBDIR)/"
+	install -m 644 include/fallow.h "$(DESTDIR)$(INCLUDEDIR)/"
+	sed -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+		crates/fallow-capi/fallow.pc.in > "$(DESTDIR)$(PKGCONFIGDIR)/fallow.pc"
+	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/fallow.pc"
+
+uninstall:
+	rm -f $(addprefix "$(DESTDIR),$(addsuffix ",$(INSTALLED)))
+
+# `make install` and `make uninstall` into temporary prefixes (with and without DESTDIR), the C
+# test built against the installed pkg-config file, and `cargo package -p fallow`.
+test-install:
+	scripts/test-install.sh
