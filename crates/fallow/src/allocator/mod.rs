@@ -237,6 +237,7 @@ impl Allocator {
             }
             counts = counts.plus(a.listed().counts);
             free_pages += a.listed().pages;
+            s.never_used_pages += a.never_used_pages() as u64;
             s.reserved_bytes += a.len as u64;
         }
         let c = &h.counters;

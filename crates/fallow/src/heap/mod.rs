@@ -213,6 +213,7 @@ impl Heap {
             };
             if let Some(t) = got {
                 a.mark_live(t.pfn, t.npages, 0);
+                a.mark_used(t.pfn + t.npages);
                 let addr = a.addr(t.pfn);
                 self.account_taken(&t, zero);
                 return Some(Placed { arena: ai, taken: t, addr });
