@@ -65,6 +65,18 @@ cat "$out/warn.log"
 [[ $(grep -c 'FALLOW_THRESHOLD="100" is below one page.*; using 4096$' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD range warning"
 [[ $(grep -c 'FALLOW_ARENA_SIZE="100m" is below the largest block.*; using 1073741824$' "$out/warn.log") == 1 ]] || fail "FALLOW_ARENA_SIZE range warning"
 [[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
+# The caches' settings: applied (FALLOW_CACHE=off: no cache hit), and a bad one warns once.
+hits() { sed -n 's/.*cache_hits: *\([0-9]*\).*/\1/p' "$1"; }
+loop='import time
+for i in range(200): b = bytearray(512 << 10)'
+LD_PRELOAD=$so FALLOW_STATS=1 python3 -c "$loop" 2> "$out/cache_on.log"
+FALLOW_CACHE=off LD_PRELOAD=$so FALLOW_STATS=1 python3 -c "$loop" 2> "$out/cache_off.log"
+[[ $(hits "$out/cache_on.log") -gt 0 && $(hits "$out/cache_off.log") == 0 ]] \
+    || fail "FALLOW_CACHE=off: cache_hits $(hits "$out/cache_on.log") on, $(hits "$out/cache_off.log") off"
+FALLOW_CACHE_MAX_ORDER=12 LD_PRELOAD=$so "$out/preload_test" threshold 262144 2> "$out/warn.log"
+cat "$out/warn.log"
+[[ $(grep -c 'FALLOW_CACHE_MAX_ORDER="12" is above 9; using 9$' "$out/warn.log") == 1 ]] || fail "FALLOW_CACHE_MAX_ORDER warning"
+[[ $(wc -l < "$out/warn.log") == 1 ]] || fail "expected exactly one warning"
 # Ordinary programs run under the preload (no large allocation: the allocator is never created).
 LD_PRELOAD=$so ls / > /dev/null
 LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null
