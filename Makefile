@@ -8,32 +8,46 @@
 demo:
 	cargo run --release -p fallow-bench -- demo
 
-test: test-lint test-rust test-debug test-loom test-bench test-capi test-install
+# Every phase below, each through scripts/phase.sh: a line when it starts, one every 50 s while
+# it runs, and one when it ends with its counts (cargo tests passed and failed, script checks)
+# and duration. scripts/test-preflight.sh first says what will be installed and that apt-get
+# needs root. Temporary files go to target/test-tmp (TMPDIR), removed at the end: nothing is left
+# in /tmp. Two build profiles, one dependency tree each: release (clippy's check pass aside) for
+# every phase but test-debug, whose dev build gives the core's debug assertions and overflow
+# checks (and serves `cargo package`'s verifying build).
+PHASES = test-lint test-rust test-debug test-loom test-bench test-capi test-install
+test:
+	@scripts/test-preflight.sh
+	@rm -rf target/test-tmp && mkdir -p target/test-tmp
+	@for p in $(PHASES); do \
+		TMPDIR=$(CURDIR)/target/test-tmp scripts/phase.sh $$p $(MAKE) --no-print-directory $$p || exit 1; \
+	done
+	@rm -rf target/test-tmp
+	@echo "== make test: all phases passed"
 
 # clippy over every crate and target, warnings as errors: with the crates' own lints, every
 # `unsafe` block carries a SAFETY comment, every unsafe fn a `# Safety` section, and no unsafe
 # operation hides in an unsafe fn without a block of its own. The loom models (tests/loom/)
-# build only with `--cfg loom`: a second run lints them, in test-loom's target directory so that
-# test-loom does not build the core again.
+# build only with the `loom` feature: a second run lints them, sharing the first's dependencies.
 test-lint:
 	cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 	cargo clippy --workspace --all-targets --release -- -D warnings
-	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo clippy -p fallow --release --test loom -- -D warnings
+	cargo clippy -p fallow --release --features loom --test loom -- -D warnings
 
 # Every crate's unit and integration tests (core, reporting, zeroing, caches, bench, C API adapter).
 test-rust:
 	cargo test --workspace --release
 
-# The core again with debug assertions on.
+# The core again with debug assertions and overflow checks on (the dev profile).
 test-debug:
 	cargo test -p fallow
 
 # loom model checks of the lock-free protocols (crates/fallow/tests/loom/; docs/design.md,
-# "Model-checked protocols"). `--cfg loom` swaps the atomics of the real protocol code for loom's,
-# so it builds in a target directory of its own. Bound 4 checks in about 15 s here; `--nocapture`
-# shows how many executions each model explored.
+# "Model-checked protocols"). The `loom` feature swaps the atomics of the real protocol code for
+# loom's; only the core and loom are built again, the other dependencies are test-rust's. Bound 4
+# checks in about 15 s here; `--nocapture` shows how many executions each model explored.
 test-loom:
-	RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=4 CARGO_TARGET_DIR=target/loom cargo test -p fallow --release --test loom -- --test-threads=1 --nocapture
+	LOOM_MAX_PREEMPTIONS=4 cargo test -p fallow --release --features loom --test loom -- --test-threads=1 --nocapture
 
 # The benchmark command, every experiment once at a tiny size (no timing asserted).
 test-bench:
@@ -78,6 +92,7 @@ uninstall:
 	rm -f $(addprefix "$(DESTDIR),$(addsuffix ",$(INSTALLED)))
 
 # `make install` and `make uninstall` into temporary prefixes (with and without DESTDIR), the C
-# test built against the installed pkg-config file, and `cargo package -p fallow`.
+# test built against the installed pkg-config file, `cargo package -p fallow`, `cargo doc`
+# without warnings, and the README's links (inside the repository, resolving).
 test-install:
 	scripts/test-install.sh

@@ -19,6 +19,7 @@ for pkg in gcc pkg-config python3-venv python3-pip file time; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
+    [[ $(id -u) == 0 ]] || fail "missing ${missing[*]}; installing them with apt-get needs root"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
@@ -27,10 +28,12 @@ cargo build --release -p fallow-capi -p fallow-preload
 for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
     [[ -f target/release/$f ]] || fail "target/release/$f missing"
 done
-cargo test -q -p fallow-preload
+# In release, as `make test`'s other phases build (run from `make test`, test-rust ran these
+# already and nothing is rebuilt).
+cargo test -q --release -p fallow-preload
 # The start-up, the settings parser and the fatal path, shared by FallowAlloc, the preload and the C API.
-cargo test -q -p fallow --lib -- global:: env:: message:: start::
-cargo test -q -p fallow --test global_alloc --test global_start --test limits
+cargo test -q --release -p fallow --lib -- global:: env:: message:: start::
+cargo test -q --release -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release

@@ -3,7 +3,8 @@
 # against that prefix's `pkg-config --cflags --libs fallow` and run, the installed preload library
 # and `fallow` command run; again with DESTDIR staging (the files name PREFIX, not DESTDIR);
 # `make uninstall` leaves no file behind. Then `cargo package -p fallow` (with its verifying
-# build) and `cargo doc -p fallow --no-deps` without a warning. Everything is written under
+# build) and `cargo doc -p fallow --no-deps` without a warning; the README's links stay inside
+# the repository (scripts/check-links.py). Everything is written under
 # target/install-test, removed at the end. Run from anywhere; needs gcc and pkg-config (installed
 # with apt-get when missing, which needs root).
 set -euo pipefail
@@ -52,7 +53,8 @@ flags=$(pkg-config --cflags --libs fallow)
 ok "pkg-config --cflags --libs fallow: $flags"
 # shellcheck disable=SC2086
 gcc -O2 -Wall -Werror -fno-builtin -o "$work/capi_test" tests/c/capi_test.c $flags -lpthread
-ldd "$work/capi_test" | grep -q "libfallow.so => $prefix/lib/libfallow.so" || fail "not linked to the installed library"
+ldd "$work/capi_test" > "$work/ldd.txt"
+grep -q "libfallow.so => $prefix/lib/libfallow.so" "$work/ldd.txt" || { cat "$work/ldd.txt"; fail "not linked to the installed library"; }
 "$work/capi_test" > "$work/capi.log" || { cat "$work/capi.log"; fail "C API test against the installed library"; }
 ok "C API test built against the installed prefix: $(grep -c '^ok' "$work/capi.log") ok"
 gcc -O2 -Wall -Werror -o "$work/capi_test_static" tests/c/capi_test.c $(pkg-config --cflags fallow) \
@@ -87,5 +89,9 @@ ok "cargo package -p fallow (verified)"
 RUSTDOCFLAGS="-D warnings" cargo doc -q -p fallow --no-deps --release 2>"$work/doc.err" \
     || { cat "$work/doc.err"; fail "cargo doc -p fallow --no-deps warns or fails"; }
 ok "cargo doc -p fallow --no-deps without warnings"
+
+# 4. The README links only inside the repository, to files and headings that exist.
+python3 scripts/check-links.py README.md >/dev/null || { python3 scripts/check-links.py README.md; fail "README links"; }
+ok "every README link is inside the repository and resolves"
 
 echo "test-install: all $checks checks passed"
