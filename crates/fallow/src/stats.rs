@@ -117,9 +117,10 @@ macro_rules! stats_table {
         free_blocks: Blocks,
     }
     rust {
-        /// Free pages past the highest page ever touched in each arena: reserved address space
-        /// that was never used (a lower bound), counted in `free_reported_pages` too, as its
-        /// pages read zero and are not resident, but never given back: they were never memory.
+        /// Reserved address space never used: free pages never touched (a lower bound: those
+        /// past the highest page ever used in each arena, and of the free reported pages below
+        /// it, those beyond all the pages ever given back). Counted in `free_reported_pages` too,
+        /// as its pages read zero and are not resident, but never given back: never memory.
         never_used_pages: Pages,
         /// Batched refills and drains of per-thread caches (each one hold of the lock).
         cache_refills: Count,

@@ -156,6 +156,7 @@ impl Shared {
             return self.free_locked(addr, None);
         }
         let slack = a.release_live(pfn, npages, PageState::Reported, now);
+        h.counters.freed_reported_pages += npages as u64;
         self.account_free(h, npages, slack);
         Ok(())
     }

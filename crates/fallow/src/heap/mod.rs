@@ -71,6 +71,10 @@ pub(crate) struct Counters {
     pub cache_drains: u64,
     /// Caches of idle threads drained by the reporting worker (`cache::drain_unanswered`).
     pub cache_remote_drains: u64,
+    /// Pages of live blocks freed as `Reported` (`free_reported`: moved away, not resident).
+    /// With the reporter's `reported_bytes`, a bound on the free `Reported` pages that were ever
+    /// touched (`Allocator::stats`, `never_used_pages`).
+    pub freed_reported_pages: u64,
 }
 
 /// Everything the lock guards.
