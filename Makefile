@@ -12,9 +12,10 @@ demo:
 # it runs, and one when it ends with its counts (cargo tests passed and failed, script checks)
 # and duration. scripts/test-preflight.sh first says what will be installed and that apt-get
 # needs root. Temporary files go to target/test-tmp (TMPDIR), removed at the end: nothing is left
-# in /tmp. Two build profiles, one dependency tree each: release (clippy's check pass aside) for
-# every phase but test-debug, whose dev build gives the core's debug assertions and overflow
-# checks (and serves `cargo package`'s verifying build).
+# in /tmp. One dependency tree, the release profile's, for every phase (clippy's check pass
+# aside): test-debug turns debug assertions on for the core alone, test-loom is a feature of the
+# core; only `cargo package`'s verifying build (test-install) builds the core's four small
+# dependencies in the dev profile.
 PHASES = test-lint test-rust test-debug test-loom test-bench test-capi test-install
 test:
 	@scripts/test-preflight.sh
@@ -38,9 +39,12 @@ test-lint:
 test-rust:
 	cargo test --workspace --release
 
-# The core again with debug assertions and overflow checks on (the dev profile).
+# The core again with debug assertions and overflow checks on: in the release profile with both
+# turned on for the core only, so that its dependencies are the release build's (only the core
+# and its tests are built again; its artifacts carry their own hash beside the release ones).
 test-debug:
-	cargo test -p fallow
+	cargo test -p fallow --release --config 'profile.release.package.fallow.debug-assertions=true' \
+		--config 'profile.release.package.fallow.overflow-checks=true'
 
 # loom model checks of the lock-free protocols (crates/fallow/tests/loom/; docs/design.md,
 # "Model-checked protocols"). The `loom` feature swaps the atomics of the real protocol code for

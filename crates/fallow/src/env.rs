@@ -49,8 +49,9 @@ pub struct EnvSettings {
     pub threshold: usize,
     /// `FALLOW_STATS=1`: the statistics on stderr at exit.
     pub stats: bool,
-    /// The configuration given, with `FALLOW_ARENA_SIZE` and `FALLOW_THP` applied, and in its
-    /// tunables `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING`.
+    /// The configuration given, with `FALLOW_ARENA_SIZE`, `FALLOW_THP` and the `FALLOW_CACHE*`
+    /// variables applied, and in its tunables `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and
+    /// `FALLOW_ZEROING`.
     pub config: Config,
 }
 
