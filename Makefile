@@ -79,8 +79,13 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 INSTALLED = $(BINDIR)/fallow $(LIBDIR)/libfallow.so $(LIBDIR)/libfallow.a $(LIBDIR)/libfallow_preload.so \
 	$(INCLUDEDIR)/fallow.h $(PKGCONFIGDIR)/fallow.pc
 
+# `sudo make install` where root has no cargo installs what `make build` built before.
 build:
-	cargo build --release -p fallow-capi -p fallow-preload -p fallow-bench
+	@if command -v cargo >/dev/null 2>&1; then \
+		cargo build --release -p fallow-capi -p fallow-preload -p fallow-bench; \
+	else \
+		echo "cargo not found: installing what target/release holds (run 'make build' first)"; \
+	fi
 
 install: build
 	install -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(INCLUDEDIR)" "$(DESTDIR)$(PKGCONFIGDIR)"
