@@ -2,10 +2,10 @@
  * idle and returns unused pages to the kernel.
  *
  * Link with -lfallow (target/release/libfallow.so or libfallow.a; pkg-config file fallow.pc in
- * target/release, or in PREFIX/lib/pkgconfig after `make install PREFIX=...`). Every function is thread-safe. Functions that can fail return 0 on success
- * or an errno value (ENOMEM, EINVAL, ...), also stored in errno; fallow_last_error() then gives a
- * message naming the cause (and the address, for a bad pointer). No function here calls malloc
- * on the allocation and free paths.
+ * target/release, or in PREFIX/lib/pkgconfig after `make install PREFIX=...`). Every function
+ * is thread-safe. Functions that can fail return 0 on success or an errno value (ENOMEM, EINVAL,
+ * ...), also stored in errno; fallow_last_error() then gives a message naming the cause (and the
+ * address, for a bad pointer). No function here calls malloc on the allocation and free paths.
  */
 #ifndef FALLOW_H
 #define FALLOW_H

@@ -278,10 +278,14 @@ fn cache_settings<'a>(
     }
     // The batch's default is the given one, capped by a high mark the environment set (a given
     // configuration that is itself out of range stays so, for `Config::validate` to refuse).
-    let batch_default =
-        if c.cache_high_pages != d.cache_high_pages { d.cache_batch_pages.min(c.cache_high_pages) } else { d.cache_batch_pages };
+    let batch_default = if c.cache_high_pages != d.cache_high_pages {
+        d.cache_batch_pages.min(c.cache_high_pages)
+    } else {
+        d.cache_batch_pages
+    };
     let batch = (1, c.cache_high_pages);
-    c.cache_batch_pages = ranged(get, warn, c"FALLOW_CACHE_BATCH_PAGES", batch, batch_default).unwrap_or(batch_default);
+    let var = c"FALLOW_CACHE_BATCH_PAGES";
+    c.cache_batch_pages = ranged(get, warn, var, batch, batch_default).unwrap_or(batch_default);
 }
 
 /// Decimal bytes with an optional binary suffix (`k`, `m`, `g`, either case).

@@ -1,8 +1,9 @@
 //! Model checks of fallow's lock-free protocols with loom, which runs each model under every
 //! interleaving (and every outcome the memory model allows of each atomic access) up to a bound
 //! on preemptions: `make test-loom` (`LOOM_MAX_PREEMPTIONS=4`, `--features loom`, in the release
-//! target directory, whose dependencies it shares). Without the `loom` feature this test is empty. One file per protocol, below. What each model proves, and what it
-//! assumes, is in docs/design.md ("Model-checked protocols", under "Threads and locks").
+//! target directory, whose dependencies it shares). Without the `loom` feature this test is
+//! empty. One file per protocol, below. What each model proves, and what it assumes, is in
+//! docs/design.md ("Model-checked protocols", under "Threads and locks").
 //!
 //! - The worker word (`worker.rs`): the REAL `Worker` code, built on loom's atomics and a futex
 //!   modelled by a mutex and condition variable (`sync.rs`: the value is re-checked under the
