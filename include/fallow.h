@@ -2,10 +2,10 @@
  * idle and returns unused pages to the kernel.
  *
  * Link with -lfallow (target/release/libfallow.so or libfallow.a; pkg-config file fallow.pc in
- * target/release). Every function is thread-safe. Functions that can fail return 0 on success
- * or an errno value (ENOMEM, EINVAL, ...), also stored in errno; fallow_last_error() then gives a
- * message naming the cause (and the address, for a bad pointer). No function here calls malloc
- * on the allocation and free paths.
+ * target/release, or in PREFIX/lib/pkgconfig after `make install PREFIX=...`). Every function
+ * is thread-safe. Functions that can fail return 0 on success or an errno value (ENOMEM, EINVAL,
+ * ...), also stored in errno; fallow_last_error() then gives a message naming the cause (and the
+ * address, for a bad pointer). No function here calls malloc on the allocation and free paths.
  */
 #ifndef FALLOW_H
 #define FALLOW_H
@@ -34,6 +34,15 @@ typedef struct fallow_config {
     int thp;            /* 1: ask for transparent huge pages (needs max_order >= 9) */
     int backing;        /* FALLOW_BACKING_* */
 } fallow_config;
+
+/* The per-thread page caches (apart from fallow_config, whose layout stays as it was). A thread
+ * keeps free blocks of 4 KiB up to 4 KiB << max_order and serves them without a lock. */
+typedef struct fallow_cache_config {
+    int cache;            /* 1: per-thread caches (default), 0: none */
+    uint32_t max_order;   /* largest cached order, 0..9 (4 KiB to 2 MiB); default 9 */
+    uint32_t batch_pages; /* pages moved per refill or drain, 1..high_pages; default 64 */
+    uint32_t high_pages;  /* most pages one thread holds, 2..65536; default 1024 (4 MiB) */
+} fallow_cache_config;
 
 #define FALLOW_CLASSES 3 /* free-list classes: 0 dirty, 1 zeroed, 2 reported */
 #define FALLOW_ORDERS 31
@@ -74,12 +83,25 @@ void fallow_config_init(fallow_config *config);
 int fallow_create(const fallow_config *config, fallow_allocator **out);
 
 /* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
- * config (NULL: the default): FALLOW_ARENA_SIZE and FALLOW_THP set the configuration,
+ * config (NULL: the default): FALLOW_ARENA_SIZE, FALLOW_THP and FALLOW_CACHE,
+ * FALLOW_CACHE_MAX_ORDER, FALLOW_CACHE_BATCH_PAGES, FALLOW_CACHE_HIGH_PAGES set the configuration,
  * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS and FALLOW_ZEROING (idle, off) the
  * tunables; FALLOW_THRESHOLD and FALLOW_STATS, the preload's own, are only checked. A bad value
  * prints one warning on stderr naming the variable, the value given and the value used (the
  * config's, or the nearest value in range), and the allocator is created all the same. */
 int fallow_create_from_env(const fallow_config *config, fallow_allocator **out);
+
+/* The default cache settings. */
+void fallow_cache_config_init(fallow_cache_config *cache);
+
+/* fallow_create with the cache settings of cache (NULL: the default); with from_env != 0, the
+ * FALLOW_* variables applied over both, as fallow_create_from_env does. EINVAL, with a message
+ * naming the setting and its range, for a value out of range. */
+int fallow_create_with_cache(const fallow_config *config, const fallow_cache_config *cache, int from_env,
+                             fallow_allocator **out);
+
+/* The cache settings an allocator was created with. */
+int fallow_cache_config_read(fallow_allocator *a, fallow_cache_config *out);
 
 /* Destroy an allocator and unmap all its memory, live blocks included. NULL is ignored. */
 void fallow_destroy(fallow_allocator *a);

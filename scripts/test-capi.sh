@@ -19,6 +19,7 @@ for pkg in gcc pkg-config python3-venv python3-pip file time; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then
+    [[ $(id -u) == 0 ]] || fail "missing ${missing[*]}; installing them with apt-get needs root"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
@@ -27,10 +28,12 @@ cargo build --release -p fallow-capi -p fallow-preload
 for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
     [[ -f target/release/$f ]] || fail "target/release/$f missing"
 done
-cargo test -q -p fallow-preload
+# In release, as `make test`'s other phases build (run from `make test`, test-rust ran these
+# already and nothing is rebuilt).
+cargo test -q --release -p fallow-preload
 # The start-up, the settings parser and the fatal path, shared by FallowAlloc, the preload and the C API.
-cargo test -q -p fallow --lib -- global:: env:: message:: start::
-cargo test -q -p fallow --test global_alloc --test global_start --test limits
+cargo test -q --release -p fallow --lib -- global:: env:: message:: start::
+cargo test -q --release -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release
@@ -65,6 +68,28 @@ cat "$out/warn.log"
 [[ $(grep -c 'FALLOW_THRESHOLD="100" is below one page.*; using 4096$' "$out/warn.log") == 1 ]] || fail "FALLOW_THRESHOLD range warning"
 [[ $(grep -c 'FALLOW_ARENA_SIZE="100m" is below the largest block.*; using 1073741824$' "$out/warn.log") == 1 ]] || fail "FALLOW_ARENA_SIZE range warning"
 [[ $(wc -l < "$out/warn.log") == 2 ]] || fail "expected exactly two warnings"
+# FALLOW_STATS=1 names never-used address space apart: a 64 MiB program in a 1 GiB arena has
+# most of it never used and nothing given back (reporting held off by an hour's delay).
+LD_PRELOAD=$so FALLOW_STATS=1 FALLOW_ARENA_SIZE=1g FALLOW_REPORT_DELAY_MS=3600000 \
+    python3 -c 'b = bytearray(64 << 20); b[::4096] = b"x" * (16 << 10)' 2> "$out/stats64.log"
+figure() { sed -n "s/^fallow:     $1  *\([0-9.]*\) MiB.*/\1/p" "$out/stats64.log"; }
+grep -q "address space reserved: 1024.0 MiB in 1 arena" "$out/stats64.log" || { cat "$out/stats64.log"; fail "reserved line"; }
+awk -v n="$(figure 'never used')" -v r="$(figure 'free, reported')" -v d="$(figure 'free, dirty')" \
+    'BEGIN { exit !(n >= 900 && n <= 960 && r == 0 && d >= 64) }' \
+    || { head -12 "$out/stats64.log"; fail "FALLOW_STATS summary of a 64 MiB program"; }
+echo "ok FALLOW_STATS=1: never used $(figure 'never used') MiB, reported $(figure 'free, reported') MiB"
+# The caches' settings: applied (FALLOW_CACHE=off: no cache hit), and a bad one warns once.
+hits() { sed -n 's/.*cache_hits: *\([0-9]*\).*/\1/p' "$1"; }
+loop='import time
+for i in range(200): b = bytearray(512 << 10)'
+LD_PRELOAD=$so FALLOW_STATS=1 python3 -c "$loop" 2> "$out/cache_on.log"
+FALLOW_CACHE=off LD_PRELOAD=$so FALLOW_STATS=1 python3 -c "$loop" 2> "$out/cache_off.log"
+[[ $(hits "$out/cache_on.log") -gt 0 && $(hits "$out/cache_off.log") == 0 ]] \
+    || fail "FALLOW_CACHE=off: cache_hits $(hits "$out/cache_on.log") on, $(hits "$out/cache_off.log") off"
+FALLOW_CACHE_MAX_ORDER=12 LD_PRELOAD=$so "$out/preload_test" threshold 262144 2> "$out/warn.log"
+cat "$out/warn.log"
+[[ $(grep -c 'FALLOW_CACHE_MAX_ORDER="12" is above 9; using 9$' "$out/warn.log") == 1 ]] || fail "FALLOW_CACHE_MAX_ORDER warning"
+[[ $(wc -l < "$out/warn.log") == 1 ]] || fail "expected exactly one warning"
 # Ordinary programs run under the preload (no large allocation: the allocator is never created).
 LD_PRELOAD=$so ls / > /dev/null
 LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null

@@ -221,6 +221,62 @@ static int test_from_env(void) {
     return 0;
 }
 
+/* The per-thread caches' settings: from fallow_cache_config, and from FALLOW_CACHE*. */
+static int test_cache_settings(void) {
+    fallow_cache_config k, got;
+    fallow_cache_config_init(&k);
+    CHECK(k.cache == 1 && k.max_order == 9 && k.batch_pages == 64 && k.high_pages == 1024, "defaults");
+    fallow_allocator *a = NULL;
+    fallow_stats s;
+    void *p;
+    k.max_order = 4; k.batch_pages = 8; k.high_pages = 64;
+    CHECK(fallow_create_with_cache(NULL, &k, 0, &a) == 0 && a, "create with cache settings: %s", fallow_last_error());
+    CHECK(fallow_cache_config_read(a, &got) == 0 && got.cache == 1 && got.max_order == 4 && got.batch_pages == 8 &&
+          got.high_pages == 64, "read back %d %u %u %u", got.cache, got.max_order, got.batch_pages, got.high_pages);
+    for (int i = 0; i < 4; i++) CHECK(fallow_alloc(a, 16384, 0, 0, &p) == 0 && fallow_free(a, p) == 0, "16 KiB pair");
+    CHECK(fallow_stats_read(a, &s) == 0 && s.cache_hits > 0, "cached: %lu hits", (unsigned long)s.cache_hits);
+    fallow_destroy(a);
+    k.cache = 0;
+    CHECK(fallow_create_with_cache(NULL, &k, 0, &a) == 0, "cache off");
+    for (int i = 0; i < 4; i++) CHECK(fallow_alloc(a, 16384, 0, 0, &p) == 0 && fallow_free(a, p) == 0, "16 KiB pair");
+    CHECK(fallow_stats_read(a, &s) == 0 && s.cache_hits == 0, "not cached: %lu hits", (unsigned long)s.cache_hits);
+    fallow_destroy(a);
+    /* Out of range: EINVAL naming the setting. */
+    fallow_cache_config_init(&k); k.max_order = 12;
+    CHECK(fallow_create_with_cache(NULL, &k, 0, &a) == EINVAL && strstr(fallow_last_error(), "cache_max_order"), "order");
+    fallow_cache_config_init(&k); k.batch_pages = 2000;
+    CHECK(fallow_create_with_cache(NULL, &k, 0, &a) == EINVAL && strstr(fallow_last_error(), "cache_batch_pages"), "batch");
+    fallow_cache_config_init(&k); k.cache = 2;
+    CHECK(fallow_create_with_cache(NULL, &k, 0, &a) == EINVAL && strstr(fallow_last_error(), "cache"), "flag");
+    CHECK(fallow_create_with_cache(NULL, NULL, 0, NULL) == EINVAL, "out NULL");
+    /* The environment, over the defaults or over the given settings; bad values warn once each. */
+    char log[4096];
+    setenv("FALLOW_CACHE_HIGH_PAGES", "128", 1);
+    setenv("FALLOW_CACHE_MAX_ORDER", "5", 1);
+    CHECK(create_from_env_logged(NULL, &a, log, sizeof log) == 0 && !log[0], "from env: %s", log);
+    CHECK(fallow_cache_config_read(a, &got) == 0 && got.high_pages == 128 && got.max_order == 5 && got.batch_pages == 64,
+          "env read back %u %u %u", got.high_pages, got.max_order, got.batch_pages);
+    fallow_destroy(a);
+    setenv("FALLOW_CACHE", "off", 1);
+    fallow_cache_config_init(&k); k.batch_pages = 16;
+    CHECK(fallow_create_with_cache(NULL, &k, 1, &a) == 0, "with cache and env");
+    CHECK(fallow_cache_config_read(a, &got) == 0 && got.cache == 0 && got.high_pages == 128 && got.batch_pages == 16,
+          "env over settings %d %u %u", got.cache, got.high_pages, got.batch_pages);
+    fallow_destroy(a);
+    setenv("FALLOW_CACHE", "maybe", 1);
+    setenv("FALLOW_CACHE_BATCH_PAGES", "500", 1);
+    CHECK(create_from_env_logged(NULL, &a, log, sizeof log) == 0 && a, "create despite bad values");
+    fputs(log, stdout);
+    CHECK(lines(log) == 2, "two warnings: %s", log);
+    CHECK(strstr(log, "FALLOW_CACHE=\"maybe\" is not one of on, off; using the default on\n"), "cache: %s", log);
+    CHECK(strstr(log, "FALLOW_CACHE_BATCH_PAGES=\"500\" is above 128; using 128\n"), "batch: %s", log);
+    CHECK(fallow_cache_config_read(a, &got) == 0 && got.cache == 1 && got.batch_pages == 128, "values used");
+    fallow_destroy(a);
+    unsetenv("FALLOW_CACHE"); unsetenv("FALLOW_CACHE_HIGH_PAGES"); unsetenv("FALLOW_CACHE_MAX_ORDER");
+    unsetenv("FALLOW_CACHE_BATCH_PAGES");
+    return 0;
+}
+
 /* The error message is per thread. */
 static void *other_thread(void *arg) {
     fallow_allocator *a = arg;
@@ -251,6 +307,7 @@ int main(void) {
         { "tunables", test_tunables },
         { "thread_local_errors", test_threads },
         { "from_env", test_from_env },
+        { "cache_settings", test_cache_settings },
     };
     int failures = 0;
     for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -17,7 +17,9 @@ run() {
     # Run from an empty directory so that pytest imports the installed numpy.
     ( cd "$out" && env "$@" /usr/bin/time -f "%e s wall, %U s user, %S s sys, max RSS %M KiB" \
         "$py" -m pytest --pyargs "${targets[@]}" -q -p no:cacheprovider --hypothesis-seed=0 \
-        --junitxml="$out/$name.xml" > "$out/$name.log" 2>&1 ) || true
+        --basetemp="$out/$name-tmp" --junitxml="$out/$name.xml" > "$out/$name.log" 2>&1 ) || true
+    # pytest's temporary files (numpy's C extension builds among them) stay out of /tmp.
+    rm -rf "$out/$name-tmp"
     echo "$name: $(tail -n 2 "$out/$name.log" | tr '\n' ' ')"
 }
 export PATH="$venv/bin:$PATH"

@@ -63,6 +63,43 @@ pub struct FallowConfig {
     pub backing: c_int,
 }
 
+/// `fallow_cache_config`: the per-thread caches' settings of `Config` (`cache`,
+/// `cache_max_order`, `cache_batch_pages`, `cache_high_pages`), apart from `fallow_config`,
+/// whose layout programs built against an older header rely on.
+#[repr(C)]
+pub struct FallowCacheConfig {
+    pub cache: c_int,
+    pub max_order: u32,
+    pub batch_pages: u32,
+    pub high_pages: u32,
+}
+
+impl FallowCacheConfig {
+    fn of(c: &Config) -> FallowCacheConfig {
+        FallowCacheConfig {
+            cache: c.cache as c_int,
+            max_order: c.cache_max_order as u32,
+            batch_pages: c.cache_batch_pages,
+            high_pages: c.cache_high_pages,
+        }
+    }
+
+    /// Apply over `config`; the ranges are `Config::validate`'s (at creation), EINVAL (message
+    /// set) for values no field can hold.
+    fn apply(&self, config: &mut Config) -> Result<(), c_int> {
+        config.cache = match self.cache {
+            0 => false,
+            1 => true,
+            _ => return Err(fail(libc::EINVAL, format_args!("bad setting cache: must be 0 or 1"))),
+        };
+        config.cache_max_order = u8::try_from(self.max_order)
+            .map_err(|_| fail(libc::EINVAL, format_args!("bad setting cache_max_order: must be between 0 and 9")))?;
+        config.cache_batch_pages = self.batch_pages;
+        config.cache_high_pages = self.high_pages;
+        Ok(())
+    }
+}
+
 /// `struct fallow_stats`: generated, with its conversion from `Stats`, from the one table of the
 /// statistics (`stats.rs` of the core); `header_test` checks `include/fallow.h` against it.
 pub use core_fallow::binding_support::CStats as FallowStats;
@@ -149,10 +186,59 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
     }
 }
 
+/// # Safety
+///
+/// `c` is null or points to a `FallowCacheConfig` writable by this thread.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_cache_config_init(c: *mut FallowCacheConfig) {
+    if c.is_null() {
+        return;
+    }
+    // SAFETY: `c` is not null (checked above) and writable (the contract); no drop glue.
+    unsafe { *c = FallowCacheConfig::of(&Config::default()) };
+}
+
+/// `fallow_create` with the per-thread caches' settings of `cache` (null: the default), and with
+/// the `FALLOW_*` environment variables applied over both when `from_env` is not 0 (as
+/// `fallow_create_from_env` does).
+///
+/// # Safety
+///
+/// As `fallow_create`, and `cache` is null or points to a readable, initialised
+/// `FallowCacheConfig`; with `from_env`, as `fallow_create_from_env`.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_create_with_cache(
+    c: *const FallowConfig,
+    cache: *const FallowCacheConfig,
+    from_env: c_int,
+    out: *mut *mut Allocator,
+) -> c_int {
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_create_with_cache: out is NULL"));
+    }
+    // SAFETY: `c` is null or a readable, initialised `FallowConfig` (this function's contract).
+    let mut config = match unsafe { config_from_c(c) } {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    // SAFETY: `cache` is null (then `None`) or a readable, initialised `FallowCacheConfig`.
+    if let Some(cache) = unsafe { cache.as_ref() } {
+        if let Err(code) = cache.apply(&mut config) {
+            return code;
+        }
+    }
+    if from_env != 0 {
+        config = core_fallow::binding_support::env::from_environment(config).config;
+    }
+    // SAFETY: `out` is not null (checked above) and writable (the contract).
+    unsafe { create(config, out) }
+}
+
 /// `fallow_create` with the `FALLOW_*` environment variables applied over `c`: the preload
 /// library's parser (`binding_support::env`), so the same names, ranges and warnings on stderr
-/// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE` and `FALLOW_THP` set the
-/// configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING` the tunables;
+/// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE`, `FALLOW_THP` and the
+/// `FALLOW_CACHE*` variables set the configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`
+/// and `FALLOW_ZEROING` the tunables;
 /// `FALLOW_THRESHOLD` and `FALLOW_STATS` concern the preload only and are just checked.
 ///
 /// # Safety
@@ -321,6 +407,22 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
     };
     *out = FallowStats::from(&a.stats());
+    0
+}
+
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
+/// `FallowCacheConfig`.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_cache_config_read(a: *mut Allocator, out: *mut FallowCacheConfig) -> c_int {
+    let a = handle!(a, "fallow_cache_config_read");
+    // SAFETY: `out` is null (then `None`) or points to a writable `FallowCacheConfig` (the
+    // contract), which nothing else accesses during the call.
+    let Some(out) = (unsafe { out.as_mut() }) else {
+        return fail(libc::EINVAL, format_args!("fallow_cache_config_read: out is NULL"));
+    };
+    *out = FallowCacheConfig::of(a.config());
     0
 }
 

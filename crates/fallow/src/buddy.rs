@@ -13,6 +13,8 @@
 //!   reading state bytes. Merging writes the record (the upper buddy's counts); a worker that
 //!   changes the states inside an isolated block rebuilds them (`rebuild_records`).
 //! - `nonempty[class]` has bit k set exactly when `heads[class][k] != NIL`.
+//! - Every page at or past `used_end` is free and `Reported` (never touched): whatever hands a
+//!   block out, caches it or populates it first moves `used_end` past it (`mark_used`).
 //!
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
@@ -34,6 +36,10 @@ pub(crate) struct Buddy {
     nonempty: [u64; CLASSES],
     /// What the lists hold, kept as blocks are listed and unlisted.
     listed: Listed,
+    /// One past the highest page ever handed out or populated (`mark_used`): the pages from here
+    /// to the end of the arena have never been touched, so they are address space only, not
+    /// memory given back to the kernel (they are `Reported` and free, as a fresh arena's are).
+    used_end: u32,
 }
 
 /// Counters of the free blocks on an arena's lists.
@@ -127,6 +133,7 @@ impl Buddy {
             tails: [[NIL; ORDERS]; CLASSES],
             nonempty: [0; CLASSES],
             listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
+            used_end: 0,
         };
         let top = 1u32 << b.max_order;
         let mut pfn = b.npages;
@@ -141,6 +148,21 @@ impl Buddy {
     #[inline]
     pub fn listed(&self) -> &Listed {
         &self.listed
+    }
+
+    /// Record that the pages below `end` may have been touched: a block ending there left the
+    /// lists to be handed out, cached or populated by the zeroing worker.
+    #[inline]
+    pub fn mark_used(&mut self, end: u32) {
+        self.used_end = self.used_end.max(end);
+    }
+
+    /// Free pages past the highest page ever touched: address space that was never used. A lower
+    /// bound (a never-touched page below a used one is not counted), exact while the program
+    /// only grows: takes split the lowest free block first.
+    #[inline]
+    pub fn never_used_pages(&self) -> u32 {
+        self.npages - self.used_end
     }
 
     /// The free list of `class` and `order`, oldest block first.
@@ -603,6 +625,9 @@ impl Buddy {
         }
         if blocks != self.listed.blocks || pages != self.listed.pages {
             return Err("listed counters disagree with the lists".into());
+        }
+        if let Some(q) = (self.used_end..self.npages).find(|&q| self.state(q) != PageState::Reported) {
+            return Err(format!("page {q} past used_end {} is {}", self.used_end, self.state(q).name()));
         }
         Ok(pages)
     }

@@ -12,6 +12,10 @@ pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
 /// Largest order a per-thread cache may serve (2 MiB blocks): a mixed cached block's counts are
 /// `u16`s (cache/).
 pub const CACHE_ORDER_LIMIT: u8 = 9;
+/// Fewest and most pages a per-thread cache may hold (`Config::cache_high_pages`): two blocks of
+/// one page at least, 256 MiB at most.
+pub const CACHE_HIGH_PAGES_MIN: u32 = 2;
+pub const CACHE_HIGH_PAGES_MAX: u32 = 65536;
 /// Longest `report_delay_ms` and `zero_delay_ms` (one hour; also the longest
 /// `FALLOW_REPORT_DELAY_MS`).
 pub const MAX_DELAY_MS: u32 = 3_600_000;
@@ -88,7 +92,7 @@ impl Config {
         if self.cache_max_order > CACHE_ORDER_LIMIT {
             return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 9 (4 KiB to 2 MiB)" });
         }
-        if !(2..=65536).contains(&self.cache_high_pages) {
+        if !(CACHE_HIGH_PAGES_MIN..=CACHE_HIGH_PAGES_MAX).contains(&self.cache_high_pages) {
             return Err(Error::Config { setting: "cache_high_pages", message: "must be between 2 and 65536" });
         }
         if self.cache_batch_pages == 0 || self.cache_batch_pages > self.cache_high_pages {

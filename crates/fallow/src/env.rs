@@ -1,7 +1,8 @@
 //! Settings by environment, one parser for the preload library and the C library:
 //! `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`, `FALLOW_THP`,
-//! `FALLOW_STATS` and `FALLOW_ARENA_SIZE`, applied over a given `Config` (the default one for the
-//! preload, the caller's for `fallow_create_from_env`).
+//! `FALLOW_STATS`, `FALLOW_ARENA_SIZE` and the per-thread caches' `FALLOW_CACHE`,
+//! `FALLOW_CACHE_MAX_ORDER`, `FALLOW_CACHE_BATCH_PAGES` and `FALLOW_CACHE_HIGH_PAGES`, applied over
+//! a given `Config` (the default one for the preload, the caller's for `fallow_create_from_env`).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are
 //! formatted on the stack. Every value is validated, and a bad one gives exactly one warning
@@ -14,7 +15,10 @@
 //!   multiple of the largest block from the largest block to 1 TiB (the core reserves arenas in
 //!   whole largest blocks, so other values are rounded up). The largest block is the
 //!   configuration's (1 GiB by default); `FALLOW_THP=1` raises it to 2 MiB if it is smaller;
-//! - `FALLOW_REPORT=dontneed` or `free` with the memfd backing, which neither frees: the default.
+//! - `FALLOW_REPORT=dontneed` or `free` with the memfd backing, which neither frees: the default;
+//! - a cache setting out of the range `Config::validate` accepts: the nearest value in range
+//!   (`FALLOW_CACHE_MAX_ORDER` 0 to 9, `FALLOW_CACHE_HIGH_PAGES` 2 to 65536,
+//!   `FALLOW_CACHE_BATCH_PAGES` 1 to the high mark in effect).
 //!
 //! `FALLOW_REPORT=off` is `Tunables::report = false`; `dontneed` and `free` set
 //! `Tunables::report_mode`; `FALLOW_ZEROING` is `Tunables::zeroing`. `FALLOW_THRESHOLD` and
@@ -24,7 +28,9 @@
 use core::ffi::CStr;
 use core::fmt::{Arguments, Display, Write};
 
-use crate::config::{Backing, Config, ReportMode, MAX_ORDER_LIMIT};
+use crate::config::{
+    Backing, Config, ReportMode, CACHE_HIGH_PAGES_MAX, CACHE_HIGH_PAGES_MIN, CACHE_ORDER_LIMIT, MAX_ORDER_LIMIT,
+};
 use crate::message::StackBuf;
 use crate::os;
 
@@ -43,8 +49,9 @@ pub struct EnvSettings {
     pub threshold: usize,
     /// `FALLOW_STATS=1`: the statistics on stderr at exit.
     pub stats: bool,
-    /// The configuration given, with `FALLOW_ARENA_SIZE` and `FALLOW_THP` applied, and in its
-    /// tunables `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING`.
+    /// The configuration given, with `FALLOW_ARENA_SIZE`, `FALLOW_THP` and the `FALLOW_CACHE*`
+    /// variables applied, and in its tunables `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and
+    /// `FALLOW_ZEROING`.
     pub config: Config,
 }
 
@@ -207,6 +214,7 @@ pub fn parse<'a>(
             }
         }
     }
+    cache_settings(&get, warn, c, &d);
     if let Some(v) = get(c"FALLOW_STATS") {
         match v {
             b"0" | b"" => s.stats = false,
@@ -215,6 +223,69 @@ pub fn parse<'a>(
         }
     }
     s
+}
+
+/// A whole number from `min` to `max` for `var`: `None` when unset; a value out of range is the
+/// nearest bound (one warning), one that does not parse the default `default` (one warning).
+fn ranged<'a>(
+    get: &impl Fn(&CStr) -> Option<&'a [u8]>,
+    warn: &mut dyn FnMut(&[u8]),
+    var: &CStr,
+    (min, max): (u32, u32),
+    default: u32,
+) -> Option<u32> {
+    let v = get(var)?;
+    let name = var.to_str().unwrap_or("FALLOW_?");
+    match parse_size(v).filter(|_| v.iter().all(u8::is_ascii_digit)) {
+        Some(n) if n < min as usize => {
+            adjusted(warn, name, v, format_args!("is below {min}"), min as usize);
+            Some(min)
+        }
+        Some(n) if n > max as usize => {
+            adjusted(warn, name, v, format_args!("is above {max}"), max as usize);
+            Some(max)
+        }
+        Some(n) => Some(n as u32),
+        None => {
+            unparsed(warn, name, v, "a whole number", &default);
+            Some(default)
+        }
+    }
+}
+
+/// The per-thread caches' variables over `c` (`d`: the configuration given, whose values are the
+/// defaults). The high mark comes first: the batch is checked against the one in effect.
+fn cache_settings<'a>(
+    get: &impl Fn(&CStr) -> Option<&'a [u8]>,
+    warn: &mut dyn FnMut(&[u8]),
+    c: &mut Config,
+    d: &Config,
+) {
+    if let Some(v) = get(c"FALLOW_CACHE") {
+        match v {
+            b"on" => c.cache = true,
+            b"off" => c.cache = false,
+            _ => unparsed(warn, "FALLOW_CACHE", v, "one of on, off", &if d.cache { "on" } else { "off" }),
+        }
+    }
+    let order = (0, CACHE_ORDER_LIMIT as u32);
+    if let Some(n) = ranged(get, warn, c"FALLOW_CACHE_MAX_ORDER", order, d.cache_max_order as u32) {
+        c.cache_max_order = n as u8;
+    }
+    let high = (CACHE_HIGH_PAGES_MIN, CACHE_HIGH_PAGES_MAX);
+    if let Some(n) = ranged(get, warn, c"FALLOW_CACHE_HIGH_PAGES", high, d.cache_high_pages) {
+        c.cache_high_pages = n;
+    }
+    // The batch's default is the given one, capped by a high mark the environment set (a given
+    // configuration that is itself out of range stays so, for `Config::validate` to refuse).
+    let batch_default = if c.cache_high_pages != d.cache_high_pages {
+        d.cache_batch_pages.min(c.cache_high_pages)
+    } else {
+        d.cache_batch_pages
+    };
+    let batch = (1, c.cache_high_pages);
+    let var = c"FALLOW_CACHE_BATCH_PAGES";
+    c.cache_batch_pages = ranged(get, warn, var, batch, batch_default).unwrap_or(batch_default);
 }
 
 /// Decimal bytes with an optional binary suffix (`k`, `m`, `g`, either case).
@@ -360,6 +431,48 @@ mod tests {
         let (s, w) = run(&[("FALLOW_THRESHOLD", "1g"), ("FALLOW_ARENA_SIZE", "0"), ("FALLOW_REPORT_DELAY_MS", "0")]);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!((s.threshold, s.config.arena_size, s.config.tunables.report_delay_ms), (gib, 0, 0));
+    }
+
+    #[test]
+    fn cache_settings_apply_and_warn_once_each() {
+        let (s, w) = run(&[
+            ("FALLOW_CACHE", "off"),
+            ("FALLOW_CACHE_MAX_ORDER", "4"),
+            ("FALLOW_CACHE_HIGH_PAGES", "256"),
+            ("FALLOW_CACHE_BATCH_PAGES", "16"),
+        ]);
+        assert!(w.is_empty(), "{w:?}");
+        let c = &s.config;
+        assert_eq!((c.cache, c.cache_max_order, c.cache_high_pages, c.cache_batch_pages), (false, 4, 256, 16));
+        s.config.validate().unwrap();
+
+        // Out of range: the nearest bound, named; not a number: the default, named.
+        let (s, w) = run(&[
+            ("FALLOW_CACHE", "yes"),
+            ("FALLOW_CACHE_MAX_ORDER", "12"),
+            ("FALLOW_CACHE_HIGH_PAGES", "1"),
+            ("FALLOW_CACHE_BATCH_PAGES", "lots"),
+        ]);
+        let c = &s.config;
+        assert_eq!((c.cache, c.cache_max_order, c.cache_high_pages, c.cache_batch_pages), (true, 9, 2, 2));
+        assert_eq!(w.len(), 4, "{w:?}");
+        assert!(w[0].contains("FALLOW_CACHE=\"yes\" is not one of on, off; using the default on"), "{}", w[0]);
+        assert!(w[1].contains("FALLOW_CACHE_MAX_ORDER=\"12\" is above 9; using 9"), "{}", w[1]);
+        assert!(w[2].contains("FALLOW_CACHE_HIGH_PAGES=\"1\" is below 2; using 2"), "{}", w[2]);
+        // The default batch (64) is above the high mark now in effect: the high mark.
+        assert!(w[3].contains("FALLOW_CACHE_BATCH_PAGES=\"lots\"") && w[3].ends_with("the default 2\n"), "{}", w[3]);
+        s.config.validate().unwrap();
+
+        let (s, w) = run(&[("FALLOW_CACHE_HIGH_PAGES", "100000"), ("FALLOW_CACHE_BATCH_PAGES", "70000")]);
+        assert_eq!((s.config.cache_high_pages, s.config.cache_batch_pages), (65536, 65536));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].ends_with("is above 65536; using 65536\n") && w[1].ends_with("is above 65536; using 65536\n"), "{w:?}");
+        let (s, w) = run(&[("FALLOW_CACHE_BATCH_PAGES", "0")]);
+        assert!(s.config.cache_batch_pages == 1 && w.len() == 1 && w[0].contains("is below 1; using 1"), "{w:?}");
+        // A batch above a smaller high mark, the default batch capped by it without a warning.
+        let (s, w) = run(&[("FALLOW_CACHE_HIGH_PAGES", "32")]);
+        assert!(w.is_empty() && s.config.cache_batch_pages == 32, "{w:?}");
+        s.config.validate().unwrap();
     }
 
     #[test]

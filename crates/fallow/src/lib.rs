@@ -67,9 +67,9 @@ pub(crate) mod zero;
 #[doc(hidden)]
 pub mod binding_support;
 
-/// Only in a build with `--cfg loom` (`make test-loom`): the protocol code that `tests/loom/`
+/// Only in a build with the `loom` feature (`make test-loom`): the protocol code that `tests/loom/`
 /// model-checks, running on loom's atomics and futex model (`sync.rs`).
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 #[doc(hidden)]
 pub mod loom_support {
     pub use crate::sync::{futex_wait, futex_wake_all};

@@ -83,7 +83,8 @@ macro_rules! stats_table {
         zero_skipped_bytes: Bytes,
         /// Bytes memset on the allocation path for `ZERO` requests.
         zeroed_on_alloc_bytes: Bytes,
-        /// Bytes handed out that were reported (so faulted back in by the caller or `POPULATE`).
+        /// Bytes handed out that were not resident: reported, or never touched (so faulted in
+        /// by the caller or `POPULATE`).
         reused_reported_bytes: Bytes,
         /// Bytes `mlock`ed at this moment.
         locked_bytes: Bytes,
@@ -116,6 +117,11 @@ macro_rules! stats_table {
         free_blocks: Blocks,
     }
     rust {
+        /// Reserved address space never used: free pages never touched (a lower bound: those
+        /// past the highest page ever used in each arena, and of the free reported pages below
+        /// it, those beyond all the pages ever given back). Counted in `free_reported_pages` too,
+        /// as its pages read zero and are not resident, but never given back: never memory.
+        never_used_pages: Pages,
         /// Batched refills and drains of per-thread caches (each one hold of the lock).
         cache_refills: Count,
         cache_drains: Count,
@@ -289,11 +295,44 @@ impl Stats {
         Ok(())
     }
 
-    /// The report: every single figure on a line of its own (`name: value`, bytes and pages in
-    /// MiB, nanoseconds in ms), then the free blocks by class and order; each line starts with
-    /// `prefix`. Writes into `w` and allocates nothing (the preload prints it from inside
-    /// `malloc`'s library at exit, into a buffer on the stack).
+    /// Where the reserved address space is, in plain words: never used, live, free by state
+    /// (each line in MiB with what it means), adding up to `reserved_bytes`. Reserved address
+    /// space costs no memory until a page is touched, so "never used" is not memory given back.
+    fn write_summary(&self, w: &mut dyn Write, prefix: &str) -> fmt::Result {
+        let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+        let pages = |n: u64| mib(n * PAGE_SIZE as u64);
+        let arenas = if self.arenas == 1 { "arena" } else { "arenas" };
+        writeln!(
+            w,
+            "{prefix}address space reserved: {:.1} MiB in {} {arenas} (memory only where touched), of which:",
+            mib(self.reserved_bytes),
+            self.arenas
+        )?;
+        let given_back = self.free_reported_pages.saturating_sub(self.never_used_pages);
+        let lines: [(&str, f64, &str); 8] = [
+            ("never used", pages(self.never_used_pages), "address space only, never touched"),
+            ("live", mib(self.bytes_in_use), "in blocks handed out"),
+            ("slack", mib(self.slack_bytes), "past the request in live blocks served whole"),
+            ("free, dirty", pages(self.free_dirty_pages), "resident, old contents"),
+            ("free, zeroed", pages(self.free_zeroed_pages), "resident, zeroed ahead of need"),
+            ("free, reported", pages(given_back), "given back to the kernel, not resident"),
+            ("free, lazily reported", pages(self.free_lazy_pages), "given back with MADV_FREE, maybe resident"),
+            ("held by a worker", pages(self.isolated_pages), "being zeroed or reported right now"),
+        ];
+        for (name, v, what) in lines {
+            writeln!(w, "{prefix}  {name:<22}{v:>10.1} MiB  {what}")?;
+        }
+        Ok(())
+    }
+
+    /// The report: first where the reserved address space is (never used, live, free by state,
+    /// in plain words), then every single figure on a line of its own under `counters:` (`name:
+    /// value`, bytes and pages in MiB, nanoseconds in ms), then the free blocks by class and
+    /// order; each line starts with `prefix`. Writes into `w` and allocates nothing (the preload
+    /// prints it from inside `malloc`'s library at exit, into a buffer on the stack).
     pub fn write_report(&self, w: &mut dyn Write, prefix: &str) -> fmt::Result {
+        self.write_summary(w, prefix)?;
+        writeln!(w, "{prefix}counters:")?;
         self.write_figures(w, prefix)?;
         writeln!(w, "{prefix}free blocks by order:")?;
         self.write_buddyinfo(w, prefix)

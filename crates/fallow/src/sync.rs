@@ -1,20 +1,20 @@
 //! Atomics and the futex of the lock-free protocols that `tests/loom/` model-checks with the
 //! real code (`worker.rs`). A normal build gets `core`'s atomics and `os`'s futex calls, so this
-//! costs nothing; a build with `--cfg loom` (`make test-loom`) gets loom's atomics and a futex
+//! costs nothing; a build with the `loom` feature (`make test-loom`) gets loom's atomics and a futex
 //! modelled by a mutex and a condition variable, and `lib.rs` then exports what the models call
 //! (`loom_support`). Protocols whose code cannot run under loom (`cache/`, `report.rs`,
 //! `start.rs`: they need an allocator, or a kernel thread id per thread) are modelled line by
 //! line in the test instead.
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use core::sync::atomic;
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub(crate) use loom::sync::atomic;
 
-#[cfg(not(loom))]
+#[cfg(not(feature = "loom"))]
 pub(crate) use crate::os::{futex_wait, futex_wake_all};
 
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 pub use self::model::{futex_wait, futex_wake_all};
 
 /// The futex under loom: one mutex and condition variable for every word (a hash table of one
@@ -26,7 +26,7 @@ pub use self::model::{futex_wait, futex_wake_all};
 /// that needs a timeout (a nap that ends on its own) adds a thread that calls `futex_wake_all`,
 /// which loom then runs at every possible moment. A wake of another word wakes this one's
 /// sleepers too: a spurious wake-up, which a futex may also have.
-#[cfg(loom)]
+#[cfg(feature = "loom")]
 mod model {
     use loom::sync::atomic::{AtomicU32, Ordering};
     use loom::sync::{Condvar, Mutex};

@@ -25,7 +25,7 @@
 //!   allocation (the preload library's `malloc` may be the one that ends up here).
 
 use crate::os::{self, BackgroundPolicy};
-// `core`'s atomics and `os`'s futex; loom's under `--cfg loom` (`tests/loom/` model-checks the
+// `core`'s atomics and `os`'s futex; loom's under the `loom` feature (`tests/loom/` model-checks the
 // word protocol below with this very code).
 use crate::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use crate::sync::{futex_wait, futex_wake_all};

@@ -180,6 +180,10 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     } else {
         h.isolate(ZERO_SLOT, ai, pfn)
     };
+    if populate {
+        // Populated pages are touched: no longer never-used address space.
+        h.arenas[ai].as_mut().unwrap().mark_used(rec.pfn + (1 << rec.order));
+    }
     let a = h.arena(ai);
     let states = a.states();
     let base = a.addr(rec.pfn);

@@ -237,6 +237,7 @@ impl Allocator {
             }
             counts = counts.plus(a.listed().counts);
             free_pages += a.listed().pages;
+            s.never_used_pages += a.never_used_pages() as u64;
             s.reserved_bytes += a.len as u64;
         }
         let c = &h.counters;
@@ -261,6 +262,11 @@ impl Allocator {
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(&h, &mut s);
+        // Free `Reported` pages below the arenas' `used_end` were either given back after use
+        // or never touched; at most as many as were ever given back are the former.
+        let below = s.free_reported_pages.saturating_sub(s.never_used_pages);
+        let given_back = (h.reclaim.reported_bytes >> PAGE_SHIFT) + c.freed_reported_pages;
+        s.never_used_pages += below.saturating_sub(given_back);
         s
     }
 

@@ -85,6 +85,7 @@ impl Entries<'_> {
                 let per_group = 1u32 << GROUP_ORDER.saturating_sub(order);
                 if order < GROUP_ORDER && GROUP_ORDER <= ar.max_order && want - got >= per_group {
                     if let Some(t) = ar.take(1 << GROUP_ORDER, GROUP_ORDER, preference(zero)) {
+                        ar.mark_used(t.pfn + (1 << GROUP_ORDER));
                         let uniform = t.counts.uniform_state(1 << GROUP_ORDER);
                         for i in 0..per_group {
                             let p = t.pfn + i * n;
@@ -101,6 +102,7 @@ impl Entries<'_> {
                     }
                 }
                 let Some(t) = ar.take(n, order, preference(zero)) else { break };
+                ar.mark_used(t.pfn + n);
                 ar.meta(t.pfn).set_tag(Tag::Cached);
                 self.push(o, ar.addr(t.pfn), ai, t.counts);
                 got += 1;

@@ -156,6 +156,7 @@ impl Shared {
             return self.free_locked(addr, None);
         }
         let slack = a.release_live(pfn, npages, PageState::Reported, now);
+        h.counters.freed_reported_pages += npages as u64;
         self.account_free(h, npages, slack);
         Ok(())
     }
@@ -218,6 +219,7 @@ impl Shared {
             Some(counts) => {
                 a.set_states(pfn + npages, new_pages - npages, PageState::Allocated);
                 a.meta(pfn).set_npages(new_pages);
+                a.mark_used(pfn + new_pages);
                 h.counters.in_use_pages = h.counters.in_use_pages.wrapping_add((new_pages - npages) as u64);
                 h.counters.reused_reported_bytes += ((counts.reported + counts.lazy) as u64) << PAGE_SHIFT;
                 Ok(true)

@@ -71,6 +71,10 @@ pub(crate) struct Counters {
     pub cache_drains: u64,
     /// Caches of idle threads drained by the reporting worker (`cache::drain_unanswered`).
     pub cache_remote_drains: u64,
+    /// Pages of live blocks freed as `Reported` (`free_reported`: moved away, not resident).
+    /// With the reporter's `reported_bytes`, a bound on the free `Reported` pages that were ever
+    /// touched (`Allocator::stats`, `never_used_pages`).
+    pub freed_reported_pages: u64,
 }
 
 /// Everything the lock guards.
@@ -213,6 +217,7 @@ impl Heap {
             };
             if let Some(t) = got {
                 a.mark_live(t.pfn, t.npages, 0);
+                a.mark_used(t.pfn + t.npages);
                 let addr = a.addr(t.pfn);
                 self.account_taken(&t, zero);
                 return Some(Placed { arena: ai, taken: t, addr });

@@ -1,8 +1,9 @@
 //! Model checks of fallow's lock-free protocols with loom, which runs each model under every
 //! interleaving (and every outcome the memory model allows of each atomic access) up to a bound
-//! on preemptions: `make test-loom` (`LOOM_MAX_PREEMPTIONS=4`, `--cfg loom`, its own target
-//! directory). Without `--cfg loom` this test is empty. One file per protocol, below. What each model proves, and what it
-//! assumes, is in docs/design.md ("Model-checked protocols", under "Threads and locks").
+//! on preemptions: `make test-loom` (`LOOM_MAX_PREEMPTIONS=4`, `--features loom`, in the release
+//! target directory, whose dependencies it shares). Without the `loom` feature this test is
+//! empty. One file per protocol, below. What each model proves, and what it assumes, is in
+//! docs/design.md ("Model-checked protocols", under "Threads and locks").
 //!
 //! - The worker word (`worker.rs`): the REAL `Worker` code, built on loom's atomics and a futex
 //!   modelled by a mutex and condition variable (`sync.rs`: the value is re-checked under the
@@ -17,7 +18,7 @@
 //!   function says which one it mirrors. Each also runs with its protocol broken on purpose
 //!   (an `#[ignore]`d test, run in a child process by `fails_in_child`), and loom must fail it,
 //!   so that a model that stopped finding anything fails the suite.
-#![cfg(loom)]
+#![cfg(feature = "loom")]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
