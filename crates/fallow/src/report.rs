@@ -44,6 +44,7 @@ use std::sync::Arc;
 
 use crate::config::ReportMode;
 use crate::heap::Shared;
+use crate::limit::{Watch, PERIOD_NS};
 use crate::worker::Worker;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, PageState};
@@ -101,22 +102,28 @@ enum Next {
     /// Young blocks only: sleep this many ns, until the oldest is old enough.
     Wait(u64),
     /// Nothing to report: sleep until a free makes work (the free count seen is given, so that
-    /// a free between the scan and the sleep is not missed).
-    Idle(u64),
+    /// a free between the scan and the sleep is not missed); whether the limit or pressure asks
+    /// for memory back (then idle caches are drained sooner).
+    Idle(u64, bool),
 }
 
 fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut budget = PASS_BUDGET;
     // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
     let mut asked: Option<(u64, u32)> = None;
+    let mut watch = Watch::new();
     while !s.reporter.stopping() {
+        // The limit and the pressure signal, resolved again when the settings changed; what
+        // they say is read at its own low rate (limit.rs).
+        watch.refresh(s);
+        watch.sample(s);
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
         if budget == PASS_BUDGET {
             s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
         }
-        match report_one_batch(s) {
+        match report_one_batch(s, &mut watch) {
             Next::Again => {
                 budget -= 1;
                 if budget == 0 {
@@ -126,11 +133,11 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
             }
             Next::Wait(ns) => {
                 budget = PASS_BUDGET;
-                s.reporter.nap(ns);
+                watch.nap(s, ns);
             }
-            Next::Idle(seen_frees) => {
+            Next::Idle(seen_frees, urgent) => {
                 budget = PASS_BUDGET;
-                if let Some(timeout_ns) = caches_step(s, &mut asked) {
+                if let Some(timeout_ns) = caches_step(s, &mut asked, urgent) {
                     s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
                 }
             }
@@ -145,12 +152,16 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 /// reported at once. `None`: keep going (a nap was taken, or blocks came back); `Some(ns)`:
 /// nothing to do, go idle for at most `ns`. A free into a per-thread cache wakes nobody (the hit
 /// path stays free of that), so with caches on the reporter looks again after the delay (at
-/// least 1 s) for memory they hold.
-fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> Option<u64> {
-    let (report, delay_ms, held) = {
+/// least 1 s) for memory they hold. While the limit is passed or there is pressure (`urgent`),
+/// the caches get `limit::PERIOD_NS` to answer instead of the delay.
+fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool) -> Option<u64> {
+    let (report, mut delay_ms, held) = {
         let h = s.heap.lock();
         (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
     };
+    if urgent {
+        delay_ms = delay_ms.min((PERIOD_NS / 1_000_000) as u32);
+    }
     let idle_ns = if s.hit.cache_orders > 0 && report {
         delay_ms.max(1000) as u64 * 1_000_000
     } else {
@@ -189,41 +200,59 @@ struct Target {
     offset: usize,
 }
 
-/// One SCAN -> REPORT -> RETURN round.
-fn report_one_batch(s: &Shared) -> Next {
+/// One SCAN -> REPORT -> RETURN round. Normally: blocks free for `report_delay`, smallest
+/// order first, dirty before zeroed, the floors kept. While the limit is passed or there is
+/// pressure (`Squeeze`): also younger blocks (but not hot ones, freed within `zero_delay`), the
+/// largest order first and zeroed before dirty (the zeroed reserve goes first), the floors
+/// ignored, until the limit's excess is given back (under pressure, everything idle).
+fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let now = s.now_ms();
     let mut h = s.heap.lock();
     let t = h.tunables;
     let seen_frees = h.counters.free_calls;
     if !t.report {
-        return Next::Idle(seen_frees);
+        return Next::Idle(seen_frees, false);
     }
+    let sq = watch.squeeze(s, &mut h);
+    let mut excess = sq.excess_pages;
     let mode = t.effective_mode(s.config.backing);
     let (mut resident, mut zeroed) = h.resident_free_pages();
     let floor = (t.resident_free_min >> PAGE_SHIFT) as u64;
     let keep_zeroed = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
     let batch = t.report_batch as usize;
     let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
+    // Whether each block goes back before the delay (or past a floor) because of the squeeze.
+    let mut early = [false; crate::config::MAX_REPORT_BATCH as usize];
     let mut n = 0usize;
     let mut wait_ms = u32::MAX;
+    let classes = if sq.urgent() { [Class::Zeroed, Class::Dirty] } else { [Class::Dirty, Class::Zeroed] };
     'scan: for ai in 0..h.narenas {
         let max_order = h.arena(ai).max_order;
-        for order in t.report_order..=max_order {
+        for i in 0..=max_order.saturating_sub(t.report_order) {
+            let order = if sq.urgent() { max_order - i } else { t.report_order + i };
+            if order < t.report_order {
+                continue;
+            }
             let size = 1u64 << order;
-            for class in [Class::Dirty, Class::Zeroed] {
+            for class in classes {
                 let mut walk = h.arena(ai).oldest_first(class, order);
                 let mut scanned = 0;
                 while let Some((p, m)) = walk.next(h.arena(ai)).filter(|_| scanned < SCAN_LIMIT) {
                     scanned += 1;
                     let a = h.arena(ai);
                     let age = now.saturating_sub(m.freed_at_ms);
-                    if age < t.report_delay_ms {
-                        wait_ms = wait_ms.min(t.report_delay_ms - age);
+                    let need = sq.pressure || excess > 0;
+                    let due = age >= t.report_delay_ms;
+                    if !due && (!need || age < hot_ms) {
+                        let until = if need { hot_ms - age } else { t.report_delay_ms - age };
+                        wait_ms = wait_ms.min(until);
                         continue;
                     }
                     let res = size - (m.counts.reported + m.counts.lazy) as u64;
                     let z = m.counts.zeroed as u64;
-                    if resident < floor + res || zeroed < keep_zeroed + z {
+                    let protected = resident < floor + res || zeroed < keep_zeroed + z;
+                    if protected && !need {
                         continue;
                     }
                     let addr = a.addr(p);
@@ -233,10 +262,14 @@ fn report_one_batch(s: &Shared) -> Next {
                         fd: a.fd,
                         offset: addr - a.base,
                     };
-                    resident -= res;
-                    zeroed -= z;
+                    resident = resident.saturating_sub(res);
+                    zeroed = zeroed.saturating_sub(z);
+                    if need {
+                        excess = excess.saturating_sub(res);
+                    }
                     h.isolate(n, ai, p);
                     targets[n] = target;
+                    early[n] = !due || protected;
                     n += 1;
                     if n == batch {
                         break 'scan;
@@ -247,7 +280,7 @@ fn report_one_batch(s: &Shared) -> Next {
     }
     if n == 0 {
         drop(h);
-        return if wait_ms != u32::MAX { Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000) } else { Next::Idle(seen_frees) };
+        return if wait_ms != u32::MAX { Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000) } else { Next::Idle(seen_frees, sq.urgent()) };
     }
     drop(h);
 
@@ -273,6 +306,7 @@ fn report_one_batch(s: &Shared) -> Next {
     // RETURN, under the lock.
     let mut h = s.heap.lock();
     let mut bytes = 0u64;
+    let mut early_bytes = 0u64;
     let mut zeroed_lost = 0u64;
     let mut failures = 0u64;
     for (i, &done) in ok[..n].iter().enumerate() {
@@ -287,7 +321,11 @@ fn report_one_batch(s: &Shared) -> Next {
             _ if reads_zero => PageState::Reported,
             _ => PageState::LazyFree,
         });
-        bytes += (pages - (before.reported + before.lazy) as u64) << PAGE_SHIFT;
+        let b = (pages - (before.reported + before.lazy) as u64) << PAGE_SHIFT;
+        bytes += b;
+        if early[i] {
+            early_bytes += b;
+        }
         zeroed_lost += (before.zeroed as u64) << PAGE_SHIFT;
     }
     let r = &mut h.reclaim;
@@ -297,6 +335,14 @@ fn report_one_batch(s: &Shared) -> Next {
     r.report_batches += 1;
     r.report_ns += ns;
     r.report_failures += failures;
+    // Bytes that went back before their time are the limit's when it was passed, else the
+    // pressure's.
+    if sq.excess_pages > 0 {
+        r.limit_reported_bytes += early_bytes;
+    } else {
+        r.pressure_reported_bytes += early_bytes;
+    }
+    watch.reported(bytes);
     Next::Again
 }
 

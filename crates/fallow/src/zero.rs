@@ -115,7 +115,9 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     } else {
         0
     };
-    let target = wanted.max(populated_target);
+    // While the memory limit is passed or there is memory pressure, nothing is zeroed or made
+    // resident: the reporter is giving free memory back (limit.rs).
+    let target = if s.squeezed.load(Ordering::Relaxed) { 0 } else { wanted.max(populated_target) };
     let (_, zeroed) = h.resident_free_pages();
     let dirty_left = h.has_dirty(t.zero_order);
     if zeroed >= target {

@@ -134,6 +134,16 @@ pub(crate) struct Shared {
     /// nothing but the populated reserve. An atomic because the per-thread caches serve `ZERO`
     /// requests without the lock and fold their counters only at refill and drain.
     pub(crate) zero_requested: AtomicBool,
+    /// Set by the reporter while the memory limit is passed or there is memory pressure
+    /// (limit.rs): the zeroing worker then adds no resident page and zeroes nothing. Relaxed: a
+    /// step more or less of zeroing is harmless.
+    pub(crate) squeezed: AtomicBool,
+    /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
+    /// takes it as a fired trigger at its next look.
+    pub(crate) pressure_injected: AtomicBool,
+    /// The reporter's PSI trigger descriptor (-1: none), kept here so that a `fork` child and
+    /// the last handle close it.
+    pub(crate) psi_fd: AtomicI32,
 }
 
 impl Shared {
@@ -181,6 +191,9 @@ impl Shared {
             pidfd: AtomicI32::new(-1),
             entries,
             zero_requested: AtomicBool::new(false),
+            squeezed: AtomicBool::new(false),
+            pressure_injected: AtomicBool::new(false),
+            psi_fd: AtomicI32::new(-1),
             config,
         }
     }
