@@ -75,7 +75,8 @@ int fallow_create(const fallow_config *config, fallow_allocator **out);
 
 /* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
  * config (NULL: the default): FALLOW_ARENA_SIZE and FALLOW_THP set the configuration,
- * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS and FALLOW_ZEROING (idle, off) the
+ * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS, FALLOW_ZEROING (idle, off),
+ * FALLOW_MEMORY_LIMIT (auto, off, or a size such as 2GiB) and FALLOW_PRESSURE (auto, off) the
  * tunables; FALLOW_THRESHOLD and FALLOW_STATS, the preload's own, are only checked. A bad value
  * prints one warning on stderr naming the variable, the value given and the value used (the
  * config's, or the nearest value in range), and the allocator is created all the same. */
@@ -109,9 +110,15 @@ int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 
 /* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
  * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),
- * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve".
+ * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve",
+ * "memory_limit" (the soft memory limit: FALLOW_MEMORY_LIMIT_OFF, FALLOW_MEMORY_LIMIT_AUTO for the
+ * cgroup's limit less a margin, or bytes, at least 4096; it never fails an allocation, it makes
+ * free memory go back to the kernel at once once passed), "pressure" (1: watch memory pressure,
+ * a PSI trigger or MemAvailable, and give idle free memory back while there is some).
  * Booleans are 0 or 1, sizes in bytes, orders as powers of two of 4 KiB. EINVAL, with a message
  * naming the setting and its accepted range, for an unknown name or a value out of range. */
+#define FALLOW_MEMORY_LIMIT_OFF  0u
+#define FALLOW_MEMORY_LIMIT_AUTO UINT64_MAX
 int fallow_set_tunable(fallow_allocator *a, const char *name, uint64_t value);
 int fallow_get_tunable(fallow_allocator *a, const char *name, uint64_t *value);
 

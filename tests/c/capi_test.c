@@ -143,6 +143,12 @@ static int test_tunables(void) {
     CHECK(fallow_set_tunable(a, "report_mode", 2) == 0 && fallow_get_tunable(a, "report_mode", &v) == 0 && v == 2, "mode free");
     CHECK(fallow_set_tunable(a, "report_batch", 100000) == EINVAL && strstr(fallow_last_error(), "report_batch"), "out of range refused");
     CHECK(fallow_set_tunable(a, "zeroing", 7) == EINVAL && strstr(fallow_last_error(), "zeroing"), "bad flag refused");
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == FALLOW_MEMORY_LIMIT_AUTO, "memory limit auto by default");
+    CHECK(fallow_set_tunable(a, "memory_limit", 64u << 20) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 64u << 20, "memory limit set");
+    CHECK(fallow_set_tunable(a, "memory_limit", 100) == EINVAL && strstr(fallow_last_error(), "memory_limit"), "limit below a page refused");
+    CHECK(fallow_set_tunable(a, "memory_limit", FALLOW_MEMORY_LIMIT_OFF) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 0, "memory limit off");
+    CHECK(fallow_set_tunable(a, "pressure", 0) == 0 && fallow_get_tunable(a, "pressure", &v) == 0 && v == 0, "pressure off");
+    CHECK(fallow_set_tunable(a, "pressure", 2) == EINVAL && strstr(fallow_last_error(), "pressure"), "bad pressure flag refused");
     CHECK(fallow_set_tunable(a, "report_mode", 3) == EINVAL && strstr(fallow_last_error(), "report_mode"), "punch on anonymous memory refused");
     CHECK(fallow_get_tunable(a, "report_batch", &v) == 0 && v == 32, "refused values change nothing (%lu)", (unsigned long)v);
     fallow_destroy(a);

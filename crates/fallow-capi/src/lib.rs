@@ -18,7 +18,7 @@ use core::fmt::Write;
 use core::ptr;
 
 use core_fallow::binding_support::StackBuf;
-use core_fallow::{Allocator, Backing, Config, Error, Flags, ReportMode, Tunables};
+use core_fallow::{Allocator, Backing, Config, Error, Flags, MemoryLimit, ReportMode, Tunables};
 
 #[cfg(test)]
 mod header_test;
@@ -152,8 +152,9 @@ pub unsafe extern "C" fn fallow_create(c: *const FallowConfig, out: *mut *mut Al
 /// `fallow_create` with the `FALLOW_*` environment variables applied over `c`: the preload
 /// library's parser (`binding_support::env`), so the same names, ranges and warnings on stderr
 /// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE` and `FALLOW_THP` set the
-/// configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS` and `FALLOW_ZEROING` the tunables;
-/// `FALLOW_THRESHOLD` and `FALLOW_STATS` concern the preload only and are just checked.
+/// configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`,
+/// `FALLOW_MEMORY_LIMIT` and `FALLOW_PRESSURE` the tunables; `FALLOW_THRESHOLD` and
+/// `FALLOW_STATS` concern the preload only and are just checked.
 ///
 /// # Safety
 ///
@@ -325,7 +326,7 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
 }
 
 /// The tunables of the background workers, by their C name.
-const TUNABLES: [&str; 12] = [
+const TUNABLES: [&str; 14] = [
     "report",
     "report_order",
     "report_delay_ms",
@@ -338,7 +339,13 @@ const TUNABLES: [&str; 12] = [
     "zero_delay_ms",
     "zeroed_reserve",
     "populated_reserve",
+    "memory_limit",
+    "pressure",
 ];
+
+/// `memory_limit` as a `uint64_t`: 0 off, `UINT64_MAX` auto (the cgroup's), else bytes.
+const LIMIT_OFF: u64 = 0;
+const LIMIT_AUTO: u64 = u64::MAX;
 
 /// The tunable `name` names, or the error (EINVAL, message set) for `func` to return.
 ///
@@ -380,6 +387,12 @@ fn get_field(t: &Tunables, name: &str) -> u64 {
         "zero_chunk" => t.zero_chunk as u64,
         "zero_delay_ms" => t.zero_delay_ms as u64,
         "zeroed_reserve" => t.zeroed_reserve as u64,
+        "memory_limit" => match t.memory_limit {
+            MemoryLimit::Off => LIMIT_OFF,
+            MemoryLimit::Auto => LIMIT_AUTO,
+            MemoryLimit::Bytes(n) => n,
+        },
+        "pressure" => t.pressure as u64,
         _ => t.populated_reserve as u64, // "populated_reserve" (names are checked before)
     }
 }
@@ -414,6 +427,14 @@ fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> 
         "zero_chunk" => t.zero_chunk = size(v)?,
         "zero_delay_ms" => t.zero_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
         "zeroed_reserve" => t.zeroed_reserve = size(v)?,
+        "memory_limit" => {
+            t.memory_limit = match v {
+                LIMIT_OFF => MemoryLimit::Off,
+                LIMIT_AUTO => MemoryLimit::Auto,
+                n => MemoryLimit::Bytes(n),
+            }
+        }
+        "pressure" => t.pressure = flag(v)?,
         _ => t.populated_reserve = size(v)?,
     }
     Ok(())
