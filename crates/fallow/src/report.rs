@@ -113,16 +113,17 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut asked: Option<(u64, u32)> = None;
     let mut watch = Watch::new();
     while !s.reporter.stopping() {
-        // The limit and the pressure signal, resolved again when the settings changed; what
-        // they say is read at its own low rate (limit.rs).
-        watch.refresh(s);
-        watch.sample(s);
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
         if budget == PASS_BUDGET {
             s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
         }
+        // The limit and the pressure signal, resolved again when the settings changed; what
+        // they say is read at its own low rate (limit.rs). After the wait for an idle CPU, whose
+        // nap may have taken the kick of `set_tunables`.
+        watch.refresh(s);
+        watch.sample(s);
         match report_one_batch(s, &mut watch) {
             Next::Again => {
                 budget -= 1;
