@@ -68,8 +68,8 @@ enum Measure {
     None,
     /// A set limit, against fallow's own resident memory.
     Own { limit: u64 },
-    /// A cgroup's limit less the margin, against the cgroup's usage.
-    Cgroup { cg: os::CgroupMemory, limit: u64 },
+    /// A cgroup's limit less the margin, against the cgroup's usage (`Watch::cgroup`).
+    Cgroup { limit: u64 },
 }
 
 /// The reporter's view of the limit and of pressure (see the top of this file).
@@ -77,6 +77,8 @@ pub(crate) struct Watch {
     /// The settings the limit and the signal were resolved for.
     resolved: Option<(MemoryLimit, bool)>,
     measure: Measure,
+    /// The cgroup whose limit is in force (with `Measure::Cgroup`).
+    cgroup: Option<os::CgroupMemory>,
     /// The cgroup's usage last read, less what was reported since.
     usage: u64,
     usage_read_ns: u64,
@@ -97,6 +99,7 @@ impl Watch {
         Watch {
             resolved: None,
             measure: Measure::None,
+            cgroup: None,
             usage: 0,
             usage_read_ns: 0,
             over: false,
@@ -144,7 +147,8 @@ impl Watch {
                         };
                         let usage = cg.usage().unwrap_or(0);
                         (self.usage, self.usage_read_ns) = (usage, os::now_ns());
-                        Measure::Cgroup { cg, limit: cg.limit - cgroup_margin(cg.limit) }
+                        self.cgroup = Some(cg);
+                        Measure::Cgroup { limit: cg.limit - cgroup_margin(cg.limit) }
                     }
                 },
             };
@@ -199,7 +203,7 @@ impl Watch {
     fn limit(&self) -> Option<u64> {
         match self.measure {
             Measure::None => None,
-            Measure::Own { limit } | Measure::Cgroup { limit, .. } => Some(limit),
+            Measure::Own { limit } | Measure::Cgroup { limit } => Some(limit),
         }
     }
 
@@ -212,7 +216,7 @@ impl Watch {
     /// usage, the PSI trigger, `MemAvailable`, and a pressure event made by hand.
     pub(crate) fn sample(&mut self, s: &Shared) {
         let now = os::now_ns();
-        if let Measure::Cgroup { cg, .. } = &self.measure {
+        if let (Measure::Cgroup { .. }, Some(cg)) = (&self.measure, &self.cgroup) {
             if now.saturating_sub(self.usage_read_ns) >= PERIOD_NS {
                 if let Some(u) = cg.usage() {
                     self.usage = u;
@@ -244,7 +248,7 @@ impl Watch {
         let measured = match self.measure {
             Measure::None => None,
             Measure::Own { limit } => Some((limit, h.owned_resident_pages() << PAGE_SHIFT)),
-            Measure::Cgroup { limit, .. } => Some((limit, self.usage)),
+            Measure::Cgroup { limit } => Some((limit, self.usage)),
         };
         if let Some((limit, usage)) = measured {
             let target = limit - limit / 32;
