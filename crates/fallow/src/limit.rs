@@ -87,6 +87,7 @@ pub(crate) struct Watch {
     hits: u64,
     signal: u64,
     psi_fd: i32,
+    psi_id: u64,
     window_ns: u64,
     pressure_until_ns: u64,
     meminfo_read_ns: u64,
@@ -106,6 +107,7 @@ impl Watch {
             hits: 0,
             signal: SIGNAL_OFF,
             psi_fd: -1,
+            psi_id: 0,
             window_ns: 0,
             pressure_until_ns: 0,
             meminfo_read_ns: 0,
@@ -176,7 +178,9 @@ impl Watch {
         };
         if let Some(((fd, window_ms), signal)) = found {
             self.psi_fd = fd;
+            self.psi_id = os::file_id(fd).unwrap_or(0);
             self.window_ns = window_ms as u64 * 1_000_000;
+            s.psi_id.store(self.psi_id, Ordering::Relaxed);
             s.psi_fd.store(fd, Ordering::Relaxed);
             return signal;
         }
@@ -188,15 +192,9 @@ impl Watch {
     }
 
     fn close_trigger(&mut self, s: &Shared) {
-        if self.psi_fd < 0 {
-            return;
-        }
-        self.psi_fd = -1;
-        // Only if it is still ours (a fork child's reporter never saw its parent's).
-        let fd = s.psi_fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: the swap took the trigger out of `psi_fd`: nobody else uses or closes it.
-            unsafe { os::close(fd) };
+        if self.psi_fd >= 0 {
+            self.psi_fd = -1;
+            s.close_psi();
         }
     }
 
@@ -226,7 +224,7 @@ impl Watch {
         }
         let mut event = s.pressure_injected.swap(false, Ordering::Relaxed);
         let hold = if self.window_ns > 0 { 2 * self.window_ns } else { 2_000_000_000 };
-        if self.psi_fd >= 0 && os::psi_fired(self.psi_fd) {
+        if self.psi_fd >= 0 && os::psi_fired(self.psi_fd, self.psi_id) {
             event = true;
         }
         if self.signal == SIGNAL_MEMAVAILABLE && now.saturating_sub(self.meminfo_read_ns) >= MEMINFO_PERIOD_NS {
@@ -291,7 +289,12 @@ impl Watch {
             }
             left -= step;
             self.sample(s);
-            if self.squeeze(s, &mut s.heap.lock()).urgent() {
+            // Without a limit only pressure can ask: no need for the lock to tell.
+            let urgent = match self.measure {
+                Measure::None => self.low_memory || os::now_ns() < self.pressure_until_ns,
+                _ => self.squeeze(s, &mut s.heap.lock()).urgent(),
+            };
+            if urgent {
                 return;
             }
         }

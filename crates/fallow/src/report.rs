@@ -116,7 +116,8 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
-        if budget == PASS_BUDGET {
+        // (Not while the limit is passed or there is pressure: memory is wanted now.)
+        if budget == PASS_BUDGET && !s.squeezed.load(Ordering::Relaxed) {
             s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
         }
         // The limit and the pressure signal, resolved again when the settings changed; what

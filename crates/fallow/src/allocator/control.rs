@@ -109,12 +109,7 @@ impl Allocator {
         }
         // The parent's PSI trigger: its events are the parent's to consume; the child's reporter
         // registers its own.
-        let fd = s.psi_fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: the swap took the trigger out of `psi_fd`; the parent's reporter, its only
-            // user, does not exist in the child.
-            unsafe { os::close(fd) };
-        }
+        s.close_psi();
         s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();
         for slot in 0..INFLIGHT {

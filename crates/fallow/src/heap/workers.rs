@@ -114,11 +114,6 @@ impl Shared {
             // are joined.
             unsafe { os::close(fd) };
         }
-        let fd = self.psi_fd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: the swap took the PSI trigger out of `psi_fd`, and the reporter that polled it
-            // is joined.
-            unsafe { os::close(fd) };
-        }
+        self.close_psi();
     }
 }

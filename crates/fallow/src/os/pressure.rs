@@ -222,9 +222,38 @@ pub fn psi_trigger(file: &StackPath) -> OsResult<(i32, u32)> {
     Err(last)
 }
 
-/// Whether the PSI trigger `fd` fired since the last call (the kernel clears the event as
-/// `poll` reports it). Never blocks.
-pub fn psi_fired(fd: i32) -> bool {
+/// The identity of the file open at `fd` (its device and inode), to tell later whether the
+/// descriptor still names it: a program may close descriptors it did not open (a daemon closing
+/// all of them), and the number may then name one of the program's own files. `None` when `fd`
+/// is not open.
+pub fn file_id(fd: i32) -> Option<u64> {
+    // SAFETY: the descriptor is only handed to the kernel, which checks it (a closed one is
+    // `EBADF`); nothing else is done with it.
+    let bfd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let st = rustix::fs::fstat(bfd).ok()?;
+    Some((st.st_dev as u64).rotate_left(32) ^ st.st_ino as u64)
+}
+
+/// Close a PSI trigger that `psi_trigger` opened, if `fd` still names the file whose
+/// `file_id` was `id` (else the program closed it and the number is not ours any more).
+///
+/// # Safety
+/// `fd` came from `psi_trigger` and nobody else closes it through fallow (the caller took it out
+/// of wherever it was kept).
+pub unsafe fn close_psi(fd: i32, id: u64) {
+    if file_id(fd) == Some(id) {
+        // SAFETY: the caller's contract, and the identity check: still the trigger we opened.
+        unsafe { super::close(fd) };
+    }
+}
+
+/// Whether the PSI trigger `fd` (whose `file_id` is `id`) fired since the last call (the kernel
+/// clears the event as `poll` reports it). Never blocks. A descriptor that no longer names the
+/// trigger never fires.
+pub fn psi_fired(fd: i32, id: u64) -> bool {
+    if file_id(fd) != Some(id) {
+        return false;
+    }
     let mut p = libc::pollfd { fd, events: libc::POLLPRI, revents: 0 };
     // `poll` through glibc: rustix's needs a feature this crate does not otherwise use.
     // SAFETY: one valid pollfd, timeout 0: the call only reads and writes `p`.
@@ -277,6 +306,22 @@ mod tests {
         assert_eq!(q.as_cstr(), c"/sys/fs/cgroup/memory");
         assert!(q.parent(p.len).is_none());
         assert_eq!(q.join(b"memory.max").unwrap().as_cstr(), c"/sys/fs/cgroup/memory/memory.max");
+    }
+
+    #[test]
+    fn a_descriptor_is_closed_only_while_it_names_its_file() {
+        use rustix::fd::IntoRawFd;
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(c"/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap().into_raw_fd();
+        let id = file_id(fd).unwrap();
+        // SAFETY: `fd` is this test's own; the wrong identity leaves it open.
+        unsafe { close_psi(fd, id ^ 1) };
+        assert_eq!(file_id(fd), Some(id));
+        assert!(!psi_fired(fd, id ^ 1));
+        // SAFETY: as above; the right identity closes it.
+        unsafe { close_psi(fd, id) };
+        assert_eq!(file_id(fd), None);
+        assert!(!psi_fired(fd, id));
     }
 
     #[test]
