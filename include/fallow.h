@@ -65,6 +65,15 @@ typedef struct fallow_stats {
     uint64_t zeroing_wasted_bytes; /* background-zeroed bytes reported or handed out without being used as zero */
     uint64_t slack_bytes; /* unused bytes past the request in live blocks a per-thread cache served whole */
     uint64_t free_blocks[FALLOW_CLASSES][FALLOW_ORDERS]; /* free blocks by class and order */
+    /* From here on: filled by fallow_stats_read_size only. */
+    uint64_t memory_limit_bytes; /* the soft memory limit in force (a cgroup's less a margin), 0: none */
+    uint64_t memory_limit_source; /* 0 none, 1 setting, 2 cgroup v2 memory.high, 3 cgroup v2 memory.max, 4 cgroup v1 */
+    uint64_t memory_limit_usage_bytes; /* what the limit was last compared with */
+    uint64_t memory_limit_hits; /* times the usage passed the limit */
+    uint64_t limit_reported_bytes; /* bytes given back before their delay because of the limit */
+    uint64_t pressure_signal; /* 0 off, 1 PSI cgroup, 2 PSI /proc/pressure/memory, 3 MemAvailable polling, 4 none */
+    uint64_t pressure_events; /* times memory pressure was signalled */
+    uint64_t pressure_reported_bytes; /* bytes given back before their delay because of pressure */
 } fallow_stats;
 
 /* The default configuration. */
@@ -105,8 +114,11 @@ size_t fallow_usable_size(fallow_allocator *a, const void *p);
 /* 1 if p lies in a's reservation (a lock-free range check), else 0. */
 int fallow_owns(const fallow_allocator *a, const void *p);
 
-/* A snapshot of the statistics. */
+/* A snapshot of the statistics. fallow_stats_read fills the fields up to free_blocks (the struct
+ * of earlier versions, so programs built against them keep working); fallow_stats_read_size fills
+ * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats). */
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
+int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 
 /* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
  * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),

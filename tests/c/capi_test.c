@@ -146,6 +146,14 @@ static int test_tunables(void) {
     CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == FALLOW_MEMORY_LIMIT_AUTO, "memory limit auto by default");
     CHECK(fallow_set_tunable(a, "memory_limit", 64u << 20) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 64u << 20, "memory limit set");
     CHECK(fallow_set_tunable(a, "memory_limit", 100) == EINVAL && strstr(fallow_last_error(), "memory_limit"), "limit below a page refused");
+    {
+        /* fallow_stats_read writes the older struct only; fallow_stats_read_size the whole. */
+        fallow_stats st;
+        memset(&st, 0xab, sizeof st);
+        CHECK(fallow_stats_read(a, &st) == 0 && st.memory_limit_hits == 0xababababababababull, "fallow_stats_read wrote past the older struct");
+        CHECK(fallow_stats_read_size(a, &st, sizeof st) == 0 && st.memory_limit_source <= 4 && st.pressure_signal <= 4, "stats read by size");
+        CHECK(fallow_stats_read_size(a, &st, 8) == EINVAL && strstr(fallow_last_error(), "size"), "too small a size refused");
+    }
     CHECK(fallow_set_tunable(a, "memory_limit", FALLOW_MEMORY_LIMIT_OFF) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 0, "memory limit off");
     CHECK(fallow_set_tunable(a, "pressure", 0) == 0 && fallow_get_tunable(a, "pressure", &v) == 0 && v == 0, "pressure off");
     CHECK(fallow_set_tunable(a, "pressure", 2) == EINVAL && strstr(fallow_last_error(), "pressure"), "bad pressure flag refused");

@@ -66,6 +66,7 @@ pub struct FallowConfig {
 /// `struct fallow_stats`: generated, with its conversion from `Stats`, from the one table of the
 /// statistics (`stats.rs` of the core); `header_test` checks `include/fallow.h` against it.
 pub use core_fallow::binding_support::CStats as FallowStats;
+use core_fallow::binding_support::C_STATS_V1_SIZE;
 
 /// # Safety
 ///
@@ -309,19 +310,54 @@ pub unsafe extern "C" fn fallow_owns(a: *const Allocator, p: *const c_void) -> c
     }
 }
 
+/// The statistics into `out`, `size` bytes of them (`size` at least `C_STATS_V1_SIZE`).
+///
+/// # Safety
+///
+/// `a` is a live handle; `out` is not null and writable for `size` bytes.
+unsafe fn write_stats(a: &Allocator, out: *mut FallowStats, size: usize) {
+    let s = FallowStats::from(&a.stats());
+    let n = size.min(core::mem::size_of::<FallowStats>());
+    // SAFETY: `s` is `n` readable bytes on the stack; `out` is writable for `size >= n` bytes (the
+    // contract) and does not overlap a local.
+    unsafe { core::ptr::copy_nonoverlapping(&s as *const FallowStats as *const u8, out as *mut u8, n) };
+}
+
 /// # Safety
 ///
 /// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
-/// `fallow_stats`.
+/// `fallow_stats` of the size it had before the memory limit's figures (`C_STATS_V1_SIZE`
+/// bytes), or larger.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowStats) -> c_int {
     let a = handle!(a, "fallow_stats_read");
-    // SAFETY: `out` is null (then `None`) or points to a writable `FallowStats` (the contract),
-    // which nothing else accesses during the call.
-    let Some(out) = (unsafe { out.as_mut() }) else {
+    if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
-    };
-    *out = FallowStats::from(&a.stats());
+    }
+    // SAFETY: `out` is not null and writable for `C_STATS_V1_SIZE` bytes (the contract), which
+    // nothing else accesses during the call.
+    unsafe { write_stats(a, out, C_STATS_V1_SIZE) };
+    0
+}
+
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `out` is null or writable for `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_stats_read_size(a: *mut Allocator, out: *mut FallowStats, size: usize) -> c_int {
+    let a = handle!(a, "fallow_stats_read_size");
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_stats_read_size: out is NULL"));
+    }
+    if size < C_STATS_V1_SIZE {
+        return fail(
+            libc::EINVAL,
+            format_args!("fallow_stats_read_size: size {size} is below the smallest struct fallow_stats ({C_STATS_V1_SIZE})"),
+        );
+    }
+    // SAFETY: `out` is not null and writable for `size` bytes (the contract), which nothing else
+    // accesses during the call.
+    unsafe { write_stats(a, out, size) };
     0
 }
 

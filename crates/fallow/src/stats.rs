@@ -9,8 +9,9 @@
 //!
 //! The table has two parts. `c`: the figures of `struct fallow_stats`, in its order, which is
 //! ABI (a program built against an older header passes a struct of that size, so a figure added
-//! there goes at its end only with a new entry point or a size field). `rust`: the figures only
-//! `Stats` has.
+//! there goes at its end, read by `fallow_stats_read_size`, which takes the caller's size;
+//! `fallow_stats_read` fills the struct up to `C_STATS_V1_SIZE` bytes only). `rust`: the
+//! figures only `Stats` has.
 
 use core::fmt::{self, Write};
 
@@ -139,26 +140,8 @@ macro_rules! stats_table {
         /// Free blocks on the lists, by class (dirty, zeroed, reported) and order:
         /// `/proc/buddyinfo` split by state.
         free_blocks: Blocks,
-    }
-    rust {
-        /// Batched refills and drains of per-thread caches (each one hold of the lock).
-        cache_refills: Count,
-        cache_drains: Count,
-        /// Caches of idle threads drained by the reporting worker (each a hold of the lock).
-        cache_remote_drains: Count,
-        /// Blocks whose report the kernel refused (put back unchanged).
-        report_failures: Count,
-        /// Nanoseconds the zeroing worker spent zeroing.
-        zeroing_ns: Ns,
-        /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
-        populated_bytes: Bytes,
-        /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
-        zero_demand_bytes: Bytes,
-        /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see
-        /// `worker::IdleGate`).
-        busy_cpu_naps: Count,
-        /// Times the zeroing worker looked for work under the lock (its MEASURE step).
-        zero_scans: Count,
+        // From here on: filled by `fallow_stats_read_size` only (`fallow_stats_read` writes the
+        // fields above, the struct as it was before these were added).
         /// The soft memory limit in force (0: none); for a cgroup's limit, the limit less the
         /// margin for what fallow does not own. Known once the reporting worker has started.
         memory_limit_bytes: Bytes,
@@ -179,6 +162,26 @@ macro_rules! stats_table {
         pressure_events: Count,
         /// Bytes given back before their reporting delay because of memory pressure.
         pressure_reported_bytes: Bytes,
+    }
+    rust {
+        /// Batched refills and drains of per-thread caches (each one hold of the lock).
+        cache_refills: Count,
+        cache_drains: Count,
+        /// Caches of idle threads drained by the reporting worker (each a hold of the lock).
+        cache_remote_drains: Count,
+        /// Blocks whose report the kernel refused (put back unchanged).
+        report_failures: Count,
+        /// Nanoseconds the zeroing worker spent zeroing.
+        zeroing_ns: Ns,
+        /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
+        populated_bytes: Bytes,
+        /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
+        zero_demand_bytes: Bytes,
+        /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see
+        /// `worker::IdleGate`).
+        busy_cpu_naps: Count,
+        /// Times the zeroing worker looked for work under the lock (its MEASURE step).
+        zero_scans: Count,
     }
     } };
 }
@@ -238,6 +241,10 @@ macro_rules! define_stats {
 }
 
 stats_table!(define_stats);
+
+/// The size of `struct fallow_stats` before the memory limit's figures were added: what
+/// `fallow_stats_read` writes (a program built against that header passes a struct this large).
+pub const C_STATS_V1_SIZE: usize = core::mem::offset_of!(CStats, memory_limit_bytes);
 
 /// How a field of `Stats` is printed on its line (the tables are printed apart, by
 /// `write_buddyinfo`).
