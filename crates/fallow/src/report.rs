@@ -20,6 +20,12 @@
 //!   REPORT them (one process_madvise, or one madvise / fallocate per block), relock,
 //!   RETURN them as Reported (or LazyFree for MADV_FREE), merging as usual -> SCAN
 //!   (after PASS_BUDGET batches in a row, a short nap so one pass never hogs the lock)
+//!
+//!   SQUEEZED (the memory limit passed, or memory pressure: limit.rs): SCAN also takes blocks
+//!   younger than report_delay (not hot ones, freed within zero_delay), largest order first,
+//!   zeroed before dirty, the floors ignored, until the limit's excess is back (under pressure,
+//!   every idle block); no wait for an idle CPU; WAIT naps in limit::PERIOD_NS steps, each
+//!   looking at the limit and the trigger
 //! ```
 //!
 //! Invariants:
@@ -35,7 +41,8 @@
 //!   that failed the check, give `LazyFree` (never treated as zeroed). Pages already `Reported`
 //!   stay so. A block the kernel refused goes back unchanged.
 //! - `resident_free_min` resident free bytes and `populated_reserve` zeroed free bytes are never
-//!   reported.
+//!   reported, but while squeezed (the memory is wanted now).
+//! - The limit never fails an allocation: it only makes the reporter hurry.
 //! - With THP arenas `report_order >= 9` (validated): only whole, aligned 2 MiB blocks are
 //!   reported, so reporting never splits a huge page.
 

@@ -35,6 +35,8 @@
 //! - A block freed less than `zero_delay` ago is never touched: a program that reuses memory at
 //!   once (free, then allocate again) keeps its block hot in its CPU cache, and neither waits for
 //!   the worker nor pays for its memory traffic (docs/design.md, "Reuse-aware zeroing").
+//! - While the memory limit is passed or there is memory pressure (`Shared::squeezed`, set by
+//!   the reporter: limit.rs) nothing is zeroed or populated: the target is 0.
 //! - The thread zeroes only while a CPU is idle (`worker::IdleGate`), and is scheduled so that
 //!   it never holds up the process's exit.
 
