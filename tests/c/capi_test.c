@@ -198,11 +198,15 @@ static int test_from_env(void) {
     setenv("FALLOW_REPORT", "off", 1);
     setenv("FALLOW_REPORT_DELAY_MS", "500", 1);
     setenv("FALLOW_ZEROING", "off", 1);
+    setenv("FALLOW_MEMORY_LIMIT", "512MiB", 1);
+    setenv("FALLOW_PRESSURE", "off", 1);
     CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create from env");
     CHECK(log[0] == 0, "no warning for good values: %s", log);
     CHECK(fallow_get_tunable(a, "report", &v) == 0 && v == 0, "FALLOW_REPORT=off: report %lu", (unsigned long)v);
     CHECK(fallow_get_tunable(a, "zeroing", &v) == 0 && v == 0, "FALLOW_ZEROING=off");
     CHECK(fallow_get_tunable(a, "report_delay_ms", &v) == 0 && v == 500, "delay %lu", (unsigned long)v);
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 512 * MiB, "FALLOW_MEMORY_LIMIT=512MiB: %lu", (unsigned long)v);
+    CHECK(fallow_get_tunable(a, "pressure", &v) == 0 && v == 0, "FALLOW_PRESSURE=off");
     fallow_stats s;
     CHECK(fallow_stats_read(a, &s) == 0 && s.reserved_bytes == 64 * MiB, "arena %lu", (unsigned long)s.reserved_bytes);
     void *p;
@@ -213,10 +217,15 @@ static int test_from_env(void) {
     setenv("FALLOW_ZEROING", "busy", 1);
     setenv("FALLOW_ARENA_SIZE", "3m", 1);
     setenv("FALLOW_THRESHOLD", "lots", 1);
+    setenv("FALLOW_MEMORY_LIMIT", "plenty", 1);
+    unsetenv("FALLOW_PRESSURE");
     a = NULL;
     CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create despite bad values");
     fputs(log, stdout);
-    CHECK(lines(log) == 3, "three warnings: %s", log);
+    CHECK(lines(log) == 4, "four warnings: %s", log);
+    CHECK(strstr(log, "FALLOW_MEMORY_LIMIT=\"plenty\" is not auto, off or a size") && strstr(log, "using the default auto\n"),
+          "memory limit: %s", log);
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == FALLOW_MEMORY_LIMIT_AUTO, "the default limit applies");
     CHECK(strstr(log, "fallow: warning: FALLOW_ZEROING=\"busy\" is not one of idle, off; using the default idle\n"),
           "zeroing: %s", log);
     CHECK(strstr(log, "FALLOW_ARENA_SIZE=\"3m\" is not a multiple of the largest block (2097152 bytes); using 4194304\n"),
@@ -232,6 +241,7 @@ static int test_from_env(void) {
     CHECK(fallow_create_from_env(&c, NULL) == EINVAL, "out NULL");
     unsetenv("FALLOW_ARENA_SIZE"); unsetenv("FALLOW_THP"); unsetenv("FALLOW_REPORT");
     unsetenv("FALLOW_REPORT_DELAY_MS"); unsetenv("FALLOW_ZEROING"); unsetenv("FALLOW_THRESHOLD");
+    unsetenv("FALLOW_MEMORY_LIMIT");
     return 0;
 }
 
