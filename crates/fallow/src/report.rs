@@ -22,7 +22,8 @@
 //!   (after PASS_BUDGET batches in a row, a short nap so one pass never hogs the lock)
 //!
 //!   SQUEEZED (the memory limit passed, or memory pressure: limit.rs): SCAN also takes blocks
-//!   younger than report_delay (not hot ones, freed within zero_delay), largest order first,
+//!   younger than report_delay (past the limit, not hot ones, freed within zero_delay; under
+//!   pressure, idle ones, free for min(report_delay / 10, 200 ms)), largest order first,
 //!   zeroed before dirty, the floors ignored, until the limit's excess is back (under pressure,
 //!   every idle block); no wait for an idle CPU; WAIT naps in limit::PERIOD_NS steps, each
 //!   looking at the limit and the trigger
@@ -59,6 +60,9 @@ use crate::page::{Class, PageState};
 /// Batches in a row before the reporter pauses (`BUDGET_PAUSE_NS`).
 const PASS_BUDGET: u32 = 16;
 const BUDGET_PAUSE_NS: u64 = 2_000_000;
+/// Under memory pressure a block goes back early once free this long (or a tenth of the delay,
+/// if less).
+const PRESSURE_IDLE_MS: u32 = 200;
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
 const SCAN_LIMIT: u32 = 256;
 
@@ -228,7 +232,12 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let (mut resident, mut zeroed) = h.resident_free_pages();
     let floor = (t.resident_free_min >> PAGE_SHIFT) as u64;
     let keep_zeroed = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    // How long a block must have been free to go back early: past the limit, only hot blocks
+    // (freed within zero_delay, the program reusing them) wait; under pressure a block must be
+    // idle, free for a tenth of the delay, at most PRESSURE_IDLE_MS (a block the program takes
+    // again every few tens of ms would only be faulted back in, freeing nothing on average).
     let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
+    let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
     let batch = t.report_batch as usize;
     let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
     // Whether each block goes back before the delay (or past a floor) because of the squeeze.
@@ -252,9 +261,10 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let a = h.arena(ai);
                     let age = now.saturating_sub(m.freed_at_ms);
                     let need = sq.pressure || excess > 0;
+                    let min_age = if excess > 0 { hot_ms } else { idle_ms };
                     let due = age >= t.report_delay_ms;
-                    if !due && (!need || age < hot_ms) {
-                        let until = if need { hot_ms - age } else { t.report_delay_ms - age };
+                    if !due && (!need || age < min_age) {
+                        let until = if need { min_age - age } else { t.report_delay_ms - age };
                         wait_ms = wait_ms.min(until);
                         continue;
                     }

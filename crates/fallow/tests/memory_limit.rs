@@ -163,13 +163,16 @@ fn a_fired_trigger_returns_idle_memory_and_the_zeroed_reserve() {
     for p in blocks {
         a.free(p).unwrap();
     }
-    wait_for("some free memory zeroed", || a.stats().free_zeroed_pages > 0);
+    // (A real PSI event, which this machine may see at any time, may give it back first.)
+    wait_for("some free memory zeroed", || {
+        let s = a.stats();
+        s.free_zeroed_pages > 0 || s.pressure_reported_bytes > 0
+    });
     let before = a.stats();
-    assert_eq!(before.reported_bytes, 0, "the delay is an hour: {before}");
     a.simulate_pressure();
+    wait_for("the event seen", || a.stats().pressure_events > before.pressure_events);
     wait_for("idle free memory given back", || quiet_and_reported(&a));
     let s = a.stats();
-    assert!(s.pressure_events >= 1, "{s}");
     assert!(s.pressure_reported_bytes >= 128 * MIB as u64 && s.pressure_reported_bytes == s.reported_bytes, "{s}");
     assert!(s.limit_reported_bytes == 0 && s.memory_limit_source == 0, "no limit: {s}");
     a.check_invariants().unwrap();
