@@ -4,12 +4,14 @@
 //! per reporter thread); the zeroing worker only reads `Shared::squeezed`.
 //!
 //! Rules (docs/design.md, "Memory limit and pressure"):
+//! - The limit and the signal are the reporter's: with reporting off there is neither.
 //! - A set limit (`MemoryLimit::Bytes`) is compared with fallow's own resident memory, computed
 //!   under the lock from counters (`Heap::owned_resident_pages`: live blocks and free pages not
 //!   reported). A cgroup's limit (`MemoryLimit::Auto`) is the cgroup's limit less a margin for
 //!   what fallow does not own (`cgroup_margin`), compared with the cgroup's usage less its
 //!   inactive file cache, read at most every `PERIOD_NS`: several processes may share the
-//!   cgroup, and only its usage says how close all of them are to its limit.
+//!   cgroup, and only its usage says how close all of them are to its limit. The cgroup's limit
+//!   is looked up again every `CGROUP_PERIOD_NS` (10 s): it may be changed at run time.
 //! - Once the usage passes the limit (a "hit"), the reporter gives free memory back without
 //!   waiting for the delay until the usage is `1/32` of the limit below it (hysteresis, so that
 //!   the next allocations do not cross again at once), or nothing is left. A block freed within
@@ -37,6 +39,8 @@ use crate::stats::{
 /// How often, at most, the reporter looks at the limit and the PSI trigger while it waits for
 /// blocks to age, and reads a cgroup's usage: the limit is obeyed within this period.
 pub(crate) const PERIOD_NS: u64 = 100_000_000;
+/// How often a cgroup's limit is looked up again (it may be changed, or the process moved).
+const CGROUP_PERIOD_NS: u64 = 10_000_000_000;
 /// How often, at most, `MemAvailable` is read (the fallback signal).
 const MEMINFO_PERIOD_NS: u64 = 1_000_000_000;
 
@@ -74,8 +78,9 @@ enum Measure {
 
 /// The reporter's view of the limit and of pressure (see the top of this file).
 pub(crate) struct Watch {
-    /// The settings the limit and the signal were resolved for.
+    /// The settings the limit and the signal were resolved for, and when.
     resolved: Option<(MemoryLimit, bool)>,
+    resolved_ns: u64,
     measure: Measure,
     /// The cgroup whose limit is in force (with `Measure::Cgroup`).
     cgroup: Option<os::CgroupMemory>,
@@ -99,6 +104,7 @@ impl Watch {
     pub(crate) fn new() -> Watch {
         Watch {
             resolved: None,
+            resolved_ns: 0,
             measure: Measure::None,
             cgroup: None,
             usage: 0,
@@ -117,22 +123,26 @@ impl Watch {
     }
 
     /// Resolve the limit and register the pressure signal if the settings changed since the last
-    /// time (at the reporter's start, and after `set_tunables`), and publish them in the
-    /// statistics. Reads files without the lock.
+    /// time (at the reporter's start, and after `set_tunables`), a cgroup's limit also every
+    /// `CGROUP_PERIOD_NS`, and publish them in the statistics. Reads files without the lock.
     pub(crate) fn refresh(&mut self, s: &Shared) {
         let t = s.heap.lock().tunables;
         let want = (t.memory_limit, t.pressure && t.report);
-        if self.resolved == Some(want) {
+        let now = os::now_ns();
+        let stale = want.0 == MemoryLimit::Auto && now.saturating_sub(self.resolved_ns) >= CGROUP_PERIOD_NS;
+        if self.resolved == Some(want) && !stale {
             return;
         }
         let (limit, pressure) = want;
-        let limit_changed = self.resolved.is_none_or(|(l, _)| l != limit);
+        let limit_changed = self.resolved.is_none_or(|(l, _)| l != limit) || stale;
+        self.resolved_ns = now;
+        let before = self.limit();
         let pressure_changed = self.resolved.is_none_or(|(_, p)| p != pressure);
         self.resolved = Some(want);
         let mut source = SOURCE_NONE;
         if limit_changed {
-            self.over = false;
             self.usage_read_ns = 0;
+            self.cgroup = None;
             self.measure = match limit {
                 MemoryLimit::Off => Measure::None,
                 MemoryLimit::Bytes(n) => {
@@ -155,6 +165,9 @@ impl Watch {
                 },
             };
         }
+        if self.limit() != before {
+            self.over = false;
+        }
         if pressure_changed {
             self.close_trigger(s);
             self.low_memory = false;
@@ -165,6 +178,9 @@ impl Watch {
         if limit_changed {
             h.reclaim.memory_limit_bytes = self.limit().unwrap_or(0);
             h.reclaim.memory_limit_source = source;
+            if self.limit().is_none() {
+                h.reclaim.memory_limit_usage_bytes = 0;
+            }
         }
         h.reclaim.pressure_signal = self.signal;
     }

@@ -123,6 +123,9 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
     let mut asked: Option<(u64, u32)> = None;
     let mut watch = Watch::new();
+    // At once, before any wait for an idle CPU: the limit and the signal are known from the
+    // start (and the trigger's descriptor is opened at the thread's start, not at some later step).
+    watch.refresh(s);
     while !s.reporter.stopping() {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
@@ -224,6 +227,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let t = h.tunables;
     let seen_frees = h.counters.free_calls;
     if !t.report {
+        // Nothing is watched with reporting off: let the zeroing worker go on.
+        s.squeezed.store(false, core::sync::atomic::Ordering::Relaxed);
         return Next::Idle(seen_frees, false);
     }
     let sq = watch.squeeze(s, &mut h);
