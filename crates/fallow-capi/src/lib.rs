@@ -344,16 +344,19 @@ pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowSt
 ///
 /// `a` is null or a live handle from `fallow_create`; `out` is null or writable for `size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn fallow_stats_read_size(a: *mut Allocator, out: *mut FallowStats, size: usize) -> c_int {
+pub unsafe extern "C" fn fallow_stats_read_size(
+    a: *mut Allocator,
+    out: *mut FallowStats,
+    size: usize,
+) -> c_int {
     let a = handle!(a, "fallow_stats_read_size");
     if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_stats_read_size: out is NULL"));
     }
     if size < C_STATS_V1_SIZE {
-        return fail(
-            libc::EINVAL,
-            format_args!("fallow_stats_read_size: size {size} is below the smallest struct fallow_stats ({C_STATS_V1_SIZE})"),
-        );
+        let smallest = C_STATS_V1_SIZE;
+        let msg = format_args!("fallow_stats_read_size: size {size} is below the smallest struct fallow_stats ({smallest})");
+        return fail(libc::EINVAL, msg);
     }
     // SAFETY: `out` is not null and writable for `size` bytes (the contract), which nothing else
     // accesses during the call.

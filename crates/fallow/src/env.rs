@@ -1,6 +1,7 @@
 //! Settings by environment, one parser for the preload library and the C library:
 //! `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`, `FALLOW_THP`,
-//! `FALLOW_STATS`, `FALLOW_ARENA_SIZE`, `FALLOW_MEMORY_LIMIT` and `FALLOW_PRESSURE`, applied over a given `Config` (the default one for the
+//! `FALLOW_STATS`, `FALLOW_ARENA_SIZE`, `FALLOW_MEMORY_LIMIT` and `FALLOW_PRESSURE`, applied
+//! over a given `Config` (the default one for the
 //! preload, the caller's for `fallow_create_from_env`).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are

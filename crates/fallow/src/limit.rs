@@ -31,10 +31,8 @@ use core::sync::atomic::Ordering;
 use crate::config::MemoryLimit;
 use crate::heap::{Heap, Shared};
 use crate::os::{self, PAGE_SHIFT};
-use crate::stats::{
-    SIGNAL_MEMAVAILABLE, SIGNAL_NONE, SIGNAL_OFF, SIGNAL_PSI_CGROUP, SIGNAL_PSI_SYSTEM, SOURCE_NONE, SOURCE_SETTING,
-    SOURCE_V1, SOURCE_V2_HIGH, SOURCE_V2_MAX,
-};
+use crate::stats::{SIGNAL_MEMAVAILABLE, SIGNAL_NONE, SIGNAL_OFF, SIGNAL_PSI_CGROUP, SIGNAL_PSI_SYSTEM};
+use crate::stats::{SOURCE_NONE, SOURCE_SETTING, SOURCE_V1, SOURCE_V2_HIGH, SOURCE_V2_MAX};
 
 /// How often, at most, the reporter looks at the limit and the PSI trigger while it waits for
 /// blocks to age, and reads a cgroup's usage: the limit is obeyed within this period.
@@ -243,7 +241,8 @@ impl Watch {
         if self.psi_fd >= 0 && os::psi_fired(self.psi_fd, self.psi_id) {
             event = true;
         }
-        if self.signal == SIGNAL_MEMAVAILABLE && now.saturating_sub(self.meminfo_read_ns) >= MEMINFO_PERIOD_NS {
+        let meminfo_due = now.saturating_sub(self.meminfo_read_ns) >= MEMINFO_PERIOD_NS;
+        if self.signal == SIGNAL_MEMAVAILABLE && meminfo_due {
             self.meminfo_read_ns = now;
             let low = os::mem_available().is_some_and(|(avail, total)| avail < total / 16);
             event |= low && !self.low_memory;
@@ -258,7 +257,8 @@ impl Watch {
     /// Under the lock: compare the usage with the limit, say what must go back, and publish the
     /// figures (and `Shared::squeezed`, which stops the zeroing worker meanwhile).
     pub(crate) fn squeeze(&mut self, s: &Shared, h: &mut Heap) -> Squeeze {
-        let mut sq = Squeeze { excess_pages: 0, pressure: self.low_memory || os::now_ns() < self.pressure_until_ns };
+        let pressure = self.low_memory || os::now_ns() < self.pressure_until_ns;
+        let mut sq = Squeeze { excess_pages: 0, pressure };
         let measured = match self.measure {
             Measure::None => None,
             Measure::Own { limit } => Some((limit, h.owned_resident_pages() << PAGE_SHIFT)),

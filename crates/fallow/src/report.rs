@@ -304,7 +304,11 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     }
     if n == 0 {
         drop(h);
-        return if wait_ms != u32::MAX { Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000) } else { Next::Idle(seen_frees, sq.urgent()) };
+        return if wait_ms != u32::MAX {
+            Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000)
+        } else {
+            Next::Idle(seen_frees, sq.urgent())
+        };
     }
     drop(h);
 

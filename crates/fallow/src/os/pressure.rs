@@ -178,8 +178,11 @@ impl CgroupMemory {
     /// kernel reclaims first, before any pressure on anonymous memory: the kubelet's "working
     /// set"). `None` when unreadable.
     pub fn usage(&self) -> Option<u64> {
-        let (current, key): (&[u8], &[u8]) =
-            if self.v2 { (b"memory.current", b"inactive_file") } else { (b"memory.usage_in_bytes", b"total_inactive_file") };
+        let (current, key): (&[u8], &[u8]) = if self.v2 {
+            (b"memory.current", b"inactive_file")
+        } else {
+            (b"memory.usage_in_bytes", b"total_inactive_file")
+        };
         let used = read_number(&self.dir.join(current)?)??;
         let mut buf = [0u8; 4096];
         let inactive = read_small_file(self.dir.join(b"memory.stat")?.as_cstr(), &mut buf)
@@ -210,8 +213,10 @@ pub fn psi_trigger(file: &StackPath) -> OsResult<(i32, u32)> {
     use rustix::fd::IntoRawFd;
     use rustix::fs::{Mode, OFlags};
     let mut last = libc::EINVAL;
-    for (trigger, window_ms) in [(&b"some 150000 1000000\0"[..], 1000), (&b"some 300000 2000000\0"[..], 2000)] {
-        let fd = rustix::fs::open(file.as_cstr(), OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty());
+    let triggers: [(&[u8], u32); 2] = [(b"some 150000 1000000\0", 1000), (b"some 300000 2000000\0", 2000)];
+    for (trigger, window_ms) in triggers {
+        let flags = OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(file.as_cstr(), flags, Mode::empty());
         let fd = super::os_result(fd)?;
         match rustix::io::write(&fd, trigger) {
             Ok(_) => return Ok((fd.into_raw_fd(), window_ms)),
@@ -312,7 +317,8 @@ mod tests {
     fn a_descriptor_is_closed_only_while_it_names_its_file() {
         use rustix::fd::IntoRawFd;
         use rustix::fs::{Mode, OFlags};
-        let fd = rustix::fs::open(c"/proc/self/statm", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap().into_raw_fd();
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC;
+        let fd = rustix::fs::open(c"/proc/self/statm", flags, Mode::empty()).unwrap().into_raw_fd();
         let id = file_id(fd).unwrap();
         // SAFETY: `fd` is this test's own; the wrong identity leaves it open.
         unsafe { close_psi(fd, id ^ 1) };
