@@ -130,9 +130,10 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
-        // (Not while the limit is passed or there is pressure: memory is wanted now.)
+        // (Not while the limit is passed or there is pressure: memory is wanted now; and while a
+        // limit or a signal is watched, for one period at most, so that the watch goes on.)
         if budget == PASS_BUDGET && !s.squeezed.load(Ordering::Relaxed) {
-            s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
+            s.wait_for_idle_cpu(&s.reporter, gate, watch.gate_wait_ns(1_000_000_000));
         }
         // The limit and the pressure signal, resolved again when the settings changed; what
         // they say is read at its own low rate (limit.rs). After the wait for an idle CPU, whose
@@ -153,7 +154,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
             }
             Next::Idle(seen_frees, urgent) => {
                 budget = PASS_BUDGET;
-                if let Some(timeout_ns) = caches_step(s, &mut asked, urgent) {
+                if let Some(timeout_ns) = caches_step(s, &mut asked, urgent, &mut watch) {
                     s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
                 }
             }
@@ -169,8 +170,9 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 /// nothing to do, go idle for at most `ns`. A free into a per-thread cache wakes nobody (the hit
 /// path stays free of that), so with caches on the reporter looks again after the delay (at
 /// least 1 s) for memory they hold. While the limit is passed or there is pressure (`urgent`),
-/// the caches get `limit::PERIOD_NS` to answer instead of the delay.
-fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool) -> Option<u64> {
+/// the caches get `limit::PERIOD_NS` to answer instead of the delay. Its naps are watched
+/// (`Watch::nap`): a limit passed or a trigger fired meanwhile ends them.
+fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: &mut Watch) -> Option<u64> {
     let (report, mut delay_ms, held) = {
         let h = s.heap.lock();
         (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
@@ -192,12 +194,12 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool) -> Opti
         None if held > 0 => {
             let g = s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
             *asked = Some((g, now));
-            s.reporter.nap(delay_ms as u64 * 1_000_000);
+            watch.nap(s, delay_ms as u64 * 1_000_000);
             None
         }
         None => Some(idle_ns),
         Some((_, at)) if now.wrapping_sub(at) < delay_ms => {
-            s.reporter.nap((delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
+            watch.nap(s, (delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
             None
         }
         Some((g, at)) => {
