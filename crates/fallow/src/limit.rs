@@ -234,14 +234,37 @@ impl Watch {
         }
     }
 
-    /// How long the reporter may wait for an idle CPU before its next pass: `max_ns`, or one
-    /// period while a limit or a signal is watched (a wait that is not watched would miss a limit
-    /// passed meanwhile: on a busy machine the wait would otherwise be a second each pass).
-    pub(crate) fn gate_wait_ns(&self, max_ns: u64) -> u64 {
-        if self.watching() {
-            max_ns.min(self.period_ns())
-        } else {
-            max_ns
+    /// The reporter's wait for an idle CPU before a pass (`Shared::wait_for_idle_cpu`, at most
+    /// `max_ns`), watched while a limit or a signal is: in steps of one period, ending early when
+    /// one of them asks the reporter to hurry (unwatched, on a busy machine, it would be a second
+    /// each pass in which a limit passed goes unseen).
+    pub(crate) fn wait_for_idle_cpu(&mut self, s: &Shared, gate: &mut crate::worker::IdleGate, max_ns: u64) {
+        if !self.watching() {
+            s.wait_for_idle_cpu(&s.reporter, gate, max_ns);
+            return;
+        }
+        let mut left = max_ns;
+        while left > 0 {
+            let step = left.min(self.period_ns());
+            let t0 = os::now_ns();
+            s.wait_for_idle_cpu(&s.reporter, gate, step);
+            // Back before the step ran out: a CPU is idle, or a kick or the stop came.
+            if os::now_ns() - t0 < step || s.reporter.stopping() {
+                return;
+            }
+            left -= step;
+            self.sample(s);
+            if self.urgent_now(s) {
+                return;
+            }
+        }
+    }
+
+    /// Whether the limit or pressure asks the reporter to hurry now (the lock only with a limit).
+    fn urgent_now(&mut self, s: &Shared) -> bool {
+        match self.measure {
+            Measure::None => self.low_memory || os::now_ns() < self.pressure_until_ns,
+            _ => self.squeeze(s, &mut s.heap.lock()).urgent(),
         }
     }
 
@@ -331,12 +354,7 @@ impl Watch {
             }
             left -= step;
             self.sample(s);
-            // Without a limit only pressure can ask: no need for the lock to tell.
-            let urgent = match self.measure {
-                Measure::None => self.low_memory || os::now_ns() < self.pressure_until_ns,
-                _ => self.squeeze(s, &mut s.heap.lock()).urgent(),
-            };
-            if urgent {
+            if self.urgent_now(s) {
                 return;
             }
         }

@@ -130,10 +130,10 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
-        // (Not while the limit is passed or there is pressure: memory is wanted now; and while a
-        // limit or a signal is watched, for one period at most, so that the watch goes on.)
+        // (Not while the limit is passed or there is pressure: memory is wanted now; and watched
+        // while a limit or a signal is, so that one passed meanwhile ends the wait.)
         if budget == PASS_BUDGET && !s.squeezed.load(Ordering::Relaxed) {
-            s.wait_for_idle_cpu(&s.reporter, gate, watch.gate_wait_ns(1_000_000_000));
+            watch.wait_for_idle_cpu(s, gate, 1_000_000_000);
         }
         // The limit and the pressure signal, resolved again when the settings changed; what
         // they say is read at its own low rate (limit.rs). After the wait for an idle CPU, whose
