@@ -74,6 +74,15 @@ typedef struct fallow_stats {
     uint64_t zeroing_wasted_bytes; /* background-zeroed bytes reported or handed out without being used as zero */
     uint64_t slack_bytes; /* unused bytes past the request in live blocks a per-thread cache served whole */
     uint64_t free_blocks[FALLOW_CLASSES][FALLOW_ORDERS]; /* free blocks by class and order */
+    /* From here on: filled by fallow_stats_read_size only. */
+    uint64_t memory_limit_bytes; /* the soft memory limit in force (a cgroup's less a margin), 0: none */
+    uint64_t memory_limit_source; /* 0 none, 1 setting, 2 cgroup v2 memory.high, 3 cgroup v2 memory.max, 4 cgroup v1 */
+    uint64_t memory_limit_usage_bytes; /* what the limit was last compared with */
+    uint64_t memory_limit_hits; /* times the usage passed the limit */
+    uint64_t limit_reported_bytes; /* bytes given back before their delay because of the limit */
+    uint64_t pressure_signal; /* 0 off, 1 PSI cgroup, 2 PSI /proc/pressure/memory, 3 MemAvailable polling, 4 none */
+    uint64_t pressure_events; /* times memory pressure was signalled */
+    uint64_t pressure_reported_bytes; /* bytes given back before their delay because of pressure */
 } fallow_stats;
 
 /* The default configuration. */
@@ -85,7 +94,8 @@ int fallow_create(const fallow_config *config, fallow_allocator **out);
 /* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
  * config (NULL: the default): FALLOW_ARENA_SIZE, FALLOW_THP and FALLOW_CACHE,
  * FALLOW_CACHE_MAX_ORDER, FALLOW_CACHE_BATCH_PAGES, FALLOW_CACHE_HIGH_PAGES set the configuration,
- * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS and FALLOW_ZEROING (idle, off) the
+ * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS, FALLOW_ZEROING (idle, off),
+ * FALLOW_MEMORY_LIMIT (auto, off, or a size such as 2GiB) and FALLOW_PRESSURE (auto, off) the
  * tunables; FALLOW_THRESHOLD and FALLOW_STATS, the preload's own, are only checked. A bad value
  * prints one warning on stderr naming the variable, the value given and the value used (the
  * config's, or the nearest value in range), and the allocator is created all the same. */
@@ -126,14 +136,23 @@ size_t fallow_usable_size(fallow_allocator *a, const void *p);
 /* 1 if p lies in a's reservation (a lock-free range check), else 0. */
 int fallow_owns(const fallow_allocator *a, const void *p);
 
-/* A snapshot of the statistics. */
+/* A snapshot of the statistics. fallow_stats_read fills the fields up to free_blocks (the struct
+ * of earlier versions, so programs built against them keep working); fallow_stats_read_size fills
+ * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats). */
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
+int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 
 /* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
  * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),
- * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve".
+ * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve",
+ * "memory_limit" (the soft memory limit: FALLOW_MEMORY_LIMIT_OFF, FALLOW_MEMORY_LIMIT_AUTO for the
+ * cgroup's limit less a margin, or bytes, at least 4096; it never fails an allocation, it makes
+ * free memory go back to the kernel at once once passed), "pressure" (1: watch memory pressure,
+ * a PSI trigger or MemAvailable, and give idle free memory back while there is some).
  * Booleans are 0 or 1, sizes in bytes, orders as powers of two of 4 KiB. EINVAL, with a message
  * naming the setting and its accepted range, for an unknown name or a value out of range. */
+#define FALLOW_MEMORY_LIMIT_OFF  0u
+#define FALLOW_MEMORY_LIMIT_AUTO UINT64_MAX
 int fallow_set_tunable(fallow_allocator *a, const char *name, uint64_t value);
 int fallow_get_tunable(fallow_allocator *a, const char *name, uint64_t *value);
 

@@ -143,6 +143,20 @@ static int test_tunables(void) {
     CHECK(fallow_set_tunable(a, "report_mode", 2) == 0 && fallow_get_tunable(a, "report_mode", &v) == 0 && v == 2, "mode free");
     CHECK(fallow_set_tunable(a, "report_batch", 100000) == EINVAL && strstr(fallow_last_error(), "report_batch"), "out of range refused");
     CHECK(fallow_set_tunable(a, "zeroing", 7) == EINVAL && strstr(fallow_last_error(), "zeroing"), "bad flag refused");
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == FALLOW_MEMORY_LIMIT_AUTO, "memory limit auto by default");
+    CHECK(fallow_set_tunable(a, "memory_limit", 64u << 20) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 64u << 20, "memory limit set");
+    CHECK(fallow_set_tunable(a, "memory_limit", 100) == EINVAL && strstr(fallow_last_error(), "memory_limit"), "limit below a page refused");
+    {
+        /* fallow_stats_read writes the older struct only; fallow_stats_read_size the whole. */
+        fallow_stats st;
+        memset(&st, 0xab, sizeof st);
+        CHECK(fallow_stats_read(a, &st) == 0 && st.memory_limit_hits == 0xababababababababull, "fallow_stats_read wrote past the older struct");
+        CHECK(fallow_stats_read_size(a, &st, sizeof st) == 0 && st.memory_limit_source <= 4 && st.pressure_signal <= 4, "stats read by size");
+        CHECK(fallow_stats_read_size(a, &st, 8) == EINVAL && strstr(fallow_last_error(), "size"), "too small a size refused");
+    }
+    CHECK(fallow_set_tunable(a, "memory_limit", FALLOW_MEMORY_LIMIT_OFF) == 0 && fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 0, "memory limit off");
+    CHECK(fallow_set_tunable(a, "pressure", 0) == 0 && fallow_get_tunable(a, "pressure", &v) == 0 && v == 0, "pressure off");
+    CHECK(fallow_set_tunable(a, "pressure", 2) == EINVAL && strstr(fallow_last_error(), "pressure"), "bad pressure flag refused");
     CHECK(fallow_set_tunable(a, "report_mode", 3) == EINVAL && strstr(fallow_last_error(), "report_mode"), "punch on anonymous memory refused");
     CHECK(fallow_get_tunable(a, "report_batch", &v) == 0 && v == 32, "refused values change nothing (%lu)", (unsigned long)v);
     fallow_destroy(a);
@@ -184,11 +198,15 @@ static int test_from_env(void) {
     setenv("FALLOW_REPORT", "off", 1);
     setenv("FALLOW_REPORT_DELAY_MS", "500", 1);
     setenv("FALLOW_ZEROING", "off", 1);
+    setenv("FALLOW_MEMORY_LIMIT", "512MiB", 1);
+    setenv("FALLOW_PRESSURE", "off", 1);
     CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create from env");
     CHECK(log[0] == 0, "no warning for good values: %s", log);
     CHECK(fallow_get_tunable(a, "report", &v) == 0 && v == 0, "FALLOW_REPORT=off: report %lu", (unsigned long)v);
     CHECK(fallow_get_tunable(a, "zeroing", &v) == 0 && v == 0, "FALLOW_ZEROING=off");
     CHECK(fallow_get_tunable(a, "report_delay_ms", &v) == 0 && v == 500, "delay %lu", (unsigned long)v);
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == 512 * MiB, "FALLOW_MEMORY_LIMIT=512MiB: %lu", (unsigned long)v);
+    CHECK(fallow_get_tunable(a, "pressure", &v) == 0 && v == 0, "FALLOW_PRESSURE=off");
     fallow_stats s;
     CHECK(fallow_stats_read(a, &s) == 0 && s.reserved_bytes == 64 * MiB, "arena %lu", (unsigned long)s.reserved_bytes);
     void *p;
@@ -199,10 +217,15 @@ static int test_from_env(void) {
     setenv("FALLOW_ZEROING", "busy", 1);
     setenv("FALLOW_ARENA_SIZE", "3m", 1);
     setenv("FALLOW_THRESHOLD", "lots", 1);
+    setenv("FALLOW_MEMORY_LIMIT", "plenty", 1);
+    unsetenv("FALLOW_PRESSURE");
     a = NULL;
     CHECK(create_from_env_logged(&c, &a, log, sizeof log) == 0 && a, "create despite bad values");
     fputs(log, stdout);
-    CHECK(lines(log) == 3, "three warnings: %s", log);
+    CHECK(lines(log) == 4, "four warnings: %s", log);
+    CHECK(strstr(log, "FALLOW_MEMORY_LIMIT=\"plenty\" is not auto, off or a size") && strstr(log, "using the default auto\n"),
+          "memory limit: %s", log);
+    CHECK(fallow_get_tunable(a, "memory_limit", &v) == 0 && v == FALLOW_MEMORY_LIMIT_AUTO, "the default limit applies");
     CHECK(strstr(log, "fallow: warning: FALLOW_ZEROING=\"busy\" is not one of idle, off; using the default idle\n"),
           "zeroing: %s", log);
     CHECK(strstr(log, "FALLOW_ARENA_SIZE=\"3m\" is not a multiple of the largest block (2097152 bytes); using 4194304\n"),
@@ -218,6 +241,7 @@ static int test_from_env(void) {
     CHECK(fallow_create_from_env(&c, NULL) == EINVAL, "out NULL");
     unsetenv("FALLOW_ARENA_SIZE"); unsetenv("FALLOW_THP"); unsetenv("FALLOW_REPORT");
     unsetenv("FALLOW_REPORT_DELAY_MS"); unsetenv("FALLOW_ZEROING"); unsetenv("FALLOW_THRESHOLD");
+    unsetenv("FALLOW_MEMORY_LIMIT");
     return 0;
 }
 

@@ -18,7 +18,7 @@ use core::fmt::Write;
 use core::ptr;
 
 use core_fallow::binding_support::StackBuf;
-use core_fallow::{Allocator, Backing, Config, Error, Flags, ReportMode, Tunables};
+use core_fallow::{Allocator, Backing, Config, Error, Flags, MemoryLimit, ReportMode, Tunables};
 
 #[cfg(test)]
 mod header_test;
@@ -103,6 +103,7 @@ impl FallowCacheConfig {
 /// `struct fallow_stats`: generated, with its conversion from `Stats`, from the one table of the
 /// statistics (`stats.rs` of the core); `header_test` checks `include/fallow.h` against it.
 pub use core_fallow::binding_support::CStats as FallowStats;
+use core_fallow::binding_support::C_STATS_V1_SIZE;
 
 /// # Safety
 ///
@@ -237,9 +238,9 @@ pub unsafe extern "C" fn fallow_create_with_cache(
 /// `fallow_create` with the `FALLOW_*` environment variables applied over `c`: the preload
 /// library's parser (`binding_support::env`), so the same names, ranges and warnings on stderr
 /// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE`, `FALLOW_THP` and the
-/// `FALLOW_CACHE*` variables set the configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`
-/// and `FALLOW_ZEROING` the tunables;
-/// `FALLOW_THRESHOLD` and `FALLOW_STATS` concern the preload only and are just checked.
+/// `FALLOW_CACHE*` variables set the configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`,
+/// `FALLOW_ZEROING`, `FALLOW_MEMORY_LIMIT` and `FALLOW_PRESSURE` the tunables; `FALLOW_THRESHOLD`
+/// and `FALLOW_STATS` concern the preload only and are just checked.
 ///
 /// # Safety
 ///
@@ -394,19 +395,57 @@ pub unsafe extern "C" fn fallow_owns(a: *const Allocator, p: *const c_void) -> c
     }
 }
 
+/// The statistics into `out`, `size` bytes of them (`size` at least `C_STATS_V1_SIZE`).
+///
+/// # Safety
+///
+/// `a` is a live handle; `out` is not null and writable for `size` bytes.
+unsafe fn write_stats(a: &Allocator, out: *mut FallowStats, size: usize) {
+    let s = FallowStats::from(&a.stats());
+    let n = size.min(core::mem::size_of::<FallowStats>());
+    // SAFETY: `s` is `n` readable bytes on the stack; `out` is writable for `size >= n` bytes (the
+    // contract) and does not overlap a local.
+    unsafe { core::ptr::copy_nonoverlapping(&s as *const FallowStats as *const u8, out as *mut u8, n) };
+}
+
 /// # Safety
 ///
 /// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
-/// `fallow_stats`.
+/// `fallow_stats` of the size it had before the memory limit's figures (`C_STATS_V1_SIZE`
+/// bytes), or larger.
 #[no_mangle]
 pub unsafe extern "C" fn fallow_stats_read(a: *mut Allocator, out: *mut FallowStats) -> c_int {
     let a = handle!(a, "fallow_stats_read");
-    // SAFETY: `out` is null (then `None`) or points to a writable `FallowStats` (the contract),
-    // which nothing else accesses during the call.
-    let Some(out) = (unsafe { out.as_mut() }) else {
+    if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_stats_read: out is NULL"));
-    };
-    *out = FallowStats::from(&a.stats());
+    }
+    // SAFETY: `out` is not null and writable for `C_STATS_V1_SIZE` bytes (the contract), which
+    // nothing else accesses during the call.
+    unsafe { write_stats(a, out, C_STATS_V1_SIZE) };
+    0
+}
+
+/// # Safety
+///
+/// `a` is null or a live handle from `fallow_create`; `out` is null or writable for `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_stats_read_size(
+    a: *mut Allocator,
+    out: *mut FallowStats,
+    size: usize,
+) -> c_int {
+    let a = handle!(a, "fallow_stats_read_size");
+    if out.is_null() {
+        return fail(libc::EINVAL, format_args!("fallow_stats_read_size: out is NULL"));
+    }
+    if size < C_STATS_V1_SIZE {
+        let smallest = C_STATS_V1_SIZE;
+        let msg = format_args!("fallow_stats_read_size: size {size} is below the smallest struct fallow_stats ({smallest})");
+        return fail(libc::EINVAL, msg);
+    }
+    // SAFETY: `out` is not null and writable for `size` bytes (the contract), which nothing else
+    // accesses during the call.
+    unsafe { write_stats(a, out, size) };
     0
 }
 
@@ -427,7 +466,7 @@ pub unsafe extern "C" fn fallow_cache_config_read(a: *mut Allocator, out: *mut F
 }
 
 /// The tunables of the background workers, by their C name.
-const TUNABLES: [&str; 12] = [
+const TUNABLES: [&str; 14] = [
     "report",
     "report_order",
     "report_delay_ms",
@@ -440,7 +479,13 @@ const TUNABLES: [&str; 12] = [
     "zero_delay_ms",
     "zeroed_reserve",
     "populated_reserve",
+    "memory_limit",
+    "pressure",
 ];
+
+/// `memory_limit` as a `uint64_t`: 0 off, `UINT64_MAX` auto (the cgroup's), else bytes.
+const LIMIT_OFF: u64 = 0;
+const LIMIT_AUTO: u64 = u64::MAX;
 
 /// The tunable `name` names, or the error (EINVAL, message set) for `func` to return.
 ///
@@ -482,6 +527,12 @@ fn get_field(t: &Tunables, name: &str) -> u64 {
         "zero_chunk" => t.zero_chunk as u64,
         "zero_delay_ms" => t.zero_delay_ms as u64,
         "zeroed_reserve" => t.zeroed_reserve as u64,
+        "memory_limit" => match t.memory_limit {
+            MemoryLimit::Off => LIMIT_OFF,
+            MemoryLimit::Auto => LIMIT_AUTO,
+            MemoryLimit::Bytes(n) => n,
+        },
+        "pressure" => t.pressure as u64,
         _ => t.populated_reserve as u64, // "populated_reserve" (names are checked before)
     }
 }
@@ -516,6 +567,14 @@ fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> 
         "zero_chunk" => t.zero_chunk = size(v)?,
         "zero_delay_ms" => t.zero_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
         "zeroed_reserve" => t.zeroed_reserve = size(v)?,
+        "memory_limit" => {
+            t.memory_limit = match v {
+                LIMIT_OFF => MemoryLimit::Off,
+                LIMIT_AUTO => MemoryLimit::Auto,
+                n => MemoryLimit::Bytes(n),
+            }
+        }
+        "pressure" => t.pressure = flag(v)?,
         _ => t.populated_reserve = size(v)?,
     }
     Ok(())

@@ -120,6 +120,25 @@ pub enum ReportMode {
     Punch,
 }
 
+/// The soft memory limit (`Tunables::memory_limit`; docs/design.md, "Memory limit and pressure").
+/// Soft: it makes the reporter give free memory back at once, and never fails an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// No limit.
+    Off,
+    /// The limit of the process's memory cgroup (v2 `memory.high`, else `memory.max`; v1
+    /// `memory.limit_in_bytes`, the least over the cgroup and its ancestors) less a margin for
+    /// what fallow does not own (`limit::cgroup_margin`); compared with the cgroup's usage. No
+    /// limit where none is set. The default.
+    Auto,
+    /// This many bytes (at least one page), compared with fallow's own resident memory: live
+    /// blocks plus free pages not reported.
+    Bytes(u64),
+}
+
+/// Smallest `MemoryLimit::Bytes`: one page.
+pub const MIN_MEMORY_LIMIT: u64 = 4096;
+
 /// Settings of the two background workers (`report.rs`, `zero.rs`). Linux's
 /// `mm/page_reporting.c` choices are the defaults for reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +169,14 @@ pub struct Tunables {
     pub zeroed_reserve: usize,
     /// Bytes kept resident and zeroed even past the reporting delay (opt-in, default 0).
     pub populated_reserve: usize,
+    /// The soft memory limit (default `Auto`: the cgroup's, if any). Past it the reporter gives
+    /// free memory back without waiting for `report_delay_ms`, and the zeroing worker adds no
+    /// resident page; an allocation never fails because of it.
+    pub memory_limit: MemoryLimit,
+    /// Watch memory pressure (default on: a PSI trigger where the kernel allows one, else
+    /// `MemAvailable` read at a low rate); while there is pressure, idle free memory goes back at
+    /// once, the zeroed reserve first.
+    pub pressure: bool,
 }
 
 impl Default for Tunables {
@@ -167,6 +194,8 @@ impl Default for Tunables {
             zero_delay_ms: 20,
             zeroed_reserve: 32 << 20,
             populated_reserve: 0,
+            memory_limit: MemoryLimit::Auto,
+            pressure: true,
         }
     }
 }
@@ -220,6 +249,9 @@ impl Tunables {
         }
         if !self.zero_chunk.is_power_of_two() || self.zero_chunk < 4096 || self.zero_chunk > 1 << 30 {
             return bad("zero_chunk", "must be a power of two between 4 KiB and 1 GiB (above the largest block means the largest block)");
+        }
+        if matches!(self.memory_limit, MemoryLimit::Bytes(n) if n < MIN_MEMORY_LIMIT) {
+            return bad("memory_limit", "must be off, auto or at least 4096 bytes (one page)");
         }
         Ok(())
     }

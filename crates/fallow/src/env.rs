@@ -1,8 +1,9 @@
 //! Settings by environment, one parser for the preload library and the C library:
 //! `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`, `FALLOW_THP`,
-//! `FALLOW_STATS`, `FALLOW_ARENA_SIZE` and the per-thread caches' `FALLOW_CACHE`,
-//! `FALLOW_CACHE_MAX_ORDER`, `FALLOW_CACHE_BATCH_PAGES` and `FALLOW_CACHE_HIGH_PAGES`, applied over
-//! a given `Config` (the default one for the preload, the caller's for `fallow_create_from_env`).
+//! `FALLOW_STATS`, `FALLOW_ARENA_SIZE`, `FALLOW_MEMORY_LIMIT`, `FALLOW_PRESSURE` and the
+//! per-thread caches' `FALLOW_CACHE`, `FALLOW_CACHE_MAX_ORDER`, `FALLOW_CACHE_BATCH_PAGES` and
+//! `FALLOW_CACHE_HIGH_PAGES`, applied over a given `Config` (the default one for the preload, the
+//! caller's for `fallow_create_from_env`).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are
 //! formatted on the stack. Every value is validated, and a bad one gives exactly one warning
@@ -15,13 +16,16 @@
 //!   multiple of the largest block from the largest block to 1 TiB (the core reserves arenas in
 //!   whole largest blocks, so other values are rounded up). The largest block is the
 //!   configuration's (1 GiB by default); `FALLOW_THP=1` raises it to 2 MiB if it is smaller;
+//!   `FALLOW_MEMORY_LIMIT` at least one page (4096 bytes);
 //! - `FALLOW_REPORT=dontneed` or `free` with the memfd backing, which neither frees: the default;
 //! - a cache setting out of the range `Config::validate` accepts: the nearest value in range
 //!   (`FALLOW_CACHE_MAX_ORDER` 0 to 9, `FALLOW_CACHE_HIGH_PAGES` 2 to 65536,
 //!   `FALLOW_CACHE_BATCH_PAGES` 1 to the high mark in effect).
 //!
 //! `FALLOW_REPORT=off` is `Tunables::report = false`; `dontneed` and `free` set
-//! `Tunables::report_mode`; `FALLOW_ZEROING` is `Tunables::zeroing`. `FALLOW_THRESHOLD` and
+//! `Tunables::report_mode`; `FALLOW_ZEROING` is `Tunables::zeroing`; `FALLOW_MEMORY_LIMIT`
+//! (`auto`, `off` or a size: `2GiB`, `512m`, bytes) is `Tunables::memory_limit`;
+//! `FALLOW_PRESSURE` (`auto`, `off`) is `Tunables::pressure`. `FALLOW_THRESHOLD` and
 //! `FALLOW_STATS` concern a process-wide allocator only (the preload); the C library checks them
 //! all the same, so that the same environment gives the same warnings.
 
@@ -29,7 +33,8 @@ use core::ffi::CStr;
 use core::fmt::{Arguments, Display, Write};
 
 use crate::config::{
-    Backing, Config, ReportMode, CACHE_HIGH_PAGES_MAX, CACHE_HIGH_PAGES_MIN, CACHE_ORDER_LIMIT, MAX_ORDER_LIMIT,
+    Backing, Config, MemoryLimit, ReportMode, CACHE_HIGH_PAGES_MAX, CACHE_HIGH_PAGES_MIN, CACHE_ORDER_LIMIT,
+    MAX_ORDER_LIMIT, MIN_MEMORY_LIMIT,
 };
 use crate::message::StackBuf;
 use crate::os;
@@ -107,6 +112,19 @@ impl Display for ArenaSize {
         match self.0 {
             0 => write!(f, "0 (the machine's RAM)"),
             n => write!(f, "{n}"),
+        }
+    }
+}
+
+/// A memory limit as the warnings name it.
+struct LimitName(MemoryLimit);
+
+impl Display for LimitName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            MemoryLimit::Off => write!(f, "off"),
+            MemoryLimit::Auto => write!(f, "auto"),
+            MemoryLimit::Bytes(n) => write!(f, "{n}"),
         }
     }
 }
@@ -214,6 +232,35 @@ pub fn parse<'a>(
             }
         }
     }
+    if let Some(v) = get(c"FALLOW_MEMORY_LIMIT") {
+        let var = "FALLOW_MEMORY_LIMIT";
+        match v {
+            b"auto" => c.tunables.memory_limit = MemoryLimit::Auto,
+            b"off" => c.tunables.memory_limit = MemoryLimit::Off,
+            _ => match parse_limit(v) {
+                Some(n) if n < MIN_MEMORY_LIMIT => {
+                    c.tunables.memory_limit = MemoryLimit::Bytes(MIN_MEMORY_LIMIT);
+                    let why = format_args!("is below one page ({MIN_MEMORY_LIMIT} bytes)");
+                    adjusted(warn, var, v, why, MIN_MEMORY_LIMIT as usize);
+                }
+                Some(n) => c.tunables.memory_limit = MemoryLimit::Bytes(n),
+                None => {
+                    let expected = "auto, off or a size in bytes (suffix k, m, g or t, with iB or B allowed)";
+                    unparsed(warn, var, v, expected, &LimitName(d.tunables.memory_limit));
+                }
+            },
+        }
+    }
+    if let Some(v) = get(c"FALLOW_PRESSURE") {
+        match v {
+            b"auto" => c.tunables.pressure = true,
+            b"off" => c.tunables.pressure = false,
+            _ => {
+                let default = if d.tunables.pressure { "auto" } else { "off" };
+                unparsed(warn, "FALLOW_PRESSURE", v, "one of auto, off", &default);
+            }
+        }
+    }
     cache_settings(&get, warn, c, &d);
     if let Some(v) = get(c"FALLOW_STATS") {
         match v {
@@ -304,6 +351,24 @@ fn parse_size(v: &[u8]) -> Option<usize> {
         n = n.checked_mul(10)?.checked_add((c - b'0') as usize)?;
     }
     n.checked_mul(1usize << shift).filter(|&x| x >> shift == n)
+}
+
+/// A memory limit: `parse_size`'s forms, plus `t`, each suffix optionally followed by `iB` or
+/// `B` (`2GiB`, `512MB`, `512m`).
+fn parse_limit(v: &[u8]) -> Option<u64> {
+    let lower = |b: &u8| b.to_ascii_lowercase();
+    let n = v.len();
+    let v = if n > 3 && v[n - 2..].iter().map(lower).eq(*b"ib") && v[n - 3].is_ascii_alphabetic() {
+        &v[..n - 2]
+    } else if n > 2 && lower(&v[n - 1]) == b'b' && v[n - 2].is_ascii_alphabetic() {
+        &v[..n - 1]
+    } else {
+        v
+    };
+    match v.last() {
+        Some(b't' | b'T') => parse_size(&v[..v.len() - 1])?.checked_mul(1 << 40).map(|x| x as u64),
+        _ => parse_size(v).map(|x| x as u64),
+    }
 }
 
 #[cfg(test)]
@@ -473,6 +538,41 @@ mod tests {
         let (s, w) = run(&[("FALLOW_CACHE_HIGH_PAGES", "32")]);
         assert!(w.is_empty() && s.config.cache_batch_pages == 32, "{w:?}");
         s.config.validate().unwrap();
+    }
+
+    #[test]
+    fn memory_limit_and_pressure() {
+        let gib = 1u64 << 30;
+        for (v, want) in [
+            ("2GiB", MemoryLimit::Bytes(2 * gib)),
+            ("512m", MemoryLimit::Bytes(512 << 20)),
+            ("512MB", MemoryLimit::Bytes(512 << 20)),
+            ("1t", MemoryLimit::Bytes(1 << 40)),
+            ("1048576", MemoryLimit::Bytes(1 << 20)),
+            ("auto", MemoryLimit::Auto),
+            ("off", MemoryLimit::Off),
+        ] {
+            let (s, w) = run(&[("FALLOW_MEMORY_LIMIT", v)]);
+            assert!(w.is_empty(), "{v}: {w:?}");
+            assert_eq!(s.config.tunables.memory_limit, want, "{v}");
+            s.config.validate().unwrap();
+        }
+        let (s, w) = run(&[("FALLOW_PRESSURE", "off"), ("FALLOW_MEMORY_LIMIT", "off")]);
+        assert!(w.is_empty() && !s.config.tunables.pressure && s.config.tunables.memory_limit == MemoryLimit::Off);
+
+        // Bad values: one warning each, the default kept.
+        for v in ["lots", "2GiBs", "-1", "", "GiB", "1.5g", "99999999999t"] {
+            let (s, w) = run(&[("FALLOW_MEMORY_LIMIT", v)]);
+            assert_eq!(s, defaults(), "{v}");
+            assert!(w.len() == 1 && w[0].contains("FALLOW_MEMORY_LIMIT") && w[0].ends_with("using the default auto\n"), "{v}: {w:?}");
+        }
+        let (s, w) = run(&[("FALLOW_PRESSURE", "psi")]);
+        assert_eq!(s, defaults());
+        assert!(w.len() == 1 && w[0].contains("FALLOW_PRESSURE=\"psi\"") && w[0].ends_with("using the default auto\n"), "{w:?}");
+        // Below one page: one page.
+        let (s, w) = run(&[("FALLOW_MEMORY_LIMIT", "100")]);
+        assert_eq!(s.config.tunables.memory_limit, MemoryLimit::Bytes(4096));
+        assert!(w.len() == 1 && w[0].ends_with("; using 4096\n"), "{w:?}");
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub(crate) mod error;
 pub(crate) mod flags;
 pub(crate) mod global;
 pub(crate) mod heap;
+pub(crate) mod limit;
 pub(crate) mod lock;
 pub(crate) mod message;
 pub(crate) mod nt;
@@ -76,7 +77,7 @@ pub mod loom_support {
     pub use crate::worker::{Worker, ABSENT, IDLE, KICKED, NAPPING, RUNNING};
 }
 
-pub use config::{Backing, Config, ReportMode, Tunables};
+pub use config::{Backing, Config, MemoryLimit, ReportMode, Tunables};
 pub use error::Error;
 pub use global::FallowAlloc;
 pub use allocator::Allocator;

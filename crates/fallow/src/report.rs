@@ -20,6 +20,13 @@
 //!   REPORT them (one process_madvise, or one madvise / fallocate per block), relock,
 //!   RETURN them as Reported (or LazyFree for MADV_FREE), merging as usual -> SCAN
 //!   (after PASS_BUDGET batches in a row, a short nap so one pass never hogs the lock)
+//!
+//!   SQUEEZED (the memory limit passed, or memory pressure: limit.rs): SCAN also takes blocks
+//!   younger than report_delay (past the limit, not hot ones, freed within zero_delay; under
+//!   pressure, idle ones, free for min(report_delay / 10, 200 ms)), largest order first,
+//!   zeroed before dirty, the floors ignored, until the limit's excess is back (under pressure,
+//!   every idle block); no wait for an idle CPU; WAIT naps in limit::PERIOD_NS steps, each
+//!   looking at the limit and the trigger
 //! ```
 //!
 //! Invariants:
@@ -35,7 +42,8 @@
 //!   that failed the check, give `LazyFree` (never treated as zeroed). Pages already `Reported`
 //!   stay so. A block the kernel refused goes back unchanged.
 //! - `resident_free_min` resident free bytes and `populated_reserve` zeroed free bytes are never
-//!   reported.
+//!   reported, but while squeezed (the memory is wanted now).
+//! - The limit never fails an allocation: it only makes the reporter hurry.
 //! - With THP arenas `report_order >= 9` (validated): only whole, aligned 2 MiB blocks are
 //!   reported, so reporting never splits a huge page.
 
@@ -44,6 +52,7 @@ use std::sync::Arc;
 
 use crate::config::ReportMode;
 use crate::heap::Shared;
+use crate::limit::{Watch, PERIOD_NS};
 use crate::worker::Worker;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, PageState};
@@ -51,6 +60,9 @@ use crate::page::{Class, PageState};
 /// Batches in a row before the reporter pauses (`BUDGET_PAUSE_NS`).
 const PASS_BUDGET: u32 = 16;
 const BUDGET_PAUSE_NS: u64 = 2_000_000;
+/// Under memory pressure a block goes back early once free this long (or a tenth of the delay,
+/// if less).
+const PRESSURE_IDLE_MS: u32 = 200;
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
 const SCAN_LIMIT: u32 = 256;
 
@@ -101,22 +113,34 @@ enum Next {
     /// Young blocks only: sleep this many ns, until the oldest is old enough.
     Wait(u64),
     /// Nothing to report: sleep until a free makes work (the free count seen is given, so that
-    /// a free between the scan and the sleep is not missed).
-    Idle(u64),
+    /// a free between the scan and the sleep is not missed); whether the limit or pressure asks
+    /// for memory back (then idle caches are drained sooner).
+    Idle(u64, bool),
 }
 
 fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut budget = PASS_BUDGET;
     // A drain request to the per-thread caches awaiting answers: (generation, when asked, ms).
     let mut asked: Option<(u64, u32)> = None;
+    let mut watch = Watch::new();
+    // At once, before any wait for an idle CPU: the limit and the signal are known from the
+    // start (and the trigger's descriptor is opened at the thread's start, not at some later step).
+    watch.refresh(s);
     while !s.reporter.stopping() {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
         // memory still goes back, a pass at most a second after its delay (a batch costs system
         // calls, not the program's memory bandwidth).
-        if budget == PASS_BUDGET {
-            s.wait_for_idle_cpu(&s.reporter, gate, 1_000_000_000);
+        // (Not while the limit is passed or there is pressure: memory is wanted now; and watched
+        // while a limit or a signal is, so that one passed meanwhile ends the wait.)
+        if budget == PASS_BUDGET && !s.squeezed.load(Ordering::Relaxed) {
+            watch.wait_for_idle_cpu(s, gate, 1_000_000_000);
         }
-        match report_one_batch(s) {
+        // The limit and the pressure signal, resolved again when the settings changed; what
+        // they say is read at its own low rate (limit.rs). After the wait for an idle CPU, whose
+        // nap may have taken the kick of `set_tunables`.
+        watch.refresh(s);
+        watch.sample(s);
+        match report_one_batch(s, &mut watch) {
             Next::Again => {
                 budget -= 1;
                 if budget == 0 {
@@ -126,11 +150,11 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
             }
             Next::Wait(ns) => {
                 budget = PASS_BUDGET;
-                s.reporter.nap(ns);
+                watch.nap(s, ns);
             }
-            Next::Idle(seen_frees) => {
+            Next::Idle(seen_frees, urgent) => {
                 budget = PASS_BUDGET;
-                if let Some(timeout_ns) = caches_step(s, &mut asked) {
+                if let Some(timeout_ns) = caches_step(s, &mut asked, urgent, &mut watch) {
                     s.reporter.idle(timeout_ns, || s.heap.lock().counters.free_calls != seen_frees);
                 }
             }
@@ -145,12 +169,17 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 /// reported at once. `None`: keep going (a nap was taken, or blocks came back); `Some(ns)`:
 /// nothing to do, go idle for at most `ns`. A free into a per-thread cache wakes nobody (the hit
 /// path stays free of that), so with caches on the reporter looks again after the delay (at
-/// least 1 s) for memory they hold.
-fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> Option<u64> {
-    let (report, delay_ms, held) = {
+/// least 1 s) for memory they hold. While the limit is passed or there is pressure (`urgent`),
+/// the caches get `limit::PERIOD_NS` to answer instead of the delay. Its naps are watched
+/// (`Watch::nap`): a limit passed or a trigger fired meanwhile ends them.
+fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: &mut Watch) -> Option<u64> {
+    let (report, mut delay_ms, held) = {
         let h = s.heap.lock();
         (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
     };
+    if urgent {
+        delay_ms = delay_ms.min((PERIOD_NS / 1_000_000) as u32);
+    }
     let idle_ns = if s.hit.cache_orders > 0 && report {
         delay_ms.max(1000) as u64 * 1_000_000
     } else {
@@ -165,12 +194,12 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>) -> Option<u64> {
         None if held > 0 => {
             let g = s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
             *asked = Some((g, now));
-            s.reporter.nap(delay_ms as u64 * 1_000_000);
+            watch.nap(s, delay_ms as u64 * 1_000_000);
             None
         }
         None => Some(idle_ns),
         Some((_, at)) if now.wrapping_sub(at) < delay_ms => {
-            s.reporter.nap((delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
+            watch.nap(s, (delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
             None
         }
         Some((g, at)) => {
@@ -189,41 +218,67 @@ struct Target {
     offset: usize,
 }
 
-/// One SCAN -> REPORT -> RETURN round.
-fn report_one_batch(s: &Shared) -> Next {
+/// One SCAN -> REPORT -> RETURN round. Normally: blocks free for `report_delay`, smallest
+/// order first, dirty before zeroed, the floors kept. While the limit is passed or there is
+/// pressure (`Squeeze`): also younger blocks (but not hot ones, freed within `zero_delay`), the
+/// largest order first and zeroed before dirty (the zeroed reserve goes first), the floors
+/// ignored, until the limit's excess is given back (under pressure, everything idle).
+fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let now = s.now_ms();
     let mut h = s.heap.lock();
     let t = h.tunables;
     let seen_frees = h.counters.free_calls;
     if !t.report {
-        return Next::Idle(seen_frees);
+        // Nothing is watched with reporting off: let the zeroing worker go on.
+        s.squeezed.store(false, core::sync::atomic::Ordering::Relaxed);
+        return Next::Idle(seen_frees, false);
     }
+    let sq = watch.squeeze(s, &mut h);
+    let mut excess = sq.excess_pages;
     let mode = t.effective_mode(s.config.backing);
     let (mut resident, mut zeroed) = h.resident_free_pages();
     let floor = (t.resident_free_min >> PAGE_SHIFT) as u64;
     let keep_zeroed = (t.populated_reserve >> PAGE_SHIFT) as u64;
+    // How long a block must have been free to go back early: past the limit, only hot blocks
+    // (freed within zero_delay, the program reusing them) wait; under pressure a block must be
+    // idle, free for a tenth of the delay, at most PRESSURE_IDLE_MS (a block the program takes
+    // again every few tens of ms would only be faulted back in, freeing nothing on average).
+    let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
+    let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
     let batch = t.report_batch as usize;
     let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
+    // Whether each block goes back before the delay (or past a floor) because of the squeeze.
+    let mut early = [false; crate::config::MAX_REPORT_BATCH as usize];
     let mut n = 0usize;
     let mut wait_ms = u32::MAX;
+    let classes = if sq.urgent() { [Class::Zeroed, Class::Dirty] } else { [Class::Dirty, Class::Zeroed] };
     'scan: for ai in 0..h.narenas {
         let max_order = h.arena(ai).max_order;
-        for order in t.report_order..=max_order {
+        for i in 0..=max_order.saturating_sub(t.report_order) {
+            let order = if sq.urgent() { max_order - i } else { t.report_order + i };
+            if order < t.report_order {
+                continue;
+            }
             let size = 1u64 << order;
-            for class in [Class::Dirty, Class::Zeroed] {
+            for class in classes {
                 let mut walk = h.arena(ai).oldest_first(class, order);
                 let mut scanned = 0;
                 while let Some((p, m)) = walk.next(h.arena(ai)).filter(|_| scanned < SCAN_LIMIT) {
                     scanned += 1;
                     let a = h.arena(ai);
                     let age = now.saturating_sub(m.freed_at_ms);
-                    if age < t.report_delay_ms {
-                        wait_ms = wait_ms.min(t.report_delay_ms - age);
+                    let need = sq.pressure || excess > 0;
+                    let min_age = if excess > 0 { hot_ms } else { idle_ms };
+                    let due = age >= t.report_delay_ms;
+                    if !due && (!need || age < min_age) {
+                        let until = if need { min_age - age } else { t.report_delay_ms - age };
+                        wait_ms = wait_ms.min(until);
                         continue;
                     }
                     let res = size - (m.counts.reported + m.counts.lazy) as u64;
                     let z = m.counts.zeroed as u64;
-                    if resident < floor + res || zeroed < keep_zeroed + z {
+                    let protected = resident < floor + res || zeroed < keep_zeroed + z;
+                    if protected && !need {
                         continue;
                     }
                     let addr = a.addr(p);
@@ -233,10 +288,14 @@ fn report_one_batch(s: &Shared) -> Next {
                         fd: a.fd,
                         offset: addr - a.base,
                     };
-                    resident -= res;
-                    zeroed -= z;
+                    resident = resident.saturating_sub(res);
+                    zeroed = zeroed.saturating_sub(z);
+                    if need {
+                        excess = excess.saturating_sub(res);
+                    }
                     h.isolate(n, ai, p);
                     targets[n] = target;
+                    early[n] = !due || protected;
                     n += 1;
                     if n == batch {
                         break 'scan;
@@ -247,7 +306,11 @@ fn report_one_batch(s: &Shared) -> Next {
     }
     if n == 0 {
         drop(h);
-        return if wait_ms != u32::MAX { Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000) } else { Next::Idle(seen_frees) };
+        return if wait_ms != u32::MAX {
+            Next::Wait(wait_ms as u64 * 1_000_000 + 1_000_000)
+        } else {
+            Next::Idle(seen_frees, sq.urgent())
+        };
     }
     drop(h);
 
@@ -273,6 +336,7 @@ fn report_one_batch(s: &Shared) -> Next {
     // RETURN, under the lock.
     let mut h = s.heap.lock();
     let mut bytes = 0u64;
+    let mut early_bytes = 0u64;
     let mut zeroed_lost = 0u64;
     let mut failures = 0u64;
     for (i, &done) in ok[..n].iter().enumerate() {
@@ -287,7 +351,11 @@ fn report_one_batch(s: &Shared) -> Next {
             _ if reads_zero => PageState::Reported,
             _ => PageState::LazyFree,
         });
-        bytes += (pages - (before.reported + before.lazy) as u64) << PAGE_SHIFT;
+        let b = (pages - (before.reported + before.lazy) as u64) << PAGE_SHIFT;
+        bytes += b;
+        if early[i] {
+            early_bytes += b;
+        }
         zeroed_lost += (before.zeroed as u64) << PAGE_SHIFT;
     }
     let r = &mut h.reclaim;
@@ -297,6 +365,14 @@ fn report_one_batch(s: &Shared) -> Next {
     r.report_batches += 1;
     r.report_ns += ns;
     r.report_failures += failures;
+    // Bytes that went back before their time are the limit's when it was passed, else the
+    // pressure's.
+    if sq.excess_pages > 0 {
+        r.limit_reported_bytes += early_bytes;
+    } else {
+        r.pressure_reported_bytes += early_bytes;
+    }
+    watch.reported(bytes);
     Next::Again
 }
 

@@ -9,8 +9,9 @@
 //!
 //! The table has two parts. `c`: the figures of `struct fallow_stats`, in its order, which is
 //! ABI (a program built against an older header passes a struct of that size, so a figure added
-//! there goes at its end only with a new entry point or a size field). `rust`: the figures only
-//! `Stats` has.
+//! there goes at its end, read by `fallow_stats_read_size`, which takes the caller's size;
+//! `fallow_stats_read` fills the struct up to `C_STATS_V1_SIZE` bytes only). `rust`: the
+//! figures only `Stats` has.
 
 use core::fmt::{self, Write};
 
@@ -32,7 +33,32 @@ pub enum Unit {
     /// Free blocks by class and order (`[[u64; ORDERS]; CLASSES]`), printed as a table after the
     /// single figures.
     Blocks,
+    /// Where the memory limit in force comes from, a code printed by name (`LIMIT_SOURCES`).
+    LimitSource,
+    /// Which memory pressure signal the reporter watches, a code printed by name
+    /// (`PRESSURE_SIGNALS`).
+    PressureSignal,
 }
+
+/// Names of `memory_limit_source`'s codes (the index is the code).
+pub const LIMIT_SOURCES: [&str; 5] =
+    ["none", "setting", "cgroup v2 memory.high", "cgroup v2 memory.max", "cgroup v1 memory.limit_in_bytes"];
+/// `memory_limit_source` codes.
+pub const SOURCE_NONE: u64 = 0;
+pub const SOURCE_SETTING: u64 = 1;
+pub const SOURCE_V2_HIGH: u64 = 2;
+pub const SOURCE_V2_MAX: u64 = 3;
+pub const SOURCE_V1: u64 = 4;
+
+/// Names of `pressure_signal`'s codes (the index is the code).
+pub const PRESSURE_SIGNALS: [&str; 5] =
+    ["off", "psi cgroup memory.pressure", "psi /proc/pressure/memory", "MemAvailable polling", "none"];
+/// `pressure_signal` codes.
+pub const SIGNAL_OFF: u64 = 0;
+pub const SIGNAL_PSI_CGROUP: u64 = 1;
+pub const SIGNAL_PSI_SYSTEM: u64 = 2;
+pub const SIGNAL_MEMAVAILABLE: u64 = 3;
+pub const SIGNAL_NONE: u64 = 4;
 
 impl Unit {
     /// The array dimensions of a figure of this unit (outermost first); none for a single `u64`.
@@ -115,6 +141,28 @@ macro_rules! stats_table {
         /// Free blocks on the lists, by class (dirty, zeroed, reported) and order:
         /// `/proc/buddyinfo` split by state.
         free_blocks: Blocks,
+        // From here on: filled by `fallow_stats_read_size` only (`fallow_stats_read` writes the
+        // fields above, the struct as it was before these were added).
+        /// The soft memory limit in force (0: none); for a cgroup's limit, the limit less the
+        /// margin for what fallow does not own. Known once the reporting worker has started.
+        memory_limit_bytes: Bytes,
+        /// Where it comes from: none, the setting, or the cgroup file.
+        memory_limit_source: LimitSource,
+        /// What the limit was last compared with: fallow's resident memory (live blocks and
+        /// free pages not reported) for a set limit, the cgroup's usage less its inactive file
+        /// cache for a cgroup's.
+        memory_limit_usage_bytes: Bytes,
+        /// Times the usage passed the limit (each time it went from below to above).
+        memory_limit_hits: Count,
+        /// Bytes given back before their reporting delay because the limit was passed.
+        limit_reported_bytes: Bytes,
+        /// The memory pressure signal watched: a PSI trigger (the cgroup's or the system's),
+        /// `MemAvailable` polling, none found, or off.
+        pressure_signal: PressureSignal,
+        /// Times pressure was signalled (a PSI trigger fired, `MemAvailable` fell low).
+        pressure_events: Count,
+        /// Bytes given back before their reporting delay because of memory pressure.
+        pressure_reported_bytes: Bytes,
     }
     rust {
         /// Reserved address space never used: free pages never touched (a lower bound: those
@@ -200,6 +248,10 @@ macro_rules! define_stats {
 
 stats_table!(define_stats);
 
+/// The size of `struct fallow_stats` before the memory limit's figures were added: what
+/// `fallow_stats_read` writes (a program built against that header passes a struct this large).
+pub const C_STATS_V1_SIZE: usize = core::mem::offset_of!(CStats, memory_limit_bytes);
+
 /// How a field of `Stats` is printed on its line (the tables are printed apart, by
 /// `write_buddyinfo`).
 trait Figure {
@@ -214,6 +266,8 @@ impl Figure for u64 {
         write!(w, "{prefix}{name}:{:pad$}", "", pad = NAME_WIDTH.saturating_sub(name.len()))?;
         match unit {
             Unit::Count | Unit::Blocks => writeln!(w, "{v:>10}"),
+            Unit::LimitSource => writeln!(w, "{:>10}", LIMIT_SOURCES.get(v as usize).unwrap_or(&"?")),
+            Unit::PressureSignal => writeln!(w, "{:>10}", PRESSURE_SIGNALS.get(v as usize).unwrap_or(&"?")),
             Unit::Bytes => writeln!(w, "{:>10.1} MiB", mib(v)),
             Unit::Pages => writeln!(w, "{v:>10} ({:.1} MiB)", mib(v * PAGE_SIZE as u64)),
             Unit::Ns => writeln!(w, "{:>10.1} ms", v as f64 / 1e6),
@@ -242,6 +296,14 @@ pub(crate) struct ReclaimCounters {
     pub zero_demand_bytes: u64,
     pub busy_cpu_naps: u64,
     pub zero_scans: u64,
+    pub memory_limit_bytes: u64,
+    pub memory_limit_source: u64,
+    pub memory_limit_usage_bytes: u64,
+    pub memory_limit_hits: u64,
+    pub limit_reported_bytes: u64,
+    pub pressure_signal: u64,
+    pub pressure_events: u64,
+    pub pressure_reported_bytes: u64,
 }
 
 impl ReclaimCounters {
@@ -257,6 +319,14 @@ impl ReclaimCounters {
         s.zero_demand_bytes = self.zero_demand_bytes;
         s.busy_cpu_naps = self.busy_cpu_naps;
         s.zero_scans = self.zero_scans;
+        s.memory_limit_bytes = self.memory_limit_bytes;
+        s.memory_limit_source = self.memory_limit_source;
+        s.memory_limit_usage_bytes = self.memory_limit_usage_bytes;
+        s.memory_limit_hits = self.memory_limit_hits;
+        s.limit_reported_bytes = self.limit_reported_bytes;
+        s.pressure_signal = self.pressure_signal;
+        s.pressure_events = self.pressure_events;
+        s.pressure_reported_bytes = self.pressure_reported_bytes;
     }
 }
 

@@ -35,6 +35,8 @@
 //! - A block freed less than `zero_delay` ago is never touched: a program that reuses memory at
 //!   once (free, then allocate again) keeps its block hot in its CPU cache, and neither waits for
 //!   the worker nor pays for its memory traffic (docs/design.md, "Reuse-aware zeroing").
+//! - While the memory limit is passed or there is memory pressure (`Shared::squeezed`, set by
+//!   the reporter: limit.rs) nothing is zeroed or populated: the target is 0.
 //! - The thread zeroes only while a CPU is idle (`worker::IdleGate`), and is scheduled so that
 //!   it never holds up the process's exit.
 
@@ -115,7 +117,9 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     } else {
         0
     };
-    let target = wanted.max(populated_target);
+    // While the memory limit is passed or there is memory pressure, nothing is zeroed or made
+    // resident: the reporter is giving free memory back (limit.rs).
+    let target = if s.squeezed.load(Ordering::Relaxed) { 0 } else { wanted.max(populated_target) };
     let (_, zeroed) = h.resident_free_pages();
     let dirty_left = h.has_dirty(t.zero_order);
     if zeroed >= target {

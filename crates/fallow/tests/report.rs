@@ -9,7 +9,7 @@ use common::wait_for;
 use std::time::{Duration, Instant};
 
 use common::os;
-use fallow::{Allocator, Config, Error, Flags, PageState, ReportMode, Tunables};
+use fallow::{Allocator, Config, Error, Flags, MemoryLimit, PageState, ReportMode, Tunables};
 
 const PAGE: usize = 4096;
 
@@ -17,8 +17,18 @@ fn config(t: Tunables) -> Config {
     Config { arena_size: 256 << 20, max_order: 12, tunables: t, ..Config::default() }
 }
 
+/// Reporting by the delay alone: no memory limit and no pressure signal, which would make the
+/// reporter hurry past the delay and the floors whenever this machine saw a PSI event or the
+/// test ran in a memory cgroup near its limit (their own tests: memory_limit.rs).
 fn reporting(delay_ms: u32) -> Tunables {
-    Tunables { report: true, report_delay_ms: delay_ms, zeroing: false, ..Tunables::default() }
+    Tunables {
+        report: true,
+        report_delay_ms: delay_ms,
+        zeroing: false,
+        memory_limit: MemoryLimit::Off,
+        pressure: false,
+        ..Tunables::default()
+    }
 }
 
 /// Write `byte` over the `len` bytes at `p`.

@@ -31,6 +31,14 @@ impl Allocator {
         Ok(())
     }
 
+    /// Make the reporting worker act as if memory pressure had been signalled (a PSI trigger
+    /// fired): idle free memory goes back at once, the zeroed reserve first. For tests.
+    #[doc(hidden)]
+    pub fn simulate_pressure(&self) {
+        self.shared.pressure_injected.store(true, Ordering::Relaxed);
+        self.shared.reporter.kick();
+    }
+
     /// Start the workers that are switched on and not running (also after `fork`, in the child).
     pub fn start_workers(&self) {
         let t = self.tunables();
@@ -99,6 +107,10 @@ impl Allocator {
             // SAFETY: the swap took the allocator's pidfd out of `pidfd`, so nobody else uses or closes it.
             unsafe { os::close(fd) };
         }
+        // The parent's PSI trigger: its events are the parent's to consume; the child's reporter
+        // registers its own.
+        s.close_psi();
+        s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();
         for slot in 0..INFLIGHT {
             if h.inflight[slot].used {

@@ -47,6 +47,19 @@ impl Heap {
         (resident, zeroed)
     }
 
+    /// Pages of fallow's that may be resident: every page of every arena but the listed free
+    /// pages that were reported (or lazily freed). Live blocks count whole (touched or not),
+    /// cached and isolated pages count as resident: an estimate from above, in O(arenas).
+    pub(crate) fn owned_resident_pages(&self) -> u64 {
+        (0..self.narenas)
+            .map(|i| {
+                let a = self.arena(i);
+                let l = a.listed();
+                a.npages as u64 - (l.counts.reported + l.counts.lazy) as u64
+            })
+            .sum()
+    }
+
     /// Take the listed free block at `pfn` of arena `ai` off its list and record it in `slot`.
     pub(crate) fn isolate(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
         let a = self.arenas[ai].as_mut().unwrap();

@@ -23,7 +23,7 @@ mod locked;
 mod view;
 mod workers;
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 
 use crate::buddy::{preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
@@ -138,6 +138,18 @@ pub(crate) struct Shared {
     /// nothing but the populated reserve. An atomic because the per-thread caches serve `ZERO`
     /// requests without the lock and fold their counters only at refill and drain.
     pub(crate) zero_requested: AtomicBool,
+    /// Set by the reporter while the memory limit is passed or there is memory pressure
+    /// (limit.rs): the zeroing worker then adds no resident page and zeroes nothing. Relaxed: a
+    /// step more or less of zeroing is harmless.
+    pub(crate) squeezed: AtomicBool,
+    /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
+    /// takes it as a fired trigger at its next look.
+    pub(crate) pressure_injected: AtomicBool,
+    /// The reporter's PSI trigger descriptor (-1: none), kept here so that a `fork` child and
+    /// the last handle close it, and its `os::file_id` (stored first), so that a descriptor the
+    /// program closed and reused is never closed for it.
+    pub(crate) psi_fd: AtomicI32,
+    pub(crate) psi_id: AtomicU64,
 }
 
 impl Shared {
@@ -153,6 +165,16 @@ impl Shared {
 
     /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
     /// in `busy_cpu_naps` (the lock is taken only when it napped).
+    /// Close the reporter's PSI trigger, if it has one (it stopped, or this is a `fork` child).
+    pub(crate) fn close_psi(&self) {
+        let fd = self.psi_fd.swap(-1, core::sync::atomic::Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: the swap took the trigger out of `psi_fd`, where only the reporter puts one
+            // (`os::psi_trigger`'s): nobody else closes it.
+            unsafe { os::close_psi(fd, self.psi_id.load(core::sync::atomic::Ordering::Relaxed)) };
+        }
+    }
+
     pub(crate) fn wait_for_idle_cpu(&self, w: &Worker, gate: &mut worker::IdleGate, max_wait_ns: u64) {
         let naps = gate.wait(w, max_wait_ns);
         if naps > 0 {
@@ -185,6 +207,10 @@ impl Shared {
             pidfd: AtomicI32::new(-1),
             entries,
             zero_requested: AtomicBool::new(false),
+            squeezed: AtomicBool::new(false),
+            pressure_injected: AtomicBool::new(false),
+            psi_fd: AtomicI32::new(-1),
+            psi_id: AtomicU64::new(0),
             config,
         }
     }

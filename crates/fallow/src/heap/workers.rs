@@ -114,5 +114,6 @@ impl Shared {
             // are joined.
             unsafe { os::close(fd) };
         }
+        self.close_psi();
     }
 }

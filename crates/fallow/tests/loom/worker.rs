@@ -114,6 +114,23 @@ fn a_stop_is_never_lost_by_a_nap_then_a_nap() {
     });
 }
 
+/// `request_stop` racing a reporter that waits for blocks to age while a memory limit or a
+/// pressure signal is watched (`limit::Watch::nap`): a series of naps of at most 100 ms, each
+/// ending at a kick or when the stop flag is set, then back in the loop, where the batch finds
+/// nothing and the reporter goes idle. The stop is never lost, whichever nap or gap between
+/// naps the kick lands in.
+#[test]
+fn a_stop_is_never_lost_by_a_series_of_watched_naps() {
+    stop_races(|w| {
+        for _ in 0..2 {
+            if w.nap_unless_kicked(NAP_NS) || w.stopping() {
+                break;
+            }
+        }
+        w.idle(Worker::IDLE_MAX_NS, || false);
+    });
+}
+
 /// A kick racing with a nap (tunables changed, `IdleGate::wait`) is reported by that nap or,
 /// if it landed after the nap's swap, by the next one, which then does not sleep. The nap's
 /// timeout is a third thread: a futex wake that no kick caused, at any moment (the futex model
