@@ -50,10 +50,12 @@ const MEMINFO_PERIOD_NS: u64 = 1_000_000_000;
 
 /// The margin kept below a cgroup's limit for what fallow does not own (the program's other
 /// memory, the kernel's for the cgroup, other processes in it) and for the reporter's reaction
-/// time, while another process of the cgroup may be touching memory: an eighth of the limit, at
-/// least 16 MiB and at most 1 GiB, and never more than half the limit.
+/// time, while another process of the cgroup may be touching memory: a quarter of the limit, at
+/// least 16 MiB and at most 2 GiB, and never more than half the limit. (An eighth left a guest of
+/// `fallow bench pressure` OOM-killed now and then: another guest touching 1-2 GiB/s crosses an
+/// eighth of a few hundred MiB before a reporter's 10 ms look and its batch have given back.)
 pub(crate) fn cgroup_margin(limit: u64) -> u64 {
-    (limit / 8).clamp(16 << 20, 1 << 30).min(limit / 2)
+    (limit / 4).clamp(16 << 20, 2 << 30).min(limit / 2)
 }
 
 /// What the reporter must give back now, beyond what the delay gives.
