@@ -312,8 +312,9 @@ static int test_exhaustion(void) {
 
 /* Open descriptors, less the ones the background workers hold for a moment when they start or
  * read the CPU load (/proc/loadavg; under /sys: the CPUs online, the cgroup's CPU quota): those
- * come and go at any time. */
-static int count_fds(void) {
+ * come and go at any time. In *psi, if given: whether one of them names a PSI file (the reporting
+ * worker's trigger). */
+static int scan_fds(int *psi) {
     DIR *d = opendir("/proc/self/fd"); int n = 0;
     struct dirent *e;
     char path[64], target[256];
@@ -326,29 +327,15 @@ static int count_fds(void) {
         if (k <= 0) continue;
         target[k] = 0;
         n++;
+        if (psi && strstr(target, "pressure")) *psi = 1;
     }
     closedir(d);
     return n;
 }
+static int count_fds(void) { return scan_fds(NULL); }
+static int holds_psi_trigger(void) { int psi = 0; scan_fds(&psi); return psi; }
 /* Descriptors held for good: the fewest of several counts, as a worker holds one for a moment
  * now and then (open, read, close of /proc/loadavg and the like). A leak shows in every count. */
-/* Whether some descriptor of this process names a PSI file: the reporting worker's trigger. */
-static int holds_psi_trigger(void) {
-    DIR *d = opendir("/proc/self/fd"); int found = 0;
-    struct dirent *e;
-    char path[64], target[256];
-    if (!d) return 0;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-        ssize_t k = readlink(path, target, sizeof target - 1);
-        if (k <= 0) continue;
-        target[k] = 0;
-        found |= strstr(target, "pressure") != NULL;
-    }
-    closedir(d);
-    return found;
-}
 static int count_held_fds(void) {
     int least = count_fds();
     for (int i = 0; i < 5; i++) {

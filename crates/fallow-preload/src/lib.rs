@@ -25,3 +25,16 @@ pub mod run_record;
 
 #[global_allocator]
 static RUST_HEAP: libc_heap::LibcHeap = libc_heap::LibcHeap;
+
+/// Run by the dynamic loader when the library is loaded.
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+extern "C" fn at_load() {
+    process::register_fork_handlers();
+    // Under `fallow run` only (`FALLOW_RUN_RECORD`): its record, set up here at load time rather
+    // than inside a `malloc`. After the fork handlers, which must be registered before any thread
+    // exists.
+    run_record::init();
+}

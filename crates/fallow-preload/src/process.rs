@@ -67,20 +67,13 @@ static ALLOC: LazyAllocator = LazyAllocator::new();
 /// child inherits it).
 static STATS_AT_EXIT: AtomicBool = AtomicBool::new(false);
 
-/// Run by the dynamic loader when the library is loaded.
-#[used]
-#[link_section = ".init_array"]
-static REGISTER_FORK_HANDLERS: extern "C" fn() = register_fork_handlers;
-
-extern "C" fn register_fork_handlers() {
+/// Register the `fork` handlers: run by the dynamic loader when the library is loaded (`lib.rs`),
+/// before any thread of the program exists.
+pub(crate) fn register_fork_handlers() {
     // SAFETY: the handlers are `extern "C"` functions that live as long as the library (which an
     // LD_PRELOAD library does: it is never unloaded); they only reach the allocator through
     // `existing()`, so they do nothing before it exists.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    // Under `fallow run` only (`FALLOW_RUN_RECORD`): its record, set up here at load time rather
-    // than inside a `malloc`. After the fork handlers, which must be registered before any thread
-    // exists.
-    crate::run_record::init();
 }
 
 /// The threshold, parsing the settings first if nobody has.

@@ -10,7 +10,7 @@
 //! run` reads too. Every value is a byte count or a count. Formatted on the stack: nothing here
 //! calls `malloc`.
 //!
-//! Everything is set up when the library is loaded (`process`'s `.init_array` function calls
+//! Everything is set up when the library is loaded (the `.init_array` function of `lib.rs` calls
 //! `init`), never inside a `malloc`: the path is copied, the exit handler registered and the
 //! sampler thread started there. The sampler is a thread of this library's own: it sleeps between
 //! samples, with every signal blocked (the program's signals go to the program's threads), and once

@@ -225,6 +225,27 @@ pub fn anon_of(pid: u32) -> usize {
     }
 }
 
+/// CPU time, in ms, of the threads of process `pid` named `name` (`/proc/PID/task/*/comm`; user
+/// and system, `stat` fields 14 and 15): a fallow worker's (`fallow-report`, `fallow-zero`); 0
+/// once the process is gone or when it has no such thread.
+pub fn thread_cpu_ms(pid: u32, name: &str) -> f64 {
+    // SAFETY: `sysconf` has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    let mut ticks = 0u64;
+    for t in tasks.flatten() {
+        let named = std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name);
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+        // The fields after the command, which is in parentheses and may hold spaces.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
+        if named && f.len() == 2 {
+            ticks += f[0] + f[1];
+        }
+    }
+    ticks as f64 * 1e3 / tick
+}
+
 /// How a reaped guest ended, and what it used (`wait4`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Reaped {
@@ -299,7 +320,9 @@ mod tests {
         let r = reap(spawn("kill -9 $$"), Duration::from_secs(20));
         assert!(r.killed && !r.failed, "{r:?}");
         // Still running when patience runs out: killed here, counted as failed, not as killed.
-        let r = reap(spawn("sleep 60"), Duration::from_millis(50));
+        // (`exec`: the shell itself sleeps, so that the kill leaves no orphan holding the test's
+        // output open for a minute.)
+        let r = reap(spawn("exec sleep 60"), Duration::from_millis(50));
         assert!(!r.killed && r.failed, "{r:?}");
     }
 

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::guests::{anon_of, reap, Cgroup, GuestPipe, Reaped};
+use super::guests::{anon_of, reap, thread_cpu_ms, Cgroup, GuestPipe, Reaped};
 use super::timeline::{default_budget, downsample, summarize, Point, Summary};
 use super::{make_peers, row, Chart, Enforce, Experiment, Lines, Options, Outcome};
 use crate::measure::{fill, fmt_size, median, num, summary, Progress, Sample};
@@ -157,6 +157,9 @@ struct Run {
     slots_over: usize,
     wall_ms: f64,
     cpu_ms: f64,
+    /// CPU time of the surviving guests' reporting workers (read before they exit): what giving
+    /// memory back cost.
+    reporter_cpu_ms: f64,
     faults: u64,
     major_faults: u64,
     work_ms: Vec<f64>,
@@ -259,6 +262,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let failcnt = cgroup.as_ref().and_then(|c| c.failcnt());
     let peak_usage = cgroup.as_ref().and_then(|c| c.peak().or_else(|| c.usage()));
     let enforcement = cgroup.as_ref().map(|c| c.enforcement()).unwrap_or("rss");
+    let reporter_cpu_ms = guests.iter().filter(|g| g.alive).map(|g| thread_cpu_ms(g.pid, "fallow-report")).sum();
     let mut reaped: Vec<Reaped> = Vec::new();
     for mut g in guests {
         g.pipe.say("exit");
@@ -276,6 +280,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
         slots_over,
         wall_ms,
         cpu_ms: reaped.iter().map(|r| r.cpu_ms).sum(),
+        reporter_cpu_ms,
         faults: reaped.iter().map(|r| r.minflt + r.majflt).sum(),
         major_faults: reaped.iter().map(|r| r.majflt).sum(),
         rss: summarize(&timeline, budget),
@@ -328,6 +333,8 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         r.insert("mean_rss_mib".into(), num(med(rs, &|r| mib(r.rss.mean))));
         r.insert("peak_usage_mib".into(), num(med(rs, &|r| r.peak_usage.map(|u| mib(u as f64)).unwrap_or(f64::NAN))));
         r.insert("failcnt".into(), json!(last.failcnt));
+        r.insert("reporter_cpu_ms".into(), num(med(rs, &|r| r.reporter_cpu_ms)));
+        r.insert("reporter_cpu_share".into(), num(med(rs, &|r| r.reporter_cpu_ms / r.cpu_ms.max(1e-9))));
         r.insert("page_faults".into(), num(med(rs, &|r| r.faults as f64)));
         r.insert("major_faults".into(), num(med(rs, &|r| r.major_faults as f64)));
         let work: Vec<f64> = rs.iter().flat_map(|r| r.work_ms.iter().copied()).collect();
@@ -364,7 +371,8 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "note": "median_ms: wall time of the cycles; cpu_ms: the guests' CPU time (wait4); rss: the guests' summed \
                      anonymous resident set sampled every 10 ms; guests_killed: OOM-killed (cgroup) of `guests`; \
-                     slots_over_budget: turns with the summed RSS seen above the budget",
+                     slots_over_budget: turns with the summed RSS seen above the budget; reporter_cpu_ms: CPU time of the \
+                     surviving guests' fallow-report threads (read before they exit), reporter_cpu_share: over cpu_ms",
         }),
         results,
         chart: Chart {
