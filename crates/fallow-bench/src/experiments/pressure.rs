@@ -262,7 +262,7 @@ fn run_peer(kind: PeerKind, o: &Options, budget: usize, bar: &Mutex<Progress>) -
     let failcnt = cgroup.as_ref().and_then(|c| c.failcnt());
     let peak_usage = cgroup.as_ref().and_then(|c| c.peak().or_else(|| c.usage()));
     let enforcement = cgroup.as_ref().map(|c| c.enforcement()).unwrap_or("rss");
-    let reporter_cpu_ms = guests.iter().filter(|g| g.alive).map(|g| thread_cpu_ms(g.pid, "fallow-report")).sum();
+    let reporter_cpu_ms = guests.iter().filter(|g| g.alive).map(|g| thread_cpu_ms(g.pid, "fallow-report")).fold(0.0, |a, b| a + b);
     let mut reaped: Vec<Reaped> = Vec::new();
     for mut g in guests {
         g.pipe.say("exit");
@@ -333,8 +333,11 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         r.insert("mean_rss_mib".into(), num(med(rs, &|r| mib(r.rss.mean))));
         r.insert("peak_usage_mib".into(), num(med(rs, &|r| r.peak_usage.map(|u| mib(u as f64)).unwrap_or(f64::NAN))));
         r.insert("failcnt".into(), json!(last.failcnt));
-        r.insert("reporter_cpu_ms".into(), num(med(rs, &|r| r.reporter_cpu_ms)));
-        r.insert("reporter_cpu_share".into(), num(med(rs, &|r| r.reporter_cpu_ms / r.cpu_ms.max(1e-9))));
+        // Only fallow's guests have a reporting worker.
+        let fallow = kind.fallow_variant().is_some();
+        let or_null = |v: f64| if fallow { num(v) } else { Value::Null };
+        r.insert("reporter_cpu_ms".into(), or_null(med(rs, &|r| r.reporter_cpu_ms)));
+        r.insert("reporter_cpu_share".into(), or_null(med(rs, &|r| r.reporter_cpu_ms / r.cpu_ms.max(1e-9))));
         r.insert("page_faults".into(), num(med(rs, &|r| r.faults as f64)));
         r.insert("major_faults".into(), num(med(rs, &|r| r.major_faults as f64)));
         let work: Vec<f64> = rs.iter().flat_map(|r| r.work_ms.iter().copied()).collect();
