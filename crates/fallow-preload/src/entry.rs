@@ -41,6 +41,19 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
 /// `realloc` and friends (malloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    // A small request goes straight to glibc, a tail call with no frame of ours: the threshold
+    // is 0 until the settings are parsed, which `malloc_large` (`for_request`) then does.
+    if size < process::known_threshold() {
+        // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
+        return unsafe { __libc_malloc(size) };
+    }
+    malloc_large(size)
+}
+
+/// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
+/// parsed): out of line, so that the small requests' path sets up no frame.
+#[inline(never)]
+fn malloc_large(size: usize) -> *mut c_void {
     if let Some(a) = for_request(size, MIN_ALIGN) {
         if let Some(p) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
             return p;
@@ -76,18 +89,20 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// contract). A pointer inside fallow's reservation that is not a live block aborts.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if p.is_null() {
-        return;
-    }
+    // Not fallow's (null included): straight to glibc, a tail call with no frame of ours.
     match owner(p as *const u8) {
-        Some(a) => {
-            if let Err(e) = a.free(p as *mut u8) {
-                fatal("free", &e)
-            }
-        }
-        // SAFETY: `p` is not null and not in fallow's reservation, so by the caller's contract it
-        // is a live glibc block, released once.
+        Some(a) => free_owned(a, p),
+        // SAFETY: `p` is null or not in fallow's reservation, so by the caller's contract it is
+        // null or a live glibc block, released once (glibc's `free` takes null).
         None => unsafe { __libc_free(p) },
+    }
+}
+
+/// `free` of a pointer in fallow's reservation: out of line, as `malloc_large`.
+#[inline(never)]
+fn free_owned(a: &Allocator, p: *mut c_void) {
+    if let Err(e) = a.free(p as *mut u8) {
+        fatal("free", &e)
     }
 }
 

@@ -76,6 +76,13 @@ pub(crate) fn register_fork_handlers() {
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
 }
 
+/// The threshold if the settings are parsed, else 0 (every request then takes the path that
+/// parses them: `for_request`).
+#[inline(always)]
+pub fn known_threshold() -> usize {
+    THRESHOLD.load(Ordering::Relaxed)
+}
+
 /// The threshold, parsing the settings first if nobody has.
 #[inline]
 pub fn threshold() -> usize {
