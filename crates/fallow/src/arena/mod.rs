@@ -2,7 +2,7 @@
 //! (one state byte and one [`BlockMeta`] per 4 KiB page), itself reserved with `MAP_NORESERVE` so
 //! that only the metadata of pages actually used is ever committed.
 //!
-//! The free lists over an arena are in `buddy.rs` (`Buddy`); this module owns the memory and its
+//! The free lists over an arena are in `buddy/` (`Buddy`); this module owns the memory and its
 //! metadata; `states` the page state bytes and how runs of them are stored and counted.
 
 mod states;
