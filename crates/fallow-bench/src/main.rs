@@ -207,7 +207,9 @@ fn parse_peer(s: &str) -> Result<PeerKind, String> {
 
 fn default_count(e: Experiment) -> usize {
     match e {
-        Experiment::Scale => 20_000,
+        // At least ~10 ms a measurement at ~10 ns a pair: a shorter window measures the start of
+        // the workers and the scheduler more than the pairs (`TIME_CAP` bounds a slow peer).
+        Experiment::Scale => 1_000_000,
         Experiment::Stream => 16,
         Experiment::Pressure => 3,
         _ => 1,
