@@ -34,7 +34,8 @@ static AT_LOAD: extern "C" fn() = at_load;
 extern "C" fn at_load() {
     process::register_fork_handlers();
     // Under `fallow run` only (`FALLOW_RUN_RECORD`): its record, set up here at load time rather
-    // than inside a `malloc`. After the fork handlers, which must be registered before any thread
-    // exists.
-    run_record::init();
+    // than inside a `malloc`; its sampler thread comes with the allocator, as the workers do.
+    if run_record::init() {
+        process::on_create(run_record::start_sampler);
+    }
 }

@@ -39,6 +39,7 @@ use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use fallow::binding_support::env::{self, EnvSettings};
 use fallow::binding_support::{LazyAllocator, RawLock, StackBuf};
@@ -159,8 +160,19 @@ fn create() -> Option<Allocator> {
     }
 }
 
+/// What the thread that creates the allocator runs right after publishing it (`on_create`).
+static ON_CREATE: OnceLock<fn()> = OnceLock::new();
+
+/// Have `f` run once, by the thread that creates the allocator, right after it is published
+/// (`fallow run`'s sampler, which `lib.rs` registers at load time: a hook rather than an import,
+/// as that module imports this one).
+pub(crate) fn on_create(f: fn()) {
+    let _ = ON_CREATE.set(f);
+}
+
 /// The creating thread's last step, before any other thread sees the allocator: the largest
-/// block, the `FALLOW_STATS` exit handler, and `ready` (publication) under the fork guard.
+/// block, the `FALLOW_STATS` exit handler, `ready` (publication) under the fork guard, then the
+/// `on_create` hook.
 #[cold]
 fn publish(a: &Allocator, ready: &dyn Fn()) {
     MAX_BLOCK.store(a.max_block(), Ordering::Relaxed);
@@ -175,6 +187,9 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     ready();
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
+    if let Some(f) = ON_CREATE.get() {
+        f();
+    }
 }
 
 /// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread
@@ -223,7 +238,12 @@ extern "C" fn fork_child() {
 /// `Stats` (`Stats::write_report`, which does not allocate), then this library's own counters.
 extern "C" fn print_stats_at_exit() {
     let Some(a) = existing() else { return };
-    let s = a.stats();
+    // Not `stats`: an `exit` from a signal handler that interrupted this thread inside the
+    // allocator would wait for the lock its own thread holds.
+    let Some(s) = a.try_stats() else {
+        fallow::binding_support::write_stderr(b"fallow: no statistics at exit: the allocator was busy (an exit from inside it)\n");
+        return;
+    };
     let mut b = StackBuf::<8192>::new();
     let _ = writeln!(b, "fallow: stats at exit (pid {})", fallow::binding_support::getpid());
     let _ = s.write_report(&mut b, "fallow:   ");

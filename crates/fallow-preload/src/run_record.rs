@@ -10,17 +10,22 @@
 //! run` reads too. Every value is a byte count or a count. Formatted on the stack: nothing here
 //! calls `malloc`.
 //!
-//! Everything is set up when the library is loaded (the `.init_array` function of `lib.rs` calls
-//! `init`), never inside a `malloc`: the path is copied, the exit handler registered and the
-//! sampler thread started there. The sampler is a thread of this library's own: it sleeps between
-//! samples, with every signal blocked (the program's signals go to the program's threads), and once
-//! the allocator exists takes a snapshot of the statistics (`Allocator::stats`, a short hold of the
-//! allocator's lock every `SAMPLE_MS`). The program's threads never do any of this work. Each record
-//! opens the file, writes and closes it: a program that closes every descriptor it did not open
-//! (daemons do) cannot leave us writing into a descriptor number it has reused. A `fork` child has
-//! no sampler (only the forking thread survives), but writes its own final record. The final
-//! record comes from an `atexit` handler, so a program that ends by a signal or `_exit` leaves only
-//! its samples.
+//! When the library is loaded (the `.init_array` function of `lib.rs` calls `init`), never inside
+//! a `malloc`, the path is copied and the exit handler registered. The sampler thread is started
+//! by the thread that creates the allocator, right after it (`start_sampler`, through
+//! `process::on_create`), as the allocator's own workers are: a process that never makes a large
+//! request stays single-threaded (one that must, to `unshare` a namespace for instance, still
+//! can). The sampler is a thread of this library's own: it sleeps between samples, with every
+//! signal blocked (the program's signals go to the program's threads), and takes a snapshot of the
+//! statistics (`Allocator::stats`, a short hold of the allocator's lock every `SAMPLE_MS`). The
+//! program's threads never do any of this work. Each record opens the file, writes and closes it,
+//! so a program that closes every descriptor it did not open (daemons do) can make a record go
+//! astray only if it closes ours and opens another in the microseconds between our `open` and
+//! our `close`. A `fork` child has no sampler (only the forking thread survives), but writes its
+//! own final record. The final record comes from an `atexit` handler (`Allocator::try_stats`: an
+//! `exit` from a signal handler that interrupted this thread inside the allocator finds the lock
+//! held and leaves no final record rather than waiting for itself), so a program that ends by a
+//! signal or `_exit` leaves only its samples.
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
@@ -47,18 +52,19 @@ static PATH: Path = Path(UnsafeCell::new([0; PATH_MAX]));
 /// Whether `PATH` holds the record file's path.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// If `FALLOW_RUN_RECORD` names a file: keep its path, register the final record and start the
-/// sampler. Called once, when the library is loaded (single-threaded).
-pub fn init() {
+/// If `FALLOW_RUN_RECORD` names a file: keep its path and register the final record; whether it
+/// does (then `start_sampler` is to run once the allocator exists). Called once, when the library
+/// is loaded (single-threaded).
+pub fn init() -> bool {
     // SAFETY: a NUL-terminated name; at load time no other thread can change the environment.
     let p = unsafe { libc::getenv(c"FALLOW_RUN_RECORD".as_ptr()) };
     if p.is_null() {
-        return;
+        return false;
     }
     // SAFETY: `p` is the NUL-terminated string `getenv` returned, read during this call only.
     let given = unsafe { core::ffi::CStr::from_ptr(p) }.to_bytes();
     if given.is_empty() || given.len() >= PATH_MAX {
-        return;
+        return false;
     }
     // SAFETY: see `Path`: this is the one write, before `ENABLED` is set and before any thread.
     unsafe { (&mut *PATH.0.get())[..given.len()].copy_from_slice(given) };
@@ -66,12 +72,13 @@ pub fn init() {
     // SAFETY: an `extern "C"` function that lives as long as the library (never unloaded) and
     // formats on the stack.
     unsafe { libc::atexit(final_record) };
-    spawn_sampler();
+    true
 }
 
-/// The sampler thread, detached, with every signal blocked (a new thread inherits the mask of its
-/// creator, whose mask is restored right after).
-fn spawn_sampler() {
+/// Start the sampler thread, detached, with every signal blocked (a new thread inherits the mask
+/// of its creator, whose mask is restored right after). Run by the thread that created the
+/// allocator, once (`process::on_create`).
+pub fn start_sampler() {
     // SAFETY: plain-data structures initialised by their own libc calls before any other use; the
     // creating thread's signal mask is saved and restored around `pthread_create`; `sampler` is
     // an `extern "C"` function that lives as long as the library and ignores its argument.
@@ -101,14 +108,16 @@ extern "C" fn sampler(_: *mut c_void) -> *mut c_void {
         // SAFETY: `nap` is a valid timespec; the remainder is not wanted.
         unsafe { libc::nanosleep(&nap, core::ptr::null_mut()) };
         if let Some(a) = existing() {
-            write_record(b'S', a);
+            write_record(b'S', a, a.stats());
         }
     }
 }
 
 extern "C" fn final_record() {
     if let Some(a) = existing() {
-        write_record(b'F', a);
+        if let Some(s) = a.try_stats() {
+            write_record(b'F', a, s);
+        }
     }
 }
 
@@ -145,11 +154,10 @@ fn rss_bytes() -> u64 {
     pages * PAGE_SIZE as u64
 }
 
-fn write_record(kind: u8, a: &Allocator) {
+fn write_record(kind: u8, a: &Allocator, s: Stats) {
     if !ENABLED.load(Ordering::Acquire) {
         return;
     }
-    let s: Stats = a.stats();
     let page = PAGE_SIZE as u64;
     let mut b = StackBuf::<1024>::new();
     let _ = write!(

@@ -229,7 +229,7 @@ impl Watch {
 
     /// How often to look: `NEAR_PERIOD_NS` when a cgroup's usage is within a margin of the limit
     /// in force, else `PERIOD_NS`.
-    fn period_ns(&self) -> u64 {
+    pub(crate) fn period_ns(&self) -> u64 {
         match (&self.measure, &self.cgroup) {
             (Measure::Cgroup { limit }, Some(cg)) if self.usage + (cg.limit - limit) > *limit => NEAR_PERIOD_NS,
             _ => PERIOD_NS,

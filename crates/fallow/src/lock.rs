@@ -34,6 +34,12 @@ impl RawLock {
         }
     }
 
+    /// Take the lock if it is free; `false` (nothing taken) if anyone holds it.
+    #[inline]
+    pub fn try_lock(&self) -> bool {
+        self.state.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
     #[cold]
     fn lock_contended(&self) {
         // Spin a little first: the critical sections are short bookkeeping.
@@ -97,6 +103,11 @@ impl<T> Locked<T> {
     pub fn lock(&self) -> Guard<'_, T> {
         self.lock.lock();
         Guard { owner: self }
+    }
+
+    /// The guard if the lock is free now (see `RawLock::try_lock`).
+    pub fn try_lock(&self) -> Option<Guard<'_, T>> {
+        self.lock.try_lock().then_some(Guard { owner: self })
     }
 
     pub fn raw(&self) -> &RawLock {

@@ -279,6 +279,12 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let z = m.counts.zeroed as u64;
                     let protected = resident < floor + res || zeroed < keep_zeroed + z;
                     if protected && !need {
+                        // Kept by a floor, which a limit passed or pressure would lift: while
+                        // either is watched, look again after the watch's period (a wait, which
+                        // is watched) rather than go idle, unwatched, until the next free.
+                        if watch.watching() {
+                            wait_ms = wait_ms.min((watch.period_ns() / 1_000_000) as u32);
+                        }
                         continue;
                     }
                     let addr = a.addr(p);

@@ -14,7 +14,7 @@ use crate::cache;
 use crate::config::Config;
 use crate::error::Error;
 use crate::flags::Flags;
-use crate::heap::{Shared, WorkerEntries};
+use crate::heap::{Heap, Shared, WorkerEntries};
 use crate::os::{PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{PageState, StateCounts};
 use crate::stats::Stats;
@@ -225,7 +225,24 @@ impl Allocator {
 
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
-        let h = self.shared.heap.lock();
+        Self::stats_of(&self.shared.heap.lock())
+    }
+
+    /// `stats`, if the allocator lock can be had within about 50 ms; `None` otherwise. For the
+    /// exit paths of a program that may leave from inside the allocator (an `exit` in a signal
+    /// handler that interrupted this thread in a call holding the lock): they must not wait for
+    /// a lock their own thread holds.
+    pub fn try_stats(&self) -> Option<Stats> {
+        for _ in 0..50 {
+            if let Some(h) = self.shared.heap.try_lock() {
+                return Some(Self::stats_of(&h));
+            }
+            crate::os::sleep_ns(1_000_000);
+        }
+        None
+    }
+
+    fn stats_of(h: &Heap) -> Stats {
         let mut s = Stats::default();
         let mut counts = StateCounts::default();
         let mut free_pages = 0u64;
@@ -261,7 +278,7 @@ impl Allocator {
         s.cache_refills = c.cache_refills;
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
-        cache::add_to_stats(&h, &mut s);
+        cache::add_to_stats(h, &mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);
