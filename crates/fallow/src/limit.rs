@@ -191,8 +191,12 @@ impl Watch {
         h.reclaim.pressure_signal = self.signal;
     }
 
-    /// The PSI trigger of the cgroup, else the system's, else `MemAvailable` polling.
+    /// The PSI trigger of the cgroup, else the system's, else `MemAvailable` polling. Under the
+    /// allocator lock, which `fork` holds (`before_fork`): a child gets the trigger's descriptor
+    /// published in `psi_fd`, which it closes, or no descriptor at all, never one half-made
+    /// (a few system calls, once per start or change of the settings).
     fn register(&mut self, s: &Shared) -> u64 {
+        let _fork_guard = s.heap.lock();
         let cgroup = os::cgroup_pressure_file().and_then(|f| os::psi_trigger(&f).ok());
         let found = match cgroup {
             Some(t) => Some((t, SIGNAL_PSI_CGROUP)),

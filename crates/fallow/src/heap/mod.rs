@@ -163,10 +163,11 @@ impl Shared {
         ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
     }
 
-    /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
-    /// in `busy_cpu_naps` (the lock is taken only when it napped).
     /// Close the reporter's PSI trigger, if it has one (it stopped, or this is a `fork` child).
+    /// Taken out and closed under the lock, which `fork` holds: a child never inherits a
+    /// descriptor that is out of `psi_fd` but not yet closed. (Not with the lock held.)
     pub(crate) fn close_psi(&self) {
+        let _fork_guard = self.heap.lock();
         let fd = self.psi_fd.swap(-1, core::sync::atomic::Ordering::Relaxed);
         if fd >= 0 {
             // SAFETY: the swap took the trigger out of `psi_fd`, where only the reporter puts one
@@ -175,6 +176,8 @@ impl Shared {
         }
     }
 
+    /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
+    /// in `busy_cpu_naps` (the lock is taken only when it napped).
     pub(crate) fn wait_for_idle_cpu(&self, w: &Worker, gate: &mut worker::IdleGate, max_wait_ns: u64) {
         let naps = gate.wait(w, max_wait_ns);
         if naps > 0 {
