@@ -190,15 +190,8 @@ pub fn parse<'a>(
             None => unparsed(warn, var, v, "a number of milliseconds", &d.tunables.report_delay_ms),
         }
     }
-    if let Some(v) = get(c"FALLOW_ZEROING") {
-        match v {
-            b"idle" => c.tunables.zeroing = true,
-            b"off" => c.tunables.zeroing = false,
-            _ => {
-                let default = if d.tunables.zeroing { "idle" } else { "off" };
-                unparsed(warn, "FALLOW_ZEROING", v, "one of idle, off", &default);
-            }
-        }
+    if let Some(on) = switch(&get, warn, c"FALLOW_ZEROING", ["idle", "off"], d.tunables.zeroing) {
+        c.tunables.zeroing = on;
     }
     if let Some(v) = get(c"FALLOW_THP") {
         if v != b"0" && v != b"1" {
@@ -251,15 +244,8 @@ pub fn parse<'a>(
             },
         }
     }
-    if let Some(v) = get(c"FALLOW_PRESSURE") {
-        match v {
-            b"auto" => c.tunables.pressure = true,
-            b"off" => c.tunables.pressure = false,
-            _ => {
-                let default = if d.tunables.pressure { "auto" } else { "off" };
-                unparsed(warn, "FALLOW_PRESSURE", v, "one of auto, off", &default);
-            }
-        }
+    if let Some(on) = switch(&get, warn, c"FALLOW_PRESSURE", ["auto", "off"], d.tunables.pressure) {
+        c.tunables.pressure = on;
     }
     cache_settings(&get, warn, c, &d);
     if let Some(v) = get(c"FALLOW_STATS") {
@@ -270,6 +256,25 @@ pub fn parse<'a>(
         }
     }
     s
+}
+
+/// A switch `var` spelled `words` (on, off): `None` when unset; another word is the default
+/// `default` (one warning naming both words).
+fn switch<'a>(
+    get: &impl Fn(&CStr) -> Option<&'a [u8]>,
+    warn: &mut dyn FnMut(&[u8]),
+    var: &CStr,
+    [on, off]: [&str; 2],
+    default: bool,
+) -> Option<bool> {
+    let v = get(var)?;
+    if v == on.as_bytes() || v == off.as_bytes() {
+        return Some(v == on.as_bytes());
+    }
+    let name = var.to_str().unwrap_or("FALLOW_?");
+    let what = format_args!("is not one of {on}, {off}");
+    warn_line(warn, name, v, what, format_args!("the default {}", if default { on } else { off }));
+    None
 }
 
 /// A whole number from `min` to `max` for `var`: `None` when unset; a value out of range is the
@@ -308,12 +313,8 @@ fn cache_settings<'a>(
     c: &mut Config,
     d: &Config,
 ) {
-    if let Some(v) = get(c"FALLOW_CACHE") {
-        match v {
-            b"on" => c.cache = true,
-            b"off" => c.cache = false,
-            _ => unparsed(warn, "FALLOW_CACHE", v, "one of on, off", &if d.cache { "on" } else { "off" }),
-        }
+    if let Some(on) = switch(get, warn, c"FALLOW_CACHE", ["on", "off"], d.cache) {
+        c.cache = on;
     }
     let order = (0, CACHE_ORDER_LIMIT as u32);
     if let Some(n) = ranged(get, warn, c"FALLOW_CACHE_MAX_ORDER", order, d.cache_max_order as u32) {

@@ -191,16 +191,18 @@ impl Watch {
         h.reclaim.pressure_signal = self.signal;
     }
 
-    /// The PSI trigger of the cgroup, else the system's, else `MemAvailable` polling. Under the
-    /// allocator lock, which `fork` holds (`before_fork`): a child gets the trigger's descriptor
-    /// published in `psi_fd`, which it closes, or no descriptor at all, never one half-made
-    /// (a few system calls, once per start or change of the settings).
+    /// The PSI trigger of the cgroup, else the system's, else `MemAvailable` polling. The trigger
+    /// is opened and published under the allocator lock, which `fork` holds (`before_fork`): a
+    /// child gets the descriptor published in `psi_fd`, which it closes, or none at all, never
+    /// one half-made. The paths are found before (the cgroup's takes a read of
+    /// `/proc/self/cgroup`): under the lock, only the trigger's open and write.
     fn register(&mut self, s: &Shared) -> u64 {
-        let _fork_guard = s.heap.lock();
-        let cgroup = os::cgroup_pressure_file().and_then(|f| os::psi_trigger(&f).ok());
+        let (cgroup_file, system_file) = (os::cgroup_pressure_file(), os::system_pressure_file());
+        let fork_guard = s.heap.lock();
+        let cgroup = cgroup_file.and_then(|f| os::psi_trigger(&f).ok());
         let found = match cgroup {
             Some(t) => Some((t, SIGNAL_PSI_CGROUP)),
-            None => os::psi_trigger(&os::system_pressure_file()).ok().map(|t| (t, SIGNAL_PSI_SYSTEM)),
+            None => os::psi_trigger(&system_file).ok().map(|t| (t, SIGNAL_PSI_SYSTEM)),
         };
         if let Some(((fd, window_ms), signal)) = found {
             self.psi_fd = fd;
@@ -210,6 +212,7 @@ impl Watch {
             s.psi_fd.store(fd, Ordering::Relaxed);
             return signal;
         }
+        drop(fork_guard);
         if os::mem_available().is_some() {
             SIGNAL_MEMAVAILABLE
         } else {

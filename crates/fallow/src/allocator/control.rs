@@ -7,7 +7,7 @@ use crate::cache;
 use crate::config::Tunables;
 use crate::error::Error;
 use crate::heap::INFLIGHT;
-use crate::os::{self, PAGE_SHIFT};
+use crate::os::PAGE_SHIFT;
 use crate::page::{PageState, Tag};
 
 use super::Allocator;
@@ -102,14 +102,8 @@ impl Allocator {
         let s = &*self.shared;
         s.reporter.forget_after_fork();
         s.zeroer.forget_after_fork();
-        let fd = s.pidfd.swap(-1, Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: the swap took the allocator's pidfd out of `pidfd`, so nobody else uses or closes it.
-            unsafe { os::close(fd) };
-        }
-        // The parent's PSI trigger: its events are the parent's to consume; the child's reporter
-        // registers its own.
-        s.close_psi();
+        // The parent's pidfd and PSI trigger: the child's workers make their own.
+        s.close_worker_descriptors();
         s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();
         for slot in 0..INFLIGHT {

@@ -108,10 +108,16 @@ impl Shared {
     fn stop_workers(&self) {
         self.reporter.stop_and_join();
         self.zeroer.stop_and_join();
+        self.close_worker_descriptors();
+    }
+
+    /// Close what the workers keep open for the allocator's life, the pidfd and the reporter's PSI
+    /// trigger: once they are joined, or in a `fork` child, where they do not exist.
+    pub(crate) fn close_worker_descriptors(&self) {
         let fd = self.pidfd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
-            // SAFETY: the swap took the allocator's pidfd out of `pidfd`, and the workers that used it
-            // are joined.
+            // SAFETY: the swap took the pidfd out of `pidfd`, and the workers that used it are
+            // joined or (in a `fork` child) do not exist: nobody else uses or closes it.
             unsafe { os::close(fd) };
         }
         self.close_psi();
