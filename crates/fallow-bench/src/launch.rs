@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::measure::{monotonic_ns, read_first_line, timeval_ms};
+
 /// The file name of fallow's preload library.
 pub const PRELOAD_NAME: &str = "libfallow_preload.so";
 
@@ -149,19 +151,10 @@ impl Finished {
     }
 }
 
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec to write.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// `VmRSS` of a process in bytes, if it is still there.
 pub fn vm_rss(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib << 10)
+    let kib = read_first_line(&format!("/proc/{pid}/status"), "VmRSS:")?;
+    Some(kib.split_whitespace().next()?.parse::<u64>().ok()? << 10)
 }
 
 /// The program being waited for (0: none), for `forward`.
@@ -255,14 +248,13 @@ pub fn run(mut cmd: Command, sample_ms: Option<u64>, quiet: bool) -> Result<Fini
     } else {
         Ending::Exited(libc::WEXITSTATUS(status))
     };
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
     let rss = std::mem::take(&mut *samples.lock().unwrap());
     Ok(Finished {
         pid,
         ending,
         wall_ms,
-        user_ms: tv(ru.ru_utime),
-        sys_ms: tv(ru.ru_stime),
+        user_ms: timeval_ms(ru.ru_utime),
+        sys_ms: timeval_ms(ru.ru_stime),
         peak_rss: ru.ru_maxrss as u64 * 1024,
         minor_faults: ru.ru_minflt as u64,
         major_faults: ru.ru_majflt as u64,

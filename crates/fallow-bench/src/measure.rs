@@ -26,8 +26,21 @@ fn rusage_ms(who: i32) -> f64 {
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage.
     unsafe { libc::getrusage(who, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    timeval_ms(ru.ru_utime) + timeval_ms(ru.ru_stime)
+}
+
+/// A `timeval` (of `getrusage`, `wait4`) in milliseconds.
+pub fn timeval_ms(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock a parent and its children share (`exit`'s
+/// timestamps, `fallow run`'s samples and the preload's record).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always valid.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// One timed run: wall and CPU milliseconds.
@@ -144,7 +157,8 @@ pub fn fmt_size(bytes: usize) -> String {
     }
 }
 
-fn read_first_line(path: &str, key: &str) -> Option<String> {
+/// The value after `key:` on the first line of `path` that starts with `key`, trimmed.
+pub fn read_first_line(path: &str, key: &str) -> Option<String> {
     let text = std::fs::read_to_string(path).ok()?;
     text.lines()
         .find(|l| l.starts_with(key))

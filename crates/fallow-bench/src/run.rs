@@ -362,7 +362,7 @@ struct RecordFile(PathBuf);
 
 impl RecordFile {
     fn create() -> Result<RecordFile, String> {
-        let name = format!("fallow-run-{}-{}.rec", std::process::id(), launch::monotonic_ns());
+        let name = format!("fallow-run-{}-{}.rec", std::process::id(), crate::measure::monotonic_ns());
         let p = std::env::temp_dir().join(name);
         std::fs::write(&p, b"").map_err(|e| format!("cannot create the record file {}: {e}", p.display()))?;
         Ok(RecordFile(p))

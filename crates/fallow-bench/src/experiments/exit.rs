@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Map, Value};
 
 use super::{round_order, row, Chart, Experiment, Options, Outcome};
-use crate::measure::{fmt_size, median, num, sleep_ms, summary, touch_pages, Progress, Sample};
+use crate::measure::{fmt_size, median, monotonic_ns, num, sleep_ms, summary, touch_pages, Progress, Sample};
 use crate::peers::{Peer, PeerKind, Setup, PAGE};
 
 /// How long the hogs spin before the child starts (the same for every peer).
@@ -53,15 +53,6 @@ impl Way {
             Way::Signal => "signal",
         }
     }
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the one clock the parent and the child share.
-fn mono_ns() -> u64 {
-    // SAFETY: `timespec` is plain integers, for which all-zero bytes are a valid value.
-    let mut ts: libc::timespec = unsafe { core::mem::zeroed() };
-    // SAFETY: `ts` is a live, writable `timespec` for the call; CLOCK_MONOTONIC is always valid.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The child: touch, free, idle, then leave `way`. Returns only on failure.
@@ -101,7 +92,7 @@ pub fn child_main(kind: PeerKind, size: usize, block: usize, idle_ms: u64, way: 
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, core::ptr::null_mut());
     }
     // The timestamp, then straight out: one write(2) to the pipe, nothing buffered.
-    let line = format!("t {}\n", mono_ns());
+    let line = format!("t {}\n", monotonic_ns());
     // SAFETY: `line` is a live `String`, readable for `line.len()` bytes; fd 1 is only written.
     unsafe { libc::write(1, line.as_ptr() as *const libc::c_void, line.len()) };
     match way {
@@ -172,7 +163,7 @@ struct Measured {
 fn measure(kind: PeerKind, way: Way, o: &Options, exe: &std::path::Path) -> Result<Measured, String> {
     let hogs = Hogs::start(o.hogs)?;
     sleep_ms(HOG_WARMUP_MS);
-    let t_spawn = mono_ns();
+    let t_spawn = monotonic_ns();
     let mut child = Command::new(exe)
         .arg("__exit_child")
         .args(["--allocator", kind.name(), "--way", way.name()])
@@ -190,7 +181,7 @@ fn measure(kind: PeerKind, way: Way, o: &Options, exe: &std::path::Path) -> Resu
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
     // SAFETY: `status` and `ru` are live, writable locals of the types wait4 fills.
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    let t_end = mono_ns();
+    let t_end = monotonic_ns();
     drop(hogs);
     let mut err = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut err);

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::measure::timeval_ms;
 use crate::peers::PeerKind;
 
 /// A guest process and the pipes to it.
@@ -274,14 +275,13 @@ pub fn reap(pid: u32, patience: Duration) -> Reaped {
         // SAFETY: `status` and `ru` are valid, writable locals; `pid` is our own child.
         let rc = unsafe { libc::wait4(pid, &mut status, flags, &mut ru) };
         if rc == pid {
-            let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
             let signalled = libc::WIFSIGNALED(status);
             let killed = signalled && libc::WTERMSIG(status) == libc::SIGKILL && !killed_here;
             let clean = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
             return Reaped {
                 killed,
                 failed: !killed && !clean,
-                cpu_ms: tv(ru.ru_utime) + tv(ru.ru_stime),
+                cpu_ms: timeval_ms(ru.ru_utime) + timeval_ms(ru.ru_stime),
                 minflt: ru.ru_minflt as u64,
                 majflt: ru.ru_majflt as u64,
             };
