@@ -205,25 +205,24 @@ impl Drop for Cgroup {
     }
 }
 
+/// The resident and shared pages of process `pid` (`/proc/PID/statm`, second and third fields);
+/// none once it is gone.
+fn statm(pid: u32) -> Option<(usize, usize)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let mut f = s.split_whitespace().skip(1).map(|v| v.parse::<usize>().ok());
+    Some((f.next()??, f.next()??))
+}
+
 /// Resident bytes of process `pid` (`/proc/PID/statm`); 0 once it is gone (a zombie has none).
 pub fn rss_of(pid: u32) -> usize {
-    std::fs::read_to_string(format!("/proc/{pid}/statm"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<usize>().ok()))
-        .map(|pages| pages * 4096)
-        .unwrap_or(0)
+    statm(pid).map_or(0, |(resident, _)| resident * 4096)
 }
 
 /// Resident anonymous bytes of process `pid` (`/proc/PID/statm`: resident less shared, which
 /// leaves out the program's file pages that every guest maps and a cgroup charges once); 0 once
 /// it is gone.
 pub fn anon_of(pid: u32) -> usize {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else { return 0 };
-    let f: Vec<usize> = s.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect();
-    match f[..] {
-        [_, resident, shared] => resident.saturating_sub(shared) * 4096,
-        _ => 0,
-    }
+    statm(pid).map_or(0, |(resident, shared)| resident.saturating_sub(shared) * 4096)
 }
 
 /// CPU time, in ms, of the threads of process `pid` named `name` (`/proc/PID/task/*/comm`; user
