@@ -311,10 +311,9 @@ static int test_exhaustion(void) {
 }
 
 /* Open descriptors, less the ones the background workers hold for a moment when they start or
- * read the CPU load (/proc/loadavg; under /sys: the CPUs online, the cgroup's CPU quota): those
- * come and go at any time. In *psi, if given: whether one of them names a PSI file (the reporting
- * worker's trigger). */
-static int scan_fds(int *psi) {
+ * read the CPU load (/proc/loadavg; under /sys: the CPUs online, the cgroup's CPU quota; the
+ * PSI file): those come and go at any time. */
+static int count_fds(void) {
     DIR *d = opendir("/proc/self/fd"); int n = 0;
     struct dirent *e;
     char path[64], target[256];
@@ -327,13 +326,10 @@ static int scan_fds(int *psi) {
         if (k <= 0) continue;
         target[k] = 0;
         n++;
-        if (psi && strstr(target, "pressure")) *psi = 1;
     }
     closedir(d);
     return n;
 }
-static int count_fds(void) { return scan_fds(NULL); }
-static int holds_psi_trigger(void) { int psi = 0; scan_fds(&psi); return psi; }
 /* Descriptors held for good: the fewest of several counts, as a worker holds one for a moment
  * now and then (open, read, close of /proc/loadavg and the like). A leak shows in every count. */
 static int count_held_fds(void) {
@@ -358,9 +354,6 @@ static int test_fork_exec(void) {
     enum { N = 2000 };
     void *big = malloc(4 * MiB); /* the allocator and its fork handlers exist */
     CHECK(big && stat_of(S_LIVE) > 0, "allocator created");
-    /* The reporting worker holds one descriptor for the allocator's life, its PSI trigger, which
-     * it registers when it starts: count from then (at most 3 s; none where PSI is missing). */
-    for (int i = 0; i < 300 && !holds_psi_trigger(); i++) usleep(10000);
     int fds0 = count_held_fds(), maps0 = count_lines("/proc/self/maps");
     double t0 = now(), first = 0;
     for (int i = 0; i < N; i++) {

@@ -7,7 +7,7 @@
 //!
 //! The fallow variants differ in their configuration (`fallow_config`), and `fallow-delay` also in
 //! the environment of the processes that run it (`PeerKind::guest_env`): it returns free memory on
-//! the reporting delay alone, with the soft memory limit and the pressure triggers turned off
+//! the reporting delay alone, with the soft memory limit and the pressure signal turned off
 //! (`FALLOW_MEMORY_LIMIT=off`, `FALLOW_PRESSURE=off`), which the guests of the pressure
 //! experiment read when they build their allocator. In this process it is configured as `fallow`:
 //! the in-process experiments put no memory under pressure.
@@ -95,7 +95,7 @@ impl PeerKind {
     }
 
     /// What a process running this peer has in its environment over its parent's: for
-    /// `fallow-delay`, the soft memory limit and the pressure triggers off. The other peers get
+    /// `fallow-delay`, the soft memory limit and the pressure signal off. The other peers get
     /// their parent's environment as it is (so `FALLOW_MEMORY_LIMIT=64MiB` before the command
     /// tries that setting with `fallow`; unset, the defaults apply).
     pub fn guest_env(self) -> &'static [(&'static str, &'static str)] {

@@ -173,7 +173,7 @@ pub struct Tunables {
     /// free memory back without waiting for `report_delay_ms`, and the zeroing worker adds no
     /// resident page; an allocation never fails because of it.
     pub memory_limit: MemoryLimit,
-    /// Watch memory pressure (default on: a PSI trigger where the kernel allows one, else
+    /// Watch memory pressure (default on: PSI's memory stall where the kernel has it, else
     /// `MemAvailable` read at a low rate); while there is pressure, idle free memory goes back at
     /// once, the zeroed reserve first.
     pub pressure: bool,

@@ -17,12 +17,14 @@
 //!   waiting for the delay until the usage is `1/32` of the limit below it (hysteresis, so that
 //!   the next allocations do not cross again at once), or nothing is left. A block freed within
 //!   `zero_delay_ms` is hot (the program is reusing it) and waits that long even then.
-//! - Pressure: a PSI trigger ("some" 150 ms in a 1 s window, or 300 ms in 2 s where the 1 s
-//!   window is refused) on the cgroup's `memory.pressure` (v2), else `/proc/pressure/memory`;
-//!   where neither can be registered, `MemAvailable` below a sixteenth of `MemTotal`, read at
-//!   most once a second. Pressure lasts two trigger windows after the last event (while
-//!   `MemAvailable` stays low, for polling); meanwhile all idle free memory goes back, the zeroed
-//!   reserve first, and then the delay-based policy resumes.
+//! - Pressure: the "some" stall total of the cgroup's `memory.pressure` (v2), else of
+//!   `/proc/pressure/memory`, read every `PERIOD_NS`; 150 ms of stall within a second is an
+//!   event (`StallWindow`: what a PSI trigger would signal, without a trigger's descriptor,
+//!   whose close costs every exit an RCU grace period). Where neither file reads,
+//!   `MemAvailable` below a sixteenth of `MemTotal`, read at most once a second. Pressure lasts
+//!   two windows after the last event (while `MemAvailable` stays low, for polling); meanwhile
+//!   all idle free memory goes back, the zeroed reserve first, and then the delay-based policy
+//!   resumes.
 //! - The limit never fails an allocation: it only makes the reporter hurry.
 //!
 //! Nothing here allocates: files are read by `os` into stack buffers.
@@ -35,7 +37,7 @@ use crate::os::{self, PAGE_SHIFT};
 use crate::stats::{SIGNAL_MEMAVAILABLE, SIGNAL_NONE, SIGNAL_OFF, SIGNAL_PSI_CGROUP, SIGNAL_PSI_SYSTEM};
 use crate::stats::{SOURCE_NONE, SOURCE_SETTING, SOURCE_V1, SOURCE_V2_HIGH, SOURCE_V2_MAX};
 
-/// How often, at most, the reporter looks at the limit and the PSI trigger while it waits for
+/// How often, at most, the reporter looks at the limit and reads the PSI file while it waits for
 /// blocks to age, and reads a cgroup's usage: the limit is obeyed within this period.
 pub(crate) const PERIOD_NS: u64 = 100_000_000;
 /// The period near a cgroup's limit: once its usage is within a margin of the limit in force
@@ -47,6 +49,12 @@ const NEAR_PERIOD_NS: u64 = 10_000_000;
 const CGROUP_PERIOD_NS: u64 = 10_000_000_000;
 /// How often, at most, `MemAvailable` is read (the fallback signal).
 const MEMINFO_PERIOD_NS: u64 = 1_000_000_000;
+/// A pressure event is `STALL_EVENT_US` of "some" stall within `STALL_WINDOW_NS` (the trigger
+/// psi.rst gives as its example), and pressure lasts two windows after the last one.
+const STALL_WINDOW_NS: u64 = 1_000_000_000;
+const STALL_EVENT_US: u64 = 150_000;
+/// Samples kept: read at least `PERIOD_NS` apart, 16 span more than a window.
+const STALL_SAMPLES: usize = 16;
 
 /// The margin kept below a cgroup's limit for what fallow does not own (the program's other
 /// memory, the kernel's for the cgroup, other processes in it) and for the reporter's reaction
@@ -70,6 +78,45 @@ pub(crate) struct Squeeze {
 impl Squeeze {
     pub(crate) fn urgent(&self) -> bool {
         self.excess_pages > 0 || self.pressure
+    }
+}
+
+/// The "some" stall totals of a PSI file, read at least `PERIOD_NS` apart, and the rule that makes
+/// events of them, as the kernel's trigger would: the total grew by `STALL_EVENT_US` within
+/// `STALL_WINDOW_NS`, at most one event a window. Where two reads are more than a window apart
+/// (the reporter was busy in a pass), the stall over the gap must reach the same share of it.
+pub(crate) struct StallWindow {
+    /// `(time ns, total µs)`, oldest first from `next` on, `len` of them.
+    samples: [(u64, u64); STALL_SAMPLES],
+    len: usize,
+    next: usize,
+    last_event_ns: Option<u64>,
+}
+
+impl StallWindow {
+    pub(crate) const fn new() -> StallWindow {
+        StallWindow { samples: [(0, 0); STALL_SAMPLES], len: 0, next: 0, last_event_ns: None }
+    }
+
+    /// Record the total read at `now_ns`; whether it makes an event.
+    pub(crate) fn observe(&mut self, now_ns: u64, total_us: u64) -> bool {
+        let oldest = (self.next + STALL_SAMPLES - self.len) % STALL_SAMPLES;
+        let kept = (0..self.len).map(|i| self.samples[(oldest + i) % STALL_SAMPLES]);
+        // The oldest sample within the window, else the newest (older than the window).
+        let base = kept.clone().find(|&(t, _)| now_ns.saturating_sub(t) <= STALL_WINDOW_NS).or(kept.last());
+        self.samples[self.next] = (now_ns, total_us);
+        self.next = (self.next + 1) % STALL_SAMPLES;
+        self.len = (self.len + 1).min(STALL_SAMPLES);
+        let Some((t, total)) = base else { return false };
+        let span_ns = now_ns.saturating_sub(t).max(STALL_WINDOW_NS);
+        let stalled_ns = total_us.saturating_sub(total).saturating_mul(1000);
+        let due = self.last_event_ns.is_none_or(|e| now_ns.saturating_sub(e) >= STALL_WINDOW_NS);
+        // stalled / span >= event / window, in integers (u128: no overflow).
+        let event = due && stalled_ns as u128 * STALL_WINDOW_NS as u128 >= (STALL_EVENT_US * 1000) as u128 * span_ns as u128;
+        if event {
+            self.last_event_ns = Some(now_ns);
+        }
+        event
     }
 }
 
@@ -97,9 +144,10 @@ pub(crate) struct Watch {
     over: bool,
     hits: u64,
     signal: u64,
-    psi_fd: i32,
-    psi_id: u64,
-    window_ns: u64,
+    /// The PSI file read (with `SIGNAL_PSI_*`), when it was last read, and its stall totals.
+    psi_file: Option<os::StackPath>,
+    psi_read_ns: u64,
+    stall: StallWindow,
     pressure_until_ns: u64,
     meminfo_read_ns: u64,
     low_memory: bool,
@@ -118,9 +166,9 @@ impl Watch {
             over: false,
             hits: 0,
             signal: SIGNAL_OFF,
-            psi_fd: -1,
-            psi_id: 0,
-            window_ns: 0,
+            psi_file: None,
+            psi_read_ns: 0,
+            stall: StallWindow::new(),
             pressure_until_ns: 0,
             meminfo_read_ns: 0,
             low_memory: false,
@@ -175,10 +223,11 @@ impl Watch {
             self.over = false;
         }
         if pressure_changed {
-            self.close_trigger(s);
+            self.psi_file = None;
+            self.stall = StallWindow::new();
             self.low_memory = false;
             self.pressure_until_ns = 0;
-            self.signal = if pressure { self.register(s) } else { SIGNAL_OFF };
+            self.signal = if pressure { self.choose_signal() } else { SIGNAL_OFF };
         }
         let mut h = s.heap.lock();
         if limit_changed {
@@ -191,39 +240,21 @@ impl Watch {
         h.reclaim.pressure_signal = self.signal;
     }
 
-    /// The PSI trigger of the cgroup, else the system's, else `MemAvailable` polling. The trigger
-    /// is opened and published under the allocator lock, which `fork` holds (`before_fork`): a
-    /// child gets the descriptor published in `psi_fd`, which it closes, or none at all, never
-    /// one half-made. The paths are found before (the cgroup's takes a read of
-    /// `/proc/self/cgroup`): under the lock, only the trigger's open and write.
-    fn register(&mut self, s: &Shared) -> u64 {
-        let (cgroup_file, system_file) = (os::cgroup_pressure_file(), os::system_pressure_file());
-        let fork_guard = s.heap.lock();
-        let cgroup = cgroup_file.and_then(|f| os::psi_trigger(&f).ok());
-        let found = match cgroup {
-            Some(t) => Some((t, SIGNAL_PSI_CGROUP)),
-            None => os::psi_trigger(&system_file).ok().map(|t| (t, SIGNAL_PSI_SYSTEM)),
-        };
-        if let Some(((fd, window_ms), signal)) = found {
-            self.psi_fd = fd;
-            self.psi_id = os::file_id(fd).unwrap_or(0);
-            self.window_ns = window_ms as u64 * 1_000_000;
-            s.psi_id.store(self.psi_id, Ordering::Relaxed);
-            s.psi_fd.store(fd, Ordering::Relaxed);
-            return signal;
+    /// The PSI file of the cgroup, else the system's, whichever reads first, else `MemAvailable`
+    /// polling.
+    fn choose_signal(&mut self) -> u64 {
+        let cgroup = os::cgroup_pressure_file().map(|f| (f, SIGNAL_PSI_CGROUP));
+        let system = (os::system_pressure_file(), SIGNAL_PSI_SYSTEM);
+        for (file, signal) in cgroup.into_iter().chain([system]) {
+            if os::psi_some_total_us(&file).is_some() {
+                self.psi_file = Some(file);
+                return signal;
+            }
         }
-        drop(fork_guard);
         if os::mem_available().is_some() {
             SIGNAL_MEMAVAILABLE
         } else {
             SIGNAL_NONE
-        }
-    }
-
-    fn close_trigger(&mut self, s: &Shared) {
-        if self.psi_fd >= 0 {
-            self.psi_fd = -1;
-            s.close_psi();
         }
     }
 
@@ -279,11 +310,11 @@ impl Watch {
 
     /// Whether anything here can ask the reporter to hurry (then it naps in `PERIOD_NS` steps).
     pub(crate) fn watching(&self) -> bool {
-        !matches!(self.measure, Measure::None) || self.psi_fd >= 0 || self.signal == SIGNAL_MEMAVAILABLE
+        !matches!(self.measure, Measure::None) || self.psi_file.is_some() || self.signal == SIGNAL_MEMAVAILABLE
     }
 
     /// Read what changes outside fallow, each at its own rate, without the lock: the cgroup's
-    /// usage, the PSI trigger, `MemAvailable`, and a pressure event made by hand.
+    /// usage, the PSI file, `MemAvailable`, and a pressure event made by hand.
     pub(crate) fn sample(&mut self, s: &Shared) {
         let now = os::now_ns();
         if let (Measure::Cgroup { .. }, Some(cg)) = (&self.measure, &self.cgroup) {
@@ -295,9 +326,11 @@ impl Watch {
             }
         }
         let mut event = s.pressure_injected.swap(false, Ordering::Relaxed);
-        let hold = if self.window_ns > 0 { 2 * self.window_ns } else { 2_000_000_000 };
-        if self.psi_fd >= 0 && os::psi_fired(self.psi_fd, self.psi_id) {
-            event = true;
+        if let Some(file) = &self.psi_file {
+            if now.saturating_sub(self.psi_read_ns) >= PERIOD_NS {
+                self.psi_read_ns = now;
+                event |= os::psi_some_total_us(file).is_some_and(|total| self.stall.observe(now, total));
+            }
         }
         let meminfo_due = now.saturating_sub(self.meminfo_read_ns) >= MEMINFO_PERIOD_NS;
         if self.signal == SIGNAL_MEMAVAILABLE && meminfo_due {
@@ -308,7 +341,7 @@ impl Watch {
         }
         if event {
             self.events += 1;
-            self.pressure_until_ns = now + hold;
+            self.pressure_until_ns = now + 2 * STALL_WINDOW_NS;
         }
     }
 
@@ -367,5 +400,42 @@ impl Watch {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn stall_of_150_ms_within_a_second_is_an_event() {
+        let mut w = StallWindow::new();
+        // 10% stall, read every 100 ms: never an event.
+        for i in 0..30 {
+            assert!(!w.observe(i * 100 * MS, i * 10_000), "at {i}");
+        }
+        // Then 50 ms of stall in 100 ms: within the window (from the read at 2000 ms) 140 ms...
+        assert!(!w.observe(3000 * MS, 340_000));
+        // ...then 180 ms (from 2100 ms): an event.
+        assert!(w.observe(3100 * MS, 390_000));
+        // At most one event a window, however long the stall goes on.
+        for i in 1..10 {
+            assert!(!w.observe((3100 + i * 100) * MS, 390_000 + i * 100_000), "at {i}");
+        }
+        assert!(w.observe(4100 * MS, 390_000 + 1_000_000));
+    }
+
+    #[test]
+    fn a_gap_longer_than_the_window_needs_the_same_share() {
+        let mut w = StallWindow::new();
+        assert!(!w.observe(0, 1_000));
+        // 200 ms of stall over 2 s: 10%, no event.
+        assert!(!w.observe(2000 * MS, 201_000));
+        // 700 ms over the next 4 s: 17.5%, an event.
+        assert!(w.observe(6000 * MS, 901_000));
+        // The first read makes no event, whatever the total since boot.
+        assert!(!StallWindow::new().observe(5000 * MS, 4_000_000_000));
     }
 }

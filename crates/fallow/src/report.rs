@@ -26,7 +26,7 @@
 //!   pressure, idle ones, free for min(report_delay / 10, 200 ms)), largest order first,
 //!   zeroed before dirty, the floors ignored, until the limit's excess is back (under pressure,
 //!   every idle block); no wait for an idle CPU; WAIT naps in limit::PERIOD_NS steps, each
-//!   looking at the limit and the trigger
+//!   looking at the limit and the PSI stall
 //! ```
 //!
 //! Invariants:
@@ -124,7 +124,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut asked: Option<(u64, u32)> = None;
     let mut watch = Watch::new();
     // At once, before any wait for an idle CPU: the limit and the signal are known from the
-    // start (and the trigger's descriptor is opened at the thread's start, not at some later step).
+    // start (and the PSI file is chosen at the thread's start, not at some later step).
     watch.refresh(s);
     while !s.reporter.stopping() {
         // Once per pass (PASS_BUDGET batches), and bounded: on a machine that is never idle,
@@ -171,7 +171,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 /// path stays free of that), so with caches on the reporter looks again after the delay (at
 /// least 1 s) for memory they hold. While the limit is passed or there is pressure (`urgent`),
 /// the caches get `limit::PERIOD_NS` to answer instead of the delay. Its naps are watched
-/// (`Watch::nap`): a limit passed or a trigger fired meanwhile ends them.
+/// (`Watch::nap`): a limit passed or a pressure event meanwhile ends them.
 fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: &mut Watch) -> Option<u64> {
     let (report, mut delay_ms, held) = {
         let h = s.heap.lock();

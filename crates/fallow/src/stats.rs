@@ -156,10 +156,11 @@ macro_rules! stats_table {
         memory_limit_hits: Count,
         /// Bytes given back before their reporting delay because the limit was passed.
         limit_reported_bytes: Bytes,
-        /// The memory pressure signal watched: a PSI trigger (the cgroup's or the system's),
+        /// The memory pressure signal watched: PSI stall (the cgroup's or the system's),
         /// `MemAvailable` polling, none found, or off.
         pressure_signal: PressureSignal,
-        /// Times pressure was signalled (a PSI trigger fired, `MemAvailable` fell low).
+        /// Times pressure was signalled (150 ms of memory stall within a second, `MemAvailable`
+        /// fell low).
         pressure_events: Count,
         /// Bytes given back before their reporting delay because of memory pressure.
         pressure_reported_bytes: Bytes,

@@ -83,7 +83,7 @@ impl Experiment {
     /// The peers when `--allocators` is not given: every one but `fallow-delay` (which differs
     /// from `fallow` under memory pressure only), but for exit the malloc-like libraries and the
     /// fallow variants that differ in their background workers, and for pressure the malloc-like
-    /// libraries and fallow with and without the limit and the pressure triggers.
+    /// libraries and fallow with and without the limit and the pressure signal.
     pub fn default_peers(self) -> Vec<PeerKind> {
         match self {
             Experiment::Pressure => vec![

@@ -31,8 +31,8 @@ impl Allocator {
         Ok(())
     }
 
-    /// Make the reporting worker act as if memory pressure had been signalled (a PSI trigger
-    /// fired): idle free memory goes back at once, the zeroed reserve first. For tests.
+    /// Make the reporting worker act as if memory pressure had been signalled (a PSI stall
+    /// event): idle free memory goes back at once, the zeroed reserve first. For tests.
     #[doc(hidden)]
     pub fn simulate_pressure(&self) {
         self.shared.pressure_injected.store(true, Ordering::Relaxed);
@@ -102,7 +102,7 @@ impl Allocator {
         let s = &*self.shared;
         s.reporter.forget_after_fork();
         s.zeroer.forget_after_fork();
-        // The parent's pidfd and PSI trigger: the child's workers make their own.
+        // The parent's pidfd: the child's workers make their own.
         s.close_worker_descriptors();
         s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();

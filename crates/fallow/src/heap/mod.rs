@@ -23,7 +23,7 @@ mod locked;
 mod view;
 mod workers;
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
 
 use crate::buddy::{preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
@@ -143,13 +143,8 @@ pub(crate) struct Shared {
     /// step more or less of zeroing is harmless.
     pub(crate) squeezed: AtomicBool,
     /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
-    /// takes it as a fired trigger at its next look.
+    /// takes it as a pressure event at its next look.
     pub(crate) pressure_injected: AtomicBool,
-    /// The reporter's PSI trigger descriptor (-1: none), kept here so that a `fork` child and
-    /// the last handle close it, and its `os::file_id` (stored first), so that a descriptor the
-    /// program closed and reused is never closed for it.
-    pub(crate) psi_fd: AtomicI32,
-    pub(crate) psi_id: AtomicU64,
 }
 
 impl Shared {
@@ -161,19 +156,6 @@ impl Shared {
     /// Milliseconds since the allocator began (the clock of `BlockMeta::freed_at_ms`).
     pub(crate) fn now_ms(&self) -> u32 {
         ((os::now_ns() - self.epoch_ns) / 1_000_000) as u32
-    }
-
-    /// Close the reporter's PSI trigger, if it has one (it stopped, or this is a `fork` child).
-    /// Taken out and closed under the lock, which `fork` holds: a child never inherits a
-    /// descriptor that is out of `psi_fd` but not yet closed. (Not with the lock held.)
-    pub(crate) fn close_psi(&self) {
-        let _fork_guard = self.heap.lock();
-        let fd = self.psi_fd.swap(-1, core::sync::atomic::Ordering::Relaxed);
-        if fd >= 0 {
-            // SAFETY: the swap took the trigger out of `psi_fd`, where only the reporter puts one
-            // (`os::psi_trigger`'s): nobody else closes it.
-            unsafe { os::close_psi(fd, self.psi_id.load(core::sync::atomic::Ordering::Relaxed)) };
-        }
     }
 
     /// A worker's wait for an idle CPU before its next step (`IdleGate::wait`), its naps counted
@@ -212,8 +194,6 @@ impl Shared {
             zero_requested: AtomicBool::new(false),
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
-            psi_fd: AtomicI32::new(-1),
-            psi_id: AtomicU64::new(0),
             config,
         }
     }

@@ -111,8 +111,8 @@ impl Shared {
         self.close_worker_descriptors();
     }
 
-    /// Close what the workers keep open for the allocator's life, the pidfd and the reporter's PSI
-    /// trigger: once they are joined, or in a `fork` child, where they do not exist.
+    /// Close what the workers keep open for the allocator's life, the pidfd: once they are
+    /// joined, or in a `fork` child, where they do not exist.
     pub(crate) fn close_worker_descriptors(&self) {
         let fd = self.pidfd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
@@ -120,6 +120,5 @@ impl Shared {
             // joined or (in a `fork` child) do not exist: nobody else uses or closes it.
             unsafe { os::close(fd) };
         }
-        self.close_psi();
     }
 }

@@ -1,7 +1,7 @@
 //! The operating system: every system call fallow makes goes through this module, in three parts:
 //! `memory` (mappings, advice, locking, the memfd), `sync` (futex, membarrier), `process`
 //! (ids, threads, scheduling, limits, clocks) and `pressure` (memory cgroup limits and usage, PSI
-//! triggers, `MemAvailable`).
+//! stall totals, `MemAvailable`).
 //!
 //! `rustix` makes the calls where it has them: inline system calls that neither allocate nor touch
 //! the C `errno`. Paths go to it as `&CStr` (a `&str` or `Path` would be copied into an allocated

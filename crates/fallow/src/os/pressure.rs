@@ -1,13 +1,13 @@
 //! Memory limits and pressure as the kernel shows them: the process's memory cgroup (v2
 //! `memory.high`, `memory.max`, `memory.current`, `memory.pressure`; v1 `memory.limit_in_bytes`,
-//! `memory.usage_in_bytes`), PSI triggers (`/proc/pressure/memory`, the kernel's psi.rst) and
+//! `memory.usage_in_bytes`), PSI stall totals (`/proc/pressure/memory`, the kernel's psi.rst) and
 //! `MemAvailable` of `/proc/meminfo`. Every file is read with `open`, `read` and `close` into a
 //! buffer on the stack, paths are built on the stack too: nothing here allocates (the reporting
 //! worker that calls it runs inside a preloaded `malloc`'s process).
 
 use core::ffi::CStr;
 
-use super::{parse_decimal, read_small_file, OsResult};
+use super::{parse_decimal, read_small_file};
 
 /// A limit at or above this is "no limit" (v1 writes 2^63 rounded down to a page for none).
 const NO_LIMIT: u64 = 1 << 62;
@@ -206,64 +206,24 @@ pub fn system_pressure_file() -> StackPath {
     StackPath::new(b"/proc/pressure/memory").unwrap_or(StackPath { buf: [0; 512], len: 0 })
 }
 
-/// Register a PSI trigger on `file`: "some" stall of 150 ms within 1 s, or, where the kernel
-/// refuses that window (unprivileged processes may only use multiples of 2 s), 300 ms within
-/// 2 s. The descriptor (close-on-exec), and the window in ms; `poll` it for `POLLPRI`.
-pub fn psi_trigger(file: &StackPath) -> OsResult<(i32, u32)> {
-    use rustix::fd::IntoRawFd;
-    use rustix::fs::{Mode, OFlags};
-    let mut last = libc::EINVAL;
-    let triggers: [(&[u8], u32); 2] = [(b"some 150000 1000000\0", 1000), (b"some 300000 2000000\0", 2000)];
-    for (trigger, window_ms) in triggers {
-        let flags = OFlags::RDWR | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let fd = rustix::fs::open(file.as_cstr(), flags, Mode::empty());
-        let fd = super::os_result(fd)?;
-        match rustix::io::write(&fd, trigger) {
-            Ok(_) => return Ok((fd.into_raw_fd(), window_ms)),
-            // (`fd` is dropped, hence closed, before the next try.)
-            Err(e) => last = e.raw_os_error(),
-        }
-    }
-    Err(last)
-}
-
-/// The identity of the file open at `fd` (its device and inode), to tell later whether the
-/// descriptor still names it: a program may close descriptors it did not open (a daemon closing
-/// all of them), and the number may then name one of the program's own files. `None` when `fd`
-/// is not open.
-pub fn file_id(fd: i32) -> Option<u64> {
-    // SAFETY: the descriptor is only handed to the kernel, which checks it (a closed one is
-    // `EBADF`); nothing else is done with it.
-    let bfd = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    let st = rustix::fs::fstat(bfd).ok()?;
-    Some((st.st_dev as u64).rotate_left(32) ^ st.st_ino as u64)
-}
-
-/// Close a PSI trigger that `psi_trigger` opened, if `fd` still names the file whose
-/// `file_id` was `id` (else the program closed it and the number is not ours any more).
+/// The "some" stall total of a PSI file (`some avg10=... total=N`): microseconds in which at
+/// least one task of the cgroup (or of the system) waited for memory, since boot. `None` when
+/// the file cannot be read (no PSI: a kernel built or booted without it).
 ///
-/// # Safety
-/// `fd` came from `psi_trigger` and nobody else closes it through fallow (the caller took it out
-/// of wherever it was kept).
-pub unsafe fn close_psi(fd: i32, id: u64) {
-    if file_id(fd) == Some(id) {
-        // SAFETY: the caller's contract, and the identity check: still the trigger we opened.
-        unsafe { super::close(fd) };
-    }
+/// Read, not registered as a trigger: a trigger's descriptor costs its closer an RCU grace
+/// period (`psi_trigger_destroy`), which a process pays at every exit (tens of ms under load).
+pub fn psi_some_total_us(file: &StackPath) -> Option<u64> {
+    // Two lines of about 60 bytes each.
+    let mut buf = [0u8; 256];
+    let n = read_small_file(file.as_cstr(), &mut buf)?;
+    some_total(&buf[..n])
 }
 
-/// Whether the PSI trigger `fd` (whose `file_id` is `id`) fired since the last call (the kernel
-/// clears the event as `poll` reports it). Never blocks. A descriptor that no longer names the
-/// trigger never fires.
-pub fn psi_fired(fd: i32, id: u64) -> bool {
-    if file_id(fd) != Some(id) {
-        return false;
-    }
-    let mut p = libc::pollfd { fd, events: libc::POLLPRI, revents: 0 };
-    // `poll` through glibc: rustix's needs a feature this crate does not otherwise use.
-    // SAFETY: one valid pollfd, timeout 0: the call only reads and writes `p`.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & libc::POLLPRI != 0
+/// The `total=` of the `some` line of a PSI file's content.
+fn some_total(content: &[u8]) -> Option<u64> {
+    let line = content.split(|&b| b == b'\n').find(|l| l.starts_with(b"some "))?;
+    let at = line.windows(6).position(|w| w == b"total=")?;
+    leading_number(&line[at + 6..])
 }
 
 /// `(MemAvailable, MemTotal)` of `/proc/meminfo`, in bytes.
@@ -314,20 +274,15 @@ mod tests {
     }
 
     #[test]
-    fn a_descriptor_is_closed_only_while_it_names_its_file() {
-        use rustix::fd::IntoRawFd;
-        use rustix::fs::{Mode, OFlags};
-        let flags = OFlags::RDONLY | OFlags::CLOEXEC;
-        let fd = rustix::fs::open(c"/proc/self/statm", flags, Mode::empty()).unwrap().into_raw_fd();
-        let id = file_id(fd).unwrap();
-        // SAFETY: `fd` is this test's own; the wrong identity leaves it open.
-        unsafe { close_psi(fd, id ^ 1) };
-        assert_eq!(file_id(fd), Some(id));
-        assert!(!psi_fired(fd, id ^ 1));
-        // SAFETY: as above; the right identity closes it.
-        unsafe { close_psi(fd, id) };
-        assert_eq!(file_id(fd), None);
-        assert!(!psi_fired(fd, id));
+    fn psi_totals() {
+        let file = b"some avg10=0.00 avg60=0.12 avg300=0.00 total=9805402\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=6517503\n";
+        assert_eq!(some_total(file), Some(9805402));
+        assert_eq!(some_total(b"full avg10=0.00 total=5\n"), None);
+        assert_eq!(some_total(b"some avg10=0.00\n"), None);
+        // Where the kernel has PSI, the system's file reads.
+        if std::path::Path::new("/proc/pressure/memory").exists() {
+            assert!(psi_some_total_us(&system_pressure_file()).is_some());
+        }
     }
 
     #[test]
