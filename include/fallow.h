@@ -148,7 +148,7 @@ int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
  * "memory_limit" (the soft memory limit: FALLOW_MEMORY_LIMIT_OFF, FALLOW_MEMORY_LIMIT_AUTO for the
  * cgroup's limit less a margin, or bytes, at least 4096; it never fails an allocation, it makes
  * free memory go back to the kernel at once once passed), "pressure" (1: watch memory pressure,
- * a PSI trigger or MemAvailable, and give idle free memory back while there is some).
+ * PSI memory stall or MemAvailable, and give idle free memory back while there is some).
  * Booleans are 0 or 1, sizes in bytes, orders as powers of two of 4 KiB. EINVAL, with a message
  * naming the setting and its accepted range, for an unknown name or a value out of range. */
 #define FALLOW_MEMORY_LIMIT_OFF  0u
