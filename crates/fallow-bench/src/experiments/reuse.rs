@@ -15,7 +15,9 @@
 //! the larger of two noisy medians, and with the machine's drift between rounds cancelled.
 //!
 //! Every measurement gets a fresh peer (a new fallow `Allocator`; the malloc-like libraries are
-//! process-wide and stay warm), built and checked untimed just before the loop and dropped after
+//! process-wide, and give their free memory back first, `Peer::return_free_memory`, so that every
+//! peer's loop runs on pages the kernel hands out anew: which physical pages back the block moves
+//! the rate by several per cent), built and checked untimed just before the loop and dropped after
 //! it, so that no fallow worker left from one measurement runs during the next and no peer gets
 //! idle time the others do not: between measurements there is only that setup, never a sleep.
 //! The peers of one size, mode and thread count run back to back, starting peer rotating per
@@ -157,6 +159,7 @@ const WARMUP_SEED: usize = 1000;
 /// One measurement of `kind` in configuration `c`: (calls, wall and CPU time).
 fn measure(kind: PeerKind, c: Config, duration: Duration) -> Result<(u64, Sample), String> {
     let peer = Peer::new(kind, Setup { working_set: c.size * c.threads * 2, thp: false })?;
+    peer.return_free_memory();
     check(&peer, c)?;
     // The window is the main thread's: it starts before the barrier releases the loops and ends
     // when the last has been joined, so that a loop the scheduler starts late is charged for it.
