@@ -101,9 +101,9 @@ impl StallWindow {
     /// Record the total read at `now_ns`; whether it makes an event.
     pub(crate) fn observe(&mut self, now_ns: u64, total_us: u64) -> bool {
         let oldest = (self.next + STALL_SAMPLES - self.len) % STALL_SAMPLES;
-        let kept = (0..self.len).map(|i| self.samples[(oldest + i) % STALL_SAMPLES]);
+        let mut kept = (0..self.len).map(|i| self.samples[(oldest + i) % STALL_SAMPLES]);
         // The oldest sample within the window, else the newest (older than the window).
-        let base = kept.clone().find(|&(t, _)| now_ns.saturating_sub(t) <= STALL_WINDOW_NS).or(kept.last());
+        let base = kept.clone().find(|&(t, _)| now_ns.saturating_sub(t) <= STALL_WINDOW_NS).or(kept.next_back());
         self.samples[self.next] = (now_ns, total_us);
         self.next = (self.next + 1) % STALL_SAMPLES;
         self.len = (self.len + 1).min(STALL_SAMPLES);
