@@ -64,7 +64,7 @@ impl Default for Config {
         Config {
             arena_size: 0,
             max_order: 18,
-            thp: false,
+            thp: true,
             backing: Backing::Anonymous,
             tunables: Tunables::default(),
             cache: true,

@@ -436,7 +436,7 @@ mod tests {
         assert!(w[1].contains("FALLOW_REPORT") && w[1].contains("default dontneed"));
         assert!(w[2].contains("FALLOW_REPORT_DELAY_MS") && w[2].contains("default 2000"));
         assert!(w[3].contains("FALLOW_ZEROING") && w[3].contains("default idle"));
-        assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 0"));
+        assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 1"));
         assert!(w[5].contains("FALLOW_ARENA_SIZE") && w[5].contains("default 0 (the machine's RAM)"), "{}", w[5]);
         assert!(w[6].contains("FALLOW_STATS"));
         let (_, w) = run(&[("FALLOW_THRESHOLD", "99999999999999999999g")]);
@@ -590,7 +590,7 @@ mod tests {
         assert!(w.len() == 1 && w[0].ends_with("using the default 67108864\n"), "{w:?}");
 
         // FALLOW_THP=1 over 1 MiB blocks: 2 MiB blocks, which the ranges then use.
-        let base = Config { max_order: 8, ..Config::default() };
+        let base = Config { max_order: 8, thp: false, ..Config::default() };
         let (s, w) = run_over(base, &[("FALLOW_THP", "1"), ("FALLOW_ARENA_SIZE", "3m")]);
         assert!(s.config.thp && s.config.max_order == 9 && s.config.arena_size == 4 << 20, "{:?}", s.config);
         assert!(w.len() == 1 && w[0].ends_with("; using 4194304\n"), "{w:?}");

@@ -92,6 +92,7 @@ fn memfd_backing_is_visible_through_the_descriptor() {
     let a = Allocator::new(Config {
         arena_size: 8 << 20,
         max_order: 8,
+        thp: false,
         backing: Backing::Memfd,
         ..Config::default()
     })

@@ -13,7 +13,7 @@ use fallow::{Allocator, Config, Error, Flags, PageState, Tunables};
 
 /// Workers off: these tests check exact states and counters, which the workers would change.
 fn cfg() -> Config {
-    Config { arena_size: 16 << 20, max_order: 8, tunables: Tunables::off(), ..Config::default() }
+    Config { arena_size: 16 << 20, max_order: 8, thp: false, tunables: Tunables::off(), ..Config::default() }
 }
 
 /// Everything free, nothing cached, every free page listed, invariants and page states true.
@@ -235,7 +235,7 @@ fn double_and_invalid_frees_of_cached_blocks_are_detected() {
 #[test]
 fn cached_blocks_keep_their_page_states_for_zero_requests() {
     // 1 MiB arena, no growth needed: 256 pages.
-    let a = Allocator::new(Config { arena_size: 1 << 20, max_order: 8, ..Config::default() }).unwrap();
+    let a = Allocator::new(Config { arena_size: 1 << 20, max_order: 8, thp: false, ..Config::default() }).unwrap();
     // Reported (never touched) blocks in the cache read zero: a ZERO hit skips the memset.
     let p = a.alloc(4096, 4096, Flags::ZERO).unwrap().as_ptr();
     let s = a.stats();

@@ -13,7 +13,7 @@ const THREADS: usize = 16;
 
 fn full_allocator() -> (Allocator, usize) {
     // Workers off: an allocation that finds nothing free would otherwise wait for isolated blocks.
-    let a = Allocator::new(Config { arena_size: ARENA, max_order: 8, tunables: Tunables::off(), ..Config::default() }).unwrap();
+    let a = Allocator::new(Config { arena_size: ARENA, max_order: 8, thp: false, tunables: Tunables::off(), ..Config::default() }).unwrap();
     let first = a.alloc(ARENA, 4096, Flags::NONE).unwrap().as_ptr() as usize;
     let s = a.stats();
     assert_eq!((s.arenas, s.free_pages()), (1, 0), "the first arena is not exactly full");

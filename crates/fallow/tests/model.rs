@@ -410,7 +410,7 @@ fn checkpoint(sh: &Shared) -> Result<(), String> {
 }
 
 fn run_threads(ops: &[Vec<MtOp>]) -> Result<(), String> {
-    let config = Config { arena_size: 16 << 20, max_order: 8, tunables: tunables(0), ..Config::default() };
+    let config = Config { arena_size: 16 << 20, max_order: 8, thp: false, tunables: tunables(0), ..Config::default() };
     let sh = Shared {
         a: Allocator::new(config).unwrap(),
         pool: Mutex::new(Vec::new()),

@@ -13,8 +13,10 @@ use fallow::{Allocator, Config, Error, Flags, MemoryLimit, PageState, ReportMode
 
 const PAGE: usize = 4096;
 
+/// 16 MiB blocks on 4 KiB pages (no huge pages: these tests count resident and reported pages one
+/// by one, below a huge page too).
 fn config(t: Tunables) -> Config {
-    Config { arena_size: 256 << 20, max_order: 12, tunables: t, ..Config::default() }
+    Config { arena_size: 256 << 20, max_order: 12, thp: false, tunables: t, ..Config::default() }
 }
 
 /// Reporting by the delay alone: no memory limit and no pressure signal, which would make the

@@ -21,6 +21,9 @@ pub struct Arena {
     pub max_order: u8,
     /// The memfd behind a shared arena, or -1.
     pub fd: i32,
+    /// Anonymous memory advised `MADV_HUGEPAGE`: the kernel may back each aligned 2 MiB unit
+    /// with one huge page at its first touch (`buddy/units.rs` keeps the page states true).
+    pub huge_units: bool,
     states: States,
     meta: *mut BlockMeta,
     states_len: usize,
@@ -130,11 +133,10 @@ impl Arena {
                 return Err(e);
             }
         };
-        if thp {
-            // Best effort: THP may be disabled system-wide.
-            // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
-            let _ = unsafe { os::madvise(base, len, os::Advice::HugePage) };
-        }
+        // Best effort: THP may be missing from the kernel. (A memfd's pages are shared memory,
+        // whose huge pages `shmem_enabled` governs, off by default: no units there.)
+        // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
+        let huge_units = thp && unsafe { os::madvise(base, len, os::Advice::HugePage) }.is_ok() && fd < 0;
         let states_len = round_up(npages, PAGE_SIZE);
         let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);
         let states = match os::reserve_aligned(states_len, PAGE_SIZE, None) {
@@ -170,6 +172,7 @@ impl Arena {
             npages: npages as u32,
             max_order,
             fd,
+            huge_units,
             // SAFETY: `states` is the state array just mapped for this arena's `npages` pages (one
             // zeroed byte each), unmapped only when the arena is dropped.
             states: unsafe { States::from_raw(states as *const AtomicU8, npages as u32) },

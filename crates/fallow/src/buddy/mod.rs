@@ -25,6 +25,7 @@ use crate::config::ORDERS;
 use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK, NIL};
 
 mod check;
+mod units;
 
 /// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
 /// records, state bytes); what it adds is the lists, which only this file changes: their heads
@@ -390,6 +391,7 @@ impl Buddy {
             let tail = self.free_outside(pfn, order, counts, (pfn, pfn + npages), t);
             counts = counts.minus(tail);
         }
+        let counts = self.settle_units(pfn, npages, counts);
         Taken { pfn, npages, counts }
     }
 
@@ -464,6 +466,7 @@ impl Buddy {
             let tail = self.free_outside(last, self.max_order, lc, (last, start), t);
             counts = counts.minus(tail);
         }
+        let counts = self.settle_units(run_start, npages, counts);
         Some(Taken { pfn: run_start, npages, counts })
     }
 
@@ -497,7 +500,7 @@ impl Buddy {
             let outside = self.free_outside(b, order, m.counts, keep, m.freed_at_ms);
             taken = taken.plus(m.counts.minus(outside));
         }
-        Some(taken)
+        Some(self.settle_units(start, end - start, taken))
     }
 
     /// The free listed block containing page `p`, as `(head pfn, order)`.

@@ -25,7 +25,7 @@ pub mod os {
 /// zero.rs).
 pub fn small() -> Allocator {
     let tunables = fallow::Tunables::off();
-    Allocator::new(Config { arena_size: 16 << 20, max_order: 8, tunables, ..Config::default() }).unwrap()
+    Allocator::new(Config { arena_size: 16 << 20, max_order: 8, thp: false, tunables, ..Config::default() }).unwrap()
 }
 
 /// Whether the `len` bytes at `ptr` are all zero.
