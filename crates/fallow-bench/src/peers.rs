@@ -30,7 +30,7 @@ pub enum PeerKind {
     FallowNozero,
     FallowNoreport,
     FallowNoworkers,
-    FallowThp,
+    Fallow4k,
 }
 
 impl PeerKind {
@@ -44,7 +44,7 @@ impl PeerKind {
         PeerKind::FallowNozero,
         PeerKind::FallowNoreport,
         PeerKind::FallowNoworkers,
-        PeerKind::FallowThp,
+        PeerKind::Fallow4k,
     ];
 
     /// The name on the command line and in tables.
@@ -59,7 +59,7 @@ impl PeerKind {
             PeerKind::FallowNozero => "fallow-nozero",
             PeerKind::FallowNoreport => "fallow-noreport",
             PeerKind::FallowNoworkers => "fallow-noworkers",
-            PeerKind::FallowThp => "fallow-thp",
+            PeerKind::Fallow4k => "fallow-4k",
         }
     }
 
@@ -71,7 +71,7 @@ impl PeerKind {
             | PeerKind::FallowNozero
             | PeerKind::FallowNoreport
             | PeerKind::FallowNoworkers
-            | PeerKind::FallowThp => "fallow",
+            | PeerKind::Fallow4k => "fallow",
             other => other.name(),
         }
     }
@@ -83,7 +83,7 @@ impl PeerKind {
             PeerKind::FallowNozero => "nozero",
             PeerKind::FallowNoreport => "noreport",
             PeerKind::FallowNoworkers => "noworkers",
-            PeerKind::FallowThp => "thp",
+            PeerKind::Fallow4k => "4k",
             _ => "default",
         }
     }
@@ -95,7 +95,7 @@ impl PeerKind {
             PeerKind::FallowNozero => Some(FallowVariant::NoZero),
             PeerKind::FallowNoreport => Some(FallowVariant::NoReport),
             PeerKind::FallowNoworkers => Some(FallowVariant::NoWorkers),
-            PeerKind::FallowThp => Some(FallowVariant::Thp),
+            PeerKind::Fallow4k => Some(FallowVariant::FourK),
             _ => None,
         }
     }
@@ -107,7 +107,7 @@ impl PeerKind {
     pub fn guest_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
             PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", "off"), ("FALLOW_PRESSURE", "off")],
-            PeerKind::FallowThp => &[("FALLOW_THP", "1")],
+            PeerKind::Fallow4k => &[("FALLOW_THP", "0")],
             _ => &[],
         }
     }
@@ -154,23 +154,23 @@ pub enum FallowVariant {
     NoReport,
     /// Both background workers off (no pre-zeroing, no reporting): fallow's allocation paths alone.
     NoWorkers,
-    /// Every default but the arenas on transparent huge pages (`Config::thp`, `FALLOW_THP=1`):
-    /// physically contiguous 2 MiB, where 4 KiB pages scatter a block over the caches' sets as
-    /// the kernel happens to hand them out.
-    Thp,
+    /// Every default but 4 KiB pages (`Config::thp` off, `FALLOW_THP=0`): blocks scattered over
+    /// the caches' sets as the kernel happens to hand pages out, where the default's huge pages
+    /// are physically contiguous per 2 MiB.
+    FourK,
 }
 
 /// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
 /// address space per arena and asks for huge pages or not.
 ///
 /// This is the one place where the variants differ in this process: `NoZero` turns pre-zeroing off, `NoReport`
-/// turns reporting off, `NoWorkers` turns both off (so that no background thread is started), `Thp` asks for huge pages.
+/// turns reporting off, `NoWorkers` turns both off (so that no background thread is started), `FourK` keeps 4 KiB pages.
 pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
     let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
     let t = config.tunables;
     match variant {
         FallowVariant::Default | FallowVariant::Delay => config,
-        FallowVariant::Thp => fallow::Config { thp: true, ..config },
+        FallowVariant::FourK => fallow::Config { thp: false, ..config },
         FallowVariant::NoZero => fallow::Config { tunables: fallow::Tunables { zeroing: false, ..t }, ..config },
         FallowVariant::NoReport => fallow::Config { tunables: fallow::Tunables { report: false, ..t }, ..config },
         FallowVariant::NoWorkers => {

@@ -81,7 +81,7 @@ impl Experiment {
     }
 
     /// The peers when `--allocators` is not given: every one but `fallow-delay` (which differs
-    /// from `fallow` under memory pressure only) and `fallow-thp` (a setting, not the default), but for exit the malloc-like libraries and the
+    /// from `fallow` under memory pressure only) and `fallow-4k` (a setting, not the default), but for exit the malloc-like libraries and the
     /// fallow variants that differ in their background workers, and for pressure the malloc-like
     /// libraries and fallow with and without the limit and the pressure signal.
     pub fn default_peers(self) -> Vec<PeerKind> {
@@ -101,7 +101,7 @@ impl Experiment {
                 PeerKind::FallowNozero,
                 PeerKind::FallowNoworkers,
             ],
-            _ => PeerKind::ALL.into_iter().filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::FallowThp)).collect(),
+            _ => PeerKind::ALL.into_iter().filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::Fallow4k)).collect(),
         }
     }
 
