@@ -36,7 +36,9 @@ pub struct Config {
     pub arena_size: usize,
     /// Largest block order: blocks go from 4 KiB (order 0) to 4 KiB << max_order. Default 18 (1 GiB).
     pub max_order: u8,
-    /// Ask for transparent huge pages (`MADV_HUGEPAGE`) on the arenas.
+    /// Ask for transparent huge pages (`MADV_HUGEPAGE`) on the arenas (default on; needs
+    /// `max_order` and `report_order` >= 9). A 2 MiB unit a block uses is then resident whole;
+    /// the page states stay true (docs/design.md, "Huge-page units").
     pub thp: bool,
     pub backing: Backing,
     /// Free page reporting and background pre-zeroing (changeable at run time with
