@@ -161,12 +161,15 @@ pub enum FallowVariant {
 }
 
 /// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
-/// address space per arena and asks for huge pages or not.
+/// address space per arena. `all_huge` (pin's `--thp`: huge pages for every peer) turns
+/// `Config::thp` on; otherwise a variant keeps fallow's default, as a user gets it (huge pages
+/// on), but `FourK`.
 ///
 /// This is the one place where the variants differ in this process: `NoZero` turns pre-zeroing off, `NoReport`
 /// turns reporting off, `NoWorkers` turns both off (so that no background thread is started), `FourK` keeps 4 KiB pages.
-pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fallow::Config {
-    let config = fallow::Config { arena_size, thp, ..fallow::Config::default() };
+pub fn fallow_config(variant: FallowVariant, arena_size: usize, all_huge: bool) -> fallow::Config {
+    let default = fallow::Config::default();
+    let config = fallow::Config { arena_size, thp: all_huge || default.thp, ..default };
     let t = config.tunables;
     match variant {
         FallowVariant::Default | FallowVariant::Delay => config,
@@ -184,6 +187,9 @@ pub fn fallow_config(variant: FallowVariant, arena_size: usize, thp: bool) -> fa
 pub struct Setup {
     /// The largest total the experiment holds at once, in bytes.
     pub working_set: usize,
+    /// Huge pages for every peer (pin's `--thp`): the malloc-like peers advise their large
+    /// blocks `MADV_HUGEPAGE`, every fallow variant but `fallow-4k` has `Config::thp`. Without it each
+    /// peer runs as its users get it: fallow on huge pages (its default) but `fallow-4k`.
     pub thp: bool,
 }
 
@@ -504,6 +510,19 @@ pub fn versions() -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fallow_peers_run_as_users_get_them() {
+        let default = fallow::Config::default();
+        for kind in PeerKind::ALL {
+            let Some(v) = kind.fallow_variant() else { continue };
+            let four_k = kind == PeerKind::Fallow4k;
+            // Without `--thp`, the page size a user of the variant gets; with it, huge pages.
+            assert_eq!(fallow_config(v, 1 << 30, false).thp, default.thp && !four_k, "{}", kind.name());
+            assert_eq!(fallow_config(v, 1 << 30, true).thp, !four_k, "{}", kind.name());
+        }
+        assert!(default.thp, "the default is huge pages");
+    }
 
     #[test]
     fn every_peer_allocates_zeroes_grows_and_frees() {

@@ -13,6 +13,8 @@
 //!            zeroed_reserve once any ZERO request was made, else 0 (and at least
 //!            populated_reserve).
 //!     zeroed free >= target        -> NAP 1 s if dirty blocks remain (demand may grow), else IDLE
+//!     no dirty block, but frees since the last look that found none (a hot loop takes its
+//!     block back at once)          -> NAP zero_delay instead of IDLE (see `run`)
 //!     a dirty block free for >= zero_delay (and < report_delay while reporting is on)
 //!                                  -> ISOLATE one chunk of it (the half holding dirty pages at
 //!                                     each split), unlock, ZERO its Dirty/LazyFree pages with
@@ -80,13 +82,27 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
     // runs only on idle CPU time).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
+    // The free count at the last look that found no dirty block.
+    let mut last_idle_frees = None;
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.
         s.wait_for_idle_cpu(&s.zeroer, gate, u64::MAX);
         match zero_one_chunk(s, &mut d) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
-            Next::Idle(seen_frees) => s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees),
+            Next::Idle(seen_frees) => {
+                if last_idle_frees.replace(seen_frees).is_some_and(|f| f != seen_frees) {
+                    // Frees since the last look, yet no dirty block: the program frees and
+                    // takes its block back at once (a hot loop). Woken by its next free, this
+                    // thread would look again at every free, for nothing (a block must stay
+                    // free `zero_delay` first) and at the cost of the lock the program takes.
+                    // Look again after `zero_delay`, whatever the frees meanwhile.
+                    let delay_ms = s.heap.lock().tunables.zero_delay_ms.max(1);
+                    s.zeroer.nap(delay_ms as u64 * 1_000_000);
+                } else {
+                    s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees);
+                }
+            }
         }
     }
 }

@@ -151,6 +151,34 @@ fn a_block_freed_less_than_zero_delay_ago_is_left_alone() {
     a.check_invariants().unwrap();
 }
 
+#[test]
+fn a_hot_loop_does_not_wake_the_worker_at_every_free() {
+    // Blocks above the caches' orders, freed and taken back at once on the locked path: none
+    // stays free `zero_delay`, so the worker has nothing to do, and must not look at every free
+    // (each look takes the lock the loop needs). It looks at most about once per `zero_delay`.
+    let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
+    ask_for_zeroed_memory(&a);
+    let delay_ms = a.tunables().zero_delay_ms as u64;
+    let before = a.stats().zero_scans;
+    let t0 = Instant::now();
+    let mut pairs = 0;
+    // Long enough for many looks at every free (a loop bound, not a timing asserted).
+    while t0.elapsed() < Duration::from_millis(300) {
+        let len = (3 << 20) + (pairs % 7) * PAGE;
+        let p = a.alloc(len, PAGE, Flags::NONE).unwrap();
+        // Written whole, as a program would: the block is live most of the time.
+        // SAFETY: `p` is a live block of `len` bytes, this thread's alone.
+        unsafe { p.as_ptr().write_bytes(1, len) };
+        a.free(p.as_ptr()).unwrap();
+        pairs += 1;
+    }
+    let elapsed_ms = t0.elapsed().as_millis() as u64;
+    let scans = a.stats().zero_scans - before;
+    let bound = 5 + 2 * elapsed_ms / delay_ms;
+    assert!(scans <= bound, "{scans} looks in {elapsed_ms} ms of {pairs} pairs (at most {bound}: one per {delay_ms} ms)");
+    a.check_invariants().unwrap();
+}
+
 /// A `ZERO` request small enough for the CPU cache takes the dirty block the program has just
 /// freed (hot) over a block the worker zeroed earlier (cold); a larger one takes the zeroed block.
 fn zero_request_takes(len: usize) -> (bool, bool) {
