@@ -26,9 +26,9 @@ fn all_returned(a: &Allocator) {
     assert_eq!(s.free_pages() * 4096, s.reserved_bytes);
     let listed: u64 = (0..3).map(|c| s.free_blocks[c].iter().enumerate().map(|(o, n)| n << o).sum::<u64>()).sum();
     assert_eq!(listed, s.free_pages());
-    // With nothing live and nothing cached, every block merges back to the top order.
-    let top: u64 = (0..3).map(|c| s.free_blocks[c][a.config().max_order as usize]).sum();
-    assert_eq!(top * a.max_block() as u64, s.reserved_bytes, "{s}");
+    // With nothing live and nothing cached, every block merges back to the top order (but for
+    // the last dirty run freed on the locked path, listed unmerged: buddy/deferred.rs).
+    assert!(merged_to_top(&s, a.config().max_order), "{s}");
     a.check_invariants().unwrap();
     // SAFETY: every caller in this file has joined each other thread that used `a` first (a drainer, if any,
     // only requests drains), so no thread allocates from `a` meanwhile.

@@ -50,7 +50,7 @@ impl Buddy {
                     }
                     if order < self.max_order {
                         let b = self.meta(p ^ size).get();
-                        if b.tag == Tag::Free && b.order == order {
+                        if b.tag == Tag::Free && b.order == order && !self.is_unmerged_pair(p, order) {
                             return Err(format!("free buddies {p} and {} not merged", p ^ size));
                         }
                     }

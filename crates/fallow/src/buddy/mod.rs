@@ -5,7 +5,9 @@
 //! - A free block of order k starts at a pfn that is a multiple of 2^k, its first page has
 //!   `Tag::Free` and `order == k`, and it is on exactly one list: `heads[class][k]`, where `class`
 //!   is derived from its `counts`, and `counts` equals what its pages' state bytes say.
-//! - Two free buddies of the same order never both sit on lists: freeing merges them.
+//! - Two free buddies of the same order never both sit on lists: freeing merges them. The one
+//!   exception is the arena's unmerged block and its buddy (`deferred.rs`: the last dirty run
+//!   freed, listed whole for the next take of its order).
 //! - An isolated block (`Tag::Isolated`) is on no list and is never merged until it is returned.
 //! - Half records: for every free or isolated block, and every aligned sub-block S of it whose pages
 //!   are not all in one state, `meta(S.start + |S|/2).counts` holds the counts of S's upper half.
@@ -25,6 +27,7 @@ use crate::config::ORDERS;
 use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK, NIL};
 
 mod check;
+mod deferred;
 mod units;
 
 /// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
@@ -43,6 +46,8 @@ pub(crate) struct Buddy {
     /// to the end of the arena have never been touched, so they are address space only, not
     /// memory given back to the kernel (they are `Reported` and free, as a fresh arena's are).
     used_end: u32,
+    /// The block listed without merging with its buddy, `(pfn, order)` (`deferred.rs`).
+    unmerged: Option<(u32, u8)>,
 }
 
 /// Counters of the free blocks on an arena's lists.
@@ -137,6 +142,7 @@ impl Buddy {
             nonempty: [0; CLASSES],
             listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
             used_end: 0,
+            unmerged: None,
         };
         let top = 1u32 << b.max_order;
         let mut pfn = b.npages;
@@ -350,6 +356,7 @@ impl Buddy {
     /// cost less than writing a zeroed block that the worker's non-temporal stores left in DRAM.
     pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: [Class; 3], hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
+        self.merge_deferred_below(order);
         if let Some(since) = hot_since {
             if let Some(pfn) = self.first_fit(Class::Dirty, order).filter(|&p| self.meta(p).freed_at_ms() >= since) {
                 // Split as a plain request would: keep the dirty (hot) halves.
@@ -388,8 +395,14 @@ impl Buddy {
             self.split_down(pfn, m.order, m.counts, order, t, |low, high, half| score(high, half) > score(low, half));
         let size = 1u32 << order;
         if npages < size {
-            let tail = self.free_outside(pfn, order, counts, (pfn, pfn + npages), t);
-            counts = counts.minus(tail);
+            if let Some(s) = counts.uniform_state(size) {
+                // One state: the tail's pieces in one pass (no descent, no half records).
+                self.free_range(pfn + npages, size - npages, s, t);
+                counts = StateCounts::uniform(s, npages);
+            } else {
+                let tail = self.free_outside(pfn, order, counts, (pfn, pfn + npages), t);
+                counts = counts.minus(tail);
+            }
         }
         let counts = self.settle_units(pfn, npages, counts);
         Taken { pfn, npages, counts }
@@ -427,6 +440,7 @@ impl Buddy {
     /// Take `npages` pages (more than the largest block) as the first run of adjacent free
     /// top-level blocks long enough.
     pub fn take_run(&mut self, npages: u32) -> Option<Taken> {
+        self.merge_deferred_below(self.max_order + 1);
         let top = 1u32 << self.max_order;
         let need = npages.div_ceil(top);
         let mut run_start = 0u32;
@@ -534,7 +548,9 @@ impl Buddy {
         let w = m.word();
         m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
         self.set_states(pfn, npages, state);
-        self.free_range(pfn, npages, state, now_ms);
+        if !(state == PageState::Dirty && self.free_run_deferred(pfn, npages, now_ms)) {
+            self.free_range(pfn, npages, state, now_ms);
+        }
         slack
     }
 

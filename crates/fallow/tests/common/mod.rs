@@ -19,6 +19,18 @@ pub mod os {
     }
 }
 
+/// Whether every free block of `s` (an allocator with nothing live or cached) is of the top
+/// order `max_order`, but for at most one deferred merge per arena (buddy/deferred.rs: the last
+/// dirty run freed is listed whole without merging with its buddy, so that its top-level block
+/// is listed as two blocks of its order and one of each order above it: exactly one top-level
+/// block's pages).
+pub fn merged_to_top(s: &fallow::Stats, max_order: u8) -> bool {
+    let top = 1u64 << max_order;
+    let below: u64 = (0..3).map(|c| s.free_blocks[c][..max_order as usize].iter().enumerate().map(|(o, n)| n << o).sum::<u64>()).sum();
+    let listed: u64 = (0..3).map(|c| s.free_blocks[c].iter().enumerate().map(|(o, n)| n << o).sum::<u64>()).sum();
+    below.is_multiple_of(top) && below / top <= s.arenas && listed == s.free_pages()
+}
+
 /// A small allocator: 1 MiB blocks, 16 MiB arenas (so that growth is exercised too). The
 /// background workers are off: these tests assert exact page states and zeroing counters, which
 /// the zeroing and reporting workers would change under them (their own tests are report.rs and
