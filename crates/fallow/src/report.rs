@@ -233,6 +233,12 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
         s.squeezed.store(false, core::sync::atomic::Ordering::Relaxed);
         return Next::Idle(seen_frees, false);
     }
+    // A run freed last and left alone merges now (buddy/deferred.rs), so that its block goes
+    // back whole; one the program keeps taking back within `zero_delay` stays as it is.
+    let left_since = now.saturating_sub(t.zero_delay_ms.min(t.report_delay_ms));
+    for ai in 0..h.narenas {
+        h.arenas[ai].as_mut().unwrap().merge_deferred_idle(left_since);
+    }
     let sq = watch.squeeze(s, &mut h);
     let mut excess = sq.excess_pages;
     let mode = t.effective_mode(s.config.backing);

@@ -5,6 +5,8 @@
 //! calls changes the lists.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
 use fallow::{Allocator, Config, Error, Flags, Tunables};
 
 const PAGE: usize = 4096;
@@ -87,5 +89,22 @@ fn blocks_beside_the_unmerged_one_merge_with_it() {
     let whole = take(&a, 64 * MIB, false, 4);
     assert_eq!(whole, x);
     a.free(whole).unwrap();
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_run_freed_last_and_left_alone_goes_back_whole() {
+    // Caches off, so that a 1 MiB block (order 8, below `report_order` 9) takes the locked path
+    // and is left unmerged beside its buddy when freed. Left alone, it must merge so that its
+    // 2 MiB block is reported with the rest: every free page ends up `Reported`.
+    let t = Tunables { report: true, zeroing: false, report_delay_ms: 50, zero_delay_ms: 20, ..Tunables::default() };
+    let c = Config { arena_size: 16 * MIB, max_order: 12, thp: false, cache: false, tunables: t, ..Config::default() };
+    let a = Allocator::new(c).unwrap();
+    let p = take(&a, MIB, false, 5);
+    a.free(p).unwrap();
+    common::wait_for("every free page reported", || {
+        let s = a.stats();
+        s.free_reported_pages == s.free_pages()
+    });
     a.check_invariants().unwrap();
 }

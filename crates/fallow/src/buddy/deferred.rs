@@ -19,7 +19,8 @@
 //! unmerged block and its buddy may both be listed free of the same order. It merges as any
 //! block does (`merge_deferred`) before another is left unmerged, and before a take of a larger
 //! order or of a run of top-level blocks looks for one, so that no request ever misses memory
-//! that merging would have given it. Taken, split, isolated by a worker or merged by a
+//! that merging would have given it, and when the reporter finds it free for `zero_delay`
+//! (`merge_deferred_idle`: the program did not take it back at once). Taken, split, isolated by a worker or merged by a
 //! neighbour's free meanwhile, it is simply no longer the listed block of its order at its place,
 //! and the record is dropped. `B` is wholly dirty, so it needs no half records.
 
@@ -68,6 +69,18 @@ impl Buddy {
         let m = self.meta(pfn).get();
         self.unlink_read(pfn, &m);
         self.free_block(pfn, k, m.counts, m.freed_at_ms);
+    }
+
+    /// The reporter's pass: merge the unmerged block if it has stayed free since `before_ms` or
+    /// longer (the program did not take it back at once), so that a run freed last and then
+    /// left alone merges into the blocks that go back to the kernel. (Below `report_order`, an
+    /// unmerged pair would otherwise hold back its top-level block's part for good.)
+    pub(crate) fn merge_deferred_idle(&mut self, before_ms: u32) {
+        if let Some((pfn, _)) = self.unmerged {
+            if self.meta(pfn).freed_at_ms() <= before_ms {
+                self.merge_deferred();
+            }
+        }
     }
 
     /// Before a take of `order` looks for a block: merge the unmerged block if it is of a
