@@ -91,14 +91,19 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
             Next::Idle(seen_frees) => {
-                if last_idle_frees.replace(seen_frees).is_some_and(|f| f != seen_frees) {
+                // Zeroing on: the delay to nap; off, frees do not wake this thread (idle).
+                let delay_ms = {
+                    let t = s.heap.lock().tunables;
+                    t.zeroing.then_some(t.zero_delay_ms.max(1))
+                };
+                let hot_loop = last_idle_frees.replace(seen_frees).is_some_and(|f| f != seen_frees);
+                if let (true, Some(ms)) = (hot_loop, delay_ms) {
                     // Frees since the last look, yet no dirty block: the program frees and
                     // takes its block back at once (a hot loop). Woken by its next free, this
                     // thread would look again at every free, for nothing (a block must stay
                     // free `zero_delay` first) and at the cost of the lock the program takes.
                     // Look again after `zero_delay`, whatever the frees meanwhile.
-                    let delay_ms = s.heap.lock().tunables.zero_delay_ms.max(1);
-                    s.zeroer.nap(delay_ms as u64 * 1_000_000);
+                    s.zeroer.nap(ms as u64 * 1_000_000);
                 } else {
                     s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees);
                 }
