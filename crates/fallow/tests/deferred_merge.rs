@@ -108,3 +108,31 @@ fn a_run_freed_last_and_left_alone_goes_back_whole() {
     });
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn a_run_whose_tail_was_never_written_is_left_unmerged_with_its_half_records() {
+    for thp in [false, true] {
+        let c = Config { arena_size: 16 * MIB, max_order: 12, thp, tunables: Tunables::off(), ..Config::default() };
+        let a = Allocator::new(c).unwrap();
+        // 3 MiB and a page (order 10): the rest of the 4 MiB block is never written, so it stays
+        // `Reported` (4 KiB pages) or `Zeroed` (huge pages: the part of the unit the run shares).
+        // The free leaves the block unmerged all the same, a mixed block whose half records
+        // `check_invariants` reads against its state bytes.
+        let p = take(&a, 3 * MIB + PAGE, false, 7);
+        a.free(p).unwrap();
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        let at = |order: usize| (0..3).map(|c| s.free_blocks[c][order]).sum::<u64>();
+        assert_eq!((at(10), at(11), at(12)), (2, 1, 0), "thp {thp}: a block with an unwritten tail was merged");
+        // Taken back in place for a `ZERO` request: the written part is cleared, the rest reads
+        // zero as it is (`take` checks every byte).
+        let q = take(&a, 4 * MIB, true, 3);
+        assert_eq!(q, p, "thp {thp}: the unmerged block was not reused");
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+        let whole = take(&a, 16 * MIB, true, 9);
+        assert_eq!(whole, p, "thp {thp}: the whole arena was not served from the merged blocks");
+        a.free(whole).unwrap();
+        a.check_invariants().unwrap();
+    }
+}

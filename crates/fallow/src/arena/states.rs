@@ -103,19 +103,40 @@ impl States {
         StateCounts { zeroed: z, reported: r, lazy: l }
     }
 
-    /// Visit the maximal runs of equal state in `[pfn, pfn + n)`: `f(start, len, state)`.
+    /// Visit the maximal runs of equal state in `[pfn, pfn + n)`: `f(start, len, state)`. A run
+    /// is measured eight state bytes at a time (`run_end`): a `ZERO` request of 8 MiB walks its
+    /// 2,048 bytes in some 256 loads, where a byte at a time cost more than a tenth of the
+    /// request's own work outside its memset.
     pub fn for_each_run(self, pfn: u32, n: u32, mut f: impl FnMut(u32, u32, PageState)) {
+        self.check(pfn, n);
         let end = pfn + n;
         let mut start = pfn;
         while start < end {
             let s = self.get(start);
-            let mut p = start + 1;
-            while p < end && self.get(p) == s {
-                p += 1;
-            }
+            let p = self.run_end(start + 1, end, s);
             f(start, p - start, s);
             start = p;
         }
+    }
+
+    /// The first page of `[p, end)` (inside the arena) whose state is not `s`, or `end`.
+    #[inline]
+    fn run_end(self, mut p: u32, end: u32, s: PageState) -> u32 {
+        let pattern = s as u64 * 0x0101_0101_0101_0101;
+        while end - p >= 8 {
+            // SAFETY: `p + 8 <= end`, inside the arena (the caller's range, checked by
+            // `for_each_run`).
+            let diff = unsafe { bytewise::load8(self.p.add(p as usize)) } ^ pattern;
+            if diff != 0 {
+                // The first byte of another state: the lowest non-zero byte (little-endian).
+                return p + diff.trailing_zeros() / 8;
+            }
+            p += 8;
+        }
+        while p < end && self.get(p) == s {
+            p += 1;
+        }
+        p
     }
 }
 
@@ -361,6 +382,40 @@ mod tests {
                 unsafe { fill_block(bytes.as_ptr().add(start as usize), n, PageState::Dirty) };
                 check(start, n, "fill_block");
             }
+        }
+    }
+
+    #[test]
+    fn for_each_run_finds_the_runs_a_byte_by_byte_walk_finds() {
+        let bytes: Vec<AtomicU8> = (0..300u32).map(|_| AtomicU8::new(0)).collect();
+        // SAFETY: `bytes` holds 300 state bytes and outlives `states`.
+        let states = unsafe { States::from_raw(bytes.as_ptr(), 300) };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..300 {
+            // Runs of random lengths (1 to 40 bytes) of random free states.
+            let mut i = 0;
+            while i < bytes.len() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let len = 1 + (x >> 32) as usize % 40;
+                for b in bytes.iter().skip(i).take(len) {
+                    b.store((x % 4) as u8, Ordering::Relaxed);
+                }
+                i += len;
+            }
+            let (start, n) = ((x >> 8) as u32 % 150, (x >> 24) as u32 % 150);
+            let mut want = Vec::new();
+            for p in start..start + n {
+                let s = PageState::from_byte(bytes[p as usize].load(Ordering::Relaxed));
+                match want.last_mut() {
+                    Some((_, len, last)) if *last == s => *len += 1,
+                    _ => want.push((p, 1, s)),
+                }
+            }
+            let mut got = Vec::new();
+            states.for_each_run(start, n, |p, len, s| got.push((p, len, s)));
+            assert_eq!(got, want, "round {round}: {start}+{n}");
         }
     }
 

@@ -10,8 +10,9 @@
 //! soon").
 //!
 //! Here, when a dirty run that starts its aligned block `B` of order k is freed and the rest of
-//! `B` is listed, dirty, as the pieces the take left, those pieces are unlinked and `B` is listed
-//! whole, dirty, of order k, without merging it with its buddy: the arena's one unmerged block
+//! `B` is listed as the pieces the take left (in any states: a tail the program never reaches
+//! stays `Zeroed` or `Reported`), those pieces are unlinked and `B` is listed whole, of order k,
+//! with the half records a merge would have written, without merging it with its buddy: the arena's one unmerged block
 //! (`Buddy::unmerged`). The next take of order k finds it at the head of its list and splits
 //! nothing above it. About 12 list operations a pair.
 //!
@@ -22,15 +23,15 @@
 //! that merging would have given it, and when the reporter finds it free for `zero_delay`
 //! (`merge_deferred_idle`: the program did not take it back at once). Taken, split, isolated by a worker or merged by a
 //! neighbour's free meanwhile, it is simply no longer the listed block of its order at its place,
-//! and the record is dropped. `B` is wholly dirty, so it needs no half records.
+//! and the record is dropped.
 
 use super::{for_each_piece, Buddy};
 use crate::page::{PageState, StateCounts};
 
 impl Buddy {
     /// `release_live`'s free of the run `[pfn, pfn + n)`, whose pages are now `Dirty`, when the
-    /// rest of its aligned block is listed dirty (see the top): lists the block whole, unmerged.
-    /// `false`: nothing done, the caller frees the run as usual.
+    /// rest of its aligned block is listed as the pieces the take left (see the top): lists the
+    /// block whole, unmerged. `false`: nothing done, the caller frees the run as usual.
     pub(super) fn free_run_deferred(&mut self, pfn: u32, n: u32, t: u32) -> bool {
         let k = n.next_power_of_two().trailing_zeros() as u8;
         let size = 1u32 << k;
@@ -38,16 +39,20 @@ impl Buddy {
             return false;
         }
         // The rest of the block: each of its largest aligned pieces a listed block of exactly
-        // that piece, every page dirty. (A free block holding a piece lies inside the block:
-        // aligned blocks nest, and the run is live.)
-        let mut whole = true;
+        // that piece. (A free block holding a piece lies inside the block: aligned blocks nest,
+        // and the run is live.)
+        let (mut whole, mut rest) = (true, StateCounts::default());
         for_each_piece(pfn + n, size - n, k, |p, o| {
             let m = self.meta(p);
-            whole &= m.is_free_of_order(o) && m.counts() == StateCounts::default();
+            whole &= m.is_free_of_order(o);
+            rest = rest.plus(m.counts());
         });
         if !whole {
             return false;
         }
+        // A block not wholly dirty needs its half records (the module header of `buddy`): the
+        // pieces keep theirs, the sub-blocks across the run's end get theirs here.
+        let counts = if rest == StateCounts::default() { rest } else { self.join_records(pfn, k, pfn + n) };
         let mut t = t;
         for_each_piece(pfn + n, size - n, k, |p, _| {
             let m = self.meta(p).get();
@@ -55,9 +60,30 @@ impl Buddy {
             self.unlink_read(p, &m);
         });
         self.merge_deferred();
-        self.push_free(pfn, k, StateCounts::uniform(PageState::Dirty, size), t);
+        self.push_free(pfn, k, counts, t);
         self.unmerged = Some((pfn, k));
         true
+    }
+
+    /// The counts of the aligned block `(q, j)` whose pages below `edge` are the dirty run and
+    /// whose pages from `edge` on are the listed pieces of `free_run_deferred`, writing the half
+    /// record of each sub-block that crosses `edge`, as merging the pieces would. One descent
+    /// along `edge`, O(j), the tiling `for_each_piece` and `free_outside` make: a sub-block
+    /// wholly past `edge` is one piece, whose record holds its counts and whose own half records
+    /// are in place.
+    fn join_records(&mut self, q: u32, j: u8, edge: u32) -> StateCounts {
+        let size = 1u32 << j;
+        if q + size <= edge {
+            return StateCounts::uniform(PageState::Dirty, size);
+        }
+        if q >= edge {
+            return self.meta(q).counts();
+        }
+        let half = size / 2;
+        let high = self.join_records(q + half, j - 1, edge);
+        let low = self.join_records(q, j - 1, edge);
+        self.meta(q + half).set_counts(high);
+        low.plus(high)
     }
 
     /// Merge the unmerged block, if it is still the listed block of its order at its place.
