@@ -13,9 +13,8 @@
 //! `B` is listed as the pieces the take left (in any states: a tail the program never reaches
 //! stays `Zeroed` or `Reported`), those pieces are unlinked and `B` is listed whole, of order k,
 //! with the half records a merge would have written, without merging it with its buddy: the
-//! arena's one unmerged block
-//! (`Buddy::unmerged`). The next take of order k finds it at the head of its list and splits
-//! nothing above it. About 12 list operations a pair.
+//! arena's one unmerged block (`Buddy::unmerged`). The next take of order k finds it at the head
+//! of its list and splits nothing above it. About 12 list operations a pair.
 //!
 //! Invariant (relaxing "two free buddies of the same order never both sit on lists"): only the
 //! unmerged block and its buddy may both be listed free of the same order. It merges as any
