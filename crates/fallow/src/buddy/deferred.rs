@@ -33,8 +33,8 @@ impl Buddy {
     /// rest of its aligned block is listed as the pieces the take left (see the top): lists the
     /// block whole, unmerged. `false`: nothing done, the caller frees the run as usual.
     pub(super) fn free_run_deferred(&mut self, pfn: u32, n: u32, t: u32) -> bool {
-        let k = n.next_power_of_two().trailing_zeros() as u8;
-        let size = 1u32 << k;
+        let Some(size) = n.checked_next_power_of_two() else { return false };
+        let k = size.trailing_zeros() as u8;
         if k > self.max_order || pfn & (size - 1) != 0 {
             return false;
         }
@@ -50,9 +50,13 @@ impl Buddy {
         if !whole {
             return false;
         }
-        // A block not wholly dirty needs its half records (the module header of `buddy`): the
-        // pieces keep theirs, the sub-blocks across the run's end get theirs here.
-        let counts = if rest == StateCounts::default() { rest } else { self.join_records(pfn, k, pfn + n) };
+        // The run is dirty, so the block's counts are the rest's. A block not wholly dirty needs
+        // its half records (the module header of `buddy`): the pieces keep theirs, the sub-blocks
+        // across the run's end get theirs here.
+        if rest != StateCounts::default() {
+            let joined = self.join_records(pfn, k, pfn + n);
+            debug_assert_eq!(joined, rest);
+        }
         let mut t = t;
         for_each_piece(pfn + n, size - n, k, |p, _| {
             let m = self.meta(p).get();
@@ -60,7 +64,7 @@ impl Buddy {
             self.unlink_read(p, &m);
         });
         self.merge_deferred();
-        self.push_free(pfn, k, counts, t);
+        self.push_free(pfn, k, rest, t);
         self.unmerged = Some((pfn, k));
         true
     }
