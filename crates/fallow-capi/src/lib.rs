@@ -93,7 +93,7 @@ impl FallowCacheConfig {
             _ => return Err(fail(libc::EINVAL, format_args!("bad setting cache: must be 0 or 1"))),
         };
         config.cache_max_order = u8::try_from(self.max_order)
-            .map_err(|_| fail(libc::EINVAL, format_args!("bad setting cache_max_order: must be between 0 and 9")))?;
+            .map_err(|_| fail(libc::EINVAL, format_args!("bad setting cache_max_order: must be between 0 and 11")))?;
         config.cache_batch_pages = self.batch_pages;
         config.cache_high_pages = self.high_pages;
         Ok(())

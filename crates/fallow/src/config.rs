@@ -9,9 +9,14 @@ use crate::error::Error;
 pub const MAX_ORDER_LIMIT: u8 = 30;
 /// Orders of free lists an arena keeps (`0..=MAX_ORDER_LIMIT`).
 pub const ORDERS: usize = MAX_ORDER_LIMIT as usize + 1;
-/// Largest order a per-thread cache may serve (2 MiB blocks): a mixed cached block's counts are
-/// `u16`s (cache/).
-pub const CACHE_ORDER_LIMIT: u8 = 9;
+/// Largest order a per-thread cache may serve (8 MiB blocks). A cache keeps whole blocks, a
+/// request's pages past its size as slack (up to half the block), so larger blocks are left to
+/// the locked path, which gives the tail back.
+pub const CACHE_ORDER_LIMIT: u8 = 11;
+/// Orders up to this (2 MiB) are cached only in stacks under the high mark; an order above it is
+/// cached when every order up to it is, with room for one block beyond the high mark unless it
+/// fits in half of it (cache/mod.rs, "Design").
+pub(crate) const CACHE_STACKED_ORDER_MAX: u8 = 9;
 /// Fewest and most pages a per-thread cache may hold (`Config::cache_high_pages`): two blocks of
 /// one page at least, 256 MiB at most.
 pub const CACHE_HIGH_PAGES_MIN: u32 = 2;
@@ -47,8 +52,11 @@ pub struct Config {
     /// Per-thread page caches (`cache/`, seed 002): blocks of orders `0..=cache_max_order` are
     /// served and taken back without the lock. Default on.
     pub cache: bool,
-    /// Largest cached order (0..=9). Default 9 (2 MiB), as Linux's per-CPU lists with THP.
-    /// Only orders whose block fits in half of `cache_high_pages` are cached.
+    /// Largest cached order (0..=11). Default 11 (8 MiB): a thread that frees a large block and
+    /// asks for one again at once reuses it without the lock, as glibc's per-thread arenas do
+    /// (docs/design.md, "Per-thread caches"). Orders up to 9 are cached only if their block fits
+    /// in half of `cache_high_pages`; orders 10 and 11 only if order 9 is, one block each beyond
+    /// the high mark (unless they fit in half of it too).
     pub cache_max_order: u8,
     /// Pages moved per refill under one hold of the lock, per order (`>> order` blocks, at least
     /// one). Default 64 (Linux uses 63): a refill of a small order then takes one aligned group of
@@ -56,8 +64,9 @@ pub struct Config {
     /// docs/design.md, "Per-thread caches", for the measurement).
     pub cache_batch_pages: u32,
     /// The high mark: most pages one thread may hold, over all orders, in one allocator's cache
-    /// (and at most 256 blocks per order). A free that would pass it first drains the cache to
-    /// half of it. Default 1024 (4 MiB per thread; see docs/design.md for the measurement).
+    /// (and at most 256 blocks per order), plus one block of each cached order above half of it.
+    /// A free that would pass it first drains the cache to half of it. Default 1024 (4 MiB per
+    /// thread, 16 MiB with one 4 MiB and one 8 MiB block; see docs/design.md).
     pub cache_high_pages: u32,
 }
 
@@ -70,7 +79,7 @@ impl Default for Config {
             backing: Backing::Anonymous,
             tunables: Tunables::default(),
             cache: true,
-            cache_max_order: 9,
+            cache_max_order: 11,
             cache_batch_pages: 64,
             cache_high_pages: 1024,
         }
@@ -92,7 +101,7 @@ impl Config {
             });
         }
         if self.cache_max_order > CACHE_ORDER_LIMIT {
-            return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 9 (4 KiB to 2 MiB)" });
+            return Err(Error::Config { setting: "cache_max_order", message: "must be between 0 and 11 (4 KiB to 8 MiB)" });
         }
         if !(CACHE_HIGH_PAGES_MIN..=CACHE_HIGH_PAGES_MAX).contains(&self.cache_high_pages) {
             return Err(Error::Config { setting: "cache_high_pages", message: "must be between 2 and 65536" });

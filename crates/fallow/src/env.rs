@@ -19,7 +19,7 @@
 //!   `FALLOW_MEMORY_LIMIT` at least one page (4096 bytes);
 //! - `FALLOW_REPORT=dontneed` or `free` with the memfd backing, which neither frees: the default;
 //! - a cache setting out of the range `Config::validate` accepts: the nearest value in range
-//!   (`FALLOW_CACHE_MAX_ORDER` 0 to 9, `FALLOW_CACHE_HIGH_PAGES` 2 to 65536,
+//!   (`FALLOW_CACHE_MAX_ORDER` 0 to 11, `FALLOW_CACHE_HIGH_PAGES` 2 to 65536,
 //!   `FALLOW_CACHE_BATCH_PAGES` 1 to the high mark in effect).
 //!
 //! `FALLOW_REPORT=off` is `Tunables::report = false`; `dontneed` and `free` set
@@ -520,10 +520,10 @@ mod tests {
             ("FALLOW_CACHE_BATCH_PAGES", "lots"),
         ]);
         let c = &s.config;
-        assert_eq!((c.cache, c.cache_max_order, c.cache_high_pages, c.cache_batch_pages), (true, 9, 2, 2));
+        assert_eq!((c.cache, c.cache_max_order, c.cache_high_pages, c.cache_batch_pages), (true, 11, 2, 2));
         assert_eq!(w.len(), 4, "{w:?}");
         assert!(w[0].contains("FALLOW_CACHE=\"yes\" is not one of on, off; using the default on"), "{}", w[0]);
-        assert!(w[1].contains("FALLOW_CACHE_MAX_ORDER=\"12\" is above 9; using 9"), "{}", w[1]);
+        assert!(w[1].contains("FALLOW_CACHE_MAX_ORDER=\"12\" is above 11; using 11"), "{}", w[1]);
         assert!(w[2].contains("FALLOW_CACHE_HIGH_PAGES=\"1\" is below 2; using 2"), "{}", w[2]);
         // The default batch (64) is above the high mark now in effect: the high mark.
         assert!(w[3].contains("FALLOW_CACHE_BATCH_PAGES=\"lots\"") && w[3].ends_with("the default 2\n"), "{}", w[3]);

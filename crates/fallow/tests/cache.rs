@@ -371,7 +371,7 @@ fn page_states_of_cached_blocks_are_listed_by_free_runs() {
 #[test]
 fn bad_cache_settings_are_refused() {
     for (c, setting) in [
-        (Config { cache_max_order: 10, ..cfg() }, "cache_max_order"),
+        (Config { cache_max_order: 12, ..cfg() }, "cache_max_order"),
         (Config { cache_high_pages: 0, ..cfg() }, "cache_high_pages"),
         (Config { cache_batch_pages: 0, ..cfg() }, "cache_batch_pages"),
         (Config { cache_batch_pages: 256, cache_high_pages: 128, ..cfg() }, "cache_batch_pages"),

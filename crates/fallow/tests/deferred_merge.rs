@@ -1,8 +1,8 @@
 //! The deferred merge of the last dirty run freed (buddy/deferred.rs): a block above the caches'
 //! orders freed and asked for again is reused in place, a larger request still finds the memory
 //! that merging gives, a second free of it is still a double free, and the lists' invariants
-//! (with their one exception) hold at every step. Workers off and 4 KiB pages: nothing but these
-//! calls changes the lists.
+//! (with their one exception) hold at every step. Workers off, 4 KiB pages and caches up to
+//! 2 MiB: nothing but these calls changes the lists, and 4-8 MiB blocks take the locked path.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
@@ -13,7 +13,7 @@ const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
 
 fn allocator(arena: usize, max_order: u8) -> Allocator {
-    let c = Config { arena_size: arena, max_order, thp: false, tunables: Tunables::off(), ..Config::default() };
+    let c = Config { arena_size: arena, max_order, thp: false, tunables: Tunables::off(), cache_max_order: 9, ..Config::default() };
     Allocator::new(c).unwrap()
 }
 

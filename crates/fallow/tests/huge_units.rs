@@ -68,18 +68,35 @@ fn a_block_cut_from_a_reported_unit_leaves_the_unit_zeroed() {
 
 #[test]
 fn a_unit_with_slack_and_the_tail_of_a_run_leave_no_reported_page_beside_live_ones() {
-    let a = Allocator::new(Config { arena_size: 64 << 20, tunables: Tunables::off(), ..Config::default() }).unwrap();
-    // 1.5 MiB: a cached 2 MiB block with 128 pages of slack.
-    let p = a.alloc(3 << 19, PAGE, Flags::NONE).unwrap().as_ptr();
-    touch_and_check(&a, p, 3 << 19);
-    // 3 MiB: a 4 MiB block, its last 1 MiB free beside the live part of its second unit.
-    let q = a.alloc(3 << 20, PAGE, Flags::NONE).unwrap().as_ptr();
-    let tail_unit = (q as usize + (3 << 20)) & !(UNIT - 1);
-    let runs = unit_runs(&a, tail_unit);
-    assert!(!runs.is_empty() && runs.iter().all(|r| r.2 == PageState::Zeroed), "{runs:?}");
-    touch_and_check(&a, q, 3 << 20);
-    a.free(q).unwrap();
-    a.free(p).unwrap();
-    a.drain_thread_cache();
-    a.check_invariants().unwrap();
+    // Caches up to 2 MiB: a 3 MiB request takes a run on the locked path; up to 8 MiB (the
+    // default): a cached 4 MiB block with 1 MiB of slack.
+    for cache_max_order in [9, 11] {
+        let cfg = Config { arena_size: 64 << 20, cache_max_order, tunables: Tunables::off(), ..Config::default() };
+        let a = Allocator::new(cfg).unwrap();
+        // 1.5 MiB: a cached 2 MiB block with 128 pages of slack.
+        let p = a.alloc(3 << 19, PAGE, Flags::NONE).unwrap().as_ptr();
+        touch_and_check(&a, p, 3 << 19);
+        // 3 MiB: a 4 MiB block whose last 1 MiB, beside the live part of its second unit, is
+        // free (the tail of a run) or slack.
+        let q = a.alloc(3 << 20, PAGE, Flags::NONE).unwrap().as_ptr();
+        let tail_unit = (q as usize + (3 << 20)) & !(UNIT - 1);
+        let runs = unit_runs(&a, tail_unit);
+        if cache_max_order == 9 {
+            assert!(!runs.is_empty() && runs.iter().all(|r| r.2 == PageState::Zeroed), "{runs:?}");
+        } else {
+            assert!(runs.is_empty(), "slack is on no list: {runs:?}");
+        }
+        touch_and_check(&a, q, 3 << 20);
+        a.free(q).unwrap();
+        // Freed into the cache, the block comes back whole: its slack kept the states it was
+        // given, never `Reported` in a unit the live part touched.
+        let runs = unit_runs(&a, tail_unit);
+        assert!(runs.iter().all(|r| r.2 != PageState::Reported), "order {cache_max_order}: {runs:?}");
+        a.check_invariants().unwrap();
+        // SAFETY: `a` is used by this thread only.
+        unsafe { check_free_states(&a) }.unwrap();
+        a.free(p).unwrap();
+        a.drain_thread_cache();
+        a.check_invariants().unwrap();
+    }
 }

@@ -15,8 +15,10 @@ const PAGE: usize = 4096;
 
 /// 16 MiB blocks on 4 KiB pages (no huge pages: these tests count resident and reported pages one
 /// by one, below a huge page too).
+/// Caches up to 2 MiB: the 3-8 MiB blocks these tests free go to the lists, where the worker
+/// sees them.
 fn config(t: Tunables) -> Config {
-    Config { arena_size: 256 << 20, max_order: 12, thp: false, tunables: t, ..Config::default() }
+    Config { arena_size: 256 << 20, max_order: 12, thp: false, cache_max_order: 9, tunables: t, ..Config::default() }
 }
 
 fn zeroing(reserve: usize) -> Tunables {

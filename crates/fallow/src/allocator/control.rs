@@ -65,7 +65,7 @@ impl Allocator {
 
     /// Drain the calling thread's cache of this allocator back to the free lists now.
     pub fn drain_thread_cache(&self) {
-        cache::drain_current(&self.shared);
+        let _ = cache::drain_current(&self.shared);
     }
 
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`, as

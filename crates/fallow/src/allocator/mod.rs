@@ -116,7 +116,8 @@ impl Allocator {
         if let Some(p) = self.alloc_cached(size, align, flags) {
             return Ok(p);
         }
-        self.shared.alloc_locked(size, align, flags)
+        // Before the heap grows, this thread's own cache gives back what it holds.
+        self.shared.alloc_locked(size, align, flags, &mut || cache::drain_current(&self.shared))
     }
 
     /// The block the caches would serve for `size` and `align`, as `(order, pages)`: the
@@ -135,11 +136,12 @@ impl Allocator {
     }
 
     /// The fast path (`cache/`): a block of a cached order, without `LOCK` (whose bookkeeping
-    /// needs the lock), from this thread's cache. `None`: take the locked path (which also
+    /// needs the lock) and, for `ZERO`, no larger than `cache_zero_max_bytes`, from this
+    /// thread's cache. `None`: take the locked path (which also
     /// reports bad requests).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
-        if flags.contains(Flags::LOCK) {
+        if flags.contains(Flags::LOCK) || (flags.contains(Flags::ZERO) && size > self.shared.hit.cache_zero_max_bytes) {
             return None;
         }
         let (order, npages) = self.cache_shape(size, align)?;

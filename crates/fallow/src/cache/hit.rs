@@ -108,6 +108,9 @@ impl Entries<'_> {
         // The live part's counts: the block's, less the slack's (this thread owns the block's
         // state bytes now).
         let counts = if e.mixed() { mixed.counts().minus(v.states().count(pfn + live, n - live)) } else { StateCounts::default() };
+        if n > UNIT_PAGES && v.huge_units() {
+            settle_slack_unit(v.states(), pfn + live);
+        }
         if flags.0 == 0 && counts == StateCounts::default() {
             v.states().fill(pfn, live, PageState::Allocated);
             return e.addr();
@@ -259,5 +262,22 @@ impl Entries<'_> {
         // multiple of `n` (checked above) in arena `ai`.
         unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         true
+    }
+}
+
+/// Pages of a huge-page unit.
+const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
+
+/// A block of several huge-page units handed out with slack from `end`: the unit where the live
+/// part ends is partly live, so its slack pages may not stay `Reported` (the kernel backs the
+/// whole unit at the first touch: buddy/units.rs). Wholly `Reported` (a unit holds reported
+/// pages only if all its pages are), they become `Zeroed`, as `settle_units` makes them on the
+/// locked path. The slack's states are this thread's while the block lives, counted nowhere
+/// but in its free (`take_freed_slack` reads them then), so no counter changes.
+#[inline(never)]
+fn settle_slack_unit(states: crate::arena::States, end: u32) {
+    let tail = end.next_multiple_of(UNIT_PAGES) - end;
+    if tail != 0 && states.count(end, tail).reported == tail {
+        states.fill(end, tail, PageState::Zeroed);
     }
 }

@@ -11,10 +11,16 @@
 //!
 //! Design
 //! ------
-//! A cache belongs to one (thread, allocator) pair and holds at most `cache_high_pages` pages
-//! (its high mark) over all orders. It serves the orders `k <= cache_max_order` whose blocks fit
-//! in half the high mark (`2^k <= cache_high_pages / 2`). For each order it keeps, in one array
-//! of `cap(k) = min(cache_high_pages >> k, 256)` entries, two stacks: blocks that need no
+//! A cache belongs to one (thread, allocator) pair and holds at most its high mark of pages over
+//! all orders. It serves the orders `k <= cache_max_order` up to 9 (2 MiB) whose blocks fit in
+//! half of `cache_high_pages` (`2^k <= cache_high_pages / 2`), and when all of those are served,
+//! orders 10 and 11 (4 and 8 MiB) too: an order that does not fit in half of `cache_high_pages`
+//! gets one entry, and the high mark is `cache_high_pages` plus one block of each such order
+//! (default 1024 + 1024 + 2048 pages). Large blocks are what a thread frees and asks for again in
+//! a hot loop; served under the lock, two threads moved the lock's and the free lists' lines
+//! between their cores at every call (1.5-3% under glibc's per-thread arenas at 2-8 MiB).
+//! For each order it keeps, in one array of `cap(k) = min(cache_high_pages >> k, 256)` entries
+//! (one for an order beyond half the high mark), two stacks: blocks that need no
 //! zeroing (every page `Zeroed` or `Reported`) grow down from the top, the others ("dirty") grow
 //! up from the bottom. An entry is one word, the block's address with its arena and a `MIXED` bit
 //! in the low bits; a mixed entry (some page not `Dirty`) has its per-state page counts in a side
@@ -80,7 +86,8 @@
 //! comes back whole, its live pages `Dirty`, its slack as it was (a mixed entry if any slack page
 //! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
-//! `slack_pages`, not in the bytes in use (docs/design.md, "Slack").
+//! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
+//! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
 //!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
 //! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the
@@ -89,12 +96,12 @@
 
 
 mod batch;
+mod entry;
 mod hit;
 mod remote;
 mod table;
 
 use core::cell::Cell;
-use core::num::NonZeroUsize;
 use core::ptr;
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -105,15 +112,16 @@ use crate::buddy::preference;
 use crate::buddy::Taken;
 use crate::config::Config;
 use crate::flags::Flags;
-use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared, MAX_ARENAS};
+use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared};
 use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, lock_owners_out, pages_held};
 pub(crate) use table::{current, drain_current, last};
+use entry::{Entry, Mixed};
 
-use crate::config::CACHE_ORDER_LIMIT;
+use crate::config::{CACHE_ORDER_LIMIT, CACHE_STACKED_ORDER_MAX};
 const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
 /// Most blocks of one order a cache holds (the stack capacity of the small orders).
 const STACK_MAX: u32 = 256;
@@ -130,14 +138,26 @@ pub(crate) fn new_allocator_id() -> u64 {
 }
 
 /// How many orders (`0..n`) the caches of an allocator with `cfg` serve: up to `cache_max_order`
-/// (and `max_order`), and only orders whose block fits in half the high mark, so that a cache
-/// drained down to half its high mark always has room for the block being freed.
+/// (and `max_order`); up to `CACHE_STACKED_ORDER_MAX`, only orders whose block fits in half the high
+/// mark, so that a cache drained down to half its high mark always has room for the block being
+/// freed.
 pub(crate) fn orders_served(cfg: &Config) -> u32 {
     if !cfg.cache || cfg.cache_high_pages < 2 {
         return 0;
     }
     let fit = (cfg.cache_high_pages / 2).ilog2() as u8;
-    cfg.cache_max_order.min(cfg.max_order).min(fit) as u32 + 1
+    let top = if fit >= CACHE_STACKED_ORDER_MAX { CACHE_ORDER_LIMIT } else { fit };
+    cfg.cache_max_order.min(cfg.max_order).min(top) as u32 + 1
+}
+
+/// The capacity in blocks of order `o`'s stacks, and whether the order has a block's room beyond
+/// the high mark `high` (it does not fit in half of it).
+fn capacity(high: u32, o: usize) -> (u32, bool) {
+    if 1u32 << o <= high / 2 {
+        ((high >> o).min(STACK_MAX), false)
+    } else {
+        (1, true)
+    }
 }
 
 /// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
@@ -160,57 +180,6 @@ impl Owned {
     #[inline(always)]
     fn sub(&self, v: u64) {
         self.set(self.get().wrapping_sub(v))
-    }
-}
-
-/// One cached block in one word: its page-aligned address, its arena in bits 6..=11, and `MIXED`
-/// in bit 0 when its counts (some page not `Dirty`) are in the side array.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Entry(NonZeroUsize);
-
-const MIXED: usize = 1;
-/// The arena index sits in bits 6..=11, so that masking the entry gives its byte offset in the
-/// table of (64-byte) arena views, with no shift.
-const ARENA_SHIFT: u32 = 6;
-const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
-const _: () = assert!(core::mem::size_of::<ArenaView>() == 1 << ARENA_SHIFT);
-
-impl Entry {
-    #[inline(always)]
-    fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
-        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0 (the
-        // placeholder entries of `ThreadCache::new` use `1 << PAGE_SHIFT`), so the word is non-zero.
-        Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
-    }
-    #[inline(always)]
-    fn addr(self) -> usize {
-        self.0.get() & !((1 << PAGE_SHIFT) - 1)
-    }
-    #[inline(always)]
-    fn arena(self) -> usize {
-        (self.0.get() >> ARENA_SHIFT) & (MAX_ARENAS - 1)
-    }
-    #[inline(always)]
-    fn mixed(self) -> bool {
-        self.0.get() & MIXED != 0
-    }
-}
-
-/// Page counts of a mixed entry (its block has at most 512 pages).
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-struct Mixed {
-    zeroed: u16,
-    reported: u16,
-    lazy: u16,
-}
-
-impl Mixed {
-    fn of(c: StateCounts) -> Mixed {
-        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 }
-    }
-    #[inline(always)]
-    fn counts(self) -> StateCounts {
-        StateCounts { zeroed: self.zeroed as u32, reported: self.reported as u32, lazy: self.lazy as u32 }
     }
 }
 
@@ -280,7 +249,8 @@ pub(crate) struct ThreadCache {
     busy: AtomicU32,
     /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
     frozen: AtomicU32,
-    /// Pages in the entries, and the high mark.
+    /// Pages in the entries, and the high mark (`cache_high_pages` plus one block of each order
+    /// that does not fit in half of it).
     pages: Owned,
     high: u64,
     /// Hits since the last fold.
@@ -322,8 +292,10 @@ impl ThreadCache {
         let mut stacks: [Stack; MAX_ORDERS] = Default::default();
         let mut batch = [0u32; MAX_ORDERS];
         let mut total = 0u32;
+        let mut high = cfg.cache_high_pages as u64;
         for o in 0..orders {
-            let cap = (cfg.cache_high_pages >> o).min(STACK_MAX);
+            let (cap, beyond) = capacity(cfg.cache_high_pages, o);
+            high += (beyond as u64) << o;
             stacks[o].base = total;
             stacks[o].cap = cap;
             stacks[o].set_nzero(0);
@@ -342,7 +314,7 @@ impl ThreadCache {
             entries: entries as *mut Entry,
             mixed: mixed as *mut Mixed,
             pages: Owned::default(),
-            high: cfg.cache_high_pages as u64,
+            high,
             alloc_hits: Owned::default(),
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),

@@ -226,11 +226,13 @@ pub(super) fn retire(c: *mut ThreadCache) {
     drop(unsafe { Box::from_raw(c) });
 }
 
-/// `Allocator::drain_thread_cache`.
-pub(crate) fn drain_current(a: &Arc<Shared>) {
+/// `Allocator::drain_thread_cache`, and before the heap grows: `true` if the cache held pages.
+/// Called without the allocator lock.
+pub(crate) fn drain_current(a: &Arc<Shared>) -> bool {
     if a.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
-        return;
+        return false;
     }
+    let mut held = false;
     let _ = TABLE.try_with(|t| {
         for i in 0..SLOTS {
             if t.ids[i].get() == a.hit.cache_id {
@@ -239,9 +241,11 @@ pub(crate) fn drain_current(a: &Arc<Shared>) {
                 let tc = unsafe { &*t.caches[i].get() };
                 // This thread is its owner; a frozen cache is being drained by the reporter.
                 if let Some(e) = tc.enter() {
+                    held |= e.pages.get() > 0;
                     e.drain_all(a);
                 }
             }
         }
     });
+    held
 }

@@ -39,14 +39,17 @@ impl Shared {
     }
 
     /// Allocate on the locked path: take a block from the lists (waiting a little for blocks a
-    /// worker isolated, then growing the heap), then `prepare` it outside the lock.
+    /// worker isolated, then giving back what `reclaim` can, then growing the heap), then
+    /// `prepare` it outside the lock. `reclaim` is called without the lock, at most once; `true`:
+    /// it listed blocks (the calling thread's cache), so the take is tried again.
     #[inline(never)]
-    pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+    pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn FnMut() -> bool) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let zero = flags.contains(Flags::ZERO);
         // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
         let now = if zero { self.now_ms() } else { 0 };
         let mut waits = 0u32;
+        let mut reclaimable = true;
         let placed = loop {
             let mut h = self.heap.lock();
             if let Some(p) = h.take(npages, order, zero, now) {
@@ -62,6 +65,9 @@ impl Shared {
             if isolated > 0 && waits < ISOLATION_WAITS {
                 waits += 1;
                 os::sleep_ns(100_000);
+                continue;
+            }
+            if core::mem::take(&mut reclaimable) && reclaim() {
                 continue;
             }
             self.grow(npages as usize, seen)?;

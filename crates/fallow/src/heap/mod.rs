@@ -184,7 +184,7 @@ impl Shared {
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
             }),
             views: core::array::from_fn(|_| ArenaView::empty()),
-            hit: HitPath::new(cache_id, cache_orders),
+            hit: HitPath::new(cache_id, cache_orders, os::hot_zero_max_bytes()),
             epoch_ns: os::now_ns(),
             reporter: Worker::new(b"fallow-report"),
             zeroer: Worker::new(b"fallow-zero"),

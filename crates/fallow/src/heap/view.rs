@@ -1,9 +1,10 @@
 //! What code outside the lock reads of an allocator: the published arena views (`owns`, the
 //! per-thread caches' hit paths) and the `HitPath` words, each on cache lines of their own.
 
-use core::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::arena::{Arena, States};
+use crate::config::CACHE_STACKED_ORDER_MAX;
 use crate::os::{PAGE_SHIFT, PAGE_SIZE};
 use crate::page::BlockMeta;
 
@@ -22,6 +23,8 @@ pub(crate) struct ArenaView {
     /// the page frame number (`meta_of`, `state_of`).
     meta_bias: AtomicUsize,
     states_bias: AtomicUsize,
+    /// The arena is on huge-page units (`Arena::huge_units`, buddy/units.rs).
+    huge_units: AtomicBool,
 }
 
 /// A page's record is `(addr - base) >> PAGE_SHIFT` records into the array, i.e.
@@ -30,6 +33,10 @@ const META_ADDR_SHIFT: u32 = PAGE_SHIFT - core::mem::size_of::<BlockMeta>().trai
 const _: () = assert!(core::mem::size_of::<BlockMeta>().is_power_of_two());
 
 impl ArenaView {
+    /// Whether the arena is on huge-page units (read on the slack path only).
+    pub(crate) fn huge_units(&self) -> bool {
+        self.huge_units.load(Ordering::Relaxed)
+    }
     #[inline(always)]
     pub(crate) fn base(&self) -> usize {
         self.base.load(Ordering::Relaxed)
@@ -80,6 +87,10 @@ pub(crate) struct HitPath {
     pub(crate) cache_orders: u32,
     /// Largest block they serve, in bytes (0: caches off).
     pub(crate) cache_max_bytes: usize,
+    /// Largest `ZERO` request they serve: above the stacked orders, one that a hot block and a
+    /// memset serve faster than a zeroed one (`hot_zero_max_bytes`); a larger one takes the
+    /// locked path, which prefers a block zeroed ahead (docs/design.md, "Reuse-aware zeroing").
+    pub(crate) cache_zero_max_bytes: usize,
     /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
     pub(crate) drain_generation: AtomicU64,
 }
@@ -93,6 +104,7 @@ impl ArenaView {
             meta: AtomicUsize::new(0),
             meta_bias: AtomicUsize::new(0),
             states_bias: AtomicUsize::new(0),
+            huge_units: AtomicBool::new(false),
         }
     }
 
@@ -105,16 +117,20 @@ impl ArenaView {
         let (meta, states) = (arena.meta_raw() as usize, arena.states().raw() as usize);
         self.meta_bias.store(meta.wrapping_sub(arena.base >> META_ADDR_SHIFT), Ordering::Relaxed);
         self.states_bias.store(states.wrapping_sub(arena.base >> PAGE_SHIFT), Ordering::Relaxed);
+        self.huge_units.store(arena.huge_units, Ordering::Relaxed);
     }
 }
 
 impl HitPath {
-    pub(super) fn new(cache_id: u64, cache_orders: u32) -> HitPath {
+    pub(super) fn new(cache_id: u64, cache_orders: u32, hot_zero_max_bytes: usize) -> HitPath {
+        let max = if cache_orders == 0 { 0 } else { PAGE_SIZE << (cache_orders - 1) };
+        let stacked = PAGE_SIZE << CACHE_STACKED_ORDER_MAX;
         HitPath {
             published: AtomicUsize::new(0),
             cache_id,
             cache_orders,
-            cache_max_bytes: if cache_orders == 0 { 0 } else { PAGE_SIZE << (cache_orders - 1) },
+            cache_max_bytes: max,
+            cache_zero_max_bytes: max.min(stacked.max(hot_zero_max_bytes)),
             drain_generation: AtomicU64::new(0),
         }
     }

@@ -1,0 +1,59 @@
+//! A cached block's entry: one word with its address, arena and `MIXED` bit, and the per-state
+//! page counts of a mixed one (kept in a side array at the same index).
+
+use core::num::NonZeroUsize;
+
+use crate::heap::{ArenaView, MAX_ARENAS};
+use crate::os::PAGE_SHIFT;
+use crate::page::StateCounts;
+
+/// One cached block in one word: its page-aligned address, its arena in bits 6..=11, and `MIXED`
+/// in bit 0 when its counts (some page not `Dirty`) are in the side array.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Entry(NonZeroUsize);
+
+const MIXED: usize = 1;
+/// The arena index sits in bits 6..=11, so that masking the entry gives its byte offset in the
+/// table of (64-byte) arena views, with no shift.
+const ARENA_SHIFT: u32 = 6;
+const _: () = assert!(MAX_ARENAS << ARENA_SHIFT <= 1 << PAGE_SHIFT && MIXED < 1 << ARENA_SHIFT);
+const _: () = assert!(core::mem::size_of::<ArenaView>() == 1 << ARENA_SHIFT);
+
+impl Entry {
+    #[inline(always)]
+    pub(super) fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
+        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0 (the
+        // placeholder entries of `ThreadCache::new` use `1 << PAGE_SHIFT`), so the word is non-zero.
+        Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
+    }
+    #[inline(always)]
+    pub(super) fn addr(self) -> usize {
+        self.0.get() & !((1 << PAGE_SHIFT) - 1)
+    }
+    #[inline(always)]
+    pub(super) fn arena(self) -> usize {
+        (self.0.get() >> ARENA_SHIFT) & (MAX_ARENAS - 1)
+    }
+    #[inline(always)]
+    pub(super) fn mixed(self) -> bool {
+        self.0.get() & MIXED != 0
+    }
+}
+
+/// Page counts of a mixed entry (its block has at most 512 pages).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+pub(super) struct Mixed {
+    pub(super) zeroed: u16,
+    pub(super) reported: u16,
+    pub(super) lazy: u16,
+}
+
+impl Mixed {
+    pub(super) fn of(c: StateCounts) -> Mixed {
+        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 }
+    }
+    #[inline(always)]
+    pub(super) fn counts(self) -> StateCounts {
+        StateCounts { zeroed: self.zeroed as u32, reported: self.reported as u32, lazy: self.lazy as u32 }
+    }
+}

@@ -1,0 +1,110 @@
+//! The per-thread caches above 2 MiB: blocks of 4 and 8 MiB (orders 10 and 11), one of each per
+//! thread beyond the high mark. A block freed and asked for again is a hit (with slack for a
+//! size that is not a power of two of pages), a second free of it is still caught, a `ZERO`
+//! request of one reads zero, a thread keeps one block per order, and the heap takes the
+//! thread's own cache back before it grows. Workers off and 4 KiB pages: nothing but these calls
+//! changes the lists.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use common::check_free_states;
+use fallow::{Allocator, Config, Error, Flags, Tunables};
+
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+fn allocator(arena: usize) -> Allocator {
+    let c = Config { arena_size: arena, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+/// Allocate `len` bytes (`zero`: a `ZERO` request, checked to read zero) and write them with `byte`.
+fn take(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
+    let p = a.alloc(len, PAGE, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` just above, this thread's alone.
+    let b = unsafe { std::slice::from_raw_parts_mut(p, len) };
+    if zero {
+        assert!(b.iter().all(|&x| x == 0), "a ZERO request of {len} bytes got a block that does not read zero");
+    }
+    b.fill(byte);
+    p
+}
+
+fn check(a: &Allocator) {
+    a.check_invariants().unwrap();
+    // SAFETY: `a` is used by this thread only.
+    unsafe { check_free_states(a) }.unwrap();
+}
+
+#[test]
+fn a_large_block_freed_and_asked_for_again_is_a_hit() {
+    let a = allocator(64 * MIB);
+    // 4 MiB blocks (with slack, then exact), then 8 MiB ones, plain and ZERO requests.
+    let sizes = [3 * MIB, 2 * MIB + PAGE, 4 * MIB, 3 * MIB + 5 * PAGE, 7 * MIB, 8 * MIB, 5 * MIB + PAGE, 6 * MIB];
+    let mut last = [None; 2];
+    for (i, &len) in sizes.iter().enumerate() {
+        let before = a.stats();
+        let p = take(&a, len, i % 3 == 2, i as u8 + 1);
+        let slot = usize::from(len > 4 * MIB);
+        if let Some(q) = last[slot] {
+            assert_eq!(p, q, "request {i} of {len} bytes did not get the block its order's cache held");
+            assert_eq!(a.stats().cache_refills, before.cache_refills, "request {i}: a refill instead of a hit");
+        }
+        check(&a);
+        a.free(p).unwrap();
+        last[slot] = Some(p);
+        check(&a);
+    }
+    let s = a.stats();
+    assert_eq!(s.cached_pages, 1024 + 2048, "one 4 MiB and one 8 MiB block: {s}");
+    assert_eq!(s.bytes_in_use, 0);
+    assert!(matches!(a.free(last[1].unwrap()), Err(Error::DoubleFree { .. })), "a second free of a cached block was not caught");
+    a.drain_thread_cache();
+    assert_eq!(a.stats().cached_pages, 0);
+    check(&a);
+}
+
+#[test]
+fn a_thread_keeps_one_block_of_each_large_order() {
+    let a = allocator(64 * MIB);
+    let blocks: Vec<_> = (0..3).map(|i| take(&a, 3 * MIB + i * PAGE, false, 1)).collect();
+    for &p in &blocks {
+        a.free(p).unwrap();
+        check(&a);
+    }
+    let s = a.stats();
+    assert_eq!(s.cached_pages, 1024, "{s}");
+    // The block cached is the one freed last: the next request gets it.
+    assert_eq!(take(&a, 4 * MIB, false, 2), blocks[2]);
+    check(&a);
+}
+
+#[test]
+fn a_zero_request_of_a_cached_block_reads_zero_slack_included() {
+    let a = allocator(64 * MIB);
+    // Written whole, freed (cached, dirty), then asked for with ZERO: a memset of the live part.
+    let p = take(&a, 4 * MIB, false, 0xff);
+    a.free(p).unwrap();
+    let q = take(&a, 3 * MIB, true, 0xee);
+    assert_eq!(q, p);
+    a.free(q).unwrap();
+    // Its slack was written by the first use: the whole block asked for again reads zero.
+    assert_eq!(take(&a, 4 * MIB, true, 1), p);
+    check(&a);
+}
+
+#[test]
+fn the_heap_takes_back_the_threads_own_cache_before_it_grows() {
+    // One arena of 16 MiB: the 8 MiB block freed into the cache is half of it, and a 16 MiB
+    // request can only be served by merging it back.
+    let a = allocator(16 * MIB);
+    let p = take(&a, 8 * MIB, false, 3);
+    a.free(p).unwrap();
+    assert_eq!(a.stats().cached_pages, 2048);
+    let whole = take(&a, 16 * MIB, true, 4);
+    let s = a.stats();
+    assert_eq!((s.arenas, s.cached_pages), (1, 0), "the heap grew instead of draining the cache: {s}");
+    a.free(whole).unwrap();
+    check(&a);
+}
