@@ -108,3 +108,24 @@ fn the_heap_takes_back_the_threads_own_cache_before_it_grows() {
     a.free(whole).unwrap();
     check(&a);
 }
+
+#[test]
+fn small_blocks_keep_to_the_high_mark_and_leave_the_large_ones_alone() {
+    let a = allocator(64 * MIB);
+    let big = take(&a, 8 * MIB, false, 1);
+    let mid = take(&a, 4 * MIB, false, 2);
+    // 64 blocks of 128 KiB (8 MiB), more than the 4 MiB high mark: their frees drain the stacked
+    // orders down to half of it, never the large blocks.
+    let small: Vec<_> = (0..64).map(|i| take(&a, 128 << 10, false, i as u8)).collect();
+    a.free(big).unwrap();
+    a.free(mid).unwrap();
+    for p in small {
+        a.free(p).unwrap();
+        let s = a.stats();
+        assert!(s.cached_pages <= 1024 + 1024 + 2048, "{s}");
+    }
+    check(&a);
+    assert_eq!(take(&a, 8 * MIB, false, 3), big, "the 8 MiB block was drained by small frees");
+    assert_eq!(take(&a, 4 * MIB, false, 4), mid, "the 4 MiB block was drained by small frees");
+    check(&a);
+}

@@ -91,13 +91,13 @@ impl Allocator {
         self.alloc_slow(size, align, flags)
     }
 
-    /// The order of the block the caches would serve for `size` and `align`: an exact power of
-    /// two of pages, of a cached order, aligned to its size at most.
+    /// The order of the block the caches' hit path would serve for `size` and `align`: an exact
+    /// power of two of pages, of a stacked order, aligned to its size at most.
     #[inline(always)]
     fn cached_order(&self, size: usize, align: usize) -> Option<u8> {
-        // `size - 1` below the largest cached block (0 wraps to above it), so `size >= 1`.
+        // `size - 1` below the largest stacked block (0 wraps to above it), so `size >= 1`.
         let last = size.wrapping_sub(1);
-        if last >= self.shared.hit.cache_max_bytes {
+        if last >= self.shared.hit.cache_hit_max_bytes {
             return None;
         }
         let npages = (last >> PAGE_SHIFT) + 1;
@@ -136,12 +136,11 @@ impl Allocator {
     }
 
     /// The fast path (`cache/`): a block of a cached order, without `LOCK` (whose bookkeeping
-    /// needs the lock) and, for `ZERO`, no larger than `cache_zero_max_bytes`, from this
-    /// thread's cache. `None`: take the locked path (which also
+    /// needs the lock), from this thread's cache. `None`: take the locked path (which also
     /// reports bad requests).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
-        if flags.contains(Flags::LOCK) || (flags.contains(Flags::ZERO) && size > self.shared.hit.cache_zero_max_bytes) {
+        if flags.contains(Flags::LOCK) {
             return None;
         }
         let (order, npages) = self.cache_shape(size, align)?;

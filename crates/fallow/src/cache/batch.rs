@@ -20,17 +20,21 @@ impl Entries<'_> {
         a.wake_workers_after_free(h);
     }
 
-    /// Under the lock: the stack of order `o` down to half its capacity if it is full, then the
-    /// pages down to half the high mark, order `o` first, then the largest orders.
+    /// Under the lock: the stack of order `o` down to half its capacity if it is full, then, for
+    /// a stacked order, the stacked orders' pages down to half the high mark, order `o` first,
+    /// then the largest (a large order's one block is bounded by its stack alone).
     pub(super) fn drain_to_half(&self, h: &mut Heap, o: usize, now: u32) {
         let s = &self.stacks[o];
         if s.len() == s.cap {
             self.drain_locked(h, o, s.cap.div_ceil(2), now);
         }
+        if self.large(o) {
+            return;
+        }
         let half = self.high / 2;
-        let order = core::iter::once(o).chain((0..self.orders).rev().filter(|&k| k != o));
+        let order = core::iter::once(o).chain((0..self.stacked).rev().filter(|&k| k != o));
         for k in order {
-            let over = self.pages.get().saturating_sub(half);
+            let over = self.stacked_pages().saturating_sub(half);
             if over == 0 {
                 break;
             }
@@ -61,12 +65,14 @@ impl Entries<'_> {
         let mut h = a.heap.lock();
         self.fold(&mut h);
         let mut drained = self.obey_drain_request(a, &mut h, now);
-        if self.pages.get() + n as u64 > self.high {
+        let large = self.large(o);
+        if !large && self.stacked_pages() + n as u64 > self.high {
             self.drain_to_half(&mut h, o, now);
             drained = true;
         }
         let s = &self.stacks[o];
-        let room = ((self.high - self.pages.get()) >> order) as u32;
+        // A large order's room is its stack (one block); a stacked order's, the high mark's.
+        let room = if large { s.cap } else { ((self.high - self.stacked_pages()) >> order) as u32 };
         let want = self.batch[o].min(s.cap - s.len()).min(room);
         let nz0 = s.nzero.get() as u32;
         h.counters.cache_refills += 1;
@@ -122,7 +128,7 @@ impl Entries<'_> {
             i += 1;
         }
         let moved = (got * n) as u64;
-        self.pages.add(moved);
+        self.add_pages(o, moved);
         self.accounted.add(moved);
         h.counters.cached_pages = h.counters.cached_pages.wrapping_add(moved);
         if drained {
@@ -181,7 +187,7 @@ impl Entries<'_> {
             self.gauge_mixed(m, o, false);
         }
         let n = 1u64 << o;
-        self.pages.sub(n);
+        self.sub_pages(o, n);
         self.accounted.sub(n);
         h.counters.cached_pages = h.counters.cached_pages.wrapping_sub(n);
         let ar = h.arenas[e.arena()].as_mut().unwrap();

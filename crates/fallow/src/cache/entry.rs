@@ -40,7 +40,7 @@ impl Entry {
     }
 }
 
-/// Page counts of a mixed entry (its block has at most 512 pages).
+/// Page counts of a mixed entry (its block has at most 2^CACHE_ORDER_LIMIT = 2048 pages).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
 pub(super) struct Mixed {
     pub(super) zeroed: u16,

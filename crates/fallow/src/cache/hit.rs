@@ -15,9 +15,9 @@ impl Entries<'_> {
     #[inline(always)]
     pub(crate) fn alloc_hit(&self, a: &Arc<Shared>, order: u8) -> Option<(usize, *const AtomicU8)> {
         let o = order as usize;
-        debug_assert!(o < self.orders);
-        // SAFETY: `order` is a cached order (`cached_order` checked it against
-        // `cache_max_bytes`), below `self.orders`, the length of the stacks in use.
+        debug_assert!(o < self.stacked);
+        // SAFETY: `order` is a stacked order (`cached_order` checked it against
+        // `cache_hit_max_bytes`), below `self.stacked <= self.orders`, the stacks in use.
         let s = unsafe { self.stacks.get_unchecked(o) };
         let nd = s.ndirty.get();
         if nd == 0 {
@@ -47,13 +47,13 @@ impl Entries<'_> {
         Some((e.addr(), v.state_of(e.addr())))
     }
 
-    /// A block of `n` pages popped from the cache becomes live: its record gets `live` (the
+    /// A block of order `o` popped from the cache becomes live: its record gets `live` (the
     /// word of a live block, exact or with slack), and the counters say so.
     #[inline(always)]
-    pub(super) fn hand_out(&self, m: *mut BlockMeta, live: HitWord, n: u32) {
+    pub(super) fn hand_out(&self, m: *mut BlockMeta, live: HitWord, o: usize) {
         // SAFETY: `m` is the record of the block just popped, in a live arena.
         unsafe { live.store(m) };
-        self.pages.sub(n as u64);
+        self.sub_pages(o, 1 << o);
         self.alloc_hits.add(1);
     }
 
@@ -79,13 +79,13 @@ impl Entries<'_> {
             let w = unsafe { HitWord::load(m) };
             if w.tag() != Tag::Cached as u8 {
                 // Taken by a racing double free elsewhere: forget the entry (see the top).
-                self.pages.sub(n as u64);
+                self.sub_pages(o, n as u64);
                 continue;
             }
             if live < n {
                 return Some(self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags));
             }
-            self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), n);
+            self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), o);
             if flags.0 == 0 && !e.mixed() {
                 v.states().fill(pfn, n, PageState::Allocated);
                 return Some(e.addr());
@@ -101,7 +101,7 @@ impl Entries<'_> {
     #[inline(never)]
     pub(super) fn hand_out_with_slack(&self, a: &Arc<Shared>, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
         let n = 1u32 << order;
-        self.hand_out(m, w.handed_out_with_slack(order, live), n);
+        self.hand_out(m, w.handed_out_with_slack(order, live), order as usize);
         self.slack.add((n - live) as u64);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
@@ -159,11 +159,14 @@ impl Entries<'_> {
         self.take_freed::<true>(a, addr, size)
     }
 
-    /// Whether a free of `n` pages into stack `s` must first drain: over the high mark, a full
-    /// stack, or a drain request this cache has not obeyed.
+    /// Whether a free of `n` pages into the stack of order `o` must first drain: a stacked
+    /// order's pages over the high mark (`limit` leaves the large blocks out), a full stack, or
+    /// a drain request this cache has not obeyed.
     #[inline(always)]
-    pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, n: u32) -> bool {
-        self.pages.get() + n as u64 > self.high
+    pub(super) fn needs_room(&self, a: &Arc<Shared>, o: usize, n: u32) -> bool {
+        // SAFETY: callers pass an order below `self.orders`, whose stack is in use.
+        let s = unsafe { self.stacks.get_unchecked(o) };
+        (!self.large(o) && self.pages.get() + n as u64 > self.limit.get())
             || s.ndirty.get() == s.dirty_max.get()
             || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
     }
@@ -185,7 +188,7 @@ impl Entries<'_> {
             return false;
         }
         let n = 1u32 << o;
-        if self.needs_room(a, &self.stacks[o], n) {
+        if self.needs_room(a, o, n) {
             self.make_room(a, o);
         }
         let (pfn, _) = v.record(addr);
@@ -196,7 +199,7 @@ impl Entries<'_> {
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
         self.push(o, addr, ai, slack);
-        self.pages.add(n as u64);
+        self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
@@ -224,10 +227,12 @@ impl Entries<'_> {
             return false;
         }
         // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size, no larger
-        // than the largest cached block (0 wraps to above it).
+        // than the largest cached block (0 wraps to above it); on the hit path, the largest
+        // stacked one (a large block takes `free`).
         let n = w.npages();
         let low = n.wrapping_sub(1);
-        if (n | page) & low != 0 || low >= self.max_pages {
+        let max = if MAY_DRAIN { self.max_pages } else { self.hit_max_pages };
+        if (n | page) & low != 0 || low >= max {
             // A block with slack is not a power of two of pages: the out-of-line path takes it.
             return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
@@ -239,7 +244,7 @@ impl Entries<'_> {
         let o = n.trailing_zeros() as usize;
         // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
-        if self.needs_room(a, s, n) {
+        if self.needs_room(a, o, n) {
             if !MAY_DRAIN {
                 return false;
             }
@@ -254,7 +259,11 @@ impl Entries<'_> {
         // SAFETY: the index is in this order's entries (above); only the owner writes them.
         unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
         s.ndirty.set(nd + 1);
-        self.pages.add(n as u64);
+        if MAY_DRAIN {
+            self.add_pages(o, n as u64);
+        } else {
+            self.pages.add(n as u64);
+        }
         self.free_hits.add(1);
         // The pages last, still before `leave` (the worker may drain the block once the owner
         // is out): for blocks of several pages it is a call, and little is live across it.
@@ -270,14 +279,16 @@ const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 
 /// A block of several huge-page units handed out with slack from `end`: the unit where the live
 /// part ends is partly live, so its slack pages may not stay `Reported` (the kernel backs the
-/// whole unit at the first touch: buddy/units.rs). Wholly `Reported` (a unit holds reported
-/// pages only if all its pages are), they become `Zeroed`, as `settle_units` makes them on the
-/// locked path. The slack's states are this thread's while the block lives, counted nowhere
-/// but in its free (`take_freed_slack` reads them then), so no counter changes.
+/// whole unit at the first touch: buddy/units.rs). They become `Zeroed` (both read zero), as
+/// `settle_units` makes them on the locked path. The slack's states are this thread's while
+/// the block lives, counted nowhere but in its free (`take_freed_slack` reads them then), so no
+/// counter changes.
 #[inline(never)]
 fn settle_slack_unit(states: crate::arena::States, end: u32) {
     let tail = end.next_multiple_of(UNIT_PAGES) - end;
-    if tail != 0 && states.count(end, tail).reported == tail {
-        states.fill(end, tail, PageState::Zeroed);
-    }
+    states.for_each_run(end, tail, |q, len, st| {
+        if st == PageState::Reported {
+            states.fill(q, len, PageState::Zeroed);
+        }
+    });
 }

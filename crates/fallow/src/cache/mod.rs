@@ -11,16 +11,16 @@
 //!
 //! Design
 //! ------
-//! A cache belongs to one (thread, allocator) pair and holds at most its high mark of pages over
-//! all orders. It serves the orders `k <= cache_max_order` up to 9 (2 MiB) whose blocks fit in
-//! half of `cache_high_pages` (`2^k <= cache_high_pages / 2`), and when all of those are served,
-//! orders 10 and 11 (4 and 8 MiB) too: an order that does not fit in half of `cache_high_pages`
-//! gets one entry, and the high mark is `cache_high_pages` plus one block of each such order
-//! (default 1024 + 1024 + 2048 pages). Large blocks are what a thread frees and asks for again in
-//! a hot loop; served under the lock, two threads moved the lock's and the free lists' lines
-//! between their cores at every call (1.5-3% under glibc's per-thread arenas at 2-8 MiB).
-//! For each order it keeps, in one array of `cap(k) = min(cache_high_pages >> k, 256)` entries
-//! (one for an order beyond half the high mark), two stacks: blocks that need no
+//! A cache belongs to one (thread, allocator) pair. It serves the orders `k <= cache_max_order`
+//! up to 9 (2 MiB) whose blocks fit in half of `cache_high_pages` (`2^k <= cache_high_pages / 2`),
+//! the stacked orders, which hold at most `cache_high_pages` pages together (the high mark); and
+//! when all of those are served, orders 10 and 11 (4 and 8 MiB) too: an order that does not fit
+//! in half the high mark is large, holds one block beyond it, and is served off the hit paths
+//! (with the defaults a thread holds at most 4 MiB + 4 MiB + 8 MiB). Large blocks are what a
+//! thread frees and asks for again in a hot loop: served under the lock, two threads moved the
+//! lock's and the free lists' lines between their cores at every call (1.5-3% under glibc's
+//! per-thread arenas at 2-8 MiB). For each order it keeps, in one array of
+//! `cap(k) = min(cache_high_pages >> k, 256)` entries (one for a large order), two stacks: blocks that need no
 //! zeroing (every page `Zeroed` or `Reported`) grow down from the top, the others ("dirty") grow
 //! up from the bottom. An entry is one word, the block's address with its arena and a `MIXED` bit
 //! in the low bits; a mixed entry (some page not `Dirty`) has its per-state page counts in a side
@@ -42,7 +42,8 @@
 //!    on no free list and sits in exactly one cache entry; its pages are in free states and the
 //!    entry's counts (zero for an entry without `MIXED`) equal what their state bytes say;
 //!    zero-stack entries need no zeroing.
-//! 2. A cache's `pages` is the pages in its entries, and is at most its high mark.
+//! 2. A cache's `pages` is the pages in its entries, those of its stacked orders at most its high
+//!    mark; `limit` is the high mark plus the pages of its large blocks.
 //!    `Counters::cached_pages` (folded) plus each registered cache's unfolded net hits
 //!    (`pages - accounted`) equals the pages in all entries; listed + in use + cached + isolated
 //!    pages = reserved pages (modulo 2^64).
@@ -141,13 +142,16 @@ pub(crate) fn new_allocator_id() -> u64 {
 /// (and `max_order`); up to `CACHE_STACKED_ORDER_MAX`, only orders whose block fits in half the high
 /// mark, so that a cache drained down to half its high mark always has room for the block being
 /// freed.
-pub(crate) fn orders_served(cfg: &Config) -> u32 {
+/// Also returns how many of them (`0..m`) are stacked, the others large (`capacity`).
+pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
     if !cfg.cache || cfg.cache_high_pages < 2 {
-        return 0;
+        return (0, 0);
     }
     let fit = (cfg.cache_high_pages / 2).ilog2() as u8;
     let top = if fit >= CACHE_STACKED_ORDER_MAX { CACHE_ORDER_LIMIT } else { fit };
-    cfg.cache_max_order.min(cfg.max_order).min(top) as u32 + 1
+    let orders = cfg.cache_max_order.min(cfg.max_order).min(top) as u32 + 1;
+    let stacked = (0..orders).filter(|&o| !capacity(cfg.cache_high_pages, o as usize).1).count();
+    (orders, stacked as u32)
 }
 
 /// The capacity in blocks of order `o`'s stacks, and whether the order has a block's room beyond
@@ -249,21 +253,28 @@ pub(crate) struct ThreadCache {
     busy: AtomicU32,
     /// The reporting worker is about to drain this cache, or is draining it: the owner keeps out.
     frozen: AtomicU32,
-    /// Pages in the entries, and the high mark (`cache_high_pages` plus one block of each order
-    /// that does not fit in half of it).
+    /// Pages in the entries, and what a free hit compares them with: the high mark plus the
+    /// pages of the large blocks held (so that `pages + n > limit` says the stacked orders'
+    /// pages would pass the high mark; changed with the large blocks, off the hit path).
     pages: Owned,
-    high: u64,
+    limit: Owned,
     /// Hits since the last fold.
     alloc_hits: Owned,
     free_hits: Owned,
     /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
     seen_generation: Owned,
-    /// Pages of the largest cached block (`1 << (orders - 1)`).
+    /// Pages of the largest cached block (`1 << (orders - 1)`), and of the largest stacked one
+    /// (the hit paths serve these only; larger ones take the out-of-line paths).
     max_pages: u32,
+    hit_max_pages: u32,
     mixed: *mut Mixed,
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
+    /// The high mark (`cache_high_pages`) over the stacked orders `0..stacked`; each order
+    /// `stacked..orders` (large) holds one block beyond it.
+    high: u64,
+    stacked: usize,
     /// `pages` as of the last fold, refill or drain (changed under the lock only).
     accounted: Owned,
     /// Blocks per refill, per order.
@@ -283,7 +294,7 @@ pub(crate) struct ThreadCache {
     prev: Cell<*mut ThreadCache>,
 }
 
-const _: () = assert!(core::mem::offset_of!(ThreadCache, max_pages) < 64);
+const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64);
 
 impl ThreadCache {
     fn new(a: &Arc<Shared>) -> ThreadCache {
@@ -292,10 +303,10 @@ impl ThreadCache {
         let mut stacks: [Stack; MAX_ORDERS] = Default::default();
         let mut batch = [0u32; MAX_ORDERS];
         let mut total = 0u32;
-        let mut high = cfg.cache_high_pages as u64;
+        let mut stacked = 0;
         for o in 0..orders {
             let (cap, beyond) = capacity(cfg.cache_high_pages, o);
-            high += (beyond as u64) << o;
+            stacked += !beyond as usize;
             stacks[o].base = total;
             stacks[o].cap = cap;
             stacks[o].set_nzero(0);
@@ -314,7 +325,9 @@ impl ThreadCache {
             entries: entries as *mut Entry,
             mixed: mixed as *mut Mixed,
             pages: Owned::default(),
-            high,
+            limit: Owned(AtomicU64::new(cfg.cache_high_pages as u64)),
+            high: cfg.cache_high_pages as u64,
+            stacked,
             alloc_hits: Owned::default(),
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),
@@ -322,6 +335,7 @@ impl ThreadCache {
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             orders,
             max_pages: 1 << (orders - 1),
+            hit_max_pages: 1 << (stacked.min(orders) - 1),
             stacks,
             accounted: Owned::default(),
             batch,
@@ -373,6 +387,33 @@ impl ThreadCache {
     fn nentries(&self) -> usize {
         let s = &self.stacks[self.orders - 1];
         (s.base + s.cap) as usize
+    }
+
+    /// Whether order `o` is large: one block beyond the high mark, served off the hit paths.
+    #[inline(always)]
+    fn large(&self, o: usize) -> bool {
+        o >= self.stacked
+    }
+
+    /// Pages in the stacked orders' entries.
+    fn stacked_pages(&self) -> u64 {
+        self.pages.get() - (self.limit.get() - self.high)
+    }
+
+    /// A block of order `o` (`n` pages) comes into the entries, or leaves them.
+    #[inline(always)]
+    fn add_pages(&self, o: usize, n: u64) {
+        self.pages.add(n);
+        if self.large(o) {
+            self.limit.add(n);
+        }
+    }
+    #[inline(always)]
+    fn sub_pages(&self, o: usize, n: u64) {
+        self.pages.sub(n);
+        if self.large(o) {
+            self.limit.sub(n);
+        }
     }
 
 

@@ -187,12 +187,15 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
     let mut err = None;
     for c in h.caches() {
         net = net.wrapping_add(c.pages.get().wrapping_sub(c.accounted.get()));
-        let mut mine = 0u64;
+        let (mut mine, mut large) = (0u64, 0u64);
         let mut gauge = [0u64; 4];
         let mut blocks = [[0u64; MAX_ORDERS]; CLASSES];
         c.for_each_entry(|o, e, m| {
             let n = 1u32 << o;
             mine += n as u64;
+            if c.large(o) {
+                large += n as u64;
+            }
             let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) else {
                 err = Some(format!("cached block {:#x}: no arena {}", e.addr(), e.arena()));
                 return;
@@ -220,8 +223,9 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
                 return Err(format!("cache stack of order {o}: dirty_max {} != cap - nzero", s.dirty_max.get()));
             }
         }
-        if mine != c.pages.get() || mine > c.high {
-            return Err(format!("cache holds {mine} pages, says {}, high mark {}", c.pages.get(), c.high));
+        if mine != c.pages.get() || mine - large > c.high || c.limit.get() != c.high + large {
+            let (p, l) = (c.pages.get(), c.limit.get());
+            return Err(format!("cache holds {mine} pages ({large} in large blocks), says {p}, limit {l}, high mark {}", c.high));
         }
         let (b, g) = c.gauges();
         if g != gauge || b != blocks {

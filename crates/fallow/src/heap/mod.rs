@@ -168,9 +168,9 @@ impl Shared {
     }
 
     /// The shared state of a new allocator with no arena yet (`grow` installs the first), with
-    /// one handle. `cache_id` and `cache_orders` describe its per-thread caches (cache layer);
+    /// one handle. `cache_id` and `cache_orders` (served, stacked) describe its per-thread caches (cache layer);
     /// `entries` its workers' threads.
-    pub(crate) fn new(config: Config, cache_id: u64, cache_orders: u32, entries: WorkerEntries) -> Shared {
+    pub(crate) fn new(config: Config, cache_id: u64, cache_orders: (u32, u32), entries: WorkerEntries) -> Shared {
         const EMPTY: Option<Buddy> = None;
         Shared {
             heap: Locked::new(Heap {
@@ -184,7 +184,7 @@ impl Shared {
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
             }),
             views: core::array::from_fn(|_| ArenaView::empty()),
-            hit: HitPath::new(cache_id, cache_orders, os::hot_zero_max_bytes()),
+            hit: HitPath::new(cache_id, cache_orders.0, cache_orders.1),
             epoch_ns: os::now_ns(),
             reporter: Worker::new(b"fallow-report"),
             zeroer: Worker::new(b"fallow-zero"),

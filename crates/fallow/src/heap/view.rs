@@ -4,7 +4,6 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use crate::arena::{Arena, States};
-use crate::config::CACHE_STACKED_ORDER_MAX;
 use crate::os::{PAGE_SHIFT, PAGE_SIZE};
 use crate::page::BlockMeta;
 
@@ -87,10 +86,9 @@ pub(crate) struct HitPath {
     pub(crate) cache_orders: u32,
     /// Largest block they serve, in bytes (0: caches off).
     pub(crate) cache_max_bytes: usize,
-    /// Largest `ZERO` request they serve: above the stacked orders, one that a hot block and a
-    /// memset serve faster than a zeroed one (`hot_zero_max_bytes`); a larger one takes the
-    /// locked path, which prefers a block zeroed ahead (docs/design.md, "Reuse-aware zeroing").
-    pub(crate) cache_zero_max_bytes: usize,
+    /// Largest block their hit paths serve (the largest stacked order's; larger ones are served
+    /// off the hit path, cache/mod.rs).
+    pub(crate) cache_hit_max_bytes: usize,
     /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
     pub(crate) drain_generation: AtomicU64,
 }
@@ -122,15 +120,14 @@ impl ArenaView {
 }
 
 impl HitPath {
-    pub(super) fn new(cache_id: u64, cache_orders: u32, hot_zero_max_bytes: usize) -> HitPath {
-        let max = if cache_orders == 0 { 0 } else { PAGE_SIZE << (cache_orders - 1) };
-        let stacked = PAGE_SIZE << CACHE_STACKED_ORDER_MAX;
+    pub(super) fn new(cache_id: u64, cache_orders: u32, cache_stacked_orders: u32) -> HitPath {
+        let max = |orders: u32| if orders == 0 { 0 } else { PAGE_SIZE << (orders - 1) };
         HitPath {
             published: AtomicUsize::new(0),
             cache_id,
             cache_orders,
-            cache_max_bytes: max,
-            cache_zero_max_bytes: max.min(stacked.max(hot_zero_max_bytes)),
+            cache_max_bytes: max(cache_orders),
+            cache_hit_max_bytes: max(cache_stacked_orders),
             drain_generation: AtomicU64::new(0),
         }
     }
