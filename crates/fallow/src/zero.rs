@@ -84,10 +84,12 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
     // The free count at the last look that found no dirty block.
     let mut last_idle_frees = None;
+    // A drain request to the caches for their large blocks: (generation, when asked, ms).
+    let mut asked = None;
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.
         s.wait_for_idle_cpu(&s.zeroer, gate, u64::MAX);
-        match zero_one_chunk(s, &mut d) {
+        match zero_one_chunk(s, &mut d, &mut asked) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
             Next::Idle(seen_frees) => {
@@ -105,14 +107,16 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
                     // Look again after `zero_delay`, whatever the frees meanwhile.
                     s.zeroer.nap(ms as u64 * 1_000_000);
                 } else {
-                    s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || s.heap.lock().counters.free_calls != seen_frees);
+                    // Work: a free on the lists, or (zeroing on) a large block freed into a cache.
+                    let cached = |s: &Shared| delay_ms.is_some() && s.large_cached.load(Ordering::SeqCst);
+                    s.zeroer.idle(crate::worker::Worker::IDLE_MAX_NS, || cached(s) || s.heap.lock().counters.free_calls != seen_frees);
                 }
             }
         }
     }
 }
 
-fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
+fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) -> Next {
     let now_ms = s.now_ms();
     let now_ns = os::now_ns();
     let mut h = s.heap.lock();
@@ -121,6 +125,11 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     if !t.zeroing {
         return Next::Idle(seen_frees);
     }
+    // A large block freed into a cache since the last look: look again after `zero_delay`
+    // rather than go idle, whose next such free would wake this thread (at most one wake per
+    // delay, however hot the loop that frees them).
+    let large_freed = s.large_cached.swap(false, Ordering::SeqCst);
+    let idle = |seen| if large_freed { Next::Nap(t.zero_delay_ms.max(1) as u64 * 1_000_000) } else { Next::Idle(seen) };
     // MEASURE
     let c = h.counters;
     let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes;
@@ -146,7 +155,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     if zeroed >= target {
         // Nap (a free does not wake a napping worker) rather than go idle while dirty blocks
         // remain: idle, every free in a program's hot loop would wake it again.
-        return if dirty_left { Next::Nap(NAP_NS) } else { Next::Idle(seen_frees) };
+        return if dirty_left { Next::Nap(NAP_NS) } else { idle(seen_frees) };
     }
     let for_population = zeroed < populated_target;
     let chunk_order = (t.zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
@@ -189,13 +198,18 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
         }
     }
     let Some((ai, pfn, order)) = found else {
+        let held = crate::cache::large_pages_held(&h);
+        drop(h);
+        if let Some(next) = ask_caches(s, asked, held, now_ms, t.zero_delay_ms) {
+            return next;
+        }
         return if wait_ms != u32::MAX {
             // Only blocks freed too recently: look again when the oldest of them is old enough.
             Next::Nap((wait_ms as u64 + 1) * 1_000_000)
         } else if dirty_left {
             Next::Nap(NAP_NS)
         } else {
-            Next::Idle(seen_frees)
+            idle(seen_frees)
         };
     };
 
@@ -251,4 +265,32 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand) -> Next {
     h.reclaim.populated_bytes += populated_pages << PAGE_SHIFT;
     h.reclaim.zeroing_ns += ns;
     Next::Again
+}
+
+/// Large blocks in threads' caches (cache/: 4 and 8 MiB, one of each per thread) are on no list:
+/// a thread that frees one and then stays idle would keep it dirty, and a later `ZERO` request
+/// would pay its memset. With zeroing to do and no listed block to zero, ask the caches for
+/// their blocks (each thread gives its cache back at its next call), and after `zero_delay`
+/// drain the caches of the threads that stayed idle (`cache::drain_unanswered`): their blocks
+/// come back dated at the request, old enough to be zeroed at once. A thread in a hot loop
+/// answers, so it gives its cache back at most once per two delays. `None`: no large block is
+/// cached, or every thread answered.
+fn ask_caches(s: &Shared, asked: &mut Option<(u64, u32)>, held: u64, now_ms: u32, delay_ms: u32) -> Option<Next> {
+    if held == 0 {
+        *asked = None;
+        return None;
+    }
+    let ms = |ms: u32| (ms.max(1) as u64) * 1_000_000;
+    match *asked {
+        None => {
+            let g = s.hit.drain_generation.fetch_add(1, Ordering::Relaxed) + 1;
+            *asked = Some((g, now_ms));
+            Some(Next::Nap(ms(delay_ms)))
+        }
+        Some((_, at)) if now_ms.wrapping_sub(at) < delay_ms => Some(Next::Nap(ms(delay_ms - now_ms.wrapping_sub(at)))),
+        Some((g, at)) => {
+            *asked = None;
+            (crate::cache::drain_unanswered(s, g, at) > 0).then_some(Next::Again)
+        }
+    }
 }

@@ -129,3 +129,28 @@ fn small_blocks_keep_to_the_high_mark_and_leave_the_large_ones_alone() {
     assert_eq!(take(&a, 4 * MIB, false, 4), mid, "the 4 MiB block was drained by small frees");
     check(&a);
 }
+
+#[test]
+fn a_large_block_left_in_an_idle_threads_cache_is_zeroed_for_the_next_zero_request() {
+    // The zeroing worker on, reporting off (nothing else drains caches); 4 KiB pages.
+    let t = Tunables { report: false, zeroing: true, zeroed_reserve: 64 * MIB, ..Tunables::default() };
+    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() };
+    let a = Allocator::new(c).unwrap();
+    // Demand for zeroed memory, then a 4 MiB block written and freed into this thread's cache,
+    // and the thread stays out of the allocator (reading the statistics is not a call).
+    let z = a.alloc(PAGE, PAGE, Flags::ZERO).unwrap();
+    a.free(z.as_ptr()).unwrap();
+    let p = take(&a, 4 * MIB, false, 0x5a);
+    a.free(p).unwrap();
+    assert!(a.stats().cached_pages >= 1024);
+    common::wait_for("the cached block given back and zeroed", || {
+        let s = a.stats();
+        s.cached_pages < 1024 && s.zeroed_background_bytes >= (4 * MIB) as u64
+    });
+    let before = a.stats();
+    take(&a, 4 * MIB, true, 1);
+    let s = a.stats();
+    assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "the ZERO request paid a memset: {s}");
+    assert!(s.cache_remote_drains > 0, "{s}");
+    a.check_invariants().unwrap();
+}

@@ -203,6 +203,9 @@ impl Entries<'_> {
         self.slack.sub((n - live) as u64);
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
+        if self.large(o) {
+            a.note_large_cached();
+        }
         true
     }
 
@@ -270,6 +273,9 @@ impl Entries<'_> {
         // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
         // multiple of `n` (checked above) in arena `ai`.
         unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
+        if MAY_DRAIN && self.large(o) {
+            a.note_large_cached();
+        }
         true
     }
 }

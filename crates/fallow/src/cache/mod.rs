@@ -118,7 +118,7 @@ use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
-pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, lock_owners_out, pages_held};
+pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 

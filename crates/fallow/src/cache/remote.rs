@@ -12,6 +12,11 @@ pub(crate) fn pages_held(h: &Heap) -> u64 {
     h.caches.iter().map(|c| c.pages.get()).sum()
 }
 
+/// Pages of the large blocks (4 and 8 MiB) held by all caches, as `pages_held`.
+pub(crate) fn large_pages_held(h: &Heap) -> u64 {
+    h.caches.iter().map(|c| c.limit.get().wrapping_sub(c.high)).fold(0, u64::wrapping_add)
+}
+
 /// Drain the caches that still hold pages but have not obeyed drain request `generation`: their
 /// threads have not called this allocator since it was made, so their blocks may sit there for
 /// ever, resident and never reported. Returns the pages given back.
@@ -33,16 +38,21 @@ pub(crate) fn pages_held(h: &Heap) -> u64 {
 pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) -> u64 {
     let mut frozen = 0;
     {
-        let h = s.heap.lock();
+        let mut h = s.heap.lock();
+        if h.caches.remote_drain {
+            return 0; // the other worker's drain is under way
+        }
         for c in h.caches.iter() {
-            if c.pages.get() > 0 && c.seen_generation.get() != generation {
+            // Generations only grow: a cache that obeyed a later request has answered this one.
+            if c.pages.get() > 0 && c.seen_generation.get() < generation {
                 c.frozen.store(1, Relaxed);
                 frozen += 1;
             }
         }
-    }
-    if frozen == 0 {
-        return 0;
+        if frozen == 0 {
+            return 0;
+        }
+        h.caches.remote_drain = true;
     }
     let fenced = crate::os::membarrier();
     let mut h = s.heap.lock();
@@ -69,6 +79,7 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
         }
         c.frozen.store(0, Ordering::Release);
     }
+    h.caches.remote_drain = false;
     pages
 }
 

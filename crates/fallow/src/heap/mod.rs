@@ -103,6 +103,9 @@ pub(crate) struct Heap {
 /// a node of it; `head` is null or a registered cache, which the cache layer casts back.
 pub(crate) struct CacheList {
     pub(crate) head: *mut (),
+    /// A worker is between the freeze and the thaw of `cache::drain_unanswered`: the other one
+    /// does not start its own (two interleaved freezes could thaw each other's).
+    pub(crate) remote_drain: bool,
 }
 
 // SAFETY: the list's nodes are heap-allocated caches that are linked, unlinked and walked only
@@ -138,6 +141,10 @@ pub(crate) struct Shared {
     /// nothing but the populated reserve. An atomic because the per-thread caches serve `ZERO`
     /// requests without the lock and fold their counters only at refill and drain.
     pub(crate) zero_requested: AtomicBool,
+    /// Set by a thread that freed a large block into its cache (cache/: on no list, where the
+    /// zeroing worker cannot see it), cleared by the zeroing worker at each look while zeroing
+    /// is on (`Shared::note_large_cached`).
+    pub(crate) large_cached: AtomicBool,
     /// Set by the reporter while the memory limit is passed or there is memory pressure
     /// (limit.rs): the zeroing worker then adds no resident page and zeroes nothing. Relaxed: a
     /// step more or less of zeroing is harmless.
@@ -180,7 +187,7 @@ impl Shared {
                 tunables: config.tunables.clamped(&config),
                 reclaim: ReclaimCounters::default(),
                 inflight: [Inflight::default(); INFLIGHT],
-                caches: CacheList { head: core::ptr::null_mut() },
+                caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
             }),
             views: core::array::from_fn(|_| ArenaView::empty()),
@@ -192,6 +199,7 @@ impl Shared {
             pidfd: AtomicI32::new(-1),
             entries,
             zero_requested: AtomicBool::new(false),
+            large_cached: AtomicBool::new(false),
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
             config,

@@ -60,6 +60,20 @@ impl Shared {
         }
     }
 
+    /// A thread freed a large block into its cache (off the hit path): tell the zeroing worker,
+    /// which looks for such blocks in idle threads' caches (zero.rs), and wake it if it is idle.
+    /// At most once between two of its looks: then one load of a line it writes at each look.
+    /// `SeqCst` with its check of the flag after it stores `IDLE`: no lost wake-up.
+    pub(crate) fn note_large_cached(self: &Arc<Self>) {
+        if self.large_cached.load(Ordering::Relaxed) || self.large_cached.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let word = self.zeroer.word.load(Ordering::SeqCst);
+        if asleep(&self.zeroer, word) {
+            self.wake(&self.zeroer);
+        }
+    }
+
     fn wake(self: &Arc<Self>, w: &Worker) {
         if w.word.load(Ordering::Relaxed) == worker::ABSENT {
             self.start_worker(w);
