@@ -159,14 +159,13 @@ impl Entries<'_> {
         self.take_freed::<true>(a, addr, size)
     }
 
-    /// Whether a free of `n` pages into the stack of order `o` must first drain: a stacked
-    /// order's pages over the high mark (`limit` leaves the large blocks out), a full stack, or
-    /// a drain request this cache has not obeyed.
+    /// Whether a free of `n` pages into the stack `s` of an order, `large` or stacked, must
+    /// first drain: a stacked order's pages over the high mark (`limit` leaves the large blocks
+    /// out), a full stack, or a drain request this cache has not obeyed. (`large` from the
+    /// caller: the hit path knows its order is stacked without reading `stacked`'s line.)
     #[inline(always)]
-    pub(super) fn needs_room(&self, a: &Arc<Shared>, o: usize, n: u32) -> bool {
-        // SAFETY: callers pass an order below `self.orders`, whose stack is in use.
-        let s = unsafe { self.stacks.get_unchecked(o) };
-        (!self.large(o) && self.pages.get() + n as u64 > self.limit.get())
+    pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32) -> bool {
+        (!large && self.pages.get() + n as u64 > self.limit.get())
             || s.ndirty.get() == s.dirty_max.get()
             || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
     }
@@ -188,7 +187,7 @@ impl Entries<'_> {
             return false;
         }
         let n = 1u32 << o;
-        if self.needs_room(a, o, n) {
+        if self.needs_room(a, &self.stacks[o], self.large(o), n) {
             self.make_room(a, o);
         }
         let (pfn, _) = v.record(addr);
@@ -247,7 +246,9 @@ impl Entries<'_> {
         let o = n.trailing_zeros() as usize;
         // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
         let s = unsafe { self.stacks.get_unchecked(o) };
-        if self.needs_room(a, o, n) {
+        // On the hit path (`!MAY_DRAIN`) the order is stacked (`hit_max_pages` above).
+        let large = MAY_DRAIN && self.large(o);
+        if self.needs_room(a, s, large, n) {
             if !MAY_DRAIN {
                 return false;
             }
@@ -262,10 +263,9 @@ impl Entries<'_> {
         // SAFETY: the index is in this order's entries (above); only the owner writes them.
         unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
         s.ndirty.set(nd + 1);
-        if MAY_DRAIN {
-            self.add_pages(o, n as u64);
-        } else {
-            self.pages.add(n as u64);
+        self.pages.add(n as u64);
+        if large {
+            self.limit.add(n as u64);
         }
         self.free_hits.add(1);
         // The pages last, still before `leave` (the worker may drain the block once the owner
@@ -273,7 +273,7 @@ impl Entries<'_> {
         // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
         // multiple of `n` (checked above) in arena `ai`.
         unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
-        if MAY_DRAIN && self.large(o) {
+        if large {
             a.note_large_cached();
         }
         true
