@@ -88,7 +88,7 @@ FALLOW_CACHE=off LD_PRELOAD=$so FALLOW_STATS=1 python3 -c "$loop" 2> "$out/cache
     || fail "FALLOW_CACHE=off: cache_hits $(hits "$out/cache_on.log") on, $(hits "$out/cache_off.log") off"
 FALLOW_CACHE_MAX_ORDER=12 LD_PRELOAD=$so "$out/preload_test" threshold 262144 2> "$out/warn.log"
 cat "$out/warn.log"
-[[ $(grep -c 'FALLOW_CACHE_MAX_ORDER="12" is above 9; using 9$' "$out/warn.log") == 1 ]] || fail "FALLOW_CACHE_MAX_ORDER warning"
+[[ $(grep -c 'FALLOW_CACHE_MAX_ORDER="12" is above 11; using 11$' "$out/warn.log") == 1 ]] || fail "FALLOW_CACHE_MAX_ORDER warning"
 [[ $(wc -l < "$out/warn.log") == 1 ]] || fail "expected exactly one warning"
 # Ordinary programs run under the preload (no large allocation: the allocator is never created).
 LD_PRELOAD=$so ls / > /dev/null
