@@ -236,8 +236,13 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // A run freed last and left alone merges now (buddy/deferred.rs), so that its block goes
     // back whole; one the program keeps taking back within `zero_delay` stays as it is.
     let left_since = now.saturating_sub(t.zero_delay_ms.min(t.report_delay_ms));
+    // One still too young to merge: look again when it is old enough (idle, the reporter would
+    // not look again before the next free, or its idle timeout).
+    let mut merge_wait_ms = u32::MAX;
     for ai in 0..h.narenas {
-        h.arenas[ai].as_mut().unwrap().merge_deferred_idle(left_since);
+        if let Some(ms) = h.arenas[ai].as_mut().unwrap().merge_deferred_idle(left_since) {
+            merge_wait_ms = merge_wait_ms.min(ms + 1);
+        }
     }
     let sq = watch.squeeze(s, &mut h);
     let mut excess = sq.excess_pages;
@@ -256,7 +261,7 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // Whether each block goes back before the delay (or past a floor) because of the squeeze.
     let mut early = [false; crate::config::MAX_REPORT_BATCH as usize];
     let mut n = 0usize;
-    let mut wait_ms = u32::MAX;
+    let mut wait_ms = merge_wait_ms;
     let classes = if sq.urgent() { [Class::Zeroed, Class::Dirty] } else { [Class::Dirty, Class::Zeroed] };
     'scan: for ai in 0..h.narenas {
         let max_order = h.arena(ai).max_order;

@@ -7,7 +7,9 @@
 
 mod common;
 
-use fallow::{Allocator, Config, Error, Flags, Tunables};
+use common::take_written;
+
+use fallow::{Allocator, Config, Error, Tunables};
 
 const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
@@ -17,28 +19,16 @@ fn allocator(arena: usize, max_order: u8) -> Allocator {
     Allocator::new(c).unwrap()
 }
 
-/// Allocate `len` bytes (`zero`: a `ZERO` request), check the zeroes, write it all with `byte`.
-fn take(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
-    let p = a.alloc(len, PAGE, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
-    // SAFETY: `p` is a live block of `len` bytes from `alloc` just above, this thread's alone.
-    let b = unsafe { std::slice::from_raw_parts_mut(p, len) };
-    if zero {
-        assert!(b.iter().all(|&x| x == 0), "a ZERO request got a block that does not read zero");
-    }
-    b.fill(byte);
-    p
-}
-
 #[test]
 fn a_freed_run_is_taken_back_in_place_and_the_lists_stay_sound() {
     let a = allocator(256 * MIB, 16);
     // Requests of 4-8 MiB, above the caches' 2 MiB: the locked path, every one of order 11.
     let sizes = [5 * MIB + 3 * PAGE, 8 * MIB, 6 * MIB, 4 * MIB + PAGE, 7 * MIB + 5 * PAGE, 5 * MIB];
-    let first = take(&a, sizes[0], false, 1);
+    let first = take_written(&a, sizes[0], false, 1);
     a.free(first).unwrap();
     a.check_invariants().unwrap();
     for (i, &len) in sizes.iter().enumerate().skip(1) {
-        let p = take(&a, len, i % 2 == 0, i as u8);
+        let p = take_written(&a, len, i % 2 == 0, i as u8);
         assert_eq!(p, first, "request {i} of {len} bytes did not reuse the block just freed");
         a.check_invariants().unwrap();
         a.free(p).unwrap();
@@ -55,19 +45,19 @@ fn a_larger_request_gets_the_memory_that_merging_gives() {
     // whole, so dirty whole) is listed unmerged (order 10); only merging it makes the 16 MiB
     // block that the next request needs.
     let a = allocator(16 * MIB, 12);
-    let p = take(&a, 4 * MIB, false, 7);
+    let p = take_written(&a, 4 * MIB, false, 7);
     a.free(p).unwrap();
     a.check_invariants().unwrap();
     let s = a.stats();
     let at = |order: usize| (0..3).map(|c| s.free_blocks[c][order]).sum::<u64>();
     assert_eq!((at(10), at(11), at(12)), (2, 1, 0), "the freed block was not left unmerged beside its buddy");
-    let whole = take(&a, 16 * MIB, true, 9);
+    let whole = take_written(&a, 16 * MIB, true, 9);
     assert_eq!(whole, p, "the whole arena was not served from the merged blocks");
     assert_eq!(a.stats().arenas, 1, "the heap grew instead of merging");
     a.check_invariants().unwrap();
     a.free(whole).unwrap();
     // A smaller order after a larger one: the unmerged 16 MiB block serves it, in place.
-    let q = take(&a, 3 * MIB, true, 3);
+    let q = take_written(&a, 3 * MIB, true, 3);
     assert_eq!(q, p);
     a.free(q).unwrap();
     a.check_invariants().unwrap();
@@ -78,15 +68,15 @@ fn blocks_beside_the_unmerged_one_merge_with_it() {
     let a = allocator(64 * MIB, 14);
     // Two neighbours of 4 MiB (order 10), the second freed first: each free that finds the rest
     // of its block listed leaves it unmerged, and the other's free merges the pair.
-    let x = take(&a, 4 * MIB, false, 1);
-    let y = take(&a, 3 * MIB, false, 2);
+    let x = take_written(&a, 4 * MIB, false, 1);
+    let y = take_written(&a, 3 * MIB, false, 2);
     assert_eq!(y as usize, x as usize + 4 * MIB, "the second block is not the first one's buddy");
     a.free(y).unwrap();
     a.check_invariants().unwrap();
     a.free(x).unwrap();
     a.check_invariants().unwrap();
     // Everything merged back: the whole arena is one block again.
-    let whole = take(&a, 64 * MIB, false, 4);
+    let whole = take_written(&a, 64 * MIB, false, 4);
     assert_eq!(whole, x);
     a.free(whole).unwrap();
     a.check_invariants().unwrap();
@@ -100,7 +90,7 @@ fn a_run_freed_last_and_left_alone_goes_back_whole() {
     let t = Tunables { report: true, zeroing: false, report_delay_ms: 50, zero_delay_ms: 20, ..Tunables::default() };
     let c = Config { arena_size: 16 * MIB, max_order: 12, thp: false, cache: false, tunables: t, ..Config::default() };
     let a = Allocator::new(c).unwrap();
-    let p = take(&a, MIB, false, 5);
+    let p = take_written(&a, MIB, false, 5);
     a.free(p).unwrap();
     common::wait_for("every free page reported", || {
         let s = a.stats();
@@ -118,7 +108,7 @@ fn a_run_whose_tail_was_never_written_is_left_unmerged_with_its_half_records() {
         // `Reported` (4 KiB pages) or `Zeroed` (huge pages: the part of the unit the run shares).
         // The free leaves the block unmerged all the same, a mixed block whose half records
         // `check_invariants` reads against its state bytes.
-        let p = take(&a, 3 * MIB + PAGE, false, 7);
+        let p = take_written(&a, 3 * MIB + PAGE, false, 7);
         a.free(p).unwrap();
         a.check_invariants().unwrap();
         let s = a.stats();
@@ -126,11 +116,11 @@ fn a_run_whose_tail_was_never_written_is_left_unmerged_with_its_half_records() {
         assert_eq!((at(10), at(11), at(12)), (2, 1, 0), "thp {thp}: a block with an unwritten tail was merged");
         // Taken back in place for a `ZERO` request: the written part is cleared, the rest reads
         // zero as it is (`take` checks every byte).
-        let q = take(&a, 4 * MIB, true, 3);
+        let q = take_written(&a, 4 * MIB, true, 3);
         assert_eq!(q, p, "thp {thp}: the unmerged block was not reused");
         a.free(q).unwrap();
         a.check_invariants().unwrap();
-        let whole = take(&a, 16 * MIB, true, 9);
+        let whole = take_written(&a, 16 * MIB, true, 9);
         assert_eq!(whole, p, "thp {thp}: the whole arena was not served from the merged blocks");
         a.free(whole).unwrap();
         a.check_invariants().unwrap();

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::check_free_states;
+use common::{check_free_states, take_written};
 use fallow::{Allocator, Config, Error, Flags, Tunables};
 
 const PAGE: usize = 4096;
@@ -17,18 +17,6 @@ const MIB: usize = 1 << 20;
 fn allocator(arena: usize) -> Allocator {
     let c = Config { arena_size: arena, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
     Allocator::new(c).unwrap()
-}
-
-/// Allocate `len` bytes (`zero`: a `ZERO` request, checked to read zero) and write them with `byte`.
-fn take(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
-    let p = a.alloc(len, PAGE, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
-    // SAFETY: `p` is a live block of `len` bytes from `alloc` just above, this thread's alone.
-    let b = unsafe { std::slice::from_raw_parts_mut(p, len) };
-    if zero {
-        assert!(b.iter().all(|&x| x == 0), "a ZERO request of {len} bytes got a block that does not read zero");
-    }
-    b.fill(byte);
-    p
 }
 
 fn check(a: &Allocator) {
@@ -45,7 +33,7 @@ fn a_large_block_freed_and_asked_for_again_is_a_hit() {
     let mut last = [None; 2];
     for (i, &len) in sizes.iter().enumerate() {
         let before = a.stats();
-        let p = take(&a, len, i % 3 == 2, i as u8 + 1);
+        let p = take_written(&a, len, i % 3 == 2, i as u8 + 1);
         let slot = usize::from(len > 4 * MIB);
         if let Some(q) = last[slot] {
             assert_eq!(p, q, "request {i} of {len} bytes did not get the block its order's cache held");
@@ -68,7 +56,7 @@ fn a_large_block_freed_and_asked_for_again_is_a_hit() {
 #[test]
 fn a_thread_keeps_one_block_of_each_large_order() {
     let a = allocator(64 * MIB);
-    let blocks: Vec<_> = (0..3).map(|i| take(&a, 3 * MIB + i * PAGE, false, 1)).collect();
+    let blocks: Vec<_> = (0..3).map(|i| take_written(&a, 3 * MIB + i * PAGE, false, 1)).collect();
     for &p in &blocks {
         a.free(p).unwrap();
         check(&a);
@@ -76,7 +64,7 @@ fn a_thread_keeps_one_block_of_each_large_order() {
     let s = a.stats();
     assert_eq!(s.cached_pages, 1024, "{s}");
     // The block cached is the one freed last: the next request gets it.
-    assert_eq!(take(&a, 4 * MIB, false, 2), blocks[2]);
+    assert_eq!(take_written(&a, 4 * MIB, false, 2), blocks[2]);
     check(&a);
 }
 
@@ -84,13 +72,13 @@ fn a_thread_keeps_one_block_of_each_large_order() {
 fn a_zero_request_of_a_cached_block_reads_zero_slack_included() {
     let a = allocator(64 * MIB);
     // Written whole, freed (cached, dirty), then asked for with ZERO: a memset of the live part.
-    let p = take(&a, 4 * MIB, false, 0xff);
+    let p = take_written(&a, 4 * MIB, false, 0xff);
     a.free(p).unwrap();
-    let q = take(&a, 3 * MIB, true, 0xee);
+    let q = take_written(&a, 3 * MIB, true, 0xee);
     assert_eq!(q, p);
     a.free(q).unwrap();
     // Its slack was written by the first use: the whole block asked for again reads zero.
-    assert_eq!(take(&a, 4 * MIB, true, 1), p);
+    assert_eq!(take_written(&a, 4 * MIB, true, 1), p);
     check(&a);
 }
 
@@ -99,10 +87,10 @@ fn the_heap_takes_back_the_threads_own_cache_before_it_grows() {
     // One arena of 16 MiB: the 8 MiB block freed into the cache is half of it, and a 16 MiB
     // request can only be served by merging it back.
     let a = allocator(16 * MIB);
-    let p = take(&a, 8 * MIB, false, 3);
+    let p = take_written(&a, 8 * MIB, false, 3);
     a.free(p).unwrap();
     assert_eq!(a.stats().cached_pages, 2048);
-    let whole = take(&a, 16 * MIB, true, 4);
+    let whole = take_written(&a, 16 * MIB, true, 4);
     let s = a.stats();
     assert_eq!((s.arenas, s.cached_pages), (1, 0), "the heap grew instead of draining the cache: {s}");
     a.free(whole).unwrap();
@@ -112,11 +100,11 @@ fn the_heap_takes_back_the_threads_own_cache_before_it_grows() {
 #[test]
 fn small_blocks_keep_to_the_high_mark_and_leave_the_large_ones_alone() {
     let a = allocator(64 * MIB);
-    let big = take(&a, 8 * MIB, false, 1);
-    let mid = take(&a, 4 * MIB, false, 2);
+    let big = take_written(&a, 8 * MIB, false, 1);
+    let mid = take_written(&a, 4 * MIB, false, 2);
     // 64 blocks of 128 KiB (8 MiB), more than the 4 MiB high mark: their frees drain the stacked
     // orders down to half of it, never the large blocks.
-    let small: Vec<_> = (0..64).map(|i| take(&a, 128 << 10, false, i as u8)).collect();
+    let small: Vec<_> = (0..64).map(|i| take_written(&a, 128 << 10, false, i as u8)).collect();
     a.free(big).unwrap();
     a.free(mid).unwrap();
     for p in small {
@@ -125,8 +113,8 @@ fn small_blocks_keep_to_the_high_mark_and_leave_the_large_ones_alone() {
         assert!(s.cached_pages <= 1024 + 1024 + 2048, "{s}");
     }
     check(&a);
-    assert_eq!(take(&a, 8 * MIB, false, 3), big, "the 8 MiB block was drained by small frees");
-    assert_eq!(take(&a, 4 * MIB, false, 4), mid, "the 4 MiB block was drained by small frees");
+    assert_eq!(take_written(&a, 8 * MIB, false, 3), big, "the 8 MiB block was drained by small frees");
+    assert_eq!(take_written(&a, 4 * MIB, false, 4), mid, "the 4 MiB block was drained by small frees");
     check(&a);
 }
 
@@ -140,7 +128,7 @@ fn a_large_block_left_in_an_idle_threads_cache_is_zeroed_for_the_next_zero_reque
     // and the thread stays out of the allocator (reading the statistics is not a call).
     let z = a.alloc(PAGE, PAGE, Flags::ZERO).unwrap();
     a.free(z.as_ptr()).unwrap();
-    let p = take(&a, 4 * MIB, false, 0x5a);
+    let p = take_written(&a, 4 * MIB, false, 0x5a);
     a.free(p).unwrap();
     assert!(a.stats().cached_pages >= 1024);
     common::wait_for("the cached block given back and zeroed", || {
@@ -148,7 +136,7 @@ fn a_large_block_left_in_an_idle_threads_cache_is_zeroed_for_the_next_zero_reque
         s.cached_pages < 1024 && s.zeroed_background_bytes >= (4 * MIB) as u64
     });
     let before = a.stats();
-    take(&a, 4 * MIB, true, 1);
+    take_written(&a, 4 * MIB, true, 1);
     let s = a.stats();
     assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "the ZERO request paid a memset: {s}");
     assert!(s.cache_remote_drains > 0, "{s}");

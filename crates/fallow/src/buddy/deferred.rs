@@ -105,12 +105,16 @@ impl Buddy {
     /// longer (the program did not take it back at once), so that a run freed last and then
     /// left alone merges into the blocks that go back to the kernel. (Below `report_order`, an
     /// unmerged pair would otherwise hold back its top-level block's part for good.)
-    pub(crate) fn merge_deferred_idle(&mut self, before_ms: u32) {
-        if let Some((pfn, _)) = self.unmerged {
-            if self.meta(pfn).freed_at_ms() <= before_ms {
-                self.merge_deferred();
-            }
+    /// Otherwise, with an unmerged block younger than that, the ms until it will be old enough
+    /// (the reporter looks again then rather than go idle).
+    pub(crate) fn merge_deferred_idle(&mut self, before_ms: u32) -> Option<u32> {
+        let (pfn, _) = self.unmerged?;
+        let freed = self.meta(pfn).freed_at_ms();
+        if freed <= before_ms {
+            self.merge_deferred();
+            return None;
         }
+        Some(freed - before_ms)
     }
 
     /// Before a take of `order` looks for a block: merge the unmerged block if it is of a

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use fallow::{Allocator, Config, PageState};
+use fallow::{Allocator, Config, Flags, PageState};
 
 /// The tests' own system calls (fallow's `os` module is crate-private).
 pub mod os {
@@ -166,4 +166,17 @@ pub fn in_child(f: impl FnOnce() -> Result<(), String>) {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     assert!(ok, "child failed (status {status}): {}", String::from_utf8_lossy(&msg));
+}
+
+/// Allocate `len` bytes, page-aligned (`zero`: a `ZERO` request, checked to read zero), and write
+/// them all with `byte`, as a program would.
+pub fn take_written(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
+    let p = a.alloc(len, 4096, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` just above, the caller's alone.
+    let b = unsafe { std::slice::from_raw_parts_mut(p, len) };
+    if zero {
+        assert!(b.iter().all(|&x| x == 0), "a ZERO request of {len} bytes got a block that does not read zero");
+    }
+    b.fill(byte);
+    p
 }
