@@ -1,12 +1,13 @@
 //! Per-thread page caches (seed 002, Linux's per-CPU page lists): the fast path of `alloc` and
-//! `free` for blocks of small orders, which takes no lock and does no atomic read-modify-write.
+//! `free` for blocks up to 8 MiB, which takes no lock and does no atomic read-modify-write.
 //!
-//! This module owns the caches: here their layout (entries, stacks, per-thread counters) and the
-//! `enter`/`leave` guard; `hit` the hit paths of `alloc` and `free` (and the slack path);
-//! `batch` the refill and drain under the allocator lock and the folding of the counters;
-//! `table` the thread-local table that finds a thread's cache of an allocator, and the
-//! allocator's list of its caches; `remote` what other threads do to a cache: the reporter's
-//! drain of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
+//! This module owns the caches: here their layout (orders served, per-thread counters) and the
+//! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
+//! stacks and every access to the entries; `hit` the hit paths of `alloc` and `free` (and the
+//! slack path); `batch` the refill and drain under the allocator lock and the folding of the
+//! counters; `table` the thread-local table that finds a thread's cache of an allocator, and the
+//! allocator's list of its caches; `remote` what other threads do to a cache: a worker's drain
+//! of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
 //! It sits on `heap` (the locked allocator) and nothing above it.
 //!
 //! Design
@@ -99,6 +100,7 @@
 mod batch;
 mod entry;
 mod hit;
+mod stack;
 mod remote;
 mod table;
 
@@ -121,6 +123,7 @@ use crate::stats::Stats;
 pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
+use stack::Stack;
 
 use crate::config::{CACHE_ORDER_LIMIT, CACHE_STACKED_ORDER_MAX};
 const MAX_ORDERS: usize = CACHE_ORDER_LIMIT as usize + 1;
@@ -184,55 +187,6 @@ impl Owned {
     #[inline(always)]
     fn sub(&self, v: u64) {
         self.set(self.get().wrapping_sub(v))
-    }
-}
-
-/// The two stacks of one order, on a cache line of their own (a hit touches one order's).
-#[repr(align(64))]
-struct Stack {
-    /// The entry at `base` (the hit paths index the dirty stack from it).
-    first: *mut Entry,
-    /// First index in the entry arrays, and capacity in blocks.
-    base: u32,
-    cap: u32,
-    /// Dirty stack size (grows up from `base`), zero stack size (grows down from
-    /// `base + cap - 1`).
-    ndirty: Owned,
-    nzero: Owned,
-    /// `cap - nzero`: the dirty stack is full when its size reaches it (one compare on the free
-    /// hit path). Set with `nzero`, by `set_nzero`.
-    dirty_max: Owned,
-    /// What an allocation hit puts in bytes 8..16 of the record of a block of this order (its
-    /// page count and `Tag::Alloc`, `HitWord::handed_out`), and its page count.
-    alloc_bits: u64,
-    npages: u64,
-}
-
-impl Default for Stack {
-    fn default() -> Stack {
-        Stack {
-            first: ptr::null_mut(),
-            base: 0,
-            cap: 0,
-            ndirty: Owned::default(),
-            nzero: Owned::default(),
-            dirty_max: Owned::default(),
-            alloc_bits: 0,
-            npages: 0,
-        }
-    }
-}
-
-impl Stack {
-    #[inline(always)]
-    fn len(&self) -> u32 {
-        (self.ndirty.get() + self.nzero.get()) as u32
-    }
-
-    #[inline(always)]
-    fn set_nzero(&self, nz: u32) {
-        self.nzero.set(nz as u64);
-        self.dirty_max.set((self.cap - nz) as u64);
     }
 }
 
@@ -495,115 +449,6 @@ impl Drop for Inside<'_> {
     #[inline(always)]
     fn drop(&mut self) {
         self.0.c.leave();
-    }
-}
-
-impl Entries<'_> {
-    #[inline(always)]
-    fn entry(&self, i: u32) -> *mut Entry {
-        debug_assert!((i as usize) < self.nentries());
-        // SAFETY: `i < nentries()` (callers index inside one stack's `base..base + cap`), the length
-        // of the `entries` allocation made in `new`.
-        unsafe { self.entries.add(i as usize) }
-    }
-
-    #[inline(always)]
-    fn mixed_at(&self, i: u32) -> *mut Mixed {
-        debug_assert!((i as usize) < self.nentries());
-        // SAFETY: as in `entry`: `mixed` has the same `nentries()` length as `entries`.
-        unsafe { self.mixed.add(i as usize) }
-    }
-
-    /// The entry at index `i`, with its counts.
-    #[inline(always)]
-    fn read(&self, i: u32) -> (Entry, Mixed) {
-        // SAFETY: `entry(i)` is in bounds; the read is a plain one, by the owner, or by another thread
-        // while the owner is kept out: a drain under the lock after the `membarrier` handshake
-        // ("Draining an idle thread's cache"), or `check` / `free_runs` through a `FrozenHeap`.
-        let e = unsafe { *self.entry(i) };
-        // SAFETY: as the read of the entry just above.
-        let m = if e.mixed() { unsafe { *self.mixed_at(i) } } else { Mixed::default() };
-        (e, m)
-    }
-
-    #[inline(always)]
-    fn write(&self, i: u32, e: Entry, m: Mixed) {
-        // SAFETY: `i` is in bounds (see `entry`); only the owner writes entries, between `enter` and
-        // `leave`, or under the lock while the owner is kept out (frozen, `busy` 0 after `membarrier`).
-        unsafe { *self.entry(i) = e };
-        if e.mixed() {
-            // SAFETY: as the entry's store above.
-            unsafe { *self.mixed_at(i) = m };
-        }
-    }
-
-    /// Push any block (refill), with the per-state counts of its pages.
-    fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
-        let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
-        let s = &self.stacks[o];
-        let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
-        debug_assert!(nd + nz < s.cap);
-        if e.mixed() && m.counts().needs_zeroing(1 << o) == 0 {
-            self.write(s.base + s.cap - 1 - nz, e, m);
-            s.set_nzero(nz + 1);
-        } else {
-            self.write(s.base + nd, e, m);
-            s.ndirty.set(nd as u64 + 1);
-        }
-        if e.mixed() {
-            self.gauge_mixed(m, o, true);
-        }
-    }
-
-    #[inline(always)]
-    fn pop_dirty(&self, o: usize) -> Option<(Entry, Mixed)> {
-        let s = &self.stacks[o];
-        let nd = s.ndirty.get() as u32;
-        if nd == 0 {
-            return None;
-        }
-        s.ndirty.set(nd as u64 - 1);
-        let (e, m) = self.read(s.base + nd - 1);
-        if e.mixed() {
-            self.gauge_mixed(m, o, false);
-        }
-        Some((e, m))
-    }
-
-    #[inline(always)]
-    fn pop_zero(&self, o: usize) -> Option<(Entry, Mixed)> {
-        let s = &self.stacks[o];
-        let nz = s.nzero.get() as u32;
-        if nz == 0 {
-            return None;
-        }
-        s.set_nzero(nz - 1);
-        let (e, m) = self.read(s.base + s.cap - nz);
-        self.gauge_mixed(m, o, false);
-        Some((e, m))
-    }
-
-    /// The next block for a request, in the locked path's order of preference (`preference`):
-    /// a plain request takes a dirty block, else the top of the zero-reading stack; a `ZERO`
-    /// request takes the top of the zero-reading stack if it is `Zeroed`-class, else a dirty block
-    /// (a memset costs ~20x less than faulting a reported page back in), else the top of the
-    /// zero-reading stack. `refill` leaves each batch's best zero-reading block on top.
-    #[inline]
-    fn pop(&self, o: usize, zero: bool) -> Option<(Entry, Mixed)> {
-        if zero {
-            let s = &self.stacks[o];
-            let nz = s.nzero.get() as u32;
-            if nz > 0 {
-                let (_, m) = self.read(s.base + s.cap - nz);
-                if m.counts().class(1 << o) == Class::Zeroed {
-                    return self.pop_zero(o);
-                }
-            }
-        }
-        match self.pop_dirty(o) {
-            Some(x) => Some(x),
-            None => self.pop_zero(o),
-        }
     }
 }
 
