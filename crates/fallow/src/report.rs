@@ -202,10 +202,17 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: 
             watch.nap(s, (delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
             None
         }
-        Some((g, at)) => {
-            *asked = None;
-            (crate::cache::drain_unanswered(s, g, at) == 0).then_some(idle_ns)
-        }
+        Some((g, at)) => match crate::cache::drain_unanswered(s, crate::cache::Scope::All, g, at) {
+            // The zeroing worker's drain is under way: look again in a moment, same request.
+            None => {
+                watch.nap(s, PERIOD_NS);
+                None
+            }
+            Some(pages) => {
+                *asked = None;
+                (pages == 0).then_some(idle_ns)
+            }
+        },
     }
 }
 

@@ -45,6 +45,7 @@
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::cache::Scope;
 use crate::heap::{Shared, ZERO_SLOT};
 use crate::os::{self, PAGE_SHIFT};
 use crate::page::{Class, PageState};
@@ -269,12 +270,14 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
 
 /// Large blocks in threads' caches (cache/: 4 and 8 MiB, one of each per thread) are on no list:
 /// a thread that frees one and then stays idle would keep it dirty, and a later `ZERO` request
-/// would pay its memset. With zeroing to do and no listed block to zero, ask the caches for
-/// their blocks (each thread gives its cache back at its next call), and after `zero_delay`
-/// drain the caches of the threads that stayed idle (`cache::drain_unanswered`): their blocks
-/// come back dated at the request, old enough to be zeroed at once. A thread in a hot loop
-/// answers, so it gives its cache back at most once per two delays. `None`: no large block is
-/// cached, or every thread answered.
+/// would pay its memset. With zeroing to do and no listed block to zero, ask (bump
+/// `Shared::large_generation`), wait `zero_delay`, then drain the large blocks of the caches whose
+/// threads freed no large block meanwhile (`cache::drain_unanswered`, `Scope::Large`): their
+/// blocks come back dated at the request, old enough to be zeroed at once. A thread that frees
+/// large blocks notes the generation at each such free, so a hot loop is never drained. A request
+/// older than two delays (the worker was away: no idle CPU, zeroing off, nothing to zero) is
+/// made again rather than drained for, so that no block comes back dated past `report_delay`.
+/// `None`: no large block cached, or none in an idle thread's cache.
 fn ask_caches(s: &Shared, asked: &mut Option<(u64, u32)>, held: u64, now_ms: u32, delay_ms: u32) -> Option<Next> {
     if held == 0 {
         *asked = None;
@@ -282,15 +285,23 @@ fn ask_caches(s: &Shared, asked: &mut Option<(u64, u32)>, held: u64, now_ms: u32
     }
     let ms = |ms: u32| (ms.max(1) as u64) * 1_000_000;
     match *asked {
-        None => {
-            let g = s.hit.drain_generation.fetch_add(1, Ordering::Relaxed) + 1;
+        Some((_, at)) if now_ms.wrapping_sub(at) < delay_ms => Some(Next::Nap(ms(delay_ms - now_ms.wrapping_sub(at)))),
+        Some((g, at)) if now_ms.wrapping_sub(at) <= 2 * delay_ms.max(1) => match crate::cache::drain_unanswered(s, Scope::Large, g, at) {
+            // The reporter's drain is under way: look again after a delay, with this request.
+            None => Some(Next::Nap(ms(delay_ms))),
+            Some(0) => {
+                *asked = None;
+                None
+            }
+            Some(_) => {
+                *asked = None;
+                Some(Next::Again)
+            }
+        },
+        _ => {
+            let g = s.large_generation.fetch_add(1, Ordering::Relaxed) + 1;
             *asked = Some((g, now_ms));
             Some(Next::Nap(ms(delay_ms)))
-        }
-        Some((_, at)) if now_ms.wrapping_sub(at) < delay_ms => Some(Next::Nap(ms(delay_ms - now_ms.wrapping_sub(at)))),
-        Some((g, at)) => {
-            *asked = None;
-            (crate::cache::drain_unanswered(s, g, at) > 0).then_some(Next::Again)
         }
     }
 }

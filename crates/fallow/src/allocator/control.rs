@@ -106,6 +106,7 @@ impl Allocator {
         s.close_worker_descriptors();
         s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();
+        cache::thaw_after_fork(&mut h);
         for slot in 0..INFLIGHT {
             if h.inflight[slot].used {
                 h.unisolate(slot, |st| st);

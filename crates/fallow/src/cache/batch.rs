@@ -151,6 +151,13 @@ impl Entries<'_> {
         }
     }
 
+    /// The large orders' blocks only (the zeroing worker's drain of an idle thread's cache).
+    pub(super) fn drain_large_locked(&self, h: &mut Heap, now: u32) {
+        for o in self.stacked..self.orders {
+            self.drain_locked(h, o, self.stacks[o].cap, now);
+        }
+    }
+
     /// Give back the `k` oldest blocks of order `o` (dirty ones first).
     pub(super) fn drain_locked(&self, h: &mut Heap, o: usize, k: u32, now: u32) {
         let s = &self.stacks[o];

@@ -203,9 +203,17 @@ impl Entries<'_> {
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
         if self.large(o) {
-            a.note_large_cached();
+            self.large_freed(a);
         }
         true
+    }
+
+    /// After a large block came into the cache: this thread is active (it answers the zeroing
+    /// worker's request for idle threads' large blocks), and the worker learns of the block.
+    #[inline(never)]
+    fn large_freed(&self, a: &Arc<Shared>) {
+        self.seen_large.set(a.large_generation.load(Relaxed));
+        a.note_large_cached();
     }
 
     /// `free_hit` (`MAY_DRAIN` false) and `free` (true): the same checks; only `free` may call
@@ -274,7 +282,7 @@ impl Entries<'_> {
         // multiple of `n` (checked above) in arena `ai`.
         unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         if large {
-            a.note_large_cached();
+            self.large_freed(a);
         }
         true
     }

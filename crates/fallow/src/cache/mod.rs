@@ -120,7 +120,7 @@ use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
-pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held};
+pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;
@@ -229,6 +229,9 @@ pub(crate) struct ThreadCache {
     /// `stacked..orders` (large) holds one block beyond it.
     high: u64,
     stacked: usize,
+    /// `Shared::large_generation` as of this thread's last large free (or the zeroing worker's
+    /// drain of its large blocks): a cache that has seen a request answered it.
+    seen_large: Owned,
     /// `pages` as of the last fold, refill or drain (changed under the lock only).
     accounted: Owned,
     /// Blocks per refill, per order.
@@ -282,6 +285,7 @@ impl ThreadCache {
             limit: Owned(AtomicU64::new(cfg.cache_high_pages as u64)),
             high: cfg.cache_high_pages as u64,
             stacked,
+            seen_large: Owned(AtomicU64::new(a.large_generation.load(Relaxed))),
             alloc_hits: Owned::default(),
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),

@@ -35,22 +35,33 @@ pub(crate) fn large_pages_held(h: &Heap) -> u64 {
 /// `freed_at_ms` is the free time the drained blocks get: the time of the request, since every
 /// block in an unanswered cache was put there before its thread's last call, which came before
 /// the request. So they are reported at the reporter's next pass, not a delay later.
-pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) -> u64 {
+///
+/// `scope`: the reporter drains whole caches that have not obeyed drain request `generation`
+/// (`Shared::hit.drain_generation`); the zeroing worker only the large blocks of caches whose
+/// threads have freed no large block since its request (`Shared::large_generation`, noted at
+/// each large free: `ThreadCache::seen_large`), so that a thread in a hot loop is never asked
+/// for anything. `None`: the other worker's drain is under way (try again later); else the pages
+/// given back.
+pub(crate) fn drain_unanswered(s: &Shared, scope: Scope, generation: u64, freed_at_ms: u32) -> Option<u64> {
+    let unanswered = |c: &ThreadCache| match scope {
+        Scope::All => c.pages.get() > 0 && c.seen_generation.get() < generation,
+        Scope::Large => c.limit.get() > c.high && c.seen_large.get() < generation,
+    };
     let mut frozen = 0;
     {
         let mut h = s.heap.lock();
         if h.caches.remote_drain {
-            return 0; // the other worker's drain is under way
+            return None;
         }
         for c in h.caches.iter() {
             // Generations only grow: a cache that obeyed a later request has answered this one.
-            if c.pages.get() > 0 && c.seen_generation.get() < generation {
+            if unanswered(c) {
                 c.frozen.store(1, Relaxed);
                 frozen += 1;
             }
         }
         if frozen == 0 {
-            return 0;
+            return Some(0);
         }
         h.caches.remote_drain = true;
     }
@@ -65,22 +76,49 @@ pub(crate) fn drain_unanswered(s: &Shared, generation: u64, freed_at_ms: u32) ->
         let c = unsafe { &*p };
         p = c.next.get();
         if c.frozen.load(Relaxed) == 0 {
-            continue; // registered after the freeze
+            continue; // registered after the freeze, or thawed by `lock_owners_out`
         }
         if fenced && c.busy.load(Ordering::Acquire) == 0 {
             // SAFETY: the lock is held, and the owner is kept out: frozen, then seen not busy
             // after `membarrier` (above).
             let e = unsafe { Entries::kept_out(c) };
-            pages += e.pages.get();
             e.fold(&mut h);
-            e.drain_all_locked(&mut h, freed_at_ms);
-            c.seen_generation.set(generation);
+            let before = e.pages.get();
+            match scope {
+                Scope::All => {
+                    e.drain_all_locked(&mut h, freed_at_ms);
+                    c.seen_generation.set(generation);
+                }
+                Scope::Large => {
+                    e.drain_large_locked(&mut h, freed_at_ms);
+                    c.seen_large.set(generation);
+                }
+            }
+            pages += before - e.pages.get();
             h.counters.cache_remote_drains += 1;
         }
         c.frozen.store(0, Ordering::Release);
     }
     h.caches.remote_drain = false;
-    pages
+    Some(pages)
+}
+
+/// What a worker's `drain_unanswered` takes from idle threads' caches.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Scope {
+    /// Everything (the reporter: memory that would otherwise never be reported).
+    All,
+    /// The large blocks (the zeroing worker: blocks it would otherwise never zero).
+    Large,
+}
+
+/// In a `fork` child (one thread, the lock held): a worker's drain the fork cut in two left
+/// caches frozen and the registry marked busy; nobody would thaw them.
+pub(crate) fn thaw_after_fork(h: &mut Heap) {
+    h.caches.remote_drain = false;
+    for c in h.caches.iter() {
+        c.frozen.store(0, Ordering::Release);
+    }
 }
 
 // ---- What the allocator's statistics and checks see of the caches (all under the lock). ----

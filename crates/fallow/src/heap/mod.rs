@@ -23,7 +23,7 @@ mod locked;
 mod view;
 mod workers;
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 
 use crate::buddy::{preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
@@ -145,6 +145,9 @@ pub(crate) struct Shared {
     /// zeroing worker cannot see it), cleared by the zeroing worker at each look while zeroing
     /// is on (`Shared::note_large_cached`).
     pub(crate) large_cached: AtomicBool,
+    /// The zeroing worker's requests for idle threads' large cached blocks (zero.rs
+    /// `ask_caches`): bumped by the worker, noted by a thread at each large free.
+    pub(crate) large_generation: AtomicU64,
     /// Set by the reporter while the memory limit is passed or there is memory pressure
     /// (limit.rs): the zeroing worker then adds no resident page and zeroes nothing. Relaxed: a
     /// step more or less of zeroing is harmless.
@@ -200,6 +203,7 @@ impl Shared {
             entries,
             zero_requested: AtomicBool::new(false),
             large_cached: AtomicBool::new(false),
+            large_generation: AtomicU64::new(0),
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
             config,

@@ -65,6 +65,10 @@ impl Shared {
     /// At most once between two of its looks: then one load of a line it writes at each look.
     /// `SeqCst` with its check of the flag after it stores `IDLE`: no lost wake-up.
     pub(crate) fn note_large_cached(self: &Arc<Self>) {
+        // No `ZERO` request yet: nothing would be zeroed for it.
+        if !self.zero_requested.load(Ordering::Relaxed) {
+            return;
+        }
         if self.large_cached.load(Ordering::Relaxed) || self.large_cached.swap(true, Ordering::SeqCst) {
             return;
         }
