@@ -83,7 +83,11 @@ impl Entries<'_> {
                 continue;
             }
             if live < n {
-                return Some(self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags));
+                let addr = self.hand_out_with_slack(a, e, mixed, m, w, order, live, flags);
+                if n > UNIT_PAGES {
+                    settle_slack_unit(a, e, live);
+                }
+                return Some(addr);
             }
             self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), o);
             if flags.0 == 0 && !e.mixed() {
@@ -108,9 +112,6 @@ impl Entries<'_> {
         // The live part's counts: the block's, less the slack's (this thread owns the block's
         // state bytes now).
         let counts = if e.mixed() { mixed.counts().minus(v.states().count(pfn + live, n - live)) } else { StateCounts::default() };
-        if n > UNIT_PAGES && v.huge_units() {
-            settle_slack_unit(v.states(), pfn + live);
-        }
         if flags.0 == 0 && counts == StateCounts::default() {
             v.states().fill(pfn, live, PageState::Allocated);
             return e.addr();
@@ -291,14 +292,20 @@ impl Entries<'_> {
 /// Pages of a huge-page unit.
 const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 
-/// A block of several huge-page units handed out with slack from `end`: the unit where the live
+/// A block of several huge-page units handed out with slack: the unit where the live
 /// part ends is partly live, so its slack pages may not stay `Reported` (the kernel backs the
 /// whole unit at the first touch: buddy/units.rs). They become `Zeroed` (both read zero), as
 /// `settle_units` makes them on the locked path. The slack's states are this thread's while
 /// the block lives, counted nowhere but in its free (`take_freed_slack` reads them then), so no
 /// counter changes.
+/// (After `hand_out_with_slack`, which read the slack's counts; `live` pages of the block `e`.)
 #[inline(never)]
-fn settle_slack_unit(states: crate::arena::States, end: u32) {
+fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
+    let v = a.view(e.arena());
+    if !v.huge_units() {
+        return;
+    }
+    let (states, end) = (v.states(), v.record(e.addr()).0 + live);
     let tail = end.next_multiple_of(UNIT_PAGES) - end;
     states.for_each_run(end, tail, |q, len, st| {
         if st == PageState::Reported {
