@@ -6,7 +6,9 @@
 //! State machine of the zeroing worker (`run`):
 //!
 //! ```text
-//!   IDLE --free of a dirty block >= zero_order (futex wake)--> GATE
+//!   IDLE --free of a dirty block >= zero_order, once a ZERO request was made or with a
+//!         populated reserve; the first ZERO request; a large block freed into a cache
+//!         (futex wake)--> GATE
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +

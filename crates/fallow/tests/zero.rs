@@ -388,3 +388,23 @@ fn fork_child_takes_back_blocks_in_flight() {
     // Whether a given fork caught a chunk in flight varies; the child's checks hold either way.
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn frees_before_any_zero_request_do_not_wake_the_worker() {
+    // Nothing would be zeroed for a program that never asked for zeroed memory: its frees leave
+    // the worker asleep after its first look. The first ZERO request wakes it.
+    let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
+    wait_for("the worker's first look", || a.stats().zero_scans >= 1);
+    let looks = a.stats().zero_scans;
+    for _ in 0..20 {
+        // 8 MiB, above the caches' orders here: each free lists a dirty block.
+        let p = a.alloc(8 << 20, PAGE, Flags::NONE).unwrap().as_ptr();
+        // SAFETY: `p` is a live block of 8 MiB, this thread's alone.
+        unsafe { p.write_bytes(1, 8 << 20) };
+        a.free(p).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(a.stats().zero_scans, looks, "a free woke the worker before any ZERO request");
+    ask_for_zeroed_memory(&a);
+    wait_for("a look after the first ZERO request", || a.stats().zero_scans > looks);
+}

@@ -112,6 +112,8 @@ impl Allocator {
         // Relaxed: the worker only needs to see it eventually; a load first keeps the line shared.
         if flags.contains(Flags::ZERO) && !self.shared.zero_requested.load(Ordering::Relaxed) {
             self.shared.zero_requested.store(true, Ordering::Relaxed);
+            // The first one: dirty memory freed until now did not wake the zeroing worker.
+            self.shared.wake_workers_after_free(self.shared.heap.lock());
         }
         if let Some(p) = self.alloc_cached(size, align, flags) {
             return Ok(p);
