@@ -24,6 +24,11 @@
 //!     only dirty blocks younger than zero_delay -> NAP until the oldest is old enough -> GATE
 //!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
 //!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> GATE
+//!     nothing listed to zero, large blocks in threads' caches (`ask_caches`)
+//!                                  -> ASK (a request generation), NAP zero_delay, then DRAIN
+//!                                     the large blocks of caches whose threads freed none
+//!                                     since (the reporter's handshake) -> GATE
+//!     a large block freed into a cache since the last look -> NAP zero_delay instead of IDLE
 //! ```
 //!
 //! Invariants:
