@@ -227,9 +227,23 @@ pub fn make_peers(kinds: &[PeerKind], setup: Setup) -> Result<Vec<Peer>, String>
     kinds.iter().map(|&k| Peer::new(k, setup)).collect()
 }
 
-/// The order of peers in round `round`: a rotation of `0..n`.
+/// The order of peers in round `round`: `0..n` from a starting peer that turns with the round,
+/// in steps of a stride that changes from round to round (the numbers coprime to `n` in turn,
+/// so every peer runs once and follows a different peer from one round to the next). With a rotation alone each peer followed the same one in every round, and paid
+/// for its aftermath every time: in `bench scale`, the peer after `mmap` (whose 250 ms of
+/// `mmap`/`munmap` leave the kernel work to finish) ran 3% slower in every run, whichever it was.
 pub fn round_order(n: usize, round: usize) -> impl Iterator<Item = usize> {
-    (0..n).map(move |i| (i + round) % n)
+    let strides: Vec<usize> = (1..n.max(2)).filter(|&k| gcd(k, n) == 1).collect();
+    let stride = strides[round % strides.len()];
+    (0..n).map(move |i| (round + i * stride) % n)
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// A result row: `allocator`, `variant`, then the summary fields, then the experiment's own.
@@ -244,4 +258,30 @@ pub fn row(kind: PeerKind, summary: Map<String, Value>) -> Map<String, Value> {
 
 pub fn alloc_failed(peer: &Peer, size: usize) -> String {
     format!("{}: could not allocate {} bytes", peer.name(), size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_order;
+
+    #[test]
+    fn every_round_runs_each_peer_once_and_no_peer_always_follows_the_same_one() {
+        for n in 1..=9 {
+            let rounds: Vec<Vec<usize>> = (0..7).map(|r| round_order(n, r).collect()).collect();
+            for order in &rounds {
+                let mut sorted = order.clone();
+                sorted.sort();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n {n}: {order:?}");
+            }
+            // With three peers or more, each peer's predecessor changes within the seven rounds
+            // (a plain rotation kept it the same in every round).
+            if n >= 3 {
+                for p in 0..n {
+                    let before: std::collections::BTreeSet<_> =
+                        rounds.iter().filter_map(|o| o.iter().position(|&q| q == p).filter(|&i| i > 0).map(|i| o[i - 1])).collect();
+                    assert!(before.len() >= 2, "n {n}: peer {p} always follows {before:?}");
+                }
+            }
+        }
+    }
 }
