@@ -119,6 +119,19 @@ impl States {
         }
     }
 
+    /// Record the pages of `[pfn, pfn + n)` whose state is `from` as `to`, by runs; the others
+    /// keep theirs. Returns how many there were.
+    pub fn replace(self, pfn: u32, n: u32, from: PageState, to: PageState) -> u32 {
+        let mut replaced = 0;
+        self.for_each_run(pfn, n, |q, len, s| {
+            if s == from {
+                self.fill(q, len, to);
+                replaced += len;
+            }
+        });
+        replaced
+    }
+
     /// The first page of `[p, end)` (inside the arena) whose state is not `s`, or `end`.
     #[inline]
     fn run_end(self, mut p: u32, end: u32, s: PageState) -> u32 {

@@ -82,13 +82,7 @@ impl Buddy {
     /// Record the `Reported` pages of `[pfn, pfn + n)` as `Zeroed` (both read zero); the others
     /// keep their states. Returns how many there were.
     fn zero_reported_runs(&self, pfn: u32, n: u32) -> u32 {
-        let mut reported = 0;
-        self.for_each_run(pfn, n, |q, len, s| {
-            if s == PageState::Reported {
-                self.set_states(q, len, PageState::Zeroed);
-                reported += len;
-            }
-        });
-        reported
+        debug_assert!(pfn as usize + n as usize <= self.npages as usize);
+        self.states().replace(pfn, n, PageState::Reported, PageState::Zeroed)
     }
 }

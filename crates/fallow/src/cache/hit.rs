@@ -305,11 +305,6 @@ fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     if !v.huge_units() {
         return;
     }
-    let (states, end) = (v.states(), v.record(e.addr()).0 + live);
-    let tail = end.next_multiple_of(UNIT_PAGES) - end;
-    states.for_each_run(end, tail, |q, len, st| {
-        if st == PageState::Reported {
-            states.fill(q, len, PageState::Zeroed);
-        }
-    });
+    let end = v.record(e.addr()).0 + live;
+    v.states().replace(end, end.next_multiple_of(UNIT_PAGES) - end, PageState::Reported, PageState::Zeroed);
 }

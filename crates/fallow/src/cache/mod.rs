@@ -145,7 +145,8 @@ pub(crate) fn new_allocator_id() -> u64 {
 /// (and `max_order`); up to `CACHE_STACKED_ORDER_MAX`, only orders whose block fits in half the high
 /// mark, so that a cache drained down to half its high mark always has room for the block being
 /// freed.
-/// Also returns how many of them (`0..m`) are stacked, the others large (`capacity`).
+/// Also returns how many of them (`0..m`) are stacked: those that fit in half the high mark;
+/// the others are large.
 pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
     if !cfg.cache || cfg.cache_high_pages < 2 {
         return (0, 0);
@@ -153,18 +154,8 @@ pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
     let fit = (cfg.cache_high_pages / 2).ilog2() as u8;
     let top = if fit >= CACHE_STACKED_ORDER_MAX { CACHE_ORDER_LIMIT } else { fit };
     let orders = cfg.cache_max_order.min(cfg.max_order).min(top) as u32 + 1;
-    let stacked = (0..orders).filter(|&o| !capacity(cfg.cache_high_pages, o as usize).1).count();
+    let stacked = (0..orders).filter(|&o| 1u32 << o <= cfg.cache_high_pages / 2).count();
     (orders, stacked as u32)
-}
-
-/// The capacity in blocks of order `o`'s stacks, and whether the order has a block's room beyond
-/// the high mark `high` (it does not fit in half of it).
-fn capacity(high: u32, o: usize) -> (u32, bool) {
-    if 1u32 << o <= high / 2 {
-        ((high >> o).min(STACK_MAX), false)
-    } else {
-        (1, true)
-    }
 }
 
 /// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
@@ -259,11 +250,11 @@ impl ThreadCache {
         let orders = a.hit.cache_orders as usize;
         let mut stacks: [Stack; MAX_ORDERS] = Default::default();
         let mut batch = [0u32; MAX_ORDERS];
+        let stacked = a.hit.cache_stacked_orders as usize;
         let mut total = 0u32;
-        let mut stacked = 0;
         for o in 0..orders {
-            let (cap, beyond) = capacity(cfg.cache_high_pages, o);
-            stacked += !beyond as usize;
+            // A stacked order's capacity under the high mark; one block for a large order.
+            let cap = if o < stacked { (cfg.cache_high_pages >> o).min(STACK_MAX) } else { 1 };
             stacks[o].base = total;
             stacks[o].cap = cap;
             stacks[o].set_nzero(0);
@@ -293,7 +284,7 @@ impl ThreadCache {
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             orders,
             max_pages: 1 << (orders - 1),
-            hit_max_pages: 1 << (stacked.min(orders) - 1),
+            hit_max_pages: (a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32,
             stacks,
             accounted: Owned::default(),
             batch,

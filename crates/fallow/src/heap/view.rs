@@ -86,8 +86,9 @@ pub(crate) struct HitPath {
     pub(crate) cache_orders: u32,
     /// Largest block they serve, in bytes (0: caches off).
     pub(crate) cache_max_bytes: usize,
-    /// Largest block their hit paths serve (the largest stacked order's; larger ones are served
-    /// off the hit path, cache/mod.rs).
+    /// How many of those orders (`0..n`) are stacked (cache/mod.rs), and the largest block their
+    /// hit paths serve (the largest stacked order's; larger ones are served off the hit path).
+    pub(crate) cache_stacked_orders: u32,
     pub(crate) cache_hit_max_bytes: usize,
     /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
     pub(crate) drain_generation: AtomicU64,
@@ -127,6 +128,7 @@ impl HitPath {
             cache_id,
             cache_orders,
             cache_max_bytes: max(cache_orders),
+            cache_stacked_orders,
             cache_hit_max_bytes: max(cache_stacked_orders),
             drain_generation: AtomicU64::new(0),
         }
