@@ -1,7 +1,8 @@
 //! glibc's own allocator, reached by its `__libc_*` names so that nothing here comes back through
 //! the interposed `malloc`; and the Rust global allocator of this library, built on them (the core
-//! allocates its `Arc` and nothing else from the Rust heap, but any Rust allocation made inside a
-//! preloaded `malloc` must not recurse).
+//! allocates its `Arc`, its threads' caches (a page each, page-aligned: `memalign`) and their
+//! entry arrays from the Rust heap, and any Rust allocation made inside a preloaded `malloc` must
+//! not recurse).
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::c_void;

@@ -3,6 +3,9 @@
 //! caches (`Heap::caches`), walked under its lock.
 
 use super::*;
+use core::mem::MaybeUninit;
+
+use crate::heap::{CACHE_LINE, LINE};
 
 /// The allocator's list of its threads' caches (`Heap::caches`; intrusive: registering allocates
 /// nothing). The heap keeps its head as an untyped pointer (it sits below this layer); every
@@ -171,7 +174,9 @@ impl Slots {
         }
         // Allocate while BUSY (a re-entrant malloc takes the locked path) and without the lock.
         STATE.with(|s| s.set(BUSY));
-        let c = Box::into_raw(Box::new(ThreadCache::new(a)));
+        let page = Box::into_raw(Box::new(CachePage { gap: MaybeUninit::uninit(), cache: ThreadCache::new(a) }));
+        // SAFETY: `page` is the live allocation just made.
+        let c = unsafe { &raw mut (*page).cache };
         STATE.with(|s| s.set(READY));
         a.heap.lock().caches.push(c);
         self.caches[pick].set(c);
@@ -220,11 +225,21 @@ pub(super) fn retire(c: *mut ThreadCache) {
         // Wake a worker for what the drain freed, only while the allocator has handles.
         shared.wake_workers_if_alive(h);
     }
-    // SAFETY: `c` came from `Box::into_raw` in `find_or_make`; it is out of the table and, if its
-    // allocator lives, unlinked from the registry under the lock above, so nothing reaches it now
-    // (if the allocator is gone, so is its registry).
-    drop(unsafe { Box::from_raw(c) });
+    // SAFETY: `c` is the `cache` of a `CachePage` that came from `Box::into_raw` in `find_or_make`;
+    // it is out of the table and, if its allocator lives, unlinked from the registry under the
+    // lock above, so nothing reaches it now (if the allocator is gone, so is its registry).
+    drop(unsafe { Box::from_raw(c.byte_sub(core::mem::offset_of!(CachePage, cache)).cast::<CachePage>()) });
 }
+
+/// A thread's cache on a page of its own, its first (hot) line at `CACHE_LINE` and its stacks on
+/// the lines after it (heap/view.rs, "Page offsets of the hit path's lines").
+#[repr(C, align(4096))]
+struct CachePage {
+    gap: MaybeUninit<[u8; CACHE_LINE * LINE]>,
+    cache: ThreadCache,
+}
+
+const _: () = assert!(core::mem::size_of::<CachePage>() == 1 << PAGE_SHIFT);
 
 /// `Allocator::drain_thread_cache`, and before the heap grows: `true` if the cache held pages.
 /// Called without the allocator lock.
@@ -248,4 +263,27 @@ pub(crate) fn drain_current(a: &Arc<Shared>) -> bool {
         }
     });
     held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::heap::HIT_LINE;
+    use crate::{Allocator, Config};
+
+    /// The hit path's lines sit where heap/view.rs says ("Page offsets of the hit path's
+    /// lines"): the types fix the offsets, the allocations must keep their page alignment.
+    #[test]
+    fn the_hit_path_lines_sit_at_their_page_offsets() {
+        let page = (1usize << PAGE_SHIFT) - 1;
+        let a = Allocator::new(Config { cache_max_order: 2, ..Config::default() }).unwrap();
+        let b = a.alloc(1 << PAGE_SHIFT, 1 << PAGE_SHIFT, Flags::NONE).unwrap();
+        a.free(b.as_ptr()).unwrap();
+        let shared = &a.shared;
+        let tc = last(shared).expect("the thread's cache, made by the free");
+        assert_eq!(tc as *const ThreadCache as usize & page, CACHE_LINE * LINE);
+        assert_eq!(&tc.stacks[0] as *const Stack as usize & page, CACHE_LINE * LINE + core::mem::offset_of!(ThreadCache, stacks));
+        assert_eq!(&shared.hit as *const _ as usize & page, HIT_LINE * LINE);
+        assert_eq!(shared.view(0) as *const ArenaView as usize & page, (HIT_LINE + 1) * LINE);
+    }
 }

@@ -35,7 +35,10 @@ use crate::stats::ReclaimCounters;
 use crate::worker::{self, Worker};
 
 pub(crate) use isolate::{Inflight, INFLIGHT, ZERO_SLOT};
-pub(crate) use view::{ArenaView, HitPath};
+pub(crate) use view::{ArenaView, HitPath, CACHE_LINE, LINE};
+#[cfg(test)]
+pub(crate) use view::HIT_LINE;
+use view::HitGap;
 
 /// Arenas an allocator may install (its arena table is fixed: arenas never move).
 pub(crate) const MAX_ARENAS: usize = 64;
@@ -120,10 +123,14 @@ pub(crate) struct WorkerEntries {
 
 /// What every handle, per-thread cache and worker of one allocator shares: the lock and what it
 /// guards, the arena views and the cache hit-path words read without it, the worker words.
+/// Page-aligned, so that `hit` and `views` sit at fixed page offsets (view.rs, "Page offsets of
+/// the hit path's lines").
+#[repr(C, align(4096))]
 pub(crate) struct Shared {
-    pub heap: Locked<Heap>,
-    views: [ArenaView; MAX_ARENAS],
+    gap: HitGap,
     pub(crate) hit: HitPath,
+    views: [ArenaView; MAX_ARENAS],
+    pub heap: Locked<Heap>,
     pub config: Config,
     epoch_ns: u64,
     /// The free page reporting worker (report.rs) and the zeroing worker (zero.rs).
@@ -183,6 +190,7 @@ impl Shared {
     pub(crate) fn new(config: Config, cache_id: u64, cache_orders: (u32, u32), entries: WorkerEntries) -> Shared {
         const EMPTY: Option<Buddy> = None;
         Shared {
+            gap: HitGap::uninit(),
             heap: Locked::new(Heap {
                 arenas: [EMPTY; MAX_ARENAS],
                 narenas: 0,

@@ -1,5 +1,6 @@
 //! What code outside the lock reads of an allocator: the published arena views (`owns`, the
-//! per-thread caches' hit paths) and the `HitPath` words, each on cache lines of their own.
+//! per-thread caches' hit paths) and the `HitPath` words, each on cache lines of their own, at
+//! fixed offsets in their page ("Page offsets of the hit path's lines" below).
 
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
@@ -8,6 +9,32 @@ use crate::os::{PAGE_SHIFT, PAGE_SIZE};
 use crate::page::BlockMeta;
 
 use super::{Shared, MAX_ARENAS};
+
+/// Page offsets of the hit path's lines. On x86, a load whose address matches in its low 12
+/// bits a store to another page still in flight waits for that store ("4K aliasing"). A cache
+/// hit stores its cache's counters (`pages`, the hit counts, `busy`) and then loads `HitPath`
+/// and a view: when these sat at the same offset in their pages, every pair took ~6% longer
+/// (`bench scale` at 4 KiB: whichever of two allocator instances had its `Shared` at the
+/// page offset of the thread's cache was the slower one, by chance of the C heap). So the
+/// lines sit at fixed offsets, apart from each other and from the first and last lines of a
+/// page (where programs most often write their blocks):
+/// - `Shared::hit` at line `HIT_LINE`, the views of arenas 0, 1, ... on the lines after it
+///   (arenas 0 to 30 clear of the cache's lines);
+/// - a thread's cache's hot line at `CACHE_LINE`, its order stacks on the lines after it
+///   (cache/table.rs, `CachePage`).
+pub(crate) const LINE: usize = 64;
+pub(crate) const HIT_LINE: usize = 8;
+pub(crate) const CACHE_LINE: usize = 40;
+
+/// The bytes of `Shared` before `hit` (nothing is kept there).
+pub(crate) type HitGap = core::mem::MaybeUninit<[u8; HIT_LINE * LINE]>;
+
+const _: () = {
+    assert!(core::mem::align_of::<Shared>() == PAGE_SIZE);
+    assert!(core::mem::offset_of!(Shared, hit) == HIT_LINE * LINE);
+    assert!(core::mem::offset_of!(Shared, views) == (HIT_LINE + 1) * LINE);
+    assert!(core::mem::size_of::<ArenaView>() == LINE && core::mem::size_of::<HitPath>() == LINE);
+};
 
 /// What code outside the lock may read of an arena (the per-thread caches' hit path). Aligned
 /// to a cache line of its own, so that nothing written under the lock shares it.
