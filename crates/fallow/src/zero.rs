@@ -63,6 +63,8 @@ pub const DEMAND_TAU_S: f64 = 5.0;
 /// Blocks examined per list per step.
 const SCAN_LIMIT: u32 = 256;
 const NAP_NS: u64 = 1_000_000_000;
+/// How long to stay away when an allocation waits for isolated memory (its waits are 100 us).
+const WAITERS_NAP_NS: u64 = 1_000_000;
 
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
@@ -221,7 +223,10 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
         };
     };
 
-    // ISOLATE
+    // ISOLATE, unless an allocation waits for isolated memory: it wants the block back whole.
+    if h.isolation_waiters > 0 {
+        return Next::Nap(WAITERS_NAP_NS);
+    }
     let rec = if order > chunk_order {
         h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order)
     } else {

@@ -107,6 +107,7 @@ impl Allocator {
         s.squeezed.store(false, Ordering::Relaxed);
         let mut h = s.heap.lock();
         cache::thaw_after_fork(&mut h);
+        h.isolation_waiters = 0;
         for slot in 0..INFLIGHT {
             if h.inflight[slot].used {
                 h.unisolate(slot, |st| st);

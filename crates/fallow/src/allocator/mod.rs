@@ -5,6 +5,8 @@
 //! layers: it may import every module below and none imports it but `global`.
 
 mod control;
+#[cfg(test)]
+mod tests;
 
 use core::ptr::NonNull;
 use core::sync::atomic::Ordering;

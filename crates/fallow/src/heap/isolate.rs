@@ -35,6 +35,29 @@ impl Heap {
         (0..self.narenas).any(|i| self.arena(i).has_free(&[Class::Dirty], order))
     }
 
+    /// Whether the zeroing worker's chunk, returned now, would merge into a free block of order
+    /// `order` or more: the chunk is at least that large, or every buddy on the way up is free.
+    /// (Then an allocation of that order that would otherwise fault in memory waits for it.)
+    pub(crate) fn zeroing_holds_part_of(&self, order: u8) -> bool {
+        let rec = &self.inflight[ZERO_SLOT];
+        if !rec.used {
+            return false;
+        }
+        let a = self.arena(rec.arena as usize);
+        if order > a.max_order {
+            return false;
+        }
+        let mut pfn = rec.pfn;
+        for o in rec.order..order {
+            let buddy = pfn ^ (1u32 << o);
+            if buddy >= a.npages || !a.meta(buddy).is_free_of_order(o) {
+                return false;
+            }
+            pfn = pfn.min(buddy);
+        }
+        true
+    }
+
     /// Free pages that are resident (dirty, zeroed; lazily freed ones are not counted), and of
     /// them the zeroed ones.
     pub(crate) fn resident_free_pages(&self) -> (u64, u64) {

@@ -49,24 +49,42 @@ impl Shared {
         // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
         let now = if zero { self.now_ms() } else { 0 };
         let mut waits = 0u32;
+        let mut waiting = false;
         let mut reclaimable = true;
         let placed = loop {
             let mut h = self.heap.lock();
-            if let Some(p) = h.take(npages, order, zero, now) {
-                break p;
+            if core::mem::take(&mut waiting) {
+                h.isolation_waiters -= 1;
+            }
+            // A request of a zeroing chunk or more that no resident free block can serve would be
+            // served from memory never touched or given back (a fault per page: ~550 ms/GiB
+            // here), while the zeroing worker may hold just the chunk that splits a resident
+            // block of the size asked for. Wait for that chunk instead (it takes 50-80 us).
+            let for_chunk = waits < ISOLATION_WAITS
+                && npages as usize >= h.tunables.zero_chunk >> PAGE_SHIFT
+                && h.zeroing_holds_part_of(order)
+                && !h.has_unreported(order);
+            if !for_chunk {
+                if let Some(p) = h.take(npages, order, zero, now) {
+                    break p;
+                }
             }
             // The arena count as this thread found the heap full: `grow` installs nothing if
             // another thread has grown the heap since (then the take is retried first).
             let (isolated, seen) = (h.counters.isolated_pages, h.narenas);
-            drop(h);
             // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
             // zeroed, a batch being reported): wait for them a little (at most ~2 ms) rather than
-            // reserve a new arena and fault it in. Only when no other memory is free.
-            if isolated > 0 && waits < ISOLATION_WAITS {
+            // reserve a new arena and fault it in. Only when no other memory is free. Meanwhile
+            // the zeroing worker takes no new chunk (`isolation_waiters`).
+            if for_chunk || (isolated > 0 && waits < ISOLATION_WAITS) {
+                h.isolation_waiters += 1;
+                waiting = true;
+                drop(h);
                 waits += 1;
                 os::sleep_ns(100_000);
                 continue;
             }
+            drop(h);
             if core::mem::take(&mut reclaimable) && reclaim() {
                 continue;
             }

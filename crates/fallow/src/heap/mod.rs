@@ -93,6 +93,11 @@ pub(crate) struct Heap {
     /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker. Kept here
     /// so that a `fork` child, which has no workers, can put them back.
     pub inflight: [Inflight; INFLIGHT],
+    /// Allocations between deciding to wait for an isolated block and trying again
+    /// (`Shared::alloc_locked`): while there are any, the zeroing worker isolates nothing new, so
+    /// that the block they wait for comes back whole. Reset in a `fork` child (its waiters were
+    /// the parent's other threads).
+    pub isolation_waiters: u32,
     /// The per-thread caches of this allocator: the head of an intrusive list whose nodes are the
     /// caches themselves. The cache layer above owns every operation on it (cache/table.rs); the
     /// heap only keeps it under its lock, so that the reporter and the checks can walk it.
@@ -198,6 +203,7 @@ impl Shared {
                 tunables: config.tunables.clamped(&config),
                 reclaim: ReclaimCounters::default(),
                 inflight: [Inflight::default(); INFLIGHT],
+                isolation_waiters: 0,
                 caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
             }),

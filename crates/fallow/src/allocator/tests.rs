@@ -1,0 +1,91 @@
+//! Tests of the locked allocator together with the workers' interface, driven by hand: what an
+//! allocation does while a worker holds a block.
+
+use std::time::Duration;
+
+use crate::config::{Config, Tunables};
+use crate::flags::Flags;
+use crate::heap::ZERO_SLOT;
+use crate::os::PAGE_SHIFT;
+use crate::page::PageState;
+
+use super::Allocator;
+
+const BLOCK: usize = 16 << 20;
+
+fn allocator() -> Allocator {
+    // No worker runs: the test plays the zeroing worker's part itself.
+    let tunables = Tunables { zeroing: false, report: false, ..Tunables::default() };
+    Allocator::new(Config { arena_size: 4 * BLOCK, thp: false, cache: false, tunables, ..Config::default() }).unwrap()
+}
+
+/// A resident free block split by the zeroing worker's chunk: a request of its size waits for
+/// the chunk and gets that block back, rather than fault in memory never touched.
+#[test]
+fn a_large_request_waits_for_the_chunk_being_zeroed_rather_than_fault_in_new_memory() {
+    let a = allocator();
+    let p = a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of BLOCK bytes, ours until the free below.
+    unsafe { p.write_bytes(7, BLOCK) };
+    a.free(p).unwrap();
+    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
+    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
+    let chunk = {
+        let mut h = a.shared.heap.lock();
+        let ai = h.arena_index(p as usize).unwrap();
+        let pfn = h.arena(ai).pfn(p as usize);
+        let chunk = h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
+        assert!(h.zeroing_holds_part_of(order) && !h.has_unreported(order));
+        h.arena(ai).addr(chunk.pfn)
+    };
+    let reused_before = a.stats().reused_reported_bytes;
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| a.alloc(BLOCK, 4096, Flags::ZERO).unwrap().as_ptr() as usize);
+        // The request waits (up to ~2 ms at a time, 100 us per look) while the chunk is out.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while a.shared.heap.lock().isolation_waiters == 0 {
+            assert!(std::time::Instant::now() < deadline, "the request did not wait for the chunk");
+            std::thread::yield_now();
+        }
+        // Zero the chunk and return it, as the worker does.
+        // SAFETY: the chunk is isolated (on no list, handed to nobody) until `unisolate`.
+        unsafe { (chunk as *mut u8).write_bytes(0, Tunables::default().zero_chunk) };
+        a.shared.heap.lock().unisolate(ZERO_SLOT, |st| if st == PageState::Dirty { PageState::Zeroed } else { st });
+        let q = waiter.join().unwrap();
+        assert_eq!(q, p as usize, "the request took other memory than the block it waited for");
+        // SAFETY: `q` is the live block of BLOCK bytes just allocated, ours until the free below.
+        let b = unsafe { core::slice::from_raw_parts(q as *const u8, BLOCK) };
+        assert!(b.iter().all(|&x| x == 0), "a ZERO request read garbage");
+        a.free(q as *mut u8).unwrap();
+    });
+    assert_eq!(a.stats().reused_reported_bytes, reused_before, "memory was faulted in");
+    assert_eq!(a.shared.heap.lock().isolation_waiters, 0);
+    a.check_invariants().unwrap();
+}
+
+/// A chunk whose buddies are not all free would not give the size asked back: no waiting.
+#[test]
+fn a_request_the_chunk_cannot_complete_does_not_wait() {
+    let a = allocator();
+    let p = a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr();
+    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
+    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
+    a.free(p).unwrap();
+    // Take one half back, then hand a chunk of the other half to the "worker".
+    let half = a.alloc(BLOCK / 2, BLOCK / 2, Flags::NONE).unwrap().as_ptr();
+    let other = if half == p { p as usize + BLOCK / 2 } else { p as usize };
+    assert!(half as usize == other ^ (BLOCK / 2), "the half taken is not of the block freed");
+    {
+        let mut h = a.shared.heap.lock();
+        let ai = h.arena_index(other).unwrap();
+        let (pfn, _) = h.arena(ai).free_block_containing(h.arena(ai).pfn(other)).unwrap();
+        h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
+        assert!(!h.zeroing_holds_part_of(order));
+    }
+    let q = a.alloc(BLOCK, 4096, Flags::ZERO).unwrap().as_ptr();
+    assert_ne!(q, p);
+    a.shared.heap.lock().unisolate(ZERO_SLOT, |st| st);
+    a.free(q).unwrap();
+    a.free(half).unwrap();
+    a.check_invariants().unwrap();
+}
