@@ -24,6 +24,8 @@
 //!     only dirty blocks younger than zero_delay -> NAP until the oldest is old enough -> GATE
 //!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
 //!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> GATE
+//!     either, while an allocation waits for isolated memory -> NAP 1 ms instead (the block it
+//!                                     waits for comes back whole)
 //!     nothing listed to zero, large blocks in threads' caches (`ask_caches`)
 //!                                  -> ASK (a request generation), NAP zero_delay, then DRAIN
 //!                                     the large blocks of caches whose threads freed none
@@ -40,7 +42,10 @@
 //!   is about to give it back, and zeroing it would be wasted work (reviewers' objection). Only
 //!   `populated_reserve` zeroes such blocks.
 //! - The chunk being zeroed is isolated (`Tag::Isolated`, on no list): no allocation receives it
-//!   and none waits for it while other memory is free. The lock is not held while zeroing.
+//!   and none waits for it while other resident memory is free. A request of a chunk or more
+//!   that only non-resident memory could serve waits for it if it splits a block of the size
+//!   asked for (`Shared::alloc_locked`), and while any request waits no new chunk is isolated
+//!   (`Heap::isolation_waiters`). The lock is not held while zeroing.
 //! - A block freed less than `zero_delay` ago is never touched: a program that reuses memory at
 //!   once (free, then allocate again) keeps its block hot in its CPU cache, and neither waits for
 //!   the worker nor pays for its memory traffic (docs/design.md, "Reuse-aware zeroing").
