@@ -10,6 +10,7 @@
 //!         populated reserve; the first ZERO request; a large block freed into a cache
 //!         (futex wake)--> GATE
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
+//!   an allocation waits for isolated memory -> NAP 1 ms (the block it waits for comes back whole)
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
 //!            zeroed_reserve once any ZERO request was made, else 0 (and at least
@@ -24,8 +25,6 @@
 //!     only dirty blocks younger than zero_delay -> NAP until the oldest is old enough -> GATE
 //!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
 //!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> GATE
-//!     either, while an allocation waits for isolated memory -> NAP 1 ms instead (the block it
-//!                                     waits for comes back whole)
 //!     nothing listed to zero, large blocks in threads' caches (`ask_caches`)
 //!                                  -> ASK (a request generation), NAP zero_delay, then DRAIN
 //!                                     the large blocks of caches whose threads freed none
@@ -140,6 +139,11 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     if !t.zeroing {
         return Next::Idle(seen_frees);
     }
+    // An allocation waits for isolated memory: it wants its block back whole (no new chunk, and
+    // no scan under the lock meanwhile).
+    if h.isolation_waiters > 0 {
+        return Next::Nap(WAITERS_NAP_NS);
+    }
     // A large block freed into a cache since the last look: look again after `zero_delay`
     // rather than go idle, whose next such free would wake this thread (at most one wake per
     // delay, however hot the loop that frees them).
@@ -228,10 +232,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
         };
     };
 
-    // ISOLATE, unless an allocation waits for isolated memory: it wants the block back whole.
-    if h.isolation_waiters > 0 {
-        return Next::Nap(WAITERS_NAP_NS);
-    }
+    // ISOLATE
     let rec = if order > chunk_order {
         h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order)
     } else {

@@ -89,3 +89,24 @@ fn a_request_the_chunk_cannot_complete_does_not_wait() {
     a.free(half).unwrap();
     a.check_invariants().unwrap();
 }
+
+/// A chunk amid memory given back would merge into a block that is mostly not resident: a
+/// request would fault it in anyway, so it does not wait for the chunk.
+#[test]
+fn a_chunk_amid_reported_memory_is_not_waited_for() {
+    let a = allocator();
+    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
+    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
+    let p = a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` was never written, so its pages read zero and are not resident.
+    unsafe { a.free_reported(p).unwrap() };
+    let mut h = a.shared.heap.lock();
+    let ai = h.arena_index(p as usize).unwrap();
+    let (pfn, _) = h.arena(ai).free_block_containing(h.arena(ai).pfn(p as usize)).unwrap();
+    h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
+    assert!(!h.zeroing_holds_part_of(order), "waits for a chunk of memory that is not resident");
+    assert!(!h.zeroing_holds_part_of(chunk_order), "waits for a chunk that is not resident");
+    h.unisolate(ZERO_SLOT, |st| st);
+    drop(h);
+    a.check_invariants().unwrap();
+}

@@ -120,7 +120,7 @@ impl Buddy {
     /// Before a take of `order` looks for a block: merge the unmerged block if it is of a
     /// smaller order (its merge may make the larger block the take needs).
     #[inline]
-    pub(super) fn merge_deferred_below(&mut self, order: u8) {
+    pub(crate) fn merge_deferred_below(&mut self, order: u8) {
         if self.unmerged.is_some_and(|(_, k)| k < order) {
             self.merge_deferred();
         }

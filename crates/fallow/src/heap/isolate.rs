@@ -36,8 +36,10 @@ impl Heap {
     }
 
     /// Whether the zeroing worker's chunk, returned now, would merge into a free block of order
-    /// `order` or more: the chunk is at least that large, or every buddy on the way up is free.
-    /// (Then an allocation of that order that would otherwise fault in memory waits for it.)
+    /// `order` or more that is mostly resident: the chunk is at least that large, or every buddy
+    /// on the way up is free, and at least half the pages of the block they make are neither
+    /// reported nor lazily freed (counted as they were when the chunk was isolated). Then an
+    /// allocation of that order that would otherwise fault in memory waits for it.
     pub(crate) fn zeroing_holds_part_of(&self, order: u8) -> bool {
         let rec = &self.inflight[ZERO_SLOT];
         if !rec.used {
@@ -47,15 +49,29 @@ impl Heap {
         if order > a.max_order {
             return false;
         }
+        let not_resident = |c: StateCounts| (c.reported + c.lazy) as u64;
+        let mut pages = 1u64 << rec.order;
+        let mut away = not_resident(rec.counts);
         let mut pfn = rec.pfn;
         for o in rec.order..order {
             let buddy = pfn ^ (1u32 << o);
             if buddy >= a.npages || !a.meta(buddy).is_free_of_order(o) {
                 return false;
             }
+            pages += 1u64 << o;
+            away += not_resident(a.meta(buddy).counts());
             pfn = pfn.min(buddy);
         }
-        true
+        2 * away <= pages
+    }
+
+    /// Whether some listed block of order >= `order` has pages not yet reported, once each
+    /// arena's deferred pair below `order` is merged (as `take` would merge it first).
+    pub(crate) fn has_unreported_merged(&mut self, order: u8) -> bool {
+        for i in 0..self.narenas {
+            self.arenas[i].as_mut().unwrap().merge_deferred_below(order);
+        }
+        self.has_unreported(order)
     }
 
     /// Free pages that are resident (dirty, zeroed; lazily freed ones are not counted), and of

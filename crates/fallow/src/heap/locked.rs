@@ -14,9 +14,14 @@ use crate::page::{PageState, META_LOCKED};
 
 use super::{Heap, Placed, Shared, MAX_ARENAS};
 
-/// How many times (100 us apart) an allocation that finds nothing free waits for blocks isolated
-/// by a background worker before it reserves a new arena.
+/// How many times (100 us apart, about 150 us with the timer slack) an allocation waits for
+/// blocks isolated by a background worker before it reserves a new arena or takes memory that
+/// is not resident. (Under `cfg(test)` many more, so that a test that plays the worker is not
+/// outrun on a loaded machine.)
+#[cfg(not(test))]
 const ISOLATION_WAITS: u32 = 20;
+#[cfg(test)]
+const ISOLATION_WAITS: u32 = 20_000;
 
 impl Shared {
     /// Pages and order for a request, or the reason it can never be served.
@@ -54,16 +59,19 @@ impl Shared {
         let placed = loop {
             let mut h = self.heap.lock();
             if core::mem::take(&mut waiting) {
-                h.isolation_waiters -= 1;
+                // Saturating: a `fork` from a signal handler during the sleep resets the count
+                // in the child, whose thread then comes back here.
+                h.isolation_waiters = h.isolation_waiters.saturating_sub(1);
             }
-            // A request of a zeroing chunk or more that no resident free block can serve would be
-            // served from memory never touched or given back (a fault per page: ~550 ms/GiB
-            // here), while the zeroing worker may hold just the chunk that splits a resident
-            // block of the size asked for. Wait for that chunk instead (it takes 50-80 us).
+            // A request of a zeroing chunk or more for which no listed block of its size has
+            // resident pages would be served from memory never touched or given back (a fault
+            // per page: ~550 ms/GiB here), while the zeroing worker may hold just the chunk that
+            // splits a mostly resident block of that size. Wait for that chunk instead (it takes
+            // 50-80 us).
             let for_chunk = waits < ISOLATION_WAITS
                 && npages as usize >= h.tunables.zero_chunk >> PAGE_SHIFT
                 && h.zeroing_holds_part_of(order)
-                && !h.has_unreported(order);
+                && !h.has_unreported_merged(order);
             if !for_chunk {
                 if let Some(p) = h.take(npages, order, zero, now) {
                     break p;
@@ -73,7 +81,7 @@ impl Shared {
             // another thread has grown the heap since (then the take is retried first).
             let (isolated, seen) = (h.counters.isolated_pages, h.narenas);
             // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
-            // zeroed, a batch being reported): wait for them a little (at most ~2 ms) rather than
+            // zeroed, a batch being reported): wait for them a little (about 3 ms at most) rather than
             // reserve a new arena and fault it in. Only when no other memory is free. Meanwhile
             // the zeroing worker takes no new chunk (`isolation_waiters`).
             if for_chunk || (isolated > 0 && waits < ISOLATION_WAITS) {
