@@ -12,6 +12,11 @@ use crate::page::PageState;
 use super::Allocator;
 
 const BLOCK: usize = 16 << 20;
+/// The order of `BLOCK`, and of the zeroing worker's chunk (2 MiB by default).
+const ORDER: u8 = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
+fn chunk_order() -> u8 {
+    (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8
+}
 
 fn allocator() -> Allocator {
     // No worker runs: the test plays the zeroing worker's part itself.
@@ -28,14 +33,12 @@ fn a_large_request_waits_for_the_chunk_being_zeroed_rather_than_fault_in_new_mem
     // SAFETY: `p` is a live block of BLOCK bytes, ours until the free below.
     unsafe { p.write_bytes(7, BLOCK) };
     a.free(p).unwrap();
-    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
-    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
     let chunk = {
         let mut h = a.shared.heap.lock();
         let ai = h.arena_index(p as usize).unwrap();
         let pfn = h.arena(ai).pfn(p as usize);
-        let chunk = h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
-        assert!(h.zeroing_holds_part_of(order) && !h.has_unreported(order));
+        let chunk = h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order());
+        assert!(h.zeroing_holds_part_of(ORDER) && !h.has_unreported(ORDER));
         h.arena(ai).addr(chunk.pfn)
     };
     let reused_before = a.stats().reused_reported_bytes;
@@ -68,8 +71,6 @@ fn a_large_request_waits_for_the_chunk_being_zeroed_rather_than_fault_in_new_mem
 fn a_request_the_chunk_cannot_complete_does_not_wait() {
     let a = allocator();
     let p = a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr();
-    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
-    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
     a.free(p).unwrap();
     // Take one half back, then hand a chunk of the other half to the "worker".
     let half = a.alloc(BLOCK / 2, BLOCK / 2, Flags::NONE).unwrap().as_ptr();
@@ -79,8 +80,8 @@ fn a_request_the_chunk_cannot_complete_does_not_wait() {
         let mut h = a.shared.heap.lock();
         let ai = h.arena_index(other).unwrap();
         let (pfn, _) = h.arena(ai).free_block_containing(h.arena(ai).pfn(other)).unwrap();
-        h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
-        assert!(!h.zeroing_holds_part_of(order));
+        h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order());
+        assert!(!h.zeroing_holds_part_of(ORDER));
     }
     let q = a.alloc(BLOCK, 4096, Flags::ZERO).unwrap().as_ptr();
     assert_ne!(q, p);
@@ -95,17 +96,15 @@ fn a_request_the_chunk_cannot_complete_does_not_wait() {
 #[test]
 fn a_chunk_amid_reported_memory_is_not_waited_for() {
     let a = allocator();
-    let order = (BLOCK >> PAGE_SHIFT).trailing_zeros() as u8;
-    let chunk_order = (Tunables::default().zero_chunk >> PAGE_SHIFT).trailing_zeros() as u8;
     let p = a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr();
     // SAFETY: `p` was never written, so its pages read zero and are not resident.
     unsafe { a.free_reported(p).unwrap() };
     let mut h = a.shared.heap.lock();
     let ai = h.arena_index(p as usize).unwrap();
     let (pfn, _) = h.arena(ai).free_block_containing(h.arena(ai).pfn(p as usize)).unwrap();
-    h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order);
-    assert!(!h.zeroing_holds_part_of(order), "waits for a chunk of memory that is not resident");
-    assert!(!h.zeroing_holds_part_of(chunk_order), "waits for a chunk that is not resident");
+    h.isolate_dirty_piece(ZERO_SLOT, ai, pfn, chunk_order());
+    assert!(!h.zeroing_holds_part_of(ORDER), "waits for a chunk of memory that is not resident");
+    assert!(!h.zeroing_holds_part_of(chunk_order()), "waits for a chunk that is not resident");
     h.unisolate(ZERO_SLOT, |st| st);
     drop(h);
     a.check_invariants().unwrap();

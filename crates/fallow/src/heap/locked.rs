@@ -68,7 +68,8 @@ impl Shared {
             // per page: ~550 ms/GiB here), while the zeroing worker may hold just the chunk that
             // splits a mostly resident block of that size. Wait for that chunk instead (it takes
             // 50-80 us).
-            let for_chunk = waits < ISOLATION_WAITS
+            let may_wait = waits < ISOLATION_WAITS;
+            let for_chunk = may_wait
                 && npages as usize >= h.tunables.zero_chunk >> PAGE_SHIFT
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
@@ -84,7 +85,7 @@ impl Shared {
             // zeroed, a batch being reported): wait for them a little (about 3 ms at most) rather than
             // reserve a new arena and fault it in. Only when no other memory is free. Meanwhile
             // the zeroing worker takes no new chunk (`isolation_waiters`).
-            if for_chunk || (isolated > 0 && waits < ISOLATION_WAITS) {
+            if for_chunk || (may_wait && isolated > 0) {
                 h.isolation_waiters += 1;
                 waiting = true;
                 drop(h);
