@@ -401,18 +401,20 @@ impl HitWord {
     pub(crate) fn live_unlocked(self) -> bool {
         (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
     }
-    /// The bits a block of `npages` pages gets when a cache hands it out: its page count and
-    /// `Tag::Alloc` (see `handed_out`).
-    pub(crate) const fn alloc_bits(npages: u32) -> u64 {
-        Tag::Alloc as u64 | (npages as u64) << 32
+    /// The word of an exact block of `order` that a cache's hit path hands out: `Tag::Alloc`,
+    /// that order, no flags, class `Dirty` (0), `2^order` pages. A block on a dirty stack of
+    /// `order` becomes exactly this when it goes live, whatever its cached word held: its order
+    /// is the stack's, every page is `Dirty`, and a cached block carries neither `META_LOCKED`
+    /// (the locked path clears it when the block is freed) nor `META_SLACK` (cleared when it
+    /// came back whole). So the hit path stores this constant rather than a change of the word
+    /// it loaded, and the store does not wait for the load (cache/stack.rs, "Dependencies").
+    pub(crate) const fn alloc_word(order: u8) -> HitWord {
+        HitWord(Tag::Alloc as u64 | (order as u64) << 8 | 1u64 << (32 + order as u32))
     }
-    /// `with(Tag::Alloc, flags() & !META_FREED_START, npages)`, where `bits` is
-    /// `alloc_bits(npages)` (precomputed per order on the allocation hit path).
-    #[inline(always)]
-    pub(crate) fn handed_out(self, bits: u64) -> HitWord {
-        // Keep order, class and every flag but `FREED_START` and `SLACK`; `bits` brings tag and
-        // page count.
-        HitWord((self.0 & (0xffff_ff00 & !(((META_FREED_START | META_SLACK) as u64) << 16))) | bits)
+    /// The word of an exact live block of `order` freed into a cache: `Tag::Cached`, that order,
+    /// `META_FREED_START` alone, class `Dirty` (its pages all become `Dirty`), `2^order` pages.
+    pub(crate) const fn freed_word(order: u8) -> HitWord {
+        HitWord(Tag::Cached as u64 | (order as u64) << 8 | (META_FREED_START as u64) << 16 | 1u64 << (32 + order as u32))
     }
     /// A cached block handed out for a request of `npages` pages, fewer than its `2^order`: tag
     /// `Alloc`, order `order`, `META_SLACK` added and `META_FREED_START` cleared (class kept).
@@ -449,18 +451,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hit_word_shortcuts_agree_with_with() {
+    fn live_unlocked_is_the_tag_and_the_lock_flag() {
         for flags in 0..=255u8 {
             for tag in [Tag::Cached, Tag::Alloc, Tag::Free] {
                 // order 3, class 2, a stale page count
                 let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
-                for n in [1u32, 2, 8, 512] {
-                    let slow = w.with(Tag::Alloc, w.flags() & !(META_FREED_START | META_SLACK), n);
-                    assert_eq!(w.handed_out(HitWord::alloc_bits(n)), slow);
-                }
                 let locked = flags & META_LOCKED != 0;
                 assert_eq!(w.live_unlocked(), tag == Tag::Alloc && !locked);
             }
+        }
+    }
+
+    #[test]
+    fn hit_path_words_are_the_words_of_a_dirty_block_of_their_order() {
+        for order in 0..=11u8 {
+            let (live, freed) = (HitWord::alloc_word(order), HitWord::freed_word(order));
+            let n = 1u32 << order;
+            assert_eq!((live.tag(), live.order(), live.flags(), live.class(), live.npages()), (Tag::Alloc as u8, order, 0, Class::Dirty as u8, n));
+            assert!(live.live_unlocked());
+            assert_eq!((freed.tag(), freed.order(), freed.flags(), freed.class(), freed.npages()), (Tag::Cached as u8, order, META_FREED_START, Class::Dirty as u8, n));
+            // Each is the other changed as the out-of-line paths change a word.
+            assert_eq!(freed.with(Tag::Alloc, freed.flags() & !(META_FREED_START | META_SLACK), n), live);
+            assert_eq!(live.with(Tag::Cached, META_FREED_START, n), freed);
         }
     }
 }

@@ -34,6 +34,11 @@ impl Entry {
     pub(super) fn arena(self) -> usize {
         (self.0.get() >> ARENA_SHIFT) & (MAX_ARENAS - 1)
     }
+    /// A block of the first arena that is not mixed (every page `Dirty`): one test.
+    #[inline(always)]
+    pub(super) fn plain_in_first(self) -> bool {
+        self.0.get() & ((MAX_ARENAS - 1) << ARENA_SHIFT | MIXED) == 0
+    }
     #[inline(always)]
     pub(super) fn mixed(self) -> bool {
         self.0.get() & MIXED != 0

@@ -27,21 +27,25 @@ impl Entries<'_> {
         // SAFETY: `nd - 1` is below the dirty stack's size, so `first + nd - 1` is one of this
         // order's entries.
         let e = unsafe { *s.first.add(nd as usize - 1) };
-        if e.mixed() {
+        // A block of the first arena, all of its pages `Dirty`: the arena's view is then a
+        // constant, not a load indexed by the entry (stack.rs, "Dependencies"). The others take
+        // `alloc`.
+        if !e.plain_in_first() {
             return None;
         }
-        let v = a.view(e.arena());
+        let v = a.view(0);
         let m = v.meta_of(e.addr());
-        // SAFETY: an entry's block lies in the arena of its entry (invariant 1), so `m` is a
-        // record of that live arena.
+        // SAFETY: an entry's block lies in the arena of its entry (invariant 1), the first one,
+        // so `m` is a record of that live arena.
         let w = unsafe { HitWord::load(m) };
         if w.tag() != Tag::Cached as u8 {
             return None;
         }
         s.ndirty.set(nd - 1);
-        // `hand_out` with this order's constants.
+        // `hand_out` with this order's word, which the block's is once live
+        // (`HitWord::alloc_word`).
         // SAFETY: `m` is the record of the block just popped, in a live arena.
-        unsafe { w.handed_out(s.alloc_bits).store(m) };
+        unsafe { s.alloc_word.store(m) };
         self.pages.sub(s.npages);
         self.alloc_hits.add(1);
         Some((e.addr(), v.state_of(e.addr())))
@@ -253,9 +257,17 @@ impl Entries<'_> {
             }
         }
         let o = n.trailing_zeros() as usize;
-        // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
-        let s = unsafe { self.stacks.get_unchecked(o) };
-        // On the hit path (`!MAY_DRAIN`) the order is stacked (`hit_max_pages` above).
+        // On the hit path (`!MAY_DRAIN`) the order is stacked (`hit_max_pages` above), and its
+        // stack is found by a branch, not from the loaded word (stack.rs, "Dependencies").
+        let s = if MAY_DRAIN {
+            // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
+            unsafe { self.stacks.get_unchecked(o) }
+        } else {
+            match self.stack_by_branch(o as u32) {
+                Some(s) => s,
+                None => return false,
+            }
+        };
         let large = MAY_DRAIN && self.large(o);
         if self.needs_room(a, s, large, n) {
             if !MAY_DRAIN {
@@ -263,8 +275,11 @@ impl Entries<'_> {
             }
             self.make_room(a, o);
         }
+        // The word of a freed block of this order (`HitWord::freed_word`: it is `w` with tag
+        // `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of `n`
+        // pages), a constant, as in `alloc_hit`.
         // SAFETY: `m` is the block's record (above).
-        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        unsafe { s.freed_word.store(m) };
         // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
         // `make_room`), so `first + nd` is one of this order's entries.
         let nd = s.ndirty.get();

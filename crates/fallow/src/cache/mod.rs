@@ -258,7 +258,8 @@ impl ThreadCache {
             stacks[o].base = total;
             stacks[o].cap = cap;
             stacks[o].set_nzero(0);
-            stacks[o].alloc_bits = HitWord::alloc_bits(1 << o);
+            stacks[o].alloc_word = HitWord::alloc_word(o as u8);
+            stacks[o].freed_word = HitWord::freed_word(o as u8);
             stacks[o].npages = 1 << o;
             batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
             total += cap;
