@@ -263,7 +263,7 @@ impl Entries<'_> {
             // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
             unsafe { self.stacks.get_unchecked(o) }
         } else {
-            match self.stack_by_branch(o as u32) {
+            match self.stack_by_branch(n) {
                 Some(s) => s,
                 None => return false,
             }

@@ -90,32 +90,37 @@ fn opaque<T>(p: *const T) -> *const T {
 const _: () = assert!(crate::config::CACHE_STACKED_ORDER_MAX == 9 && (CACHE_STACKED_ORDER_MAX as usize) < MAX_ORDERS);
 
 impl Entries<'_> {
-    /// The stack of order `o`, a stacked order of this cache (the caller checked it), chosen by
-    /// a branch per order rather than by indexing ("Dependencies" above); `None` for an order
-    /// above the stacked ones.
+    /// The stack of the blocks of `n` pages (a power of two, of a stacked order of this cache:
+    /// the caller checked it), chosen by a branch per order rather than by indexing
+    /// ("Dependencies" above), one page (the commonest block) first; `None` for a larger order.
     #[inline(always)]
-    pub(super) fn stack_by_branch(&self, o: u32) -> Option<&Stack> {
+    pub(super) fn stack_by_branch(&self, n: u32) -> Option<&Stack> {
+        debug_assert!(n.is_power_of_two() && (n.trailing_zeros() as usize) < self.stacked);
         let base: *const Stack = self.stacks.as_ptr();
-        macro_rules! arm {
-            ($k:literal) => {
-                opaque(base.wrapping_add($k))
-            };
-        }
-        let p = match o {
-            0 => arm!(0),
-            1 => arm!(1),
-            2 => arm!(2),
-            3 => arm!(3),
-            4 => arm!(4),
-            5 => arm!(5),
-            6 => arm!(6),
-            7 => arm!(7),
-            8 => arm!(8),
-            9 => arm!(9),
-            _ => return None,
+        // Tested on `n` before its order is computed, so that the compiler keeps it apart from
+        // the `match` (a test on the order would join it).
+        let p = if n == 1 {
+            opaque(base)
+        } else {
+            macro_rules! arm {
+                ($k:literal) => {
+                    opaque(base.wrapping_add($k))
+                };
+            }
+            match n.trailing_zeros() {
+                1 => arm!(1),
+                2 => arm!(2),
+                3 => arm!(3),
+                4 => arm!(4),
+                5 => arm!(5),
+                6 => arm!(6),
+                7 => arm!(7),
+                8 => arm!(8),
+                9 => arm!(9),
+                _ => return None,
+            }
         };
-        debug_assert!((o as usize) < self.stacked);
-        // SAFETY: `p` is `base + o` (`opaque` returns its argument) with `o <= 9 < MAX_ORDERS`,
+        // SAFETY: `p` is `base + k` (`opaque` returns its argument) with `k <= 9 < MAX_ORDERS`,
         // an element of `self.stacks`, which lives as long as `self`.
         Some(unsafe { &*p })
     }
