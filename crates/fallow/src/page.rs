@@ -401,6 +401,13 @@ impl HitWord {
     pub(crate) fn live_unlocked(self) -> bool {
         (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
     }
+    /// The first page of a live block of one page that is not `mlock`ed (and has no slack: one
+    /// page never has): one mask and one compare for the commonest `free`.
+    #[inline(always)]
+    pub(crate) fn live_unlocked_page(self) -> bool {
+        const MASK: u64 = 0xffff_ffff_0000_00ff | ((META_LOCKED | META_SLACK) as u64) << 16;
+        self.0 & MASK == Tag::Alloc as u64 | 1 << 32
+    }
     /// The word of an exact block of `order` that a cache's hit path hands out: `Tag::Alloc`,
     /// that order, no flags, class `Dirty` (0), `2^order` pages. A block on a dirty stack of
     /// `order` becomes exactly this when it goes live, whatever its cached word held: its order
@@ -451,13 +458,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn live_unlocked_is_the_tag_and_the_lock_flag() {
+    fn live_unlocked_is_the_tag_and_the_flags() {
         for flags in 0..=255u8 {
             for tag in [Tag::Cached, Tag::Alloc, Tag::Free] {
                 // order 3, class 2, a stale page count
                 let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
                 let locked = flags & META_LOCKED != 0;
                 assert_eq!(w.live_unlocked(), tag == Tag::Alloc && !locked);
+                for n in [0u32, 1, 2, 3, 0x1_0001] {
+                    let v = w.with(tag, flags, n);
+                    let page = tag == Tag::Alloc && !locked && flags & META_SLACK == 0 && n == 1;
+                    assert_eq!(v.live_unlocked_page(), page, "{v:?}");
+                }
             }
         }
     }

@@ -235,50 +235,66 @@ impl Entries<'_> {
         let m = v.meta_of(addr);
         // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
         let w = unsafe { HitWord::load(m) };
-        // The page frame's low bits: the arena is aligned to its largest block, which is at
-        // least as large as any live block of it.
-        let page = (addr >> PAGE_SHIFT) as u32;
+        // On the hit path, a live block of one page (the commonest) is told by one compare of
+        // its word: then nothing else needs checking (one page is aligned and of order 0,
+        // stacked in every cache: `orders_served`), and its stack is order 0's, at a constant
+        // offset.
+        if !MAY_DRAIN && w.live_unlocked_page() {
+            if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != 1) {
+                return false;
+            }
+            debug_assert!(self.stacked >= 1);
+            return self.push_freed::<false>(a, &self.stacks[0], v, addr, ai, m, 1, false);
+        }
         if !w.live_unlocked() {
             return false;
         }
-        // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size, no larger
-        // than the largest cached block (0 wraps to above it); on the hit path, the largest
-        // stacked one (a large block takes `free`).
+        // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size (the page
+        // frame's low bits: the arena is aligned to its largest block, which is at least as
+        // large as any live block of it), no larger than the largest cached block (0 wraps to
+        // above it); on the hit path, the largest stacked one (a large block takes `free`).
         let n = w.npages();
+        let page = (addr >> PAGE_SHIFT) as u32;
         let low = n.wrapping_sub(1);
         let max = if MAY_DRAIN { self.max_pages } else { self.hit_max_pages };
         if (n | page) & low != 0 || low >= max {
             // A block with slack is not a power of two of pages: the out-of-line path takes it.
             return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
-        if let Some(size) = size {
-            if size.div_ceil(1 << PAGE_SHIFT) != n as usize {
-                return false;
-            }
+        if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != n as usize) {
+            return false;
         }
         let o = n.trailing_zeros() as usize;
-        // On the hit path (`!MAY_DRAIN`) the order is stacked (`hit_max_pages` above), and its
-        // stack is found by a branch, not from the loaded word (stack.rs, "Dependencies").
-        let s = if MAY_DRAIN {
+        if MAY_DRAIN {
             // SAFETY: `n <= max_pages` (above), so `o < self.orders`.
-            unsafe { self.stacks.get_unchecked(o) }
-        } else {
-            match self.stack_by_branch(n) {
-                Some(s) => s,
-                None => return false,
-            }
-        };
-        let large = MAY_DRAIN && self.large(o);
+            let s = unsafe { self.stacks.get_unchecked(o) };
+            return self.push_freed::<true>(a, s, v, addr, ai, m, n, self.large(o));
+        }
+        // On the hit path the order is stacked (`hit_max_pages` above), and its stack is found
+        // by a branch, not from the loaded word (stack.rs, "Dependencies").
+        match self.stack_by_branch(n) {
+            Some(s) => self.push_freed::<false>(a, s, v, addr, ai, m, n, false),
+            None => false,
+        }
+    }
+
+    /// The end of `take_freed`: the live block at `addr` (arena `ai`, view `v`, record `m`), of
+    /// `n` pages (a power of two) starting on a multiple of `n`, of the order of stack `s`
+    /// (`large` if that order is), comes into the cache, after making room if it must and
+    /// `MAY_DRAIN` (`false`: nothing changed, the caller takes the validated path).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn push_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, s: &Stack, v: &ArenaView, addr: usize, ai: usize, m: *mut BlockMeta, n: u32, large: bool) -> bool {
         if self.needs_room(a, s, large, n) {
             if !MAY_DRAIN {
                 return false;
             }
-            self.make_room(a, o);
+            self.make_room(a, n.trailing_zeros() as usize);
         }
-        // The word of a freed block of this order (`HitWord::freed_word`: it is `w` with tag
-        // `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of `n`
-        // pages), a constant, as in `alloc_hit`.
-        // SAFETY: `m` is the block's record (above).
+        // The word of a freed block of this order (`HitWord::freed_word`: the block's word with
+        // tag `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of
+        // `n` pages), a constant, as in `alloc_hit`.
+        // SAFETY: `m` is the block's record (the caller's).
         unsafe { s.freed_word.store(m) };
         // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
         // `make_room`), so `first + nd` is one of this order's entries.
@@ -295,7 +311,7 @@ impl Entries<'_> {
         // The pages last, still before `leave` (the worker may drain the block once the owner
         // is out): for blocks of several pages it is a call, and little is live across it.
         // SAFETY: the block at `addr` is a block of `n` pages (a power of two) starting on a
-        // multiple of `n` (checked above) in arena `ai`.
+        // multiple of `n` (the caller checked it) in arena `ai`.
         unsafe { crate::arena::fill_block(v.state_of(addr), n, PageState::Dirty) };
         if large {
             self.large_freed(a);

@@ -58,10 +58,12 @@
 //! owner changes `accounted` and resets the event counters only under that lock, so a fold is
 //! never counted twice nor missed.
 //!
-//! The hit path. An allocation hit pops an entry, checks and rewrites the block record's `HitWord`
-//! (one 8-byte load and store: tag, flags, page count), writes the pages' state bytes (one store
-//! for up to 8 pages) and bumps two owner-only counters. A free hit finds the arena by a range
-//! check, loads the `HitWord`, and does the same in reverse. Nothing is read that another thread
+//! The hit path. An allocation hit pops an entry, checks the block record's `HitWord` (one 8-byte
+//! load: tag, flags, page count) and stores its order's live word (one 8-byte store), writes the
+//! pages' state bytes (one store for up to 8 pages) and bumps two owner-only counters. A free hit
+//! finds the arena by a range check, loads the `HitWord`, picks its order's stack by a branch and
+//! does the same in reverse. Nothing stored or indexed by is computed from a loaded word (stack.rs,
+//! "Dependencies"). Nothing is read that another thread
 //! writes often: the arena views and the `HitPath` fields of `Shared` sit on cache lines of their
 //! own, written only when an arena is installed or a drain is requested.
 //!

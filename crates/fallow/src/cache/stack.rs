@@ -68,22 +68,23 @@ impl Stack {
 // are per-order constants (`Stack::alloc_word`, `freed_word`), and the free hit picks its stack by
 // a branch on the order (`stack_by_branch`), which the processor predicts, instead of by an index.
 // `bench scale` at 4 KiB, one thread, on an Intel Xeon VM: 11.3 ns a pair before, 6.9 with the
-// branch, ~6.5 with the constant words (docs/measurements.md, "Dependencies on the hit path").
+// branch, 5.9 with the constant words, the first arena's view as a constant (hit.rs) and the
+// one-page test first (docs/measurements.md, "Dependencies on the hit path").
 
-/// `p`, which the compiler can no longer see through: an empty `asm!` that takes and gives back
+/// `x`, which the compiler can no longer see through: an empty `asm!` that takes and gives back
 /// the register. It keeps the arms of `stack_by_branch`, which differ only in a constant, from
 /// being folded back into an index computed from the order.
 #[inline(always)]
-fn opaque<T>(p: *const T) -> *const T {
+fn opaque(x: usize) -> usize {
     #[allow(unused_mut)]
-    let mut p = p;
+    let mut x = x;
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     // SAFETY: the template is a comment: it reads and writes no memory, no stack and no flags,
-    // and leaves the register that holds `p` unchanged.
+    // and leaves the register that holds `x` unchanged.
     unsafe {
-        core::arch::asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags))
+        core::arch::asm!("/* {0} */", inout(reg) x, options(pure, nomem, nostack, preserves_flags))
     };
-    p
+    x
 }
 
 /// `stack_by_branch` has one arm per stacked order.
@@ -92,37 +93,31 @@ const _: () = assert!(crate::config::CACHE_STACKED_ORDER_MAX == 9 && (CACHE_STAC
 impl Entries<'_> {
     /// The stack of the blocks of `n` pages (a power of two, of a stacked order of this cache:
     /// the caller checked it), chosen by a branch per order rather than by indexing
-    /// ("Dependencies" above), one page (the commonest block) first; `None` for a larger order.
+    /// ("Dependencies" above); `None` for a larger order.
     #[inline(always)]
     pub(super) fn stack_by_branch(&self, n: u32) -> Option<&Stack> {
         debug_assert!(n.is_power_of_two() && (n.trailing_zeros() as usize) < self.stacked);
-        let base: *const Stack = self.stacks.as_ptr();
-        // Tested on `n` before its order is computed, so that the compiler keeps it apart from
-        // the `match` (a test on the order would join it).
-        let p = if n == 1 {
-            opaque(base)
-        } else {
-            macro_rules! arm {
-                ($k:literal) => {
-                    opaque(base.wrapping_add($k))
-                };
-            }
-            match n.trailing_zeros() {
-                1 => arm!(1),
-                2 => arm!(2),
-                3 => arm!(3),
-                4 => arm!(4),
-                5 => arm!(5),
-                6 => arm!(6),
-                7 => arm!(7),
-                8 => arm!(8),
-                9 => arm!(9),
-                _ => return None,
-            }
+        macro_rules! arm {
+            ($k:literal) => {
+                opaque($k)
+            };
+        }
+        let k = match n.trailing_zeros() {
+            0 => arm!(0),
+            1 => arm!(1),
+            2 => arm!(2),
+            3 => arm!(3),
+            4 => arm!(4),
+            5 => arm!(5),
+            6 => arm!(6),
+            7 => arm!(7),
+            8 => arm!(8),
+            9 => arm!(9),
+            _ => return None,
         };
-        // SAFETY: `p` is `base + k` (`opaque` returns its argument) with `k <= 9 < MAX_ORDERS`,
-        // an element of `self.stacks`, which lives as long as `self`.
-        Some(unsafe { &*p })
+        // SAFETY: `k <= 9 < MAX_ORDERS` (`opaque` returns its argument), so `stacks + k` is an
+        // element of `self.stacks`, which lives as long as `self`.
+        Some(unsafe { &*self.stacks.as_ptr().add(k) })
     }
 
     #[inline(always)]
