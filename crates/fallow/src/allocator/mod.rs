@@ -85,8 +85,8 @@ impl Allocator {
                     // SAFETY: `state` is the first state byte of the block just handed out, an
                     // aligned block of `2^order` pages (`alloc_hit`).
                     unsafe { crate::arena::fill_block(state, 1 << order, PageState::Allocated) };
-                    // SAFETY: a block address is never null.
-                    return Ok(unsafe { NonNull::new_unchecked(addr as *mut u8) });
+                    // SAFETY: `addr` is not zero.
+                    return Ok(unsafe { NonNull::new_unchecked(addr.get() as *mut u8) });
                 }
             }
         }

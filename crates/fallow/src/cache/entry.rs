@@ -39,6 +39,12 @@ impl Entry {
     pub(super) fn plain_in_first(self) -> bool {
         self.0.get() & ((MAX_ARENAS - 1) << ARENA_SHIFT | MIXED) == 0
     }
+    /// The address of a `plain_in_first` entry: the entry's word itself (its low bits are 0).
+    #[inline(always)]
+    pub(super) fn plain_addr(self) -> NonZeroUsize {
+        debug_assert!(self.plain_in_first() && self.0.get() == self.addr());
+        self.0
+    }
     #[inline(always)]
     pub(super) fn mixed(self) -> bool {
         self.0.get() & MIXED != 0

@@ -3,6 +3,7 @@
 //! path (a request of fewer pages than its cached block).
 
 use super::*;
+use core::num::NonZeroUsize;
 
 impl Entries<'_> {
 
@@ -13,7 +14,7 @@ impl Entries<'_> {
     /// `leave`, since the block is then live and off the cache, its state bytes its owner's as
     /// those of any live block, and the worker's drain touches only blocks in the entries.
     #[inline(always)]
-    pub(crate) fn alloc_hit(&self, a: &Arc<Shared>, order: u8) -> Option<(usize, *const AtomicU8)> {
+    pub(crate) fn alloc_hit(&self, a: &Arc<Shared>, order: u8) -> Option<(NonZeroUsize, *const AtomicU8)> {
         let o = order as usize;
         debug_assert!(o < self.stacked);
         // SAFETY: `order` is a stacked order (`cached_order` checked it against
@@ -34,7 +35,7 @@ impl Entries<'_> {
             return None;
         }
         let v = a.view(0);
-        let m = v.meta_of(e.addr());
+        let m = v.meta_of(e.plain_addr().get());
         // SAFETY: an entry's block lies in the arena of its entry (invariant 1), the first one,
         // so `m` is a record of that live arena.
         let w = unsafe { HitWord::load(m) };
@@ -48,7 +49,7 @@ impl Entries<'_> {
         unsafe { s.alloc_word.store(m) };
         self.pages.sub(s.npages);
         self.alloc_hits.add(1);
-        Some((e.addr(), v.state_of(e.addr())))
+        Some((e.plain_addr(), v.state_of(e.plain_addr().get())))
     }
 
     /// A block of order `o` popped from the cache becomes live: its record gets `live` (the
@@ -170,8 +171,15 @@ impl Entries<'_> {
     /// caller: the hit path knows its order is stacked without reading `stacked`'s line.)
     #[inline(always)]
     pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32) -> bool {
-        (!large && self.pages.get() + n as u64 > self.limit.get())
-            || s.ndirty.get() == s.dirty_max.get()
+        self.needs_room_at(a, s, large, n, s.ndirty.get(), self.pages.get())
+    }
+
+    /// `needs_room` with the dirty stack's size `nd` and the pages held `pages` already loaded
+    /// (the free hit stores from them after: an atomic is loaded again at each `get`).
+    #[inline(always)]
+    fn needs_room_at(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32, nd: u64, pages: u64) -> bool {
+        (!large && pages + n as u64 > self.limit.get())
+            || nd == s.dirty_max.get()
             || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
     }
 
@@ -285,25 +293,26 @@ impl Entries<'_> {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn push_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, s: &Stack, v: &ArenaView, addr: usize, ai: usize, m: *mut BlockMeta, n: u32, large: bool) -> bool {
-        if self.needs_room(a, s, large, n) {
+        let (mut nd, mut pages) = (s.ndirty.get(), self.pages.get());
+        if self.needs_room_at(a, s, large, n, nd, pages) {
             if !MAY_DRAIN {
                 return false;
             }
             self.make_room(a, n.trailing_zeros() as usize);
+            (nd, pages) = (s.ndirty.get(), self.pages.get());
         }
+        // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
+        // `make_room`), so `first + nd` is one of this order's entries.
+        debug_assert!(s.len() < s.cap);
+        // SAFETY: the index is in this order's entries (above); only the owner writes them.
+        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
+        s.ndirty.set(nd + 1);
         // The word of a freed block of this order (`HitWord::freed_word`: the block's word with
         // tag `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of
         // `n` pages), a constant, as in `alloc_hit`.
         // SAFETY: `m` is the block's record (the caller's).
         unsafe { s.freed_word.store(m) };
-        // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
-        // `make_room`), so `first + nd` is one of this order's entries.
-        let nd = s.ndirty.get();
-        debug_assert!(s.len() < s.cap);
-        // SAFETY: the index is in this order's entries (above); only the owner writes them.
-        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
-        s.ndirty.set(nd + 1);
-        self.pages.add(n as u64);
+        self.pages.set(pages + n as u64);
         if large {
             self.limit.add(n as u64);
         }
