@@ -109,3 +109,17 @@ fn a_chunk_amid_reported_memory_is_not_waited_for() {
     drop(h);
     a.check_invariants().unwrap();
 }
+
+/// The free hit's arena test (`Shared::first_page_of`, one compare of the rotated offset) takes
+/// exactly the page addresses of the first arena, as the alignment test and `view_of` together.
+#[test]
+fn the_free_hits_arena_test_takes_exactly_the_first_arenas_pages() {
+    let a = allocator();
+    let s = &a.shared;
+    let base = s.view(0).base();
+    let len = 4 * BLOCK;
+    for addr in [base, base + 4096, base + len - 4096, base + 1, base + 4095, base + len, base + len + 4096, base - 4096, base - 1, 0, usize::MAX & !4095, 4096] {
+        let page = addr & 4095 == 0 && s.view_of(addr).is_some_and(|(i, _)| i == 0);
+        assert_eq!(s.first_page_of(addr).is_some(), page, "{addr:#x} (arena at {base:#x})");
+    }
+}

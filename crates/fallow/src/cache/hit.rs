@@ -233,12 +233,16 @@ impl Entries<'_> {
     /// out to drain.
     #[inline(always)]
     pub(super) fn take_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
-        if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
-            return false;
-        }
         // The hit path looks in the first arena only, which holds most blocks (its default size
         // is the physical memory); `free` looks in all.
-        let found = if MAY_DRAIN { a.view_of(addr) } else { a.first_view_of(addr).map(|v| (0, v)) };
+        let found = if MAY_DRAIN {
+            if addr & ((1 << PAGE_SHIFT) - 1) != 0 {
+                return false;
+            }
+            a.view_of(addr)
+        } else {
+            a.first_page_of(addr).map(|v| (0, v))
+        };
         let Some((ai, v)) = found else { return false };
         let m = v.meta_of(addr);
         // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.

@@ -42,6 +42,8 @@ const _: () = {
 pub(crate) struct ArenaView {
     base: AtomicUsize,
     len: AtomicUsize,
+    /// `len` in pages (`first_page_of`).
+    pages: AtomicUsize,
     states: AtomicUsize,
     meta: AtomicUsize,
     /// `meta - (base >> META_ADDR_SHIFT)` and `states - (base >> PAGE_SHIFT)` (wrapping): the
@@ -126,6 +128,7 @@ impl ArenaView {
         ArenaView {
             base: AtomicUsize::new(0),
             len: AtomicUsize::new(0),
+            pages: AtomicUsize::new(0),
             states: AtomicUsize::new(0),
             meta: AtomicUsize::new(0),
             meta_bias: AtomicUsize::new(0),
@@ -138,6 +141,7 @@ impl ArenaView {
     fn set(&self, arena: &Arena) {
         self.base.store(arena.base, Ordering::Relaxed);
         self.len.store(arena.len, Ordering::Relaxed);
+        self.pages.store(arena.len >> PAGE_SHIFT, Ordering::Relaxed);
         self.states.store(arena.states().raw() as usize, Ordering::Relaxed);
         self.meta.store(arena.meta_raw() as usize, Ordering::Relaxed);
         let (meta, states) = (arena.meta_raw() as usize, arena.states().raw() as usize);
@@ -202,9 +206,17 @@ impl Shared {
 
     /// The first arena's view if it holds `addr` (see `view_of`).
     #[inline(always)]
-    pub(crate) fn first_view_of(&self, addr: usize) -> Option<&ArenaView> {
+    fn first_view_of(&self, addr: usize) -> Option<&ArenaView> {
         let v = &self.views[0];
         (addr.wrapping_sub(v.base()) < v.len.load(Ordering::Relaxed)).then_some(v)
+    }
+
+    /// The first arena's view if `addr` is the address of one of its pages: one compare, the
+    /// page offset rotated into the top bits (a free hit's test of a pointer).
+    #[inline(always)]
+    pub(crate) fn first_page_of(&self, addr: usize) -> Option<&ArenaView> {
+        let v = &self.views[0];
+        (addr.wrapping_sub(v.base()).rotate_right(PAGE_SHIFT) < v.pages.load(Ordering::Relaxed)).then_some(v)
     }
 
     /// `view_of` for the arenas after the first.
