@@ -151,7 +151,8 @@ impl Entries<'_> {
     }
 
     /// The hit path of `free`: as `free`, but `false` (nothing changed) also when the cache must
-    /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
+    /// first drain (over its high mark, a full stack). No call, no lock. A drain request waits
+    /// for a call off the hit paths (see `needs_room`).
     #[inline(always)]
     pub(crate) fn free_hit(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
         self.take_freed::<false>(a, addr, size)
@@ -171,16 +172,21 @@ impl Entries<'_> {
     /// caller: the hit path knows its order is stacked without reading `stacked`'s line.)
     #[inline(always)]
     pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32) -> bool {
-        self.needs_room_at(a, s, large, n, s.ndirty.get(), self.pages.get())
+        self.needs_room_at::<true>(a, s, large, n, s.ndirty.get(), self.pages.get())
     }
 
     /// `needs_room` with the dirty stack's size `nd` and the pages held `pages` already loaded
     /// (the free hit stores from them after: an atomic is loaded again at each `get`).
+    /// `OBEY` false (the free hit): a drain request does not count. Its blocks are the ones a
+    /// thread that only hits is reusing; the request is obeyed at the thread's next call off the
+    /// hit paths (a refill, a drain, a large block), or the reporter drains the cache itself
+    /// when it finds the owner outside (`drain_unanswered`). Not looking saves a load of
+    /// `Shared` and a compare on every free.
     #[inline(always)]
-    fn needs_room_at(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32, nd: u64, pages: u64) -> bool {
+    fn needs_room_at<const OBEY: bool>(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32, nd: u64, pages: u64) -> bool {
         (!large && pages + n as u64 > self.limit.get())
             || nd == s.dirty_max.get()
-            || a.hit.drain_generation.load(Relaxed) != self.seen_generation.get()
+            || (OBEY && a.hit.drain_generation.load(Relaxed) != self.seen_generation.get())
     }
 
     /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
@@ -298,7 +304,7 @@ impl Entries<'_> {
     #[inline(always)]
     fn push_freed<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, s: &Stack, v: &ArenaView, addr: usize, ai: usize, m: *mut BlockMeta, n: u32, large: bool) -> bool {
         let (mut nd, mut pages) = (s.ndirty.get(), self.pages.get());
-        if self.needs_room_at(a, s, large, n, nd, pages) {
+        if self.needs_room_at::<MAY_DRAIN>(a, s, large, n, nd, pages) {
             if !MAY_DRAIN {
                 return false;
             }

@@ -284,11 +284,12 @@ impl World {
         self.alloc_locked(zero)
     }
 
-    /// Mirrors `ThreadCache::needs_room`.
-    fn needs_room(&self) -> bool {
+    /// Mirrors `ThreadCache::needs_room_at` (`obey`: off the hit path, where a drain request
+    /// counts).
+    fn needs_room(&self, obey: bool) -> bool {
         self.pages.load(Relaxed) + 1 > HIGH
             || self.ndirty.load(Relaxed) == CAP - self.nzero.load(Relaxed)
-            || self.generation.load(Relaxed) != self.seen_generation.load(Relaxed)
+            || (obey && self.generation.load(Relaxed) != self.seen_generation.load(Relaxed))
     }
 
     /// Mirrors `ThreadCache::take_freed` (`free_hit`: `may_drain` false; `free`: true) for the
@@ -297,7 +298,7 @@ impl World {
         if self.tag.load(Relaxed) != TAG_ALLOC {
             return false; // live_unlocked
         }
-        if self.needs_room() {
+        if self.needs_room(may_drain) {
             if !may_drain {
                 return false;
             }
@@ -529,6 +530,13 @@ fn free_then_zero_alloc_model(broken: Break) {
                 w2.write_mem(3);
             }
         });
+        // Not in the real code: a scheduling point, so that loom's first execution runs the
+        // owner's free and allocation before the reporter's step. Loom goes back to try a store
+        // before a load it saw, not a load before a store, and the owner's hits read nothing
+        // that the request writes (the free hit leaves a drain request to the calls off the hit
+        // paths): without the yield, the executions where the reporter drains the block the
+        // owner freed (and the broken return below hands it out) were never run.
+        thread::yield_now();
         w.caches_step();
         w.report_one_batch();
         owner.join().unwrap();

@@ -5,15 +5,17 @@ use super::*;
 // ---- The drain request's generations (cache/, report.rs, heap/; mirrored) ----
 //
 // `Allocator::request_cache_drain` and the reporter's `caches_step` bump `drain_generation`
-// (relaxed); a cache obeys at its next free that sees the new value (`needs_room`, then
-// `make_room` -> `obey_drain_request` under the lock, which reads it again) or at its next refill,
-// and records the generation obeyed in `seen_generation`; the reporter drains a cache that has not
-// obeyed its request and whose owner is not inside (`drain_unanswered`). The model: the owner's
-// cache holds block A (cached before the request); the owner frees block B while the reporter
-// requests a drain and then drains the cache if it is unanswered; after both, the owner's next
-// free (block C), which must see the request. The request is never lost: A is out of the cache by
-// then, drained by the owner or by the reporter. The cache's entries (a set of blocks) are a loom
-// `UnsafeCell`; the handshake is the one modelled above.
+// (relaxed); a cache obeys at its next call off the hit paths that sees the new value (the
+// out-of-line free's `needs_room`, then `make_room` -> `obey_drain_request` under the lock,
+// which reads it again, or a refill), and records the generation obeyed in `seen_generation`;
+// the free hit does not look. The reporter drains a cache that has not obeyed its request and
+// whose owner is not inside (`drain_unanswered`). The model: the owner's cache holds block A
+// (cached before the request); the owner frees block B (on the hit path, or on the out-of-line
+// free when `hit_full`: its stack is full for the hit) while the reporter requests a drain and
+// then drains the cache if it is unanswered; after both, the owner's next call off the hit
+// paths (a refill), which must see the request, and a free of block C. The request is never
+// lost: A is out of the cache by then, drained by the owner or by the reporter. The cache's
+// entries (a set of blocks) are a loom `UnsafeCell`; the handshake is the one modelled above.
 
 const BLOCK_A: u8 = 1;
 const BLOCK_B: u8 = 2;
@@ -32,6 +34,8 @@ struct Gen {
     /// Broken on purpose: `drain_unanswered` records the request as obeyed by a cache it left
     /// alone because its owner was inside.
     broken: bool,
+    /// The free hit finds its stack full and leaves the block to the out-of-line free.
+    hit_full: bool,
 }
 
 impl Gen {
@@ -50,26 +54,44 @@ impl Gen {
         *self.lists.lock().unwrap() |= block;
     }
 
-    /// Mirrors `ThreadCache::take_freed`: `needs_room` (the high mark and the stack are never
-    /// reached here: only the generation), `make_room` if allowed, then the push.
+    /// Mirrors `ThreadCache::take_freed`: `needs_room_at` (the high mark is never reached here;
+    /// the stack is full for the hit when `hit_full`; the generation counts off the hit path
+    /// only), `make_room` if allowed, then the push.
     fn take_freed(&self, block: u8, may_drain: bool) -> bool {
-        if self.generation.load(Relaxed) != self.seen_generation.load(Relaxed) {
-            if !may_drain {
+        if !may_drain {
+            if self.hit_full {
                 return false;
             }
+        } else if self.generation.load(Relaxed) != self.seen_generation.load(Relaxed) {
             // make_room: `obey_drain_request` (else `drain_to_half`: nothing over half here).
             let mut h = self.lists.lock().unwrap();
-            let g = self.generation.load(Relaxed);
-            if g != self.seen_generation.load(Relaxed) {
-                self.seen_generation.store(g, Relaxed);
-                self.drain_all_locked(&mut h);
-            }
+            self.obey_drain_request(&mut h);
         }
         // SAFETY: `e` is the cell's own pointer, valid for the closure; the owner is between
         // `enter` and `leave` (loom fails an access of the reporter's not ordered with this one).
         self.entries.with_mut(|e| unsafe { *e |= block });
         self.pages.store(self.pages.load(Relaxed) + 1, Relaxed);
         true
+    }
+
+    /// Mirrors `ThreadCache::obey_drain_request` (under the lock).
+    fn obey_drain_request(&self, lists: &mut u8) {
+        let g = self.generation.load(Relaxed);
+        if g != self.seen_generation.load(Relaxed) {
+            self.seen_generation.store(g, Relaxed);
+            self.drain_all_locked(lists);
+        }
+    }
+
+    /// Mirrors the start of `ThreadCache::refill` (inside `enter` / `leave`, under the lock):
+    /// obey a drain request. (The refill's blocks are left out.)
+    fn refill(&self) {
+        if self.hs.enter(true) {
+            let mut h = self.lists.lock().unwrap();
+            self.obey_drain_request(&mut h);
+            drop(h);
+            self.hs.leave();
+        }
     }
 
     /// Mirrors `ThreadCache::drain_all_locked`: every entry to the lists.
@@ -107,7 +129,7 @@ impl Gen {
     }
 }
 
-fn drain_request_model(broken: bool) {
+fn drain_request_model(broken: bool, hit_full: bool) {
     model(move || {
         let c = Arc::new(Gen {
             lists: Mutex::new(0),
@@ -117,12 +139,14 @@ fn drain_request_model(broken: bool) {
             pages: AtomicU32::new(1),
             seen_generation: AtomicU64::new(0),
             broken,
+            hit_full,
         });
         let c2 = c.clone();
         let owner = thread::spawn(move || c2.free(BLOCK_B));
         c.caches_step();
         owner.join().unwrap();
-        // The owner's next call (joined: it sees the request).
+        // The owner's next call off the hit paths (joined: it sees the request), then a free.
+        c.refill();
         c.free(BLOCK_C);
         let lists = *c.lists.lock().unwrap();
         // SAFETY: `e` is the cell's own pointer, valid for the closure; every thread is done.
@@ -134,7 +158,12 @@ fn drain_request_model(broken: bool) {
 
 #[test]
 fn a_drain_request_is_obeyed_by_the_owner_or_the_reporter() {
-    drain_request_model(false);
+    drain_request_model(false, false);
+}
+
+#[test]
+fn a_drain_request_is_obeyed_by_the_owners_out_of_line_free_or_the_reporter() {
+    drain_request_model(false, true);
 }
 
 // `drain_unanswered` recording its generation on a cache it left alone (owner inside): the
@@ -143,5 +172,5 @@ broken_on_purpose!(
     broken_drain_request_marked_obeyed_when_skipped,
     a_skipped_cache_marked_as_obeyed_loses_the_request,
     "request was lost",
-    drain_request_model(true)
+    drain_request_model(true, false)
 );
