@@ -18,8 +18,9 @@ pub(crate) fn large_pages_held(h: &Heap) -> u64 {
 }
 
 /// Drain the caches that still hold pages but have not obeyed drain request `generation`: their
-/// threads have not called this allocator since it was made, so their blocks may sit there for
-/// ever, resident and never reported. Returns the pages given back.
+/// threads have not called this allocator since it was made, or only on the hit paths (which
+/// leave a request to the calls off them), so their blocks may sit there for ever, resident and
+/// never reported. Returns the pages given back.
 ///
 /// Only the owner touches a cache without the lock, inside `enter` / `leave`. The worker freezes
 /// the cache (under the lock), runs `membarrier` (a full barrier on every running thread), then,

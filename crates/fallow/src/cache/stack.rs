@@ -68,8 +68,9 @@ impl Stack {
 // are per-order constants (`Stack::alloc_word`, `freed_word`), and the free hit picks its stack by
 // a branch on the order (`stack_by_branch`), which the processor predicts, instead of by an index.
 // `bench scale` at 4 KiB, one thread, on an Intel Xeon VM: 11.3 ns a pair before, 6.9 with the
-// branch, 5.9 with the constant words, the first arena's view as a constant (hit.rs) and the
-// one-page test first (docs/measurements.md, "Dependencies on the hit path").
+// branch, 5.9 with the constant words and the first arena's view as a constant (hit.rs)
+// (docs/measurements.md, "Dependencies on the hit path"). A one-page block, the commonest, skips
+// the branch: hit.rs tells it by one compare of its word and pushes it on order 0's stack.
 
 /// `x`, which the compiler can no longer see through: an empty `asm!` that takes and gives back
 /// the register. It keeps the arms of `stack_by_branch`, which differ only in a constant, from
