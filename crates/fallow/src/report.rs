@@ -192,7 +192,7 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: 
     let now = s.now_ms();
     match *asked {
         None if held > 0 => {
-            let g = s.hit.drain_generation.fetch_add(1, core::sync::atomic::Ordering::Relaxed) + 1;
+            let g = crate::cache::ask_to_drain(s, &s.heap.lock());
             *asked = Some((g, now));
             watch.nap(s, delay_ms as u64 * 1_000_000);
             None

@@ -57,12 +57,10 @@ impl Allocator {
 
     /// Ask every thread's cache of this allocator to drain back to the free lists (for the
     /// reporting worker, when memory has been idle past its delay). Each thread does so at its
-    /// next call on this allocator that the cache does not serve on its hit paths (a refill, a
-    /// drain over the high mark, a large block, a request with flags); the reporting worker
-    /// drains the caches that have not answered when their threads are outside the allocator. A
-    /// cache never holds more than the bound stated in docs/design.md ("Per-thread caches").
+    /// next allocation or free on this allocator; a cache never holds more than the bound stated
+    /// in docs/design.md ("Per-thread caches").
     pub fn request_cache_drain(&self) {
-        self.shared.hit.drain_generation.fetch_add(1, Ordering::Relaxed);
+        cache::ask_to_drain(&self.shared, &self.shared.heap.lock());
     }
 
     /// Drain the calling thread's cache of this allocator back to the free lists now.

@@ -47,9 +47,12 @@ impl Entries<'_> {
     pub(super) fn obey_drain_request(&self, a: &Arc<Shared>, h: &mut Heap, now: u32) -> bool {
         let g = a.hit.drain_generation.load(Relaxed);
         if g == self.seen_generation.get() {
+            // A request sets the flag with a new generation, both under the lock.
+            debug_assert_eq!(self.drain_asked.load(Relaxed), 0);
             return false;
         }
         self.seen_generation.set(g);
+        self.drain_asked.store(0, Relaxed);
         self.drain_all_locked(h, now);
         true
     }

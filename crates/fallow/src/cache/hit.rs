@@ -151,8 +151,7 @@ impl Entries<'_> {
     }
 
     /// The hit path of `free`: as `free`, but `false` (nothing changed) also when the cache must
-    /// first drain (over its high mark, a full stack). No call, no lock. A drain request waits
-    /// for a call off the hit paths (see `needs_room`).
+    /// first drain (over its high mark, a full stack, a drain request). No call, no lock.
     #[inline(always)]
     pub(crate) fn free_hit(&self, a: &Arc<Shared>, addr: usize, size: Option<usize>) -> bool {
         self.take_freed::<false>(a, addr, size)
@@ -176,17 +175,15 @@ impl Entries<'_> {
     }
 
     /// `needs_room` with the dirty stack's size `nd` and the pages held `pages` already loaded
-    /// (the free hit stores from them after: an atomic is loaded again at each `get`).
-    /// `OBEY` false (the free hit): a drain request does not count. Its blocks are the ones a
-    /// thread that only hits is reusing; the request is obeyed at the thread's next call off the
-    /// hit paths (a refill, a drain, a large block), or the reporter drains the cache itself
-    /// when it finds the owner outside (`drain_unanswered`). Not looking saves a load of
-    /// `Shared` and a compare on every free.
+    /// (the free hit stores from them after: an atomic is loaded again at each `get`). The
+    /// free hit (`GENERATION` false) learns of a drain request from its cache's `drain_asked`,
+    /// on the line it already holds; the out-of-line paths compare the generations, as
+    /// `obey_drain_request` does under the lock.
     #[inline(always)]
-    fn needs_room_at<const OBEY: bool>(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32, nd: u64, pages: u64) -> bool {
+    fn needs_room_at<const GENERATION: bool>(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32, nd: u64, pages: u64) -> bool {
         (!large && pages + n as u64 > self.limit.get())
             || nd == s.dirty_max.get()
-            || (OBEY && a.hit.drain_generation.load(Relaxed) != self.seen_generation.get())
+            || if GENERATION { a.hit.drain_generation.load(Relaxed) != self.seen_generation.get() } else { self.drain_asked.load(Relaxed) != 0 }
     }
 
     /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole

@@ -122,7 +122,7 @@ use crate::os::PAGE_SHIFT;
 use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK};
 use crate::stats::Stats;
 
-pub(crate) use remote::{add_to_stats, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
+pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;
@@ -210,14 +210,19 @@ pub(crate) struct ThreadCache {
     free_hits: Owned,
     /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
     seen_generation: Owned,
-    /// Pages of the largest cached block (`1 << (orders - 1)`), and of the largest stacked one
-    /// (the hit paths serve these only; larger ones take the out-of-line paths).
-    max_pages: u32,
+    /// A drain request came that this cache has not obeyed: set by the requester, cleared by
+    /// whoever obeys it (the owner, or the worker that drains the cache), all under the lock;
+    /// the free hit reads it (`ask_to_drain`).
+    drain_asked: AtomicU32,
+    /// Pages of the largest stacked block: the hit paths serve these only; larger ones take the
+    /// out-of-line paths.
     hit_max_pages: u32,
     mixed: *mut Mixed,
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
+    /// Pages of the largest cached block (`1 << (orders - 1)`).
+    max_pages: u32,
     /// The high mark (`cache_high_pages`) over the stacked orders `0..stacked`; each order
     /// `stacked..orders` (large) holds one block beyond it.
     high: u64,
@@ -284,7 +289,9 @@ impl ThreadCache {
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),
             frozen: AtomicU32::new(0),
+            // Set again under the lock when the cache is registered (`ask_to_drain`).
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
+            drain_asked: AtomicU32::new(0),
             orders,
             max_pages: 1 << (orders - 1),
             hit_max_pages: (a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32,

@@ -17,10 +17,23 @@ pub(crate) fn large_pages_held(h: &Heap) -> u64 {
     h.caches.iter().map(|c| c.limit.get().wrapping_sub(c.high)).fold(0, u64::wrapping_add)
 }
 
+/// A drain request (`Allocator::request_cache_drain`, the reporter's `caches_step`): a new
+/// generation, and every registered cache's `drain_asked` set, so that its next free hit leaves
+/// for the out-of-line free, which obeys (`make_room` -> `obey_drain_request`), as does a refill.
+/// Under the lock (`h`), as every write of the flag and every read of the generation that
+/// decides on it; returns the new generation. The flag sits on the line every hit touches: the
+/// free hit reads it there rather than `Shared::hit.drain_generation` (~5% of a 4 KiB pair).
+pub(crate) fn ask_to_drain(s: &Shared, h: &Heap) -> u64 {
+    let g = s.hit.drain_generation.fetch_add(1, Relaxed) + 1;
+    for c in h.caches.iter() {
+        c.drain_asked.store(1, Relaxed);
+    }
+    g
+}
+
 /// Drain the caches that still hold pages but have not obeyed drain request `generation`: their
-/// threads have not called this allocator since it was made, or only on the hit paths (which
-/// leave a request to the calls off them), so their blocks may sit there for ever, resident and
-/// never reported. Returns the pages given back.
+/// threads have not called this allocator since it was made, so their blocks may sit there for
+/// ever, resident and never reported. Returns the pages given back.
 ///
 /// Only the owner touches a cache without the lock, inside `enter` / `leave`. The worker freezes
 /// the cache (under the lock), runs `membarrier` (a full barrier on every running thread), then,
@@ -89,6 +102,10 @@ pub(crate) fn drain_unanswered(s: &Shared, scope: Scope, generation: u64, freed_
                 Scope::All => {
                     e.drain_all_locked(&mut h, freed_at_ms);
                     c.seen_generation.set(generation);
+                    // Answered, unless a later request came meanwhile (its flag stays).
+                    if generation == s.hit.drain_generation.load(Relaxed) {
+                        c.drain_asked.store(0, Relaxed);
+                    }
                 }
                 Scope::Large => {
                     e.drain_large_locked(&mut h, freed_at_ms);

@@ -178,7 +178,14 @@ impl Slots {
         // SAFETY: `page` is the live allocation just made.
         let c = unsafe { &raw mut (*page).cache };
         STATE.with(|s| s.set(READY));
-        a.heap.lock().caches.push(c);
+        {
+            let mut h = a.heap.lock();
+            // SAFETY: `c` is the live cache just made, not yet shared with any other thread.
+            // Under the lock, so that no drain request falls between the generation it took in
+            // `new` and its registration, which the request would miss (`ask_to_drain`).
+            unsafe { (*c).seen_generation.set(a.hit.drain_generation.load(Relaxed)) };
+            h.caches.push(c);
+        }
         self.caches[pick].set(c);
         self.ids[pick].set(id);
         self.used[pick].set(now);

@@ -119,8 +119,7 @@ pub(crate) struct HitPath {
     /// hit paths serve (the largest stacked order's; larger ones are served off the hit path).
     pub(crate) cache_stacked_orders: u32,
     pub(crate) cache_hit_max_bytes: usize,
-    /// Bumped by `request_cache_drain`; a cache that sees a new value off its hit paths drains
-    /// itself.
+    /// Bumped by `request_cache_drain`; a cache that sees a new value drains itself.
     pub(crate) drain_generation: AtomicU64,
 }
 

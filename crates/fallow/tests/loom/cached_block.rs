@@ -79,6 +79,8 @@ struct World {
     nzero: AtomicU32,
     pages: AtomicU32,
     seen_generation: AtomicU64,
+    /// `ThreadCache::drain_asked`.
+    asked: AtomicU32,
     /// `HitPath::drain_generation`.
     generation: AtomicU64,
     broken: Break,
@@ -100,6 +102,7 @@ impl World {
             nzero: AtomicU32::new(0),
             pages: AtomicU32::new(!live as u32),
             seen_generation: AtomicU64::new(0),
+            asked: AtomicU32::new(0),
             generation: AtomicU64::new(0),
             broken,
         }
@@ -284,12 +287,12 @@ impl World {
         self.alloc_locked(zero)
     }
 
-    /// Mirrors `ThreadCache::needs_room_at` (`obey`: off the hit path, where a drain request
-    /// counts).
-    fn needs_room(&self, obey: bool) -> bool {
+    /// Mirrors `ThreadCache::needs_room_at`: the request is the flag on the hit path
+    /// (`may_drain` false), the generation off it.
+    fn needs_room(&self, may_drain: bool) -> bool {
         self.pages.load(Relaxed) + 1 > HIGH
             || self.ndirty.load(Relaxed) == CAP - self.nzero.load(Relaxed)
-            || (obey && self.generation.load(Relaxed) != self.seen_generation.load(Relaxed))
+            || if may_drain { self.generation.load(Relaxed) != self.seen_generation.load(Relaxed) } else { self.asked.load(Relaxed) != 0 }
     }
 
     /// Mirrors `ThreadCache::take_freed` (`free_hit`: `may_drain` false; `free`: true) for the
@@ -327,6 +330,7 @@ impl World {
             return false;
         }
         self.seen_generation.store(g, Relaxed);
+        self.asked.store(0, Relaxed);
         self.drain_all_locked(h);
         true
     }
@@ -400,11 +404,17 @@ impl World {
 
     // -- The reporter. --
 
-    /// Mirrors `report::caches_step` from the request (`drain_generation.fetch_add`) through its
-    /// nap to `cache::drain_unanswered` of that generation. Returns whether it drained the
-    /// cache, and whether it found the owner inside.
+    /// Mirrors `report::caches_step` from the request (`ask_to_drain`: under the lock, the
+    /// generation bumped and the cache's flag set) through its nap to `cache::drain_unanswered`
+    /// of that generation. Returns whether it drained the cache, and whether it found the owner
+    /// inside.
     fn caches_step(&self) -> (bool, bool) {
-        let g = self.generation.fetch_add(1, Relaxed) + 1;
+        let g = {
+            let _h = self.lists.lock().unwrap();
+            let g = self.generation.fetch_add(1, Relaxed) + 1;
+            self.asked.store(1, Relaxed);
+            g
+        };
         self.drain_unanswered(g)
     }
 
@@ -426,6 +436,7 @@ impl World {
             if !busy || self.broken == Break::DrainIgnoresBusy {
                 self.drain_all_locked(&mut h);
                 self.seen_generation.store(g, Relaxed);
+                self.asked.store(0, Relaxed); // no later request here
                 drained = true;
             }
             self.hs.frozen.store(0, Release);
@@ -530,13 +541,6 @@ fn free_then_zero_alloc_model(broken: Break) {
                 w2.write_mem(3);
             }
         });
-        // Not in the real code: a scheduling point, so that loom's first execution runs the
-        // owner's free and allocation before the reporter's step. Loom goes back to try a store
-        // before a load it saw, not a load before a store, and the owner's hits read nothing
-        // that the request writes (the free hit leaves a drain request to the calls off the hit
-        // paths): without the yield, the executions where the reporter drains the block the
-        // owner freed (and the broken return below hands it out) were never run.
-        thread::yield_now();
         w.caches_step();
         w.report_one_batch();
         owner.join().unwrap();

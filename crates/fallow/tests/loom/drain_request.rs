@@ -4,18 +4,17 @@ use super::*;
 
 // ---- The drain request's generations (cache/, report.rs, heap/; mirrored) ----
 //
-// `Allocator::request_cache_drain` and the reporter's `caches_step` bump `drain_generation`
-// (relaxed); a cache obeys at its next call off the hit paths that sees the new value (the
-// out-of-line free's `needs_room`, then `make_room` -> `obey_drain_request` under the lock,
-// which reads it again, or a refill), and records the generation obeyed in `seen_generation`;
-// the free hit does not look. The reporter drains a cache that has not obeyed its request and
-// whose owner is not inside (`drain_unanswered`). The model: the owner's cache holds block A
-// (cached before the request); the owner frees block B (on the hit path, or on the out-of-line
-// free when `hit_full`: its stack is full for the hit) while the reporter requests a drain and
-// then drains the cache if it is unanswered; after both, the owner's next call off the hit
-// paths (a refill), which must see the request, and a free of block C. The request is never
-// lost: A is out of the cache by then, drained by the owner or by the reporter. The cache's
-// entries (a set of blocks) are a loom `UnsafeCell`; the handshake is the one modelled above.
+// `Allocator::request_cache_drain` and the reporter's `caches_step` (`ask_to_drain`, under the
+// lock) bump `drain_generation` and set each cache's `drain_asked`; a cache obeys at its next free
+// (the hit sees the flag, the out-of-line free the new generation: `needs_room`, then
+// `make_room` -> `obey_drain_request` under the lock, which reads it again and clears the flag)
+// or at its next refill, and records the generation obeyed in `seen_generation`; the reporter drains a cache that has not
+// obeyed its request and whose owner is not inside (`drain_unanswered`). The model: the owner's
+// cache holds block A (cached before the request); the owner frees block B while the reporter
+// requests a drain and then drains the cache if it is unanswered; after both, the owner's next
+// free (block C), which must see the request. The request is never lost: A is out of the cache by
+// then, drained by the owner or by the reporter. The cache's entries (a set of blocks) are a loom
+// `UnsafeCell`; the handshake is the one modelled above.
 
 const BLOCK_A: u8 = 1;
 const BLOCK_B: u8 = 2;
@@ -31,11 +30,11 @@ struct Gen {
     entries: UnsafeCell<u8>,
     pages: AtomicU32,
     seen_generation: AtomicU64,
+    /// `ThreadCache::drain_asked`.
+    asked: AtomicU32,
     /// Broken on purpose: `drain_unanswered` records the request as obeyed by a cache it left
     /// alone because its owner was inside.
     broken: bool,
-    /// The free hit finds its stack full and leaves the block to the out-of-line free.
-    hit_full: bool,
 }
 
 impl Gen {
@@ -54,44 +53,29 @@ impl Gen {
         *self.lists.lock().unwrap() |= block;
     }
 
-    /// Mirrors `ThreadCache::take_freed`: `needs_room_at` (the high mark is never reached here;
-    /// the stack is full for the hit when `hit_full`; the generation counts off the hit path
-    /// only), `make_room` if allowed, then the push.
+    /// Mirrors `ThreadCache::take_freed`: `needs_room_at` (the high mark and the stack are never
+    /// reached here: only the request, the flag on the hit path, the generation off it),
+    /// `make_room` if allowed, then the push.
     fn take_freed(&self, block: u8, may_drain: bool) -> bool {
-        if !may_drain {
-            if self.hit_full {
+        let asked = if may_drain { self.generation.load(Relaxed) != self.seen_generation.load(Relaxed) } else { self.asked.load(Relaxed) != 0 };
+        if asked {
+            if !may_drain {
                 return false;
             }
-        } else if self.generation.load(Relaxed) != self.seen_generation.load(Relaxed) {
             // make_room: `obey_drain_request` (else `drain_to_half`: nothing over half here).
             let mut h = self.lists.lock().unwrap();
-            self.obey_drain_request(&mut h);
+            let g = self.generation.load(Relaxed);
+            if g != self.seen_generation.load(Relaxed) {
+                self.seen_generation.store(g, Relaxed);
+                self.asked.store(0, Relaxed);
+                self.drain_all_locked(&mut h);
+            }
         }
         // SAFETY: `e` is the cell's own pointer, valid for the closure; the owner is between
         // `enter` and `leave` (loom fails an access of the reporter's not ordered with this one).
         self.entries.with_mut(|e| unsafe { *e |= block });
         self.pages.store(self.pages.load(Relaxed) + 1, Relaxed);
         true
-    }
-
-    /// Mirrors `ThreadCache::obey_drain_request` (under the lock).
-    fn obey_drain_request(&self, lists: &mut u8) {
-        let g = self.generation.load(Relaxed);
-        if g != self.seen_generation.load(Relaxed) {
-            self.seen_generation.store(g, Relaxed);
-            self.drain_all_locked(lists);
-        }
-    }
-
-    /// Mirrors the start of `ThreadCache::refill` (inside `enter` / `leave`, under the lock):
-    /// obey a drain request. (The refill's blocks are left out.)
-    fn refill(&self) {
-        if self.hs.enter(true) {
-            let mut h = self.lists.lock().unwrap();
-            self.obey_drain_request(&mut h);
-            drop(h);
-            self.hs.leave();
-        }
     }
 
     /// Mirrors `ThreadCache::drain_all_locked`: every entry to the lists.
@@ -104,10 +88,15 @@ impl Gen {
         self.pages.store(0, Relaxed);
     }
 
-    /// Mirrors `report::caches_step`'s request (`fetch_add`) and, after its nap,
+    /// Mirrors `report::caches_step`'s request (`ask_to_drain`) and, after its nap,
     /// `cache::drain_unanswered` of that generation.
     fn caches_step(&self) {
-        let g = self.generation.fetch_add(1, Relaxed) + 1;
+        let g = {
+            let _h = self.lists.lock().unwrap();
+            let g = self.generation.fetch_add(1, Relaxed) + 1;
+            self.asked.store(1, Relaxed);
+            g
+        };
         {
             let _h = self.lists.lock().unwrap();
             if self.pages.load(Relaxed) == 0 || self.seen_generation.load(Relaxed) == g {
@@ -121,6 +110,7 @@ impl Gen {
             if self.hs.busy.load(Acquire) == 0 {
                 self.drain_all_locked(&mut h);
                 self.seen_generation.store(g, Relaxed);
+                self.asked.store(0, Relaxed); // no later request here
             } else if self.broken {
                 self.seen_generation.store(g, Relaxed);
             }
@@ -129,7 +119,7 @@ impl Gen {
     }
 }
 
-fn drain_request_model(broken: bool, hit_full: bool) {
+fn drain_request_model(broken: bool) {
     model(move || {
         let c = Arc::new(Gen {
             lists: Mutex::new(0),
@@ -138,15 +128,14 @@ fn drain_request_model(broken: bool, hit_full: bool) {
             entries: UnsafeCell::new(BLOCK_A),
             pages: AtomicU32::new(1),
             seen_generation: AtomicU64::new(0),
+            asked: AtomicU32::new(0),
             broken,
-            hit_full,
         });
         let c2 = c.clone();
         let owner = thread::spawn(move || c2.free(BLOCK_B));
         c.caches_step();
         owner.join().unwrap();
-        // The owner's next call off the hit paths (joined: it sees the request), then a free.
-        c.refill();
+        // The owner's next call (joined: it sees the request).
         c.free(BLOCK_C);
         let lists = *c.lists.lock().unwrap();
         // SAFETY: `e` is the cell's own pointer, valid for the closure; every thread is done.
@@ -158,12 +147,7 @@ fn drain_request_model(broken: bool, hit_full: bool) {
 
 #[test]
 fn a_drain_request_is_obeyed_by_the_owner_or_the_reporter() {
-    drain_request_model(false, false);
-}
-
-#[test]
-fn a_drain_request_is_obeyed_by_the_owners_out_of_line_free_or_the_reporter() {
-    drain_request_model(false, true);
+    drain_request_model(false);
 }
 
 // `drain_unanswered` recording its generation on a cache it left alone (owner inside): the
@@ -172,5 +156,5 @@ broken_on_purpose!(
     broken_drain_request_marked_obeyed_when_skipped,
     a_skipped_cache_marked_as_obeyed_loses_the_request,
     "request was lost",
-    drain_request_model(true, false)
+    drain_request_model(true)
 );
