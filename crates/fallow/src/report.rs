@@ -163,7 +163,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 }
 
 /// Nothing on the lists to report: memory in per-thread caches is invisible to the scan. Ask the
-/// caches to drain (each does at its next call; cache/), give them the reporting delay to
+/// caches to drain (each does at its next free or refill; cache/), give them the reporting delay to
 /// answer, then drain those whose threads stayed idle (`cache::drain_unanswered`). Their blocks
 /// come back to the lists dated at the request (they were idle since at least then), so they are
 /// reported at once. `None`: keep going (a nap was taken, or blocks came back); `Some(ns)`:

@@ -191,6 +191,31 @@ fn drain_request_is_obeyed_at_the_next_operation() {
     all_returned(&a);
 }
 
+/// The next call may be a free that the hit path would take: it sees the request all the same
+/// (the cache's `drain_asked` flag) and drains first, rather than leave the reporter to drain a
+/// cache whose owner keeps calling (and date blocks freed just before as idle since the request).
+#[test]
+fn drain_request_is_obeyed_at_the_next_free_hit() {
+    let a = Allocator::new(cfg()).unwrap();
+    let live = a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr();
+    let mut ps = Vec::new();
+    for _ in 0..64 {
+        ps.push(a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr());
+    }
+    for p in ps {
+        a.free(p).unwrap();
+    }
+    assert!(a.stats().cached_pages >= 64);
+    let b = a.clone();
+    std::thread::spawn(move || b.request_cache_drain()).join().unwrap();
+    // A free of a live one-page block: the hit path's case, but for the request.
+    a.free(live).unwrap();
+    let s = a.stats();
+    assert_eq!(s.cached_pages, 1, "drained everything, then cached the block just freed: {s}");
+    a.drain_thread_cache();
+    all_returned(&a);
+}
+
 #[test]
 fn double_and_invalid_frees_of_cached_blocks_are_detected() {
     let a = Allocator::new(cfg()).unwrap();

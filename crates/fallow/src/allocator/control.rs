@@ -57,8 +57,9 @@ impl Allocator {
 
     /// Ask every thread's cache of this allocator to drain back to the free lists (for the
     /// reporting worker, when memory has been idle past its delay). Each thread does so at its
-    /// next allocation or free on this allocator; a cache never holds more than the bound stated
-    /// in docs/design.md ("Per-thread caches").
+    /// next free on this allocator, or its next allocation that refills its cache (an
+    /// allocation served from the cache only takes blocks out of it); a cache never holds more
+    /// than the bound stated in docs/design.md ("Per-thread caches").
     pub fn request_cache_drain(&self) {
         cache::ask_to_drain(&self.shared, &self.shared.heap.lock());
     }

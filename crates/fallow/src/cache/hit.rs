@@ -248,7 +248,8 @@ impl Entries<'_> {
         };
         let Some((ai, v)) = found else { return false };
         let m = v.meta_of(addr);
-        // SAFETY: `addr` is a page of arena `ai` (`view_of`), so `m` is one of its records.
+        // SAFETY: `addr` is a page of arena `ai` (`view_of`, or `first_page_of` for arena 0), so
+        // `m` is one of its records.
         let w = unsafe { HitWord::load(m) };
         // On the hit path, a live block of one page (the commonest) is told by one compare of
         // its word: then nothing else needs checking (one page is aligned and of order 0,
