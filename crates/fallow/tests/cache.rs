@@ -164,9 +164,10 @@ fn thread_exit_returns_every_cached_page() {
     all_returned(&a);
 }
 
-#[test]
-fn drain_request_is_obeyed_at_the_next_operation() {
-    let a = Allocator::new(cfg()).unwrap();
+/// 64 one-page blocks allocated and freed into this thread's cache, then a drain request from
+/// another thread (as the reporting worker makes it); nothing moves until this thread's next
+/// free, or allocation that refills.
+fn cache_64_pages_then_ask_to_drain(a: &Allocator) {
     let mut ps = Vec::new();
     for _ in 0..64 {
         ps.push(a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr());
@@ -175,11 +176,15 @@ fn drain_request_is_obeyed_at_the_next_operation() {
         a.free(p).unwrap();
     }
     assert!(a.stats().cached_pages >= 64);
-    // Another thread asks (as the reporting worker does); nothing moves until this thread's next
-    // allocation or free on the allocator.
     let b = a.clone();
     std::thread::spawn(move || b.request_cache_drain()).join().unwrap();
     assert!(a.stats().cached_pages >= 64);
+}
+
+#[test]
+fn drain_request_is_obeyed_at_the_next_operation() {
+    let a = Allocator::new(cfg()).unwrap();
+    cache_64_pages_then_ask_to_drain(&a);
     let p = a.alloc(8192, 4096, Flags::NONE).unwrap().as_ptr();
     a.free(p).unwrap();
     // Drained everything, then this free cached one block of 2 pages (and the alloc refilled at
@@ -198,16 +203,7 @@ fn drain_request_is_obeyed_at_the_next_operation() {
 fn drain_request_is_obeyed_at_the_next_free_hit() {
     let a = Allocator::new(cfg()).unwrap();
     let live = a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr();
-    let mut ps = Vec::new();
-    for _ in 0..64 {
-        ps.push(a.alloc(4096, 4096, Flags::NONE).unwrap().as_ptr());
-    }
-    for p in ps {
-        a.free(p).unwrap();
-    }
-    assert!(a.stats().cached_pages >= 64);
-    let b = a.clone();
-    std::thread::spawn(move || b.request_cache_drain()).join().unwrap();
+    cache_64_pages_then_ask_to_drain(&a);
     // A free of a live one-page block: the hit path's case, but for the request.
     a.free(live).unwrap();
     let s = a.stats();
