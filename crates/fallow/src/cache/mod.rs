@@ -289,7 +289,8 @@ impl ThreadCache {
             free_hits: Owned::default(),
             busy: AtomicU32::new(0),
             frozen: AtomicU32::new(0),
-            // Set again under the lock when the cache is registered (`ask_to_drain`).
+            // Set again under the lock when the cache is registered (table.rs), so that no
+            // request falls in between (`ask_to_drain`).
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             drain_asked: AtomicU32::new(0),
             orders,
