@@ -408,18 +408,20 @@ impl HitWord {
         const MASK: u64 = 0xffff_ffff_0000_00ff | ((META_LOCKED | META_SLACK) as u64) << 16;
         self.0 & MASK == Tag::Alloc as u64 | 1 << 32
     }
-    /// The word of an exact block of `order` that a cache's hit path hands out: `Tag::Alloc`,
+    /// The word of an exact block of `order` that a cache hands out: `Tag::Alloc`,
     /// that order, no flags, class `Dirty` (0), `2^order` pages. A block on a dirty stack of
     /// `order` becomes exactly this when it goes live, whatever its cached word held: its order
     /// is the stack's, every page is `Dirty`, and a cached block carries neither `META_LOCKED`
     /// (the locked path clears it when the block is freed) nor `META_SLACK` (cleared when it
-    /// came back whole). So the hit path stores this constant rather than a change of the word
-    /// it loaded, and the store does not wait for the load (cache/stack.rs, "Dependencies").
+    /// came back whole). So the caches store this constant rather than a change of the word
+    /// they loaded, and on the hit path the store does not wait for the load (cache/stack.rs,
+    /// "Dependencies").
     pub(crate) const fn alloc_word(order: u8) -> HitWord {
         HitWord(Tag::Alloc as u64 | (order as u64) << 8 | 1u64 << (32 + order as u32))
     }
-    /// The word of an exact live block of `order` freed into a cache: `Tag::Cached`, that order,
-    /// `META_FREED_START` alone, class `Dirty` (its pages all become `Dirty`), `2^order` pages.
+    /// The word of a live block of `order` freed whole into a cache (exact, or with slack):
+    /// `Tag::Cached`, that order, `META_FREED_START` alone, class `Dirty` (the class of a cached
+    /// block is read nowhere: mixed entries keep their counts), `2^order` pages.
     pub(crate) const fn freed_word(order: u8) -> HitWord {
         HitWord(Tag::Cached as u64 | (order as u64) << 8 | (META_FREED_START as u64) << 16 | 1u64 << (32 + order as u32))
     }

@@ -94,7 +94,7 @@ impl Entries<'_> {
                 }
                 return Some(addr);
             }
-            self.hand_out(m, w.with(Tag::Alloc, w.flags() & !META_FREED_START, n), o);
+            self.hand_out(m, self.stacks[o].alloc_word, o);
             if flags.0 == 0 && !e.mixed() {
                 v.states().fill(pfn, n, PageState::Allocated);
                 return Some(e.addr());
@@ -212,7 +212,7 @@ impl Entries<'_> {
         // the block, so the counts are read without the lock. The live pages become `Dirty`.
         let slack = states.count(pfn + live, n - live);
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
-        unsafe { w.with(Tag::Cached, META_FREED_START, n).store(m) };
+        unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);
         self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);

@@ -187,8 +187,9 @@ impl Shared {
     /// The arena holding `addr` and its view, without the lock.
     ///
     /// The first arena, which holds most blocks, is checked inline and the others out of line
-    /// (the free hit path has its own test of the first arena, `first_page_of`). It needs no load of `published`: `Allocator::new` installs it before
-    /// any handle exists, so every thread that holds one sees its view.
+    /// (the free hit path has its own test of the first arena, `first_page_of`). It needs no
+    /// load of `published`: `Allocator::new` installs it before any handle exists, so every
+    /// thread that holds one sees its view.
     #[inline(always)]
     pub(crate) fn view_of(&self, addr: usize) -> Option<(usize, &ArenaView)> {
         if let Some(v) = self.first_view_of(addr) {
