@@ -28,6 +28,7 @@ use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREE
 
 mod check;
 mod deferred;
+mod span;
 mod units;
 
 /// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
@@ -346,7 +347,7 @@ impl Buddy {
     /// in the classes in the given order and, within a class, from the smallest order up. The
     /// unused rest of the block goes back on the lists at once.
     pub fn take(&mut self, npages: u32, order: u8, prefs: [Class; 3]) -> Option<Taken> {
-        self.take_preferring_hot(npages, order, prefs, None)
+        self.take_preferring_hot(npages, order, &prefs, prefs[0] == Class::Zeroed, None)
     }
 
     /// `take`, except that when `hot_since` is given (a `ZERO` request small enough to be served
@@ -354,7 +355,8 @@ impl Buddy {
     /// fits is taken first if it was freed at or after `hot_since` (ms): a block the program has
     /// just freed is still in its CPU cache, and a memset there plus the program's own writes
     /// cost less than writing a zeroed block that the worker's non-temporal stores left in DRAM.
-    pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: [Class; 3], hot_since: Option<u32>) -> Option<Taken> {
+    /// `zero`: the request needs zeros (a mixed block keeps the halves with zeroed pages).
+    pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: &[Class], zero: bool, hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
         self.merge_deferred_below(order);
         if let Some(since) = hot_since {
@@ -363,8 +365,8 @@ impl Buddy {
                 return Some(self.carve(pfn, order, npages, false));
             }
         }
-        let pfn = prefs.into_iter().find_map(|c| self.first_fit(c, order))?;
-        Some(self.carve(pfn, order, npages, prefs[0] == Class::Zeroed))
+        let pfn = prefs.iter().find_map(|&c| self.first_fit(c, order))?;
+        Some(self.carve(pfn, order, npages, zero))
     }
 
     /// The block `take` would split for `class`: the most recently freed one of the smallest
@@ -487,34 +489,7 @@ impl Buddy {
     /// Extend the live block `[pfn, pfn + old)` to `new` pages in place if the pages right after it
     /// are free, taking them off the lists. Returns the counts of the pages taken.
     pub fn take_following(&mut self, pfn: u32, old: u32, new: u32) -> Option<StateCounts> {
-        let (start, end) = (pfn + old, pfn + new);
-        if end > self.npages {
-            return None;
-        }
-        // Every page of [start, end) must lie in a free block; find those blocks first.
-        let mut blocks: [(u32, u8); 64] = [(0, 0); 64];
-        let mut nb = 0;
-        let mut p = start;
-        while p < end {
-            let head = self.free_block_containing(p)?;
-            if nb == blocks.len() {
-                return None;
-            }
-            blocks[nb] = head;
-            nb += 1;
-            p = head.0 + (1u32 << head.1);
-        }
-        let mut taken = StateCounts::default();
-        for &(b, order) in &blocks[..nb] {
-            let m = self.meta(b).get();
-            self.unlink_read(b, &m);
-            let size = 1u32 << order;
-            // Free the parts of the block outside [start, end).
-            let keep = (start.max(b), end.min(b + size));
-            let outside = self.free_outside(b, order, m.counts, keep, m.freed_at_ms);
-            taken = taken.plus(m.counts.minus(outside));
-        }
-        Some(self.settle_units(start, end - start, taken))
+        self.take_range(pfn + old, pfn + new)
     }
 
     /// The free listed block containing page `p`, as `(head pfn, order)`.

@@ -50,6 +50,7 @@ impl Shared {
     #[inline(never)]
     pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn FnMut() -> bool) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
+        let align_pages = (align.max(PAGE_SIZE) >> PAGE_SHIFT) as u32;
         let zero = flags.contains(Flags::ZERO);
         // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
         let now = if zero { self.now_ms() } else { 0 };
@@ -74,7 +75,7 @@ impl Shared {
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
             if !for_chunk {
-                if let Some(p) = h.take(npages, order, zero, now) {
+                if let Some(p) = h.take(npages, order, align_pages, zero, now) {
                     break p;
                 }
             }

@@ -238,7 +238,9 @@ impl Heap {
         self.arenas[ai].as_ref().unwrap()
     }
 
-    fn take(&mut self, npages: u32, order: u8, zero: bool, now_ms: u32) -> Option<Placed> {
+    /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
+    /// request that needs zeros or not.
+    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32) -> Option<Placed> {
         // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
@@ -246,7 +248,19 @@ impl Heap {
         for ai in 0..self.narenas {
             let a = self.arenas[ai].as_mut().unwrap();
             let got = if order <= a.max_order {
-                a.take_preferring_hot(npages, order, preference(zero), hot_since)
+                // Resident memory first: an aligned block, else a run of free blocks beside a
+                // resident one (`buddy/span.rs`), and only then memory the kernel must fault in.
+                let prefs = preference(zero);
+                let (resident, reported) = prefs.split_at(2);
+                let size_order = npages.next_power_of_two().trailing_zeros() as u8;
+                if zero {
+                    a.take_preferring_hot(npages, order, resident, zero, hot_since)
+                        .or_else(|| a.take_best_run(npages, size_order, align, resident))
+                } else {
+                    a.take_best_run(npages, size_order, align, resident)
+                        .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
+                }
+                .or_else(|| a.take_preferring_hot(npages, order, reported, zero, None))
             } else {
                 a.take_run(npages)
             };

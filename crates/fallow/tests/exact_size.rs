@@ -1,0 +1,117 @@
+//! Blocks at their real size (buddy/span.rs): a request that no aligned resident block holds is
+//! taken from a run of adjacent free blocks beside a resident one, unaligned, before memory the
+//! kernel must fault in. A model test (random sizes above the caches, frees in random order: no
+//! overlap, contents kept, the lists' invariants and every page's state checked at every step,
+//! and everything merged back at the end), and the case that shows the run being used.
+//! Workers off and caches off: nothing but these calls changes the lists.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use common::*;
+use fallow::{Allocator, Config, Flags, Tunables};
+use proptest::prelude::*;
+
+const PAGE: usize = 4096;
+
+fn allocator() -> Allocator {
+    let c = Config { arena_size: 64 << 20, max_order: 12, thp: false, tunables: Tunables::off(), cache: false, ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+#[test]
+fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
+    let a = allocator();
+    // Four 64 KiB blocks side by side at the start of a fresh arena, written (dirty).
+    let blocks: Vec<*mut u8> = (0..4).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
+    for w in blocks.windows(2) {
+        assert_eq!(w[1] as usize - w[0] as usize, 16 * PAGE, "the fresh arena was not carved in order");
+    }
+    // Free the middle two: 32 dirty pages that no aligned 32-page block holds (pages 16..48).
+    a.free(blocks[1]).unwrap();
+    a.free(blocks[2]).unwrap();
+    a.check_invariants().unwrap();
+    let before = a.stats();
+    // 24 pages (order 5): no aligned resident block of order 5 is free.
+    let p = a.alloc(24 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, blocks[1], "the request was not placed in the run of resident pages");
+    let after = a.stats();
+    assert_eq!(after.reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
+    a.check_invariants().unwrap();
+    // SAFETY: `check_invariants` passed; no other thread uses `a`.
+    unsafe { check_free_states(&a) }.unwrap();
+    // The rest of the run (8 pages) is free and dirty, and all of it merges back.
+    for q in [p, blocks[0], blocks[3]] {
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+    }
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
+#[test]
+fn an_aligned_request_in_a_run_keeps_its_alignment() {
+    let a = allocator();
+    let blocks: Vec<*mut u8> = (0..4).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
+    a.free(blocks[1]).unwrap();
+    a.free(blocks[2]).unwrap();
+    // 20 pages aligned to 32 KiB (8 pages): pages 16..36 of the run qualify.
+    let p = a.alloc(20 * PAGE, 8 * PAGE, Flags::ZERO).unwrap().as_ptr();
+    assert_eq!(p as usize % (8 * PAGE), 0);
+    // SAFETY: `p` is a live block of 20 pages that only this thread uses.
+    assert!(unsafe { all_zero(p, 20 * PAGE) }, "a ZERO request from dirty pages was not zeroed");
+    a.check_invariants().unwrap();
+    for q in [p, blocks[0], blocks[3]] {
+        a.free(q).unwrap();
+    }
+    a.check_invariants().unwrap();
+    assert!(merged_to_top(&a.stats(), 12));
+}
+
+/// A live block of the model: `len` bytes at `addr`, every byte `fill`.
+struct Live {
+    addr: usize,
+    len: usize,
+    fill: u8,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #[test]
+    fn exact_size_blocks_model(ops in prop::collection::vec((1usize..1500, any::<bool>(), any::<u16>(), any::<bool>()), 1..100)) {
+        let a = allocator();
+        let mut live: Vec<Live> = Vec::new();
+        let mut fill = 1u8;
+        for (pages, zero, pick, free) in ops {
+            if free && !live.is_empty() {
+                let l = live.swap_remove(pick as usize % live.len());
+                // SAFETY: `l` is a live block of `l.len` bytes that only this thread uses.
+                prop_assert!(unsafe { all_eq(l.addr as *const u8, l.len, l.fill) }, "a block's contents changed");
+                a.free(l.addr as *mut u8).unwrap();
+            } else {
+                let len = pages * PAGE - (pick as usize % PAGE);
+                let flags = if zero { Flags::ZERO } else { Flags::NONE };
+                let p = a.alloc(len, 8, flags).unwrap().as_ptr();
+                let addr = p as usize;
+                prop_assert_eq!(a.usable_size(p).unwrap(), pages * PAGE, "a block holds more than its pages");
+                prop_assert!(!live.iter().any(|l| addr < l.addr + l.len && l.addr < addr + len), "blocks overlap");
+                if zero {
+                    // SAFETY: `p` is a live block of at least `len` bytes that only this thread uses.
+                    prop_assert!(unsafe { all_zero(p, len) }, "a ZERO request got garbage");
+                }
+                // SAFETY: as just above.
+                unsafe { p.write_bytes(fill, len) };
+                live.push(Live { addr, len, fill });
+                fill = fill.wrapping_add(1).max(1);
+            }
+            a.check_invariants().unwrap();
+            // SAFETY: `check_invariants` passed; no other thread uses `a`.
+            unsafe { check_free_states(&a) }.map_err(TestCaseError::fail)?;
+        }
+        for l in live.drain(..) {
+            a.free(l.addr as *mut u8).unwrap();
+        }
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        prop_assert!(merged_to_top(&s, 12), "tails did not merge back: {:?}", s.free_blocks);
+    }
+}
