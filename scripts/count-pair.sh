@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions per malloc/free pair (callgrind), glibc alone and through the preload library with
-# the workers off: `scripts/count-pair.sh [SIZE] [c]` (default 524288: requests of 256-512 KiB;
-# `c` for calloc). Two runs of 1,000 and 11,000 pairs; the difference over 10,000 leaves out
-# start-up and exit.
+# the workers off: `scripts/count-pair.sh [SIZE] [MODE]` (default 524288: requests of 256-512 KiB;
+# MODE `c` for calloc, `r` for a 16-byte malloc grown by realloc; with `+` (`m+`, `c+`, `r+`)
+# after one kept 1 MiB request, so that the preload's allocator and its arena exist). Two runs of
+# 1,000 and 11,000 pairs; the difference over 10,000 leaves out start-up and exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 size=${1:-524288}

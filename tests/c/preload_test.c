@@ -167,6 +167,17 @@ static int test_realloc(void) {
     free(z); free(b); free(c);
     errno = 0;
     CHECK(reallocarray(NULL, SIZE_MAX / 4, 8) == NULL && errno == ENOMEM, "reallocarray overflow");
+    /* The pass-through to glibc: null, size 0, a product that wraps below the threshold. */
+    errno = 0;
+    CHECK(calloc(SIZE_MAX / 2 + 2, 2) == NULL && errno == ENOMEM, "calloc overflow that wraps below the threshold");
+    unsigned char *s = realloc(NULL, 100);
+    CHECK(s && stat_of(S_LIVE) == live0, "realloc(NULL, 100) not glibc's");
+    fill(s, 100, 3);
+    s = realloc(s, 200);
+    CHECK(s && same(s, 100, 3) && stat_of(S_LIVE) == live0, "small realloc of a glibc block");
+    CHECK(realloc(s, 0) == NULL, "realloc(glibc block, 0) frees it");
+    p = malloc(1 * MiB);
+    CHECK(p && stat_of(S_LIVE) == live0 + 1 && realloc(p, 0) == NULL, "realloc(fallow block, 0)");
     CHECK(stat_of(S_LIVE) == live0, "leaked blocks");
     return 0;
 }

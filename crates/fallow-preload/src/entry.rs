@@ -8,6 +8,16 @@
 //! fallow's reservation (`Allocator::owns`); inside it, a pointer that is not the start of a live
 //! block is a caller bug: message on stderr, then `abort()`, as glibc does
 //! (`fallow::binding_support::fatal`, `FallowAlloc`'s path too).
+//!
+//! The pass-through. Most requests of most programs are glibc's, so what runs before glibc is
+//! reached is kept to the least that decides: `malloc` compares the size with the threshold
+//! (`reaches_threshold`), `free` compares the pointer with the span of fallow's arenas
+//! (`in_span`: two compares, none when the pointer is below the span, as a C library block of
+//! the main heap is), `calloc` the product, `realloc` both; then a tail jump to glibc's
+//! `__libc_*` function, with no frame of ours. Everything else (the settings on the first request,
+//! the allocator's existence, `owns`, the largest block) is asked out of line, only by requests
+//! that pass those tests. On x86-64 each compare reads its word from memory itself (`asm!`):
+//! the compiler gives an atomic load an instruction of its own.
 
 use core::ffi::{c_int, c_void};
 use core::ptr;
@@ -33,6 +43,64 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
     a.alloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)
 }
 
+/// Whether a request of `size` bytes may be fallow's: `size >= THRESHOLD`, 0 until the settings
+/// are parsed (so the first request takes the path that parses them, `for_request`). One
+/// compare that reads the threshold itself.
+#[inline(always)]
+fn reaches_threshold(size: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: one aligned 8-byte read of `THRESHOLD`, an `AtomicUsize` (on x86-64 a plain `mov`
+    // or memory operand is an atomic load, here as `Relaxed`: the threshold is one word, written
+    // once), a compare and a branch; no write, no stack.
+    unsafe {
+        core::arch::asm!(
+            "cmp {size}, qword ptr [rip + {threshold}]",
+            "jae {yes}",
+            size = in(reg) size,
+            threshold = sym process::THRESHOLD,
+            yes = label { return true },
+            options(readonly, nostack),
+        );
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        size >= process::known_threshold()
+    }
+}
+
+/// Whether `p` lies in the span of the arenas of this process (`SPAN_START..SPAN_END`, empty
+/// until the allocator exists): outside it, it is not fallow's (null included). A pointer below
+/// the span takes one compare, one above it two.
+#[inline(always)]
+fn in_span(p: *const c_void) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: two aligned 8-byte reads of the core's span words, `AtomicUsize`s (on x86-64 a
+    // memory operand is an atomic load, here as `Relaxed`, which is all the span needs: see
+    // `SPAN_START`), compares and branches; no write, no stack.
+    unsafe {
+        core::arch::asm!(
+            "cmp {p}, qword ptr [rip + {start}]",
+            "jb 2f",
+            "cmp {p}, qword ptr [rip + {end}]",
+            "jb {yes}",
+            "2:",
+            p = in(reg) p,
+            start = sym fallow::binding_support::SPAN_START,
+            end = sym fallow::binding_support::SPAN_END,
+            yes = label { return true },
+            options(readonly, nostack),
+        );
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        use core::sync::atomic::Ordering::Relaxed;
+        let a = p as usize;
+        a >= fallow::binding_support::SPAN_START.load(Relaxed) && a < fallow::binding_support::SPAN_END.load(Relaxed)
+    }
+}
+
 /// `malloc(3)`: large requests from fallow, the rest (and what fallow cannot serve) from glibc.
 ///
 /// # Safety
@@ -41,13 +109,11 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
 /// `realloc` and friends (malloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    // A small request goes straight to glibc, a tail call with no frame of ours: the threshold
-    // is 0 until the settings are parsed, which `malloc_large` (`for_request`) then does.
-    if size < process::known_threshold() {
-        // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
-        return unsafe { __libc_malloc(size) };
+    if reaches_threshold(size) {
+        return malloc_large(size);
     }
-    malloc_large(size)
+    // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
+    unsafe { __libc_malloc(size) }
 }
 
 /// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
@@ -70,6 +136,18 @@ fn malloc_large(size: usize) -> *mut c_void {
 /// Any `n` and `size` are sound; the block returned is the caller's, as for `malloc`.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
+    // A product that overflows and wraps below the threshold goes to glibc's `calloc`, which
+    // sees the overflow itself (`ENOMEM`), as `calloc_large` does.
+    if reaches_threshold(n.wrapping_mul(size)) {
+        return calloc_large(n, size);
+    }
+    // SAFETY: glibc's `calloc` takes any `n` and `size` (it checks the product itself).
+    unsafe { __libc_calloc(n, size) }
+}
+
+/// `calloc` of a request that may be fallow's: out of line, as `malloc_large`.
+#[inline(never)]
+fn calloc_large(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
     if let Some(a) = for_request(total, MIN_ALIGN) {
         // No memset for pages that are zeroed or reported: the core knows each page's state.
@@ -89,20 +167,31 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 /// contract). A pointer inside fallow's reservation that is not a live block aborts.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    // Not fallow's (null included): straight to glibc, a tail call with no frame of ours.
-    match owner(p as *const u8) {
-        Some(a) => free_owned(a, p),
-        // SAFETY: `p` is null or not in fallow's reservation, so by the caller's contract it is
-        // null or a live glibc block, released once (glibc's `free` takes null).
-        None => unsafe { __libc_free(p) },
+    if in_span(p) {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { free_in_span(p) };
     }
+    // SAFETY: `p` is outside every arena, so not fallow's: by the caller's contract it is null or
+    // a live glibc block, released once (glibc's `free` takes null).
+    unsafe { __libc_free(p) }
 }
 
-/// `free` of a pointer in fallow's reservation: out of line, as `malloc_large`.
+/// `free` of a pointer in the span of the arenas: fallow's if an arena holds it, else glibc's.
+/// Out of line, as `malloc_large`.
+///
+/// # Safety
+///
+/// As `free`.
 #[inline(never)]
-fn free_owned(a: &Allocator, p: *mut c_void) {
-    if let Err(e) = a.free(p as *mut u8) {
-        fatal("free", &e)
+unsafe fn free_in_span(p: *mut c_void) {
+    match owner(p as *const u8) {
+        Some(a) => {
+            if let Err(e) = a.free(p as *mut u8) {
+                fatal("free", &e)
+            }
+        }
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
+        None => unsafe { __libc_free(p) },
     }
 }
 
@@ -127,7 +216,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     if p.is_null() {
         return 0;
     }
-    match owner(p as *const u8) {
+    match if in_span(p) { owner(p as *const u8) } else { None } {
         Some(a) => match a.usable_size(p as *const u8) {
             Some(n) => n,
             None => fatal("malloc_usable_size", &Error::InvalidPointer { addr: p as usize }),
@@ -147,6 +236,25 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 /// (realloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // Neither fallow's block nor a size that may be fallow's: glibc's `realloc`, which does what
+    // `realloc_slow` does with these (null: `malloc`; size 0: free and return null).
+    if in_span(p) || reaches_threshold(size) {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { realloc_slow(p, size) };
+    }
+    // SAFETY: `p` is null or, outside every arena, a live glibc block (the caller's contract);
+    // glibc's `realloc` takes any size.
+    unsafe { __libc_realloc(p, size) }
+}
+
+/// `realloc` of a block in the span of the arenas or to a size of at least the threshold: out of
+/// line, as `malloc_large`.
+///
+/// # Safety
+///
+/// As `realloc`.
+#[inline(never)]
+unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
     if p.is_null() {
         // SAFETY: `malloc` has no precondition on `size`; the caller owns what it returns.
         return unsafe { malloc(size) };

@@ -58,8 +58,9 @@ unsafe impl<T> Sync for Slot<T> {}
 
 static SETTINGS_STATE: AtomicU8 = AtomicU8::new(UNPARSED);
 static SETTINGS: Slot<EnvSettings> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
-/// Requests of at least this many bytes go to fallow; 0 until the settings are parsed.
-static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// Requests of at least this many bytes go to fallow; 0 until the settings are parsed. Read by
+/// `known_threshold`, or on x86-64 by `entry::reaches_threshold`'s compare itself.
+pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
 /// The largest block fallow serves (larger requests go to glibc); set with the allocator.
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
 
@@ -79,6 +80,7 @@ pub(crate) fn register_fork_handlers() {
 
 /// The threshold if the settings are parsed, else 0 (every request then takes the path that
 /// parses them: `for_request`).
+#[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
 pub fn known_threshold() -> usize {
     THRESHOLD.load(Ordering::Relaxed)

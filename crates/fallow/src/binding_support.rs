@@ -29,6 +29,11 @@ pub use crate::os::getpid;
 /// `realloc`).
 pub use crate::os::move_pages;
 
+/// The span of every arena of this process (`[SPAN_START, SPAN_END)`, only ever widened): an
+/// address outside it is no allocator's (the preload's `free` and `realloc` test it before they
+/// ask `Allocator::owns`).
+pub use crate::heap::{SPAN_END, SPAN_START};
+
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::message::StackBuf;
 

@@ -123,3 +123,25 @@ fn the_free_hits_arena_test_takes_exactly_the_first_arenas_pages() {
         assert_eq!(s.first_page_of(addr).is_some(), page, "{addr:#x} (arena at {base:#x})");
     }
 }
+
+/// Every block of every arena lies in the process-wide span (`SPAN_START..SPAN_END`) as soon as
+/// it is handed out, a second arena's too: the preload's `free` sends a pointer outside the span
+/// to the C library without asking `owns`.
+#[test]
+fn every_arena_lies_in_the_process_wide_span() {
+    use core::sync::atomic::Ordering::Relaxed;
+    use crate::heap::{SPAN_END, SPAN_START};
+    let tunables = Tunables { zeroing: false, report: false, ..Tunables::default() };
+    let config = Config { arena_size: 4 * BLOCK, max_order: ORDER, thp: false, cache: false, tunables, ..Config::default() };
+    let a = Allocator::new(config).unwrap();
+    // Five blocks of an arena that holds four: the fifth comes from a second arena.
+    let blocks: Vec<usize> = (0..5).map(|_| a.alloc(BLOCK, 4096, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    let arenas: Vec<usize> = blocks.iter().map(|&p| a.shared.view_of(p).expect("owned").0).collect();
+    assert!(arenas.contains(&0) && arenas.iter().any(|&i| i > 0), "arenas {arenas:?}");
+    for &p in &blocks {
+        assert!(SPAN_START.load(Relaxed) <= p && p + BLOCK <= SPAN_END.load(Relaxed), "{p:#x}");
+    }
+    for p in blocks {
+        a.free(p as *mut u8).unwrap();
+    }
+}

@@ -36,6 +36,7 @@ use crate::worker::{self, Worker};
 
 pub(crate) use isolate::{Inflight, INFLIGHT, ZERO_SLOT};
 pub(crate) use view::{ArenaView, HitPath, CACHE_LINE, LINE};
+pub use view::{SPAN_END, SPAN_START};
 #[cfg(test)]
 pub(crate) use view::HIT_LINE;
 use view::HitGap;

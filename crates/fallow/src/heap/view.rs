@@ -166,10 +166,24 @@ impl HitPath {
     }
 }
 
+/// The span of every arena that any allocator of this process has published: `[SPAN_START,
+/// SPAN_END)`, empty (`usize::MAX`, 0) until the first. Widened before an arena's view is
+/// published, so before any of its blocks is handed out (a thread that frees a block sees the
+/// widening, which happened before the allocation that gave it the block), and never narrowed
+/// (an allocator that goes away leaves it as it was). A filter for the process-wide bindings:
+/// an address outside it is no allocator's, without a load of any allocator's state (the
+/// preload's `free` of a C library block: two compares); one inside it is still asked of
+/// `Allocator::owns`. Both words are only ever widened, so any mix of old and new values a
+/// reader sees spans at least every arena published before the block it holds.
+pub static SPAN_START: AtomicUsize = AtomicUsize::new(usize::MAX);
+pub static SPAN_END: AtomicUsize = AtomicUsize::new(0);
+
 impl Shared {
-    /// Publish arena `i` (just installed, `narenas == i + 1` under the lock): its view first,
-    /// then the count that readers load with `Acquire`.
+    /// Publish arena `i` (just installed, `narenas == i + 1` under the lock): the process-wide
+    /// span, its view, then the count that readers load with `Acquire`.
     pub(super) fn publish(&self, i: usize, arena: &Arena) {
+        SPAN_START.fetch_min(arena.base, Ordering::Relaxed);
+        SPAN_END.fetch_max(arena.base + arena.len, Ordering::Relaxed);
         self.views[i].set(arena);
         self.hit.published.store(i + 1, Ordering::Release);
     }
