@@ -15,7 +15,7 @@ const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
 
 fn allocator(arena: usize) -> Allocator {
-    let c = Config { arena_size: arena, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
+    let c = Config { arena_size: arena, max_order: 12, thp: false, tunables: Tunables::off(), cache_max_order: 11, ..Config::default() };
     Allocator::new(c).unwrap()
 }
 
@@ -122,7 +122,7 @@ fn small_blocks_keep_to_the_high_mark_and_leave_the_large_ones_alone() {
 fn a_large_block_left_in_an_idle_threads_cache_is_zeroed_for_the_next_zero_request() {
     // The zeroing worker on, reporting off (nothing else drains caches); 4 KiB pages.
     let t = Tunables { report: false, zeroing: true, zeroed_reserve: 64 * MIB, ..Tunables::default() };
-    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() };
+    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, cache_max_order: 11, ..Config::default() };
     let a = Allocator::new(c).unwrap();
     // Demand for zeroed memory, then a 4 MiB block written and freed into this thread's cache,
     // and the thread stays out of the allocator (reading the statistics is not a call).

@@ -1,5 +1,5 @@
 //! Per-thread page caches (seed 002, Linux's per-CPU page lists): the fast path of `alloc` and
-//! `free` for blocks up to 8 MiB, which takes no lock and does no atomic read-modify-write.
+//! `free` for blocks up to 4 MiB (8 MiB with `cache_max_order` 11), which takes no lock and does no atomic read-modify-write.
 //!
 //! This module owns the caches: here their layout (orders served, per-thread counters) and the
 //! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
