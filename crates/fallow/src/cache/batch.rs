@@ -80,12 +80,23 @@ impl Entries<'_> {
         let nz0 = s.nzero.get() as u32;
         h.counters.cache_refills += 1;
         let narenas = h.narenas;
+        let prefs = preference(zero);
         let mut got = 0;
         for ai in 0..narenas {
             let ar = h.arenas[ai].as_mut().unwrap();
             if order > ar.max_order {
                 continue;
             }
+            // From a group up, while the arena lists at least a block's worth of resident pages,
+            // resident memory only: a request that no aligned resident block holds goes to the
+            // locked path, which takes it at its real size from a run of resident free blocks
+            // before it faults memory in (`buddy/span.rs`). Refilled from reported memory, the
+            // cache would fault in a whole aligned block while resident memory lay free beside
+            // it, unaligned. A block freed on the locked path is listed whole, of its order, when
+            // the rest of its aligned block is free (the deferred merge), for the next refill.
+            let l = ar.listed();
+            let resident = l.pages - (l.counts.reported + l.counts.lazy) as u64;
+            let classes = if order >= GROUP_ORDER && resident >= n as u64 { &prefs[..2] } else { &prefs[..] };
             while got < want {
                 // Small orders: a whole aligned group of 64 pages at a time when the batch has
                 // room for it, so that two threads' blocks do not share a line of state bytes
@@ -110,7 +121,7 @@ impl Entries<'_> {
                         continue;
                     }
                 }
-                let Some(t) = ar.take(n, order, preference(zero)) else { break };
+                let Some(t) = ar.take_preferring_hot(n, order, classes, zero, None) else { break };
                 ar.mark_used(t.pfn + n);
                 ar.meta(t.pfn).set_tag(Tag::Cached);
                 self.push(o, ar.addr(t.pfn), ai, t.counts);
