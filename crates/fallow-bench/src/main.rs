@@ -104,8 +104,8 @@ struct BenchArgs {
     #[arg(value_enum)]
     experiment: Experiment,
     /// Bytes (4096, 64KiB, 512MiB, 1GiB): pin: bytes obtained; density: G per guest; scale: block;
-    /// stream: buffer; interference: churned block; realloc: final size; reuse: the one largest
-    /// request (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
+    /// stream: buffer; interference: churned block; realloc: final size; reuse: the one cell
+    /// (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
     /// guest works on in its turn (it keeps W/8 between turns).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
@@ -160,8 +160,8 @@ struct BenchArgs {
     /// reading the guests' RSS (default auto).
     #[arg(long, value_enum)]
     enforce: Option<experiments::Enforce>,
-    /// reuse: the largest request of each size in the sweep, comma-separated (default
-    /// 512KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
+    /// reuse: the cells of the sweep, comma-separated (default 512KiB,1MiB,8MiB,64MiB; a cell's
+    /// requests are uniform in [size/2, 1.375 x size], straddling its size).
     #[arg(long, value_parser = parse_sizes)]
     sizes: Option<SizeList>,
     /// reuse: malloc, calloc, or both (comma-separated; default both).

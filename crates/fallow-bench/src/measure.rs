@@ -94,6 +94,31 @@ pub fn num(x: f64) -> Value {
     }
 }
 
+/// A cheap generator (xorshift64): the same seed gives every peer the same sequence of sizes and
+/// picks, so that peers differ only in how they serve them.
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// The generator of `seed` (a thread number, a round): nearby seeds start far apart.
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_add(1).wrapping_mul(0xbf58_476d_1ce4_e5b9))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A number in `[lo, hi]` (`lo <= hi`), uniform but for the modulo's bias (nil at these ranges).
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+}
+
 /// Write one byte in every page of `[p, p+len)` (makes them resident).
 ///
 /// # Safety
@@ -289,5 +314,25 @@ mod tests {
         assert_eq!(s["max_ms"], json!(5.0));
         assert_eq!(s["cpu_ms"], json!(2.0));
         assert_eq!(num(f64::NAN), Value::Null);
+    }
+
+    #[test]
+    fn the_generator_stays_in_range_and_reaches_both_ends() {
+        let mut r = XorShift::new(0);
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for _ in 0..10_000 {
+            let n = r.range(500, 1000);
+            assert!((500..=1000).contains(&n));
+            (lo, hi) = (lo.min(n), hi.max(n));
+        }
+        assert_eq!((lo, hi), (500, 1000));
+        assert_eq!(XorShift::new(7).range(3, 3), 3);
+        // The same seed, the same sequence; another seed, another.
+        let seq = |s| {
+            let mut g = XorShift::new(s);
+            (0..4).map(|_| g.next()).collect::<Vec<_>>()
+        };
+        assert_eq!(seq(1), seq(1));
+        assert_ne!(seq(1), seq(2));
     }
 }
