@@ -507,45 +507,6 @@ fn fallow_alloc_flags(a: &Allocator, size: usize, zero: bool, populate: bool) ->
     }
 }
 
-/// Versions of the libraries, for the `machine` record.
-pub fn versions() -> Vec<(&'static str, String)> {
-    // SAFETY: `gnu_get_libc_version` is glibc's, takes nothing and returns a pointer to a static
-    // NUL-terminated string that is never freed or changed.
-    let glibc = unsafe {
-        extern "C" {
-            fn gnu_get_libc_version() -> *const libc::c_char;
-        }
-        std::ffi::CStr::from_ptr(gnu_get_libc_version()).to_string_lossy().into_owned()
-    };
-    // SAFETY: plain call with no arguments and no preconditions (returns an int).
-    let mi = unsafe { libmimalloc_sys::mi_version() };
-    // SAFETY: "version" is a read-only jemalloc mallctl of type `const char *`: `v` and `len`
-    // are live locals of that type and size, no new value is passed (null, 0); on success `v`
-    // points to jemalloc's static NUL-terminated version string.
-    let je = unsafe {
-        let mut v: *const libc::c_char = core::ptr::null();
-        let mut len = core::mem::size_of::<*const libc::c_char>();
-        let rc = tikv_jemalloc_sys::mallctl(
-            c"version".as_ptr(),
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut len,
-            core::ptr::null_mut(),
-            0,
-        );
-        if rc == 0 && !v.is_null() {
-            std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned()
-        } else {
-            "unknown".into()
-        }
-    };
-    vec![
-        ("glibc", glibc),
-        ("jemalloc", je),
-        ("mimalloc", format!("mi_version() = {mi}")),
-        ("fallow", env!("CARGO_PKG_VERSION").to_string()),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
