@@ -7,9 +7,13 @@
 //! The child measures its own window, from just before the workload to just after it (its blocks
 //! all freed): the wall time; user and system CPU time and minor page faults as differences of
 //! `getrusage(RUSAGE_SELF)` (every thread of the process: an allocator's background workers are
-//! charged to it); and the peak resident size, `ru_maxrss`, the process's high-water mark (which
-//! includes the few MiB of the program itself, the same for every peer). It writes them on one
-//! line to a file the parent names. The parent adds the child's lifetime (spawn to reap, with
+//! charged to it); and the peak resident size over the window: the high-water mark is reset to the
+//! current size just before it (`/proc/self/clear_refs`) and read just after it (`VmHWM`), so that
+//! it includes the few MiB of the program itself, the same for every peer, and nothing else. Not
+//! `ru_maxrss`: when a process execs, the kernel folds the high-water mark of the memory it had
+//! until then into it, and a child spawned by a large parent (the demo, after pin and density)
+//! reports the parent's peak instead of its own. It writes them on one line to a file the parent
+//! names. The parent adds the child's lifetime (spawn to reap, with
 //! `wait4`: its start and its exit included) and makes the rows: medians over the rounds, and
 //! ratios of the medians to glibc's.
 
@@ -83,6 +87,12 @@ impl Usage {
     }
 }
 
+/// The process's resident high-water mark in bytes (`VmHWM`).
+fn peak_rss() -> Result<u64, String> {
+    let kib = crate::measure::read_first_line("/proc/self/status", "VmHWM:").and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+    kib.map(|k| k << 10).ok_or_else(|| "cannot read VmHWM in /proc/self/status".into())
+}
+
 fn rusage() -> libc::rusage {
     // SAFETY: `rusage` is plain integers and `timeval`s, for which all zeros is a valid value.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
@@ -99,6 +109,8 @@ pub fn child_main(a: ChildArgs) -> Result<(), String> {
         e => return Err(format!("{} does not run in children", e.name())),
     };
     let peer = Peer::new(a.allocator, Setup { working_set, thp: false })?;
+    // "5": reset the high-water mark to the current resident size (Linux 4.0 and later).
+    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("cannot reset the peak RSS (/proc/self/clear_refs): {e}"))?;
     let before = rusage();
     let t0 = Instant::now();
     let ops = match a.experiment {
@@ -107,12 +119,13 @@ pub fn child_main(a: ChildArgs) -> Result<(), String> {
     };
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
     let after = rusage();
+    let max_rss = peak_rss()?;
     let usage = Usage {
         wall_ms,
         user_ms: timeval_ms(after.ru_utime) - timeval_ms(before.ru_utime),
         sys_ms: timeval_ms(after.ru_stime) - timeval_ms(before.ru_stime),
         minor_faults: (after.ru_minflt - before.ru_minflt) as u64,
-        max_rss: after.ru_maxrss as u64 * 1024,
+        max_rss,
         ops,
         process_ms: 0.0,
     };
@@ -195,7 +208,8 @@ pub fn rows(peers: &[PeerKind], got: &[Vec<Usage>], own: impl Fn(usize, &mut Map
 pub const NOTE: &str = "median_ms/min_ms/max_ms: the child's measured window (the workload, from its first allocation to \
     its last free); cpu_ms = user_ms + sys_ms over that window (every thread of the child; the kernel splits the exact sum \
     between user and system by its tick samples, so the split of a window of a few ticks is rough); minor_faults: over that window; \
-    max_rss_mib: the child's peak resident size (ru_maxrss, the program's own few MiB included); process_ms: the child's \
+    max_rss_mib: the child's peak resident size over that window (VmHWM, reset at its start; the program's own \
+    few MiB included); process_ms: the child's \
     spawn to reap; x_glibc_wall, x_glibc_cpu: glibc's median over the peer's (above 1 is faster); rss_x_glibc: the \
     peer's median over glibc's (below 1 is smaller); every figure a median over the rounds, one child per peer and round";
 
