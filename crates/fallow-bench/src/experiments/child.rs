@@ -93,6 +93,12 @@ fn peak_rss() -> Result<u64, String> {
     kib.map(|k| k << 10).ok_or_else(|| "cannot read VmHWM in /proc/self/status".into())
 }
 
+/// Reset the process's resident high-water mark to its current resident size (writing "5" to
+/// `clear_refs`, Linux 4.0 and later).
+fn reset_peak_rss() -> Result<(), String> {
+    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("cannot reset the peak RSS (/proc/self/clear_refs): {e}"))
+}
+
 fn rusage() -> libc::rusage {
     // SAFETY: `rusage` is plain integers and `timeval`s, for which all zeros is a valid value.
     let mut ru: libc::rusage = unsafe { core::mem::zeroed() };
@@ -109,8 +115,7 @@ pub fn child_main(a: ChildArgs) -> Result<(), String> {
         e => return Err(format!("{} does not run in children", e.name())),
     };
     let peer = Peer::new(a.allocator, Setup { working_set, thp: false })?;
-    // "5": reset the high-water mark to the current resident size (Linux 4.0 and later).
-    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| format!("cannot reset the peak RSS (/proc/self/clear_refs): {e}"))?;
+    reset_peak_rss()?;
     let before = rusage();
     let t0 = Instant::now();
     let ops = match a.experiment {
@@ -223,6 +228,23 @@ mod tests {
         assert_eq!(Usage::parse(&u.line()), Some(u));
         assert_eq!(Usage::parse("1 2 3"), None);
         assert_eq!(Usage::parse("1 2 3 x 5 6"), None);
+    }
+
+    #[test]
+    fn the_peak_rss_is_reset_to_the_current_size() {
+        let n = 256 << 20;
+        // SAFETY: a fresh private anonymous mapping at no fixed address (it cannot replace one).
+        let p = unsafe { libc::mmap(core::ptr::null_mut(), n, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: `p` is this test's own writable mapping of `n` bytes.
+        unsafe { crate::measure::touch_pages(p as *mut u8, n, 1) };
+        assert!(peak_rss().unwrap() >= n as u64);
+        // SAFETY: the mapping made above, not used again.
+        unsafe { libc::munmap(p, n) };
+        reset_peak_rss().unwrap();
+        // The test binary and the tests running beside this one hold far less than 256 MiB.
+        let after = peak_rss().unwrap();
+        assert!(after < n as u64, "the peak stayed at {after} bytes");
     }
 
     #[test]
