@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the `fallow` benchmark command (crates/fallow-bench): every experiment once at a
 # tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it; pressure with a cgroup
-# where the machine allows one and with RSS readings), checking that the JSON record has its fields
-# for every peer; bad arguments give a clear error and a non-zero exit, never a panic; `fallow demo
+# where the machine allows one and with RSS readings; large and mixed with tcmalloc too where it is
+# installed), checking that the JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit, never a panic; `fallow demo
 # --tiny` writes its JSON and PNG files; `fallow run` on a small C program (tests/run/probe.c), its
 # summary checked against the program's own /proc/self/status and getrusage, its exit status and
 # death by signal passed through; `fallow compare --runs 1 -- true` has a row for every installed
@@ -26,11 +26,17 @@ BIN=target/release/fallow
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 PEERS="glibc,jemalloc,mimalloc,mmap,fallow,fallow-delay,fallow-nozero,fallow-noreport,fallow-noworkers"
+# tcmalloc, a preloaded peer of the experiments that run children, where Debian's library is installed.
+TCMALLOC=
+for f in /usr/lib/"$(uname -m)"-linux-gnu/libtcmalloc*.so* /usr/lib64/libtcmalloc*.so* /usr/lib/libtcmalloc*.so* \
+    /usr/local/lib/libtcmalloc*.so*; do
+    if [ -e "$f" ]; then TCMALLOC=,tcmalloc; break; fi
+done
 
 run() { # name, experiment, extra args...
     local name=$1 e=$2; shift 2
     echo "test-bench: $name"
-    "$BIN" bench "$e" --rounds 1 --allocators "$PEERS" --json "$OUT/$name.json" --plot "$OUT/$name.png" "$@" >"$OUT/$name.txt"
+    "$BIN" bench "$e" --rounds 1 --allocators "${RUN_PEERS:-$PEERS}" --json "$OUT/$name.json" --plot "$OUT/$name.png" "$@" >"$OUT/$name.txt"
 }
 run pin pin --size 4MiB --idle-ms 20
 run pin-lock pin --size 4MiB --idle-ms 0 --lock
@@ -45,10 +51,12 @@ run reuse reuse --sizes 64KiB,1MiB --threads 2 --duration-ms 20
 run exit exit --size 8MiB --hogs 1
 run pressure pressure --size 8MiB --guests 2 --count 2 --idle-ms 20
 run pressure-rss pressure --size 8MiB --guests 2 --count 2 --idle-ms 20 --enforce rss
+RUN_PEERS=$PEERS$TCMALLOC run large large --size 1MiB --count 30
+RUN_PEERS=$PEERS$TCMALLOC run mixed mixed --size 256KiB --count 30 --threads 2
 
-python3 - "$OUT" "$PEERS" <<'PY'
+python3 - "$OUT" "$PEERS" "$TCMALLOC" <<'PY'
 import json, os, sys
-out, peers = sys.argv[1], sys.argv[2].split(",")
+out, peers, tcmalloc = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 common = ["allocator", "variant", "median_ms", "min_ms", "max_ms", "cpu_ms"]
 fields = {
     "pin": ["ratio_vs_glibc"],
@@ -66,6 +74,10 @@ fields = {
                  "mean_rss_mib", "page_faults", "work_ms", "enforcement", "rss_timeline"],
     "pressure-rss": ["guests", "guests_killed", "guests_failed", "slots", "slots_over_budget", "peak_rss_mib",
                      "mean_rss_mib", "page_faults", "work_ms", "enforcement", "rss_timeline"],
+    "large": ["steps", "user_ms", "sys_ms", "x_glibc_wall", "x_glibc_cpu", "max_rss_mib", "rss_x_glibc",
+              "minor_faults", "process_ms"],
+    "mixed": ["threads", "ops", "ops_per_cpu_s", "ops_x_glibc", "ops_per_s", "user_ms", "sys_ms", "x_glibc_wall",
+              "max_rss_mib", "rss_x_glibc", "minor_faults", "process_ms"],
 }
 bad = []
 for e, extra in fields.items():
@@ -76,7 +88,7 @@ for e, extra in fields.items():
     if d.get("experiment") != e.split("-")[0]:
         bad.append(f"{e}: experiment is {d.get('experiment')!r}")
     seen = {r.get("peer") for r in d["results"]}
-    for p in peers:
+    for p in peers + (["tcmalloc"] if tcmalloc and e in ("large", "mixed") else []):
         if p not in seen:
             bad.append(f"{e}: no result for {p}")
     for r in d["results"]:
@@ -101,6 +113,12 @@ for e, extra in fields.items():
         got = {(r["peer"], r["way"]) for r in d["results"]}
         if got != {(p, w) for p in peers for w in ["return", "_exit", "signal"]}:
             bad.append("exit: rows are not every peer x way")
+    # A child per measurement: its peak RSS holds its live data (large: 20 buffers of at least
+    # 204 KiB; mixed: 2 x 32 blocks of at least 4 KiB, every page touched), its window its work.
+    if e == "large" and any(r["steps"] != 30 or not r["max_rss_mib"] >= 4 or not r["median_ms"] > 0 for r in d["results"]):
+        bad.append(f"large: {[(r['peer'], r['steps'], r['max_rss_mib']) for r in d['results']]}")
+    if e == "mixed" and any(r["ops"] != 60 or not r["max_rss_mib"] >= 1 or not r["ops_per_cpu_s"] > 0 for r in d["results"]):
+        bad.append(f"mixed: {[(r['peer'], r['ops'], r['max_rss_mib'], r['ops_per_cpu_s']) for r in d['results']]}")
     if e.startswith("density"):
         for r in d["results"]:
             if len(r["settled_rss_mib"]) != len(r["settle_ms"]) or not (0 <= r["guests_fit"] <= 2):
@@ -135,6 +153,7 @@ PY
 for args in "bench nosuch" "bench pin --size 12XB" "bench pin --allocators glibc,nosuch" "bench pin --rounds 0" \
             "bench density --size 1000" "bench reuse --sizes 1MiB,4000" "bench reuse --modes memset" \
             "bench exit --exits quit" "bench pressure --size 1000" "bench pressure --allocators fallow-late" \
+            "bench large --size 1000" "bench mixed --size 1000" "bench pin --size 1MiB --allocators tcmalloc" \
             "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
     set +e
     # shellcheck disable=SC2086
@@ -163,6 +182,7 @@ check_one_line() { # expected text, args...
 check_one_line "a size cannot be negative" bench pin --size -5
 check_one_line "--hogs does not apply to the pin experiment" bench pin --hogs 2
 check_one_line "--lock, --budget do not apply to the scale experiment" bench scale --lock --budget 1GiB
+check_one_line "--threads does not apply to the large experiment" bench large --threads 2
 check_one_line "at least 24MiB" bench density --size 8MiB --budget 1KiB
 check_one_line "cannot create the directory /proc/none" bench pin --json /proc/none/x.json
 check_one_line "--threshold: FALLOW_THRESHOLD=\"100\" is below one page" run --threshold 100 -- true
@@ -298,7 +318,7 @@ PY
 
 echo "test-bench: demo --tiny"
 "$BIN" demo --tiny --out "$OUT/demo" >"$OUT/demo.txt"
-for e in pin density scale stream interference realloc reuse pressure; do
+for e in pin density scale stream interference realloc reuse pressure large mixed; do
     test -s "$OUT/demo/$e.json" && test -s "$OUT/demo/$e.png" || { echo "test-bench: FAILED: demo wrote no $e files"; exit 1; }
 done
 for peer in fallow-noreport fallow-delay; do

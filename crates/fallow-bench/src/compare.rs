@@ -39,7 +39,7 @@ pub struct CompareArgs {
 pub const PEERS: [&str; 5] = ["glibc", "jemalloc", "mimalloc", "tcmalloc", "fallow"];
 
 /// The Debian package that installs a peer's library.
-fn package(peer: &str) -> &'static str {
+pub fn package(peer: &str) -> &'static str {
     match peer {
         "jemalloc" => "libjemalloc2",
         "mimalloc" => "libmimalloc2.0",

@@ -41,13 +41,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Every experiment but exit at small default sizes: one table on stdout, JSON and PNG files in --out.
+    /// Every experiment but exit at small sizes: one table on stdout, JSON and PNG files in --out.
     Demo {
         /// Where the JSON and PNG files go.
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
         /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-        /// fallow-noreport, fallow-noworkers, fallow-4k, all); default each experiment's own (as `bench`).
+        /// fallow-noreport, fallow-noworkers, fallow-4k, all; tcmalloc for large and mixed only);
+        /// default each experiment's own (as `bench`).
         #[arg(long, value_parser = parse_peers)]
         allocators: Option<PeerList>,
         /// Most threads for the scale experiment (default: the online CPUs).
@@ -83,6 +84,9 @@ enum Command {
         #[arg(long, value_enum)]
         way: experiments::exit::Way,
     },
+    /// One measurement of one peer (started by the large and mixed experiments).
+    #[command(name = "__shape_child", hide = true)]
+    ShapeChild(experiments::child::ChildArgs),
 }
 
 /// What a guest process is started with (`experiments::guests::GuestPipe`).
@@ -104,22 +108,25 @@ struct BenchArgs {
     #[arg(value_enum)]
     experiment: Experiment,
     /// Bytes (4096, 64KiB, 512MiB, 1GiB): pin: bytes obtained; density: G per guest; scale: block;
-    /// stream: buffer; interference: churned block; realloc: final size; reuse: the one largest
-    /// request (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
-    /// guest works on in its turn (it keeps W/8 between turns).
+    /// stream: buffer; interference: churned block; realloc: final size; reuse: the one cell
+    /// (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
+    /// guest works on in its turn (it keeps W/8 between turns); large: the largest buffer (default
+    /// 25MiB; the smallest is a fifth); mixed: the largest block (default 4MiB; the smallest is a
+    /// 64th).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
     /// scale: most threads (1..N), default the online CPUs; reuse: the second thread count
-    /// measured beside 1 (default 2).
+    /// measured beside 1 (default 2); mixed: the threads (default 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
     /// Rounds; results are medians over rounds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
     /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-    /// fallow-noreport, fallow-noworkers, fallow-4k, all); default all but fallow-delay and fallow-4k (exit: glibc, jemalloc,
-    /// mimalloc and the fallow default, nozero and noworkers variants; pressure: glibc, jemalloc,
-    /// mimalloc, fallow-delay and fallow).
+    /// fallow-noreport, fallow-noworkers, fallow-4k, all; tcmalloc, preloaded, for large and mixed
+    /// only); default all but fallow-delay and fallow-4k (large, mixed: and tcmalloc where
+    /// installed; exit: glibc, jemalloc, mimalloc and the fallow default, nozero and noworkers
+    /// variants; pressure: glibc, jemalloc, mimalloc, fallow-delay and fallow).
     #[arg(long, value_parser = parse_peers)]
     allocators: Option<PeerList>,
     /// Write the JSON record here.
@@ -153,15 +160,16 @@ struct BenchArgs {
     /// density: the most guests started (default 8); pressure: the guests (default 4).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     guests: Option<u64>,
-    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest.
+    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
+    /// large: steps (default 2000); mixed: operations per thread (default 10000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
     /// density, pressure: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
     /// reading the guests' RSS (default auto).
     #[arg(long, value_enum)]
     enforce: Option<experiments::Enforce>,
-    /// reuse: the largest request of each size in the sweep, comma-separated (default
-    /// 512KiB,1MiB,8MiB,64MiB; requests are uniform in [size/2, size]).
+    /// reuse: the cells of the sweep, comma-separated (default 512KiB,1MiB,8MiB,64MiB; a cell's
+    /// requests are uniform in [size/2, 1.375 x size], straddling its size).
     #[arg(long, value_parser = parse_sizes)]
     sizes: Option<SizeList>,
     /// reuse: malloc, calloc, or both (comma-separated; default both).
@@ -212,6 +220,8 @@ fn default_count(e: Experiment) -> usize {
         Experiment::Scale => 1_000_000,
         Experiment::Stream => 16,
         Experiment::Pressure => 3,
+        Experiment::Large => experiments::large::STEPS,
+        Experiment::Mixed => experiments::mixed::OPS,
         _ => 1,
     }
 }
@@ -229,7 +239,7 @@ fn flatten(lists: PeerList) -> Vec<PeerKind> {
 fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
     Options {
         size: e.default_size(),
-        threads: if e == Experiment::Reuse { 2 } else { measure::online_cpus() },
+        threads: if matches!(e, Experiment::Reuse | Experiment::Mixed) { 2 } else { measure::online_cpus() },
         rounds: e.default_rounds(),
         peers,
         idle_ms: e.default_idle_ms(),
@@ -254,7 +264,7 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
 fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
     use Experiment::*;
     let given: [(&'static str, bool, &[Experiment]); 17] = [
-        ("--threads", a.threads.is_some(), &[Scale, Reuse]),
+        ("--threads", a.threads.is_some(), &[Scale, Reuse, Mixed]),
         ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit, Pressure]),
         ("--parallel", a.parallel, &[Density, Pressure]),
         ("--lock", a.lock, &[Pin]),
@@ -262,7 +272,7 @@ fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
         ("--budget", a.budget.is_some(), &[Density, Pressure]),
         ("--chunk", a.chunk.is_some(), &[Density, Pressure]),
         ("--guests", a.guests.is_some(), &[Density, Pressure]),
-        ("--count", a.count.is_some(), &[Scale, Stream, Pressure]),
+        ("--count", a.count.is_some(), &[Scale, Stream, Pressure, Large, Mixed]),
         ("--enforce", a.enforce.is_some(), &[Density, Pressure]),
         ("--sizes", a.sizes.is_some(), &[Reuse]),
         ("--modes", !a.modes.is_empty(), &[Reuse]),
@@ -364,6 +374,14 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
             // 4 guests of 64 MiB, 3 turns each: 12 turns a peer, peers in turn.
             o.size = 64 << 20;
         }
+        // A child per peer and round: a few hundred steps or operations each; mixed on its own
+        // default of 2 threads (the demo's --threads is scale's).
+        if e == Experiment::Large {
+            (o.size, o.count) = (8 << 20, 300);
+        }
+        if e == Experiment::Mixed {
+            (o.size, o.count, o.threads) = (2 << 20, 300, 2);
+        }
         if tiny {
             o.rounds = 1;
             o.idle_ms = 50;
@@ -378,6 +396,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Reuse => 64 << 10,
                 Experiment::Exit => 8 << 20,
                 Experiment::Pressure => 8 << 20,
+                Experiment::Large => 1 << 20,
+                Experiment::Mixed => 256 << 10,
             };
             o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
             o.duration_ms = 20;
@@ -385,6 +405,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Scale => 500,
                 Experiment::Stream => 4,
                 Experiment::Pressure => 2,
+                Experiment::Large | Experiment::Mixed => 30,
                 _ => 1,
             };
         }
@@ -393,9 +414,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         report::write_plot(&outcome, &out.join(format!("{}.png", e.name())))?;
         outcomes.push(outcome);
     }
-    // The table's rows: every peer of any experiment, in the order of `PeerKind::ALL`.
-    let names: Vec<&str> = PeerKind::ALL
-        .into_iter()
+    // The table's rows: every peer of any experiment, in the order of `PeerKind::every`.
+    let names: Vec<&str> = PeerKind::every()
         .filter(|k| outcomes.iter().any(|o| o.results.iter().any(|r| r["peer"] == k.name())))
         .map(|k| k.name())
         .collect();
@@ -408,15 +428,14 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         p(Experiment::Interference),
         p(Experiment::Realloc),
     );
-    let reuse = p(Experiment::Reuse);
-    let pressure = p(Experiment::Pressure);
+    let (reuse, pressure, large, mixed) = (p(Experiment::Reuse), p(Experiment::Pressure), p(Experiment::Large), p(Experiment::Mixed));
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
          interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; pressure {} guests of {} in turns, \
-         {} each, under {} MiB ({})",
+         {} each, under {} MiB ({}); large {} steps up to {}; mixed {} ops x{} up to {}",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -435,6 +454,11 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         pressure["cycles"],
         pressure["budget_mib"],
         pressure["enforcement"].as_str().unwrap_or("?"),
+        large["steps"],
+        large["size_human"].as_str().unwrap_or("?"),
+        mixed["ops_per_thread"],
+        mixed["threads"],
+        mixed["size_human"].as_str().unwrap_or("?"),
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
@@ -442,8 +466,9 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
          settled MiB: a guest's resident memory after freeing and idling; scale: ns per alloc+free pair; \
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
          over glibc's (above 1 is faster), worst: the lowest over sizes and modes; pressure killed: guests \
-         OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; medians over \
-         rounds (pin {}, density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, pressure {}).",
+         OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; large: wall ms and \
+         peak RSS MiB, a child per peer; mixed: operations per CPU-second over glibc's; medians over rounds (pin {}, \
+         density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, pressure {}, large {}, mixed {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         pin["rounds"],
@@ -454,6 +479,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         realloc["rounds"],
         reuse["rounds"],
         pressure["rounds"],
+        large["rounds"],
+        mixed["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -510,6 +537,7 @@ fn main() -> ExitCode {
         Command::ExitChild { allocator, size, block, idle_ms, way } => {
             experiments::exit::child_main(allocator, size, block, idle_ms, way)
         }
+        Command::ShapeChild(a) => experiments::child::child_main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

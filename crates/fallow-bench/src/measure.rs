@@ -1,5 +1,6 @@
-//! Measuring: wall and CPU clocks, medians, touching memory, the machine record, the progress
-//! line, and byte sizes as people write them (`512MiB`).
+//! Measuring: wall and CPU clocks, medians, the generator of sizes, touching memory, the machine
+//! record (the peers' library versions with it), the progress line, and byte sizes as people
+//! write them (`512MiB`).
 //!
 //! CPU time is the whole process's user + system time (`getrusage(RUSAGE_SELF)`), so that work an
 //! allocator does on its own background threads is charged to it.
@@ -94,6 +95,31 @@ pub fn num(x: f64) -> Value {
     }
 }
 
+/// A cheap generator (xorshift64): the same seed gives every peer the same sequence of sizes and
+/// picks, so that peers differ only in how they serve them.
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// The generator of `seed` (a thread number, a round): nearby seeds start far apart.
+    pub fn new(seed: u64) -> XorShift {
+        XorShift(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_add(1).wrapping_mul(0xbf58_476d_1ce4_e5b9))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// A number in `[lo, hi]` (`lo <= hi`), uniform but for the modulo's bias (nil at these ranges).
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+}
+
 /// Write one byte in every page of `[p, p+len)` (makes them resident).
 ///
 /// # Safety
@@ -182,9 +208,9 @@ pub fn machine() -> Value {
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
         .ok()
         .and_then(|s| s.split('[').nth(1).and_then(|r| r.split(']').next()).map(str::to_string));
-    let mut versions = serde_json::Map::new();
-    for (k, v) in crate::peers::versions() {
-        versions.insert(k.into(), json!(v));
+    let mut libraries = serde_json::Map::new();
+    for (k, v) in versions() {
+        libraries.insert(k.into(), json!(v));
     }
     json!({
         "cpus": online_cpus(),
@@ -192,9 +218,48 @@ pub fn machine() -> Value {
         "mem_total": read_first_line("/proc/meminfo", "MemTotal"),
         "kernel": format!("{} {}", cstr(&uts.sysname), cstr(&uts.release)),
         "thp": thp,
-        "libraries": versions,
+        "libraries": libraries,
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
     })
+}
+
+/// Versions of the libraries, for the `machine` record.
+pub fn versions() -> Vec<(&'static str, String)> {
+    // SAFETY: `gnu_get_libc_version` is glibc's, takes nothing and returns a pointer to a static
+    // NUL-terminated string that is never freed or changed.
+    let glibc = unsafe {
+        extern "C" {
+            fn gnu_get_libc_version() -> *const libc::c_char;
+        }
+        std::ffi::CStr::from_ptr(gnu_get_libc_version()).to_string_lossy().into_owned()
+    };
+    // SAFETY: plain call with no arguments and no preconditions (returns an int).
+    let mi = unsafe { libmimalloc_sys::mi_version() };
+    // SAFETY: "version" is a read-only jemalloc mallctl of type `const char *`: `v` and `len`
+    // are live locals of that type and size, no new value is passed (null, 0); on success `v`
+    // points to jemalloc's static NUL-terminated version string.
+    let je = unsafe {
+        let mut v: *const libc::c_char = core::ptr::null();
+        let mut len = core::mem::size_of::<*const libc::c_char>();
+        let rc = tikv_jemalloc_sys::mallctl(
+            c"version".as_ptr(),
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+            core::ptr::null_mut(),
+            0,
+        );
+        if rc == 0 && !v.is_null() {
+            std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned()
+        } else {
+            "unknown".into()
+        }
+    };
+    vec![
+        ("glibc", glibc),
+        ("jemalloc", je),
+        ("mimalloc", format!("mi_version() = {mi}")),
+        ("fallow", env!("CARGO_PKG_VERSION").to_string()),
+    ]
 }
 
 /// A one-line progress display on stderr, shown only when stderr is a terminal.
@@ -289,5 +354,25 @@ mod tests {
         assert_eq!(s["max_ms"], json!(5.0));
         assert_eq!(s["cpu_ms"], json!(2.0));
         assert_eq!(num(f64::NAN), Value::Null);
+    }
+
+    #[test]
+    fn the_generator_stays_in_range_and_reaches_both_ends() {
+        let mut r = XorShift::new(0);
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for _ in 0..10_000 {
+            let n = r.range(500, 1000);
+            assert!((500..=1000).contains(&n));
+            (lo, hi) = (lo.min(n), hi.max(n));
+        }
+        assert_eq!((lo, hi), (500, 1000));
+        assert_eq!(XorShift::new(7).range(3, 3), 3);
+        // The same seed, the same sequence; another seed, another.
+        let seq = |s| {
+            let mut g = XorShift::new(s);
+            (0..4).map(|_| g.next()).collect::<Vec<_>>()
+        };
+        assert_eq!(seq(1), seq(1));
+        assert_ne!(seq(1), seq(2));
     }
 }

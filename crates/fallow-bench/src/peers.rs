@@ -12,6 +12,11 @@
 //! experiment read when they build their allocator. In this process it is configured as `fallow`:
 //! the in-process experiments put no memory under pressure.
 //!
+//! `tcmalloc` is a preloaded peer (`PeerKind::PRELOADED`): it is not linked into this binary, and
+//! only runs in a child process started with Debian's library in `LD_PRELOAD` (the experiments
+//! that measure every peer in a process of its own, large and mixed), where the C library's
+//! `malloc` symbols resolve to it; everywhere else building it is an error.
+//!
 //! Invariants: a pointer is freed by the peer that gave it, with the size it was asked for; a
 //! peer never frees memory that an experiment still touches. A `Peer` is `Sync`: the malloc-like
 //! libraries are thread-safe and a fallow `Allocator` is shared by its clones.
@@ -31,6 +36,7 @@ pub enum PeerKind {
     FallowNoreport,
     FallowNoworkers,
     Fallow4k,
+    Tcmalloc,
 }
 
 impl PeerKind {
@@ -47,6 +53,24 @@ impl PeerKind {
         PeerKind::Fallow4k,
     ];
 
+    /// The peers that are a library preloaded into a child process, not linked in: runnable only
+    /// by the experiments that start a process per measurement (`Experiment::in_children`).
+    pub const PRELOADED: [PeerKind; 1] = [PeerKind::Tcmalloc];
+
+    /// Every peer, in the tables' order (the preloaded ones after the malloc-like libraries).
+    pub fn every() -> impl Iterator<Item = PeerKind> {
+        PeerKind::ALL[..3].iter().chain(&PeerKind::PRELOADED).chain(&PeerKind::ALL[3..]).copied()
+    }
+
+    /// The library a preloaded peer's processes get in `LD_PRELOAD`, as `launch::peer_library`
+    /// names it; `None` for the peers linked into this binary.
+    pub fn preload(self) -> Option<&'static str> {
+        match self {
+            PeerKind::Tcmalloc => Some("tcmalloc"),
+            _ => None,
+        }
+    }
+
     /// The name on the command line and in tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +84,7 @@ impl PeerKind {
             PeerKind::FallowNoreport => "fallow-noreport",
             PeerKind::FallowNoworkers => "fallow-noworkers",
             PeerKind::Fallow4k => "fallow-4k",
+            PeerKind::Tcmalloc => "tcmalloc",
         }
     }
 
@@ -113,10 +138,10 @@ impl PeerKind {
     }
 
     pub fn parse(s: &str) -> Option<PeerKind> {
-        PeerKind::ALL.into_iter().find(|k| k.name() == s)
+        PeerKind::every().find(|k| k.name() == s)
     }
 
-    /// Parse a comma-separated list; `all` means every peer.
+    /// Parse a comma-separated list; `all` means every peer linked into this binary (`ALL`).
     pub fn parse_list(s: &str) -> Result<Vec<PeerKind>, String> {
         let mut out = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -127,7 +152,7 @@ impl PeerKind {
             match PeerKind::parse(part) {
                 Some(k) => out.push(k),
                 None => {
-                    let names: Vec<&str> = PeerKind::ALL.iter().map(|k| k.name()).collect();
+                    let names: Vec<&str> = PeerKind::every().map(|k| k.name()).collect();
                     return Err(format!("unknown allocator '{part}' (known: {}, all)", names.join(", ")));
                 }
             }
@@ -245,6 +270,13 @@ impl Peer {
             (PeerKind::Jemalloc, None) => Imp::Jemalloc,
             (PeerKind::Mimalloc, None) => Imp::Mimalloc,
             (PeerKind::Mmap, None) => Imp::Mmap,
+            // The C library's calls, which resolve to the preloaded library's when it is there.
+            (PeerKind::Tcmalloc, None) if preloaded(c"tc_malloc") => Imp::Glibc,
+            (PeerKind::Tcmalloc, None) => {
+                return Err("tcmalloc is a preloaded library: only the experiments that run every peer in a process of \
+                            its own (large, mixed) can measure it"
+                    .into())
+            }
             (k, None) => unreachable!("{k:?} is a fallow variant"),
         };
         Ok(Peer { kind, imp, thp: setup.thp })
@@ -451,6 +483,13 @@ impl Peer {
     }
 }
 
+/// Whether this process has `symbol` (one only a preloaded library defines): the library is loaded.
+fn preloaded(symbol: &std::ffi::CStr) -> bool {
+    // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the symbol up in
+    // the libraries already loaded; the address is compared with null, never called.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, symbol.as_ptr()) }.is_null()
+}
+
 /// A fallow allocation with flags (calloc-like or populated), out of line as the other peers'
 /// calloc.
 #[inline(never)]
@@ -466,45 +505,6 @@ fn fallow_alloc_flags(a: &Allocator, size: usize, zero: bool, populate: bool) ->
         Ok(p) => p.as_ptr(),
         Err(_) => core::ptr::null_mut(),
     }
-}
-
-/// Versions of the libraries, for the `machine` record.
-pub fn versions() -> Vec<(&'static str, String)> {
-    // SAFETY: `gnu_get_libc_version` is glibc's, takes nothing and returns a pointer to a static
-    // NUL-terminated string that is never freed or changed.
-    let glibc = unsafe {
-        extern "C" {
-            fn gnu_get_libc_version() -> *const libc::c_char;
-        }
-        std::ffi::CStr::from_ptr(gnu_get_libc_version()).to_string_lossy().into_owned()
-    };
-    // SAFETY: plain call with no arguments and no preconditions (returns an int).
-    let mi = unsafe { libmimalloc_sys::mi_version() };
-    // SAFETY: "version" is a read-only jemalloc mallctl of type `const char *`: `v` and `len`
-    // are live locals of that type and size, no new value is passed (null, 0); on success `v`
-    // points to jemalloc's static NUL-terminated version string.
-    let je = unsafe {
-        let mut v: *const libc::c_char = core::ptr::null();
-        let mut len = core::mem::size_of::<*const libc::c_char>();
-        let rc = tikv_jemalloc_sys::mallctl(
-            c"version".as_ptr(),
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut len,
-            core::ptr::null_mut(),
-            0,
-        );
-        if rc == 0 && !v.is_null() {
-            std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned()
-        } else {
-            "unknown".into()
-        }
-    };
-    vec![
-        ("glibc", glibc),
-        ("jemalloc", je),
-        ("mimalloc", format!("mi_version() = {mi}")),
-        ("fallow", env!("CARGO_PKG_VERSION").to_string()),
-    ]
 }
 
 #[cfg(test)]
@@ -566,9 +566,16 @@ mod tests {
             PeerKind::parse_list("glibc, fallow-nozero").unwrap(),
             vec![PeerKind::Glibc, PeerKind::FallowNozero]
         );
-        assert!(PeerKind::parse_list("glibc,tcmalloc").unwrap_err().contains("tcmalloc"));
+        assert!(PeerKind::parse_list("glibc,hoard").unwrap_err().contains("hoard"));
+        // tcmalloc is known, but not among `all` (the peers linked in), and cannot run here,
+        // where it is not preloaded.
+        assert_eq!(PeerKind::parse_list("tcmalloc").unwrap(), vec![PeerKind::Tcmalloc]);
+        assert!(!PeerKind::parse_list("all").unwrap().contains(&PeerKind::Tcmalloc));
+        let e = Peer::new(PeerKind::Tcmalloc, Setup { working_set: 1 << 20, thp: false }).err().unwrap();
+        assert!(e.contains("preloaded"), "{e}");
+        assert_eq!(PeerKind::every().count(), PeerKind::ALL.len() + PeerKind::PRELOADED.len());
         assert!(PeerKind::parse_list(",").is_err());
-        for k in PeerKind::ALL {
+        for k in PeerKind::every() {
             assert_eq!(PeerKind::parse(k.name()), Some(k));
         }
     }

@@ -104,6 +104,9 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
         "reuse worst x glibc",
         "pressure killed",
         "pressure peak MiB",
+        "large ms",
+        "large peak MiB",
+        "mixed ops x glibc",
         "cpu ms (pin)",
     ]
     .iter()
@@ -182,6 +185,9 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 reuse_worst(p),
                 pressure_failed(p),
                 get(Experiment::Pressure, p, "peak_rss_mib"),
+                get(Experiment::Large, p, "median_ms"),
+                get(Experiment::Large, p, "max_rss_mib"),
+                get(Experiment::Mixed, p, "ops_x_glibc"),
                 get(Experiment::Pin, p, "cpu_ms"),
             ]
         })

@@ -3,15 +3,18 @@
 //! their budget and running their peers' rounds are in `guests.rs` (density, pressure);
 //! pressure's arithmetic in `timeline.rs`.
 //!
-//! Every experiment builds all its peers in this process, then for each round measures every
-//! peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
+//! Every experiment builds all its peers in this process (large and mixed: in a child process per
+//! measurement, `child.rs`), then for each round measures every peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
 //! comes first after an idle gap), and reports per peer the median over rounds next to min, max
 //! and the median CPU time. Comparisons are only ever made between peers of the same run.
 
+pub mod child;
 pub mod density;
 pub mod exit;
 mod guests;
 pub mod interference;
+pub mod large;
+pub mod mixed;
 pub mod pin;
 pub mod pressure;
 pub mod realloc;
@@ -35,12 +38,14 @@ pub enum Experiment {
     Reuse,
     Exit,
     Pressure,
+    Large,
+    Mixed,
 }
 
 impl Experiment {
     /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
     /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
-    pub const DEMO: [Experiment; 8] = [
+    pub const DEMO: [Experiment; 10] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
@@ -49,6 +54,8 @@ impl Experiment {
         Experiment::Realloc,
         Experiment::Reuse,
         Experiment::Pressure,
+        Experiment::Large,
+        Experiment::Mixed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,7 +69,15 @@ impl Experiment {
             Experiment::Reuse => "reuse",
             Experiment::Exit => "exit",
             Experiment::Pressure => "pressure",
+            Experiment::Large => "large",
+            Experiment::Mixed => "mixed",
         }
+    }
+
+    /// Whether each measurement runs in a child process of its own (`child.rs`): its peak RSS is
+    /// the measurement's alone, and preloaded peers (tcmalloc) can run.
+    pub fn in_children(self) -> bool {
+        matches!(self, Experiment::Large | Experiment::Mixed)
     }
 
     /// Default sizes (reuse: what `--size` would be; its default is a sweep of sizes).
@@ -77,13 +92,17 @@ impl Experiment {
             Experiment::Reuse => 1 << 20,
             Experiment::Exit => 256 << 20,
             Experiment::Pressure => 256 << 20,
+            Experiment::Large => large::SIZE,
+            Experiment::Mixed => mixed::SIZE,
         }
     }
 
-    /// The peers when `--allocators` is not given: every one but `fallow-delay` (which differs
-    /// from `fallow` under memory pressure only) and `fallow-4k` (a setting, not the default), but for exit the malloc-like libraries and the
-    /// fallow variants that differ in their background workers, and for pressure the malloc-like
-    /// libraries and fallow with and without the limit and the pressure signal.
+    /// The peers when `--allocators` is not given: every one linked in but `fallow-delay` (which
+    /// differs from `fallow` under memory pressure only) and `fallow-4k` (a setting, not the
+    /// default), and for the experiments that run children tcmalloc too where it is installed; but
+    /// for exit the malloc-like libraries and the fallow variants that differ in their background
+    /// workers, and for pressure the malloc-like libraries and fallow with and without the limit
+    /// and the pressure signal.
     pub fn default_peers(self) -> Vec<PeerKind> {
         match self {
             Experiment::Pressure => vec![
@@ -101,7 +120,10 @@ impl Experiment {
                 PeerKind::FallowNozero,
                 PeerKind::FallowNoworkers,
             ],
-            _ => PeerKind::ALL.into_iter().filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::Fallow4k)).collect(),
+            e => PeerKind::every()
+                .filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::Fallow4k))
+                .filter(|&k| k.preload().is_none_or(|lib| e.in_children() && crate::launch::peer_library(lib).is_some()))
+                .collect(),
         }
     }
 
@@ -141,6 +163,8 @@ impl Experiment {
             Experiment::Reuse => reuse::run(o),
             Experiment::Exit => exit::run(o),
             Experiment::Pressure => pressure::run(o),
+            Experiment::Large => large::run(o),
+            Experiment::Mixed => mixed::run(o),
         }
     }
 }
@@ -163,7 +187,8 @@ pub struct Options {
     /// density and pressure: how the budget is enforced; run the peers at once.
     pub enforce: Enforce,
     pub parallel: bool,
-    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest.
+    /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
+    /// large: steps; mixed: operations per thread.
     pub count: usize,
     /// reuse: the sizes swept (empty: the default sweep), the modes (empty: both), the time of
     /// one measurement.

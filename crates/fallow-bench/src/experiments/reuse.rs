@@ -1,7 +1,10 @@
 //! reuse: the hot reuse loop of a program never tuned for fallow. Each of T threads loops
 //! `p = alloc(n)` (malloc, or calloc in the `calloc` mode), `memset(p, 7, n)`, `free(p)`, with n
-//! drawn from [size/2, size] by a per-thread xorshift generator (the same seeds for every peer),
-//! for `--duration-ms` of wall time; the figure is calls per second (all threads together).
+//! drawn from [size/2, 1.375 x size] by a per-thread xorshift generator (the same seeds for every
+//! peer), for `--duration-ms` of wall time; the figure is calls per second (all threads
+//! together). The requests straddle `size` (at the power-of-two sizes of the sweep, a block
+//! boundary: 3 in 7 of them are larger), as a real program's sizes cross an allocator's size
+//! classes; `size` names the cell, the middle of the draw's range, not its largest request.
 //!
 //! What it shows: whether fallow's background workers hurt a program that never leaves the CPU
 //! idle. Within one measurement there is no idle time at all (the loop is tight); with one thread
@@ -30,11 +33,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::{alloc_failed, round_order, row, Chart, Experiment, Options, Outcome};
-use crate::measure::{cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample};
+use crate::measure::{cpu_ms, fill, fmt_size, median, num, summary, Progress, Sample, XorShift};
 use crate::peers::{Peer, PeerKind, Setup, PAGE};
 
 /// The default sweep: from the preload's threshold to 64 MiB. The smallest size draws n from
-/// [256 KiB, 512 KiB], so that every request is one the preload sends to fallow (below its
+/// [256 KiB, 704 KiB], so that every request is one the preload sends to fallow (below its
 /// threshold of 256 KiB it leaves requests to the C library). Smaller sizes can be asked for.
 pub const DEFAULT_SIZES: [usize; 4] = [512 << 10, 1 << 20, 8 << 20, 64 << 20];
 
@@ -66,33 +69,23 @@ struct Config {
     threads: usize,
 }
 
-/// A cheap per-thread generator (xorshift64).
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(thread: usize) -> XorShift {
-        XorShift(0x9e37_79b9_7f4a_7c15 ^ ((thread as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)))
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
+/// The requests of the cell `size`: from `size / 2` to `1.375 x size`, so that 3 in 7 of them
+/// cross `size` (a power of two in the sweep: a block or size-class boundary for most allocators).
+/// The draw of [size/2, size] it replaces never crossed it, and so measured one side of every
+/// boundary only.
+fn request_range(size: usize) -> (usize, usize) {
+    (size / 2, size + size / 8 * 3)
 }
 
 /// The loop of one thread until `deadline`; the calls done, or None if an allocation failed.
 fn hot_loop(p: &Peer, c: Config, thread: usize, deadline: Instant) -> Option<u64> {
-    let mut rng = XorShift::new(thread);
-    let half = c.size / 2;
+    let mut rng = XorShift::new(thread as u64);
+    let (lo, hi) = request_range(c.size);
     let zero = c.mode == Mode::Calloc;
     let mut calls = 0u64;
     // At least one call, even for a loop the scheduler starts after the deadline.
     loop {
-        let n = half + (rng.next() % (c.size - half + 1) as u64) as usize;
+        let n = rng.range(lo, hi);
         let b = p.alloc(n, zero, false);
         if b.is_null() {
             return None;
@@ -111,12 +104,12 @@ fn hot_loop(p: &Peer, c: Config, thread: usize, deadline: Instant) -> Option<u64
     Some(calls)
 }
 
-/// Untimed: twice (the second time reuses what the first freed), obtain `size` bytes, check that
-/// a zeroed block reads zero at the first and last byte of every page, memset it to 7, check
-/// that the value persists, free it.
+/// Untimed: twice (the second time reuses what the first freed), obtain the cell's largest
+/// request, check that a zeroed block reads zero at the first and last byte of every page, memset
+/// it to 7, check that the value persists, free it.
 fn check(p: &Peer, c: Config) -> Result<(), String> {
     let zero = c.mode == Mode::Calloc;
-    let n = c.size;
+    let n = request_range(c.size).1;
     // SAFETY: `at` is only called below with `b` a live block of `n` bytes from `p.alloc` (read
     // before `p.free`) and `off` from `edges(page)` with `page < n`, so `off <= n - 1`.
     let at = |b: *mut u8, off: usize| unsafe { core::ptr::read_volatile(b.add(off)) };
@@ -171,7 +164,7 @@ const WARMUP_SEED: usize = 1000;
 
 /// One measurement of `kind` in configuration `c`: (calls, wall and CPU time).
 fn measure(kind: PeerKind, c: Config, duration: Duration) -> Result<(u64, Sample), String> {
-    let peer = Peer::new(kind, Setup { working_set: c.size * c.threads * 2, thp: false })?;
+    let peer = Peer::new(kind, Setup { working_set: request_range(c.size).1 * c.threads * 2, thp: false })?;
     peer.return_free_memory();
     check(&peer, c)?;
     // The window is the main thread's: it starts before the barrier releases the loops and ends
@@ -309,7 +302,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "goal": GOAL, "fallow_worst_ratio_vs_best": worst.map(|w| num(w.0)).unwrap_or(Value::Null),
             "summary": summary_line,
-            "note": "n uniform in [size/2, size]; calls_per_sec: all threads; ratio_vs_glibc and ratio_vs_best: medians over \
+            "note": "n uniform in [size/2, 1.375 x size] (straddling size); calls_per_sec: all threads; ratio_vs_glibc and ratio_vs_best: medians over \
                      the rounds of the round's ratio (peers of a round run back to back); ratio_vs_best: the worse of the ratios \
                      to glibc and to fallow-noworkers at the same size, mode and threads; median_ms/min_ms/max_ms: the measurement's wall time; \
                      cpu_ms: the process's CPU time over it (background workers included); cpus_used: cpu over wall; \
@@ -352,12 +345,15 @@ mod tests {
     }
 
     #[test]
-    fn the_generator_stays_in_range() {
+    fn requests_straddle_the_cell_size() {
+        assert_eq!(request_range(1 << 20), (512 << 10, (1 << 20) + (384 << 10)));
+        let (lo, hi) = request_range(512 << 10);
+        assert_eq!(lo, 256 << 10, "the sweep's smallest request is the preload's threshold");
         let mut r = XorShift::new(0);
-        let (size, half) = (1000usize, 500usize);
-        for _ in 0..10_000 {
-            let n = half + (r.next() % (size - half + 1) as u64) as usize;
-            assert!((half..=size).contains(&n));
-        }
+        let draws: Vec<usize> = (0..10_000).map(|_| r.range(lo, hi)).collect();
+        assert!(draws.iter().all(|n| (lo..=hi).contains(n)));
+        // 3/7 of the range lies above the size (0.375 of 0.875): requests on both sides of it.
+        let above = draws.iter().filter(|&&n| n > 512 << 10).count();
+        assert!((4000..4600).contains(&above), "{above} of 10000 above the size");
     }
 }
