@@ -34,7 +34,8 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
     let before = a.stats();
     // 24 pages (order 5): no aligned resident block of order 5 is free.
     let p = a.alloc(24 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(p, blocks[1], "the request was not placed in the run of resident pages");
+    let run = blocks[1] as usize..=blocks[1] as usize + 8 * PAGE;
+    assert!(run.contains(&(p as usize)), "the request was not placed in the run of resident pages");
     let after = a.stats();
     assert_eq!(after.reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
     a.check_invariants().unwrap();

@@ -14,7 +14,8 @@
 //! block of one of the classes asked for), as TCMalloc's page heap takes the best-fitting span.
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
-//! beside it (their records: `free_block_containing`). The request is placed at one end of the
+//! beside it (found from their records: one read for the block after the run, one per possible
+//! order for the block before it), and a seed inside a run already measured is skipped. The request is placed at one end of the
 //! run when that covers the seed (the rest of the run stays whole), else at the seed.
 //!
 //! The pages taken are unlinked block by block and the parts of those blocks outside the request
@@ -31,7 +32,7 @@ use super::{Buddy, Taken};
 use crate::page::{Class, StateCounts, NIL};
 
 /// Seeds looked at per take.
-const SEED_LIMIT: u32 = 32;
+const SEED_LIMIT: u32 = 16;
 /// Free blocks a run is extended by on each side of its seed.
 const EXTEND_LIMIT: u32 = 40;
 
@@ -45,22 +46,30 @@ impl Buddy {
         let lo = order.saturating_sub(2);
         // (run length, start of the request)
         let mut best: Option<(u32, u32)> = None;
+        // The runs already measured: a seed inside one of them gives the same run.
+        let mut seen = [(0u32, 0u32); SEED_LIMIT as usize];
         let mut looked = 0;
         'seeds: for &class in classes {
-            for o in lo..=self.max_order {
+            let mut orders = self.nonempty[class as usize] & (!0u64 << lo);
+            while orders != 0 {
+                let o = orders.trailing_zeros() as u8;
+                orders &= orders - 1;
                 let mut seed = self.heads[class as usize][o as usize];
                 while seed != NIL {
                     if looked == SEED_LIMIT {
                         break 'seeds;
                     }
-                    looked += 1;
-                    let (start, end) = self.free_run_around(seed, o);
-                    let len = end - start;
-                    if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
-                        if best.is_none_or(|b| (len, at) < b) {
-                            best = Some((len, at));
-                            if len == npages {
-                                break 'seeds;
+                    if !seen[..looked as usize].iter().any(|&(s, e)| s <= seed && seed < e) {
+                        let (start, end) = self.free_run_around(seed, o);
+                        seen[looked as usize] = (start, end);
+                        looked += 1;
+                        let len = end - start;
+                        if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
+                            if best.is_none_or(|b| (len, at) < b) {
+                                best = Some((len, at));
+                                if len == npages {
+                                    break 'seeds;
+                                }
                             }
                         }
                     }
@@ -74,21 +83,34 @@ impl Buddy {
     }
 
     /// The run of adjacent free blocks around the listed block `(pfn, order)`, as `[start, end)`
-    /// pages, extended by at most `EXTEND_LIMIT` blocks a side.
+    /// pages, extended by at most `EXTEND_LIMIT` blocks a side. A free block right after the
+    /// run starts at its end, so one record read says whether there is one; a free block right
+    /// before it ends at its start, so it is of an order that divides the start: one read per
+    /// such order.
     fn free_run_around(&self, pfn: u32, order: u8) -> (u32, u32) {
         let mut start = pfn;
-        for _ in 0..EXTEND_LIMIT {
-            match start.checked_sub(1).and_then(|p| self.free_block_containing(p)) {
-                Some((head, _)) => start = head,
-                None => break,
+        'back: for _ in 0..EXTEND_LIMIT {
+            let top = (start.trailing_zeros().min(31) as u8).min(self.max_order);
+            for k in 0..=top {
+                let Some(head) = start.checked_sub(1u32 << k) else { break };
+                if self.meta(head).is_free_of_order(k) {
+                    start = head;
+                    continue 'back;
+                }
             }
+            break;
         }
         let mut end = pfn + (1u32 << order);
         for _ in 0..EXTEND_LIMIT {
-            match (end < self.npages).then(|| self.free_block_containing(end)).flatten() {
-                Some((head, k)) if head == end => end += 1u32 << k,
-                _ => break,
+            if end >= self.npages {
+                break;
             }
+            let m = self.meta(end);
+            let k = m.word().order();
+            if !m.is_free_of_order(k) || end & ((1u32 << k) - 1) != 0 {
+                break;
+            }
+            end += 1u32 << k;
         }
         (start, end)
     }
