@@ -31,7 +31,7 @@ typedef struct fallow_allocator fallow_allocator;
 typedef struct fallow_config {
     size_t arena_size;  /* bytes reserved per arena; 0: the machine's RAM */
     uint32_t max_order; /* largest block = 4 KiB << max_order, 0..30; default 18 (1 GiB) */
-    int thp;            /* 1 (default): transparent huge pages on the arenas (needs max_order >= 9) */
+    int thp;            /* 1: transparent huge pages on the arenas (needs max_order >= 9); default 0 */
     int backing;        /* FALLOW_BACKING_* */
 } fallow_config;
 

@@ -26,7 +26,7 @@ static int resident(void *p, size_t n) {
 static int test_config_and_create(void) {
     fallow_config c;
     fallow_config_init(&c);
-    CHECK(c.max_order == 18 && c.arena_size == 0 && c.thp == 1 && c.backing == FALLOW_BACKING_ANONYMOUS, "defaults");
+    CHECK(c.max_order == 18 && c.arena_size == 0 && c.thp == 0 && c.backing == FALLOW_BACKING_ANONYMOUS, "defaults");
     fallow_allocator *a = NULL;
     c.max_order = 31;
     errno = 0;

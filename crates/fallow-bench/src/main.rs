@@ -47,7 +47,7 @@ enum Command {
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
         /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-        /// fallow-noreport, fallow-noworkers, fallow-4k, all; tcmalloc for large and mixed only);
+        /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc for large and mixed only);
         /// default each experiment's own (as `bench`).
         #[arg(long, value_parser = parse_peers)]
         allocators: Option<PeerList>,
@@ -123,8 +123,8 @@ struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
     /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-    /// fallow-noreport, fallow-noworkers, fallow-4k, all; tcmalloc, preloaded, for large and mixed
-    /// only); default all but fallow-delay and fallow-4k (large, mixed: and tcmalloc where
+    /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc, preloaded, for large and mixed
+    /// only); default all but fallow-delay and fallow-thp (large, mixed: and tcmalloc where
     /// installed; exit: glibc, jemalloc, mimalloc and the fallow default, nozero and noworkers
     /// variants; pressure: glibc, jemalloc, mimalloc, fallow-delay and fallow).
     #[arg(long, value_parser = parse_peers)]

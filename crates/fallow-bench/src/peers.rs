@@ -35,7 +35,7 @@ pub enum PeerKind {
     FallowNozero,
     FallowNoreport,
     FallowNoworkers,
-    Fallow4k,
+    FallowThp,
     Tcmalloc,
 }
 
@@ -50,7 +50,7 @@ impl PeerKind {
         PeerKind::FallowNozero,
         PeerKind::FallowNoreport,
         PeerKind::FallowNoworkers,
-        PeerKind::Fallow4k,
+        PeerKind::FallowThp,
     ];
 
     /// The peers that are a library preloaded into a child process, not linked in: runnable only
@@ -83,7 +83,7 @@ impl PeerKind {
             PeerKind::FallowNozero => "fallow-nozero",
             PeerKind::FallowNoreport => "fallow-noreport",
             PeerKind::FallowNoworkers => "fallow-noworkers",
-            PeerKind::Fallow4k => "fallow-4k",
+            PeerKind::FallowThp => "fallow-thp",
             PeerKind::Tcmalloc => "tcmalloc",
         }
     }
@@ -96,7 +96,7 @@ impl PeerKind {
             | PeerKind::FallowNozero
             | PeerKind::FallowNoreport
             | PeerKind::FallowNoworkers
-            | PeerKind::Fallow4k => "fallow",
+            | PeerKind::FallowThp => "fallow",
             other => other.name(),
         }
     }
@@ -108,7 +108,7 @@ impl PeerKind {
             PeerKind::FallowNozero => "nozero",
             PeerKind::FallowNoreport => "noreport",
             PeerKind::FallowNoworkers => "noworkers",
-            PeerKind::Fallow4k => "4k",
+            PeerKind::FallowThp => "thp",
             _ => "default",
         }
     }
@@ -120,7 +120,7 @@ impl PeerKind {
             PeerKind::FallowNozero => Some(FallowVariant::NoZero),
             PeerKind::FallowNoreport => Some(FallowVariant::NoReport),
             PeerKind::FallowNoworkers => Some(FallowVariant::NoWorkers),
-            PeerKind::Fallow4k => Some(FallowVariant::FourK),
+            PeerKind::FallowThp => Some(FallowVariant::Huge),
             _ => None,
         }
     }
@@ -132,7 +132,7 @@ impl PeerKind {
     pub fn guest_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
             PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", "off"), ("FALLOW_PRESSURE", "off")],
-            PeerKind::Fallow4k => &[("FALLOW_THP", "0")],
+            PeerKind::FallowThp => &[("FALLOW_THP", "1")],
             _ => &[],
         }
     }
@@ -179,26 +179,26 @@ pub enum FallowVariant {
     NoReport,
     /// Both background workers off (no pre-zeroing, no reporting): fallow's allocation paths alone.
     NoWorkers,
-    /// Every default but 4 KiB pages (`Config::thp` off, `FALLOW_THP=0`): blocks scattered over
-    /// the caches' sets as the kernel happens to hand pages out, where the default's huge pages
-    /// are physically contiguous per 2 MiB.
-    FourK,
+    /// Every default but transparent huge pages (`Config::thp` on, `FALLOW_THP=1`): a block
+    /// physically contiguous per 2 MiB and a sixth of the faults, where the default's 4 KiB pages
+    /// are scattered over the caches' sets as the kernel happens to hand them out.
+    Huge,
 }
 
 /// The fallow configuration of a variant, for an experiment that needs `arena_size` bytes of
 /// address space per arena. `all_huge` (pin's `--thp`: huge pages for every peer) turns
-/// `Config::thp` on; otherwise a variant keeps fallow's default, as a user gets it (huge pages
-/// on), but `FourK`.
+/// `Config::thp` on; otherwise a variant keeps fallow's default, as a user gets it (4 KiB
+/// pages), but `Huge`.
 ///
 /// This is the one place where the variants differ in this process: `NoZero` turns pre-zeroing off, `NoReport`
-/// turns reporting off, `NoWorkers` turns both off (so that no background thread is started), `FourK` keeps 4 KiB pages.
+/// turns reporting off, `NoWorkers` turns both off (so that no background thread is started), `Huge` asks for huge pages.
 pub fn fallow_config(variant: FallowVariant, arena_size: usize, all_huge: bool) -> fallow::Config {
     let default = fallow::Config::default();
     let config = fallow::Config { arena_size, thp: all_huge || default.thp, ..default };
     let t = config.tunables;
     match variant {
         FallowVariant::Default | FallowVariant::Delay => config,
-        FallowVariant::FourK => fallow::Config { thp: false, ..config },
+        FallowVariant::Huge => fallow::Config { thp: true, ..config },
         FallowVariant::NoZero => fallow::Config { tunables: fallow::Tunables { zeroing: false, ..t }, ..config },
         FallowVariant::NoReport => fallow::Config { tunables: fallow::Tunables { report: false, ..t }, ..config },
         FallowVariant::NoWorkers => {
@@ -213,8 +213,8 @@ pub struct Setup {
     /// The largest total the experiment holds at once, in bytes.
     pub working_set: usize,
     /// Huge pages for every peer (pin's `--thp`): the malloc-like peers advise their large
-    /// blocks `MADV_HUGEPAGE`, every fallow variant but `fallow-4k` has `Config::thp`. Without it each
-    /// peer runs as its users get it: fallow on huge pages (its default) but `fallow-4k`.
+    /// blocks `MADV_HUGEPAGE`, every fallow variant but `fallow-thp` has `Config::thp`. Without it each
+    /// peer runs as its users get it: fallow on huge pages (its default) but `fallow-thp`.
     pub thp: bool,
 }
 
@@ -516,12 +516,12 @@ mod tests {
         let default = fallow::Config::default();
         for kind in PeerKind::ALL {
             let Some(v) = kind.fallow_variant() else { continue };
-            let four_k = kind == PeerKind::Fallow4k;
+            let huge = kind == PeerKind::FallowThp;
             // Without `--thp`, the page size a user of the variant gets; with it, huge pages.
-            assert_eq!(fallow_config(v, 1 << 30, false).thp, default.thp && !four_k, "{}", kind.name());
-            assert_eq!(fallow_config(v, 1 << 30, true).thp, !four_k, "{}", kind.name());
+            assert_eq!(fallow_config(v, 1 << 30, false).thp, default.thp || huge, "{}", kind.name());
+            assert!(fallow_config(v, 1 << 30, true).thp, "{}", kind.name());
         }
-        assert!(default.thp, "the default is huge pages");
+        assert!(!default.thp, "the default is 4 KiB pages");
     }
 
     #[test]

@@ -41,9 +41,11 @@ pub struct Config {
     pub arena_size: usize,
     /// Largest block order: blocks go from 4 KiB (order 0) to 4 KiB << max_order. Default 18 (1 GiB).
     pub max_order: u8,
-    /// Ask for transparent huge pages (`MADV_HUGEPAGE`) on the arenas (default on; needs
+    /// Ask for transparent huge pages (`MADV_HUGEPAGE`) on the arenas (default off; needs
     /// `max_order` and `report_order` >= 9). A 2 MiB unit a block uses is then resident whole;
-    /// the page states stay true (docs/design.md, "Huge-page units").
+    /// the page states stay true (docs/design.md, "Huge-page units", which says why it is off:
+    /// in a guest whose host takes back its free memory, a huge-page fault costs five times a
+    /// 4 KiB one per byte, and the field's large-block benchmarks fault fresh memory often).
     pub thp: bool,
     pub backing: Backing,
     /// Free page reporting and background pre-zeroing (changeable at run time with
@@ -77,7 +79,7 @@ impl Default for Config {
         Config {
             arena_size: 0,
             max_order: 18,
-            thp: true,
+            thp: false,
             backing: Backing::Anonymous,
             tunables: Tunables::default(),
             cache: true,

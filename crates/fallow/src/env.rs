@@ -436,7 +436,7 @@ mod tests {
         assert!(w[1].contains("FALLOW_REPORT") && w[1].contains("default dontneed"));
         assert!(w[2].contains("FALLOW_REPORT_DELAY_MS") && w[2].contains("default 2000"));
         assert!(w[3].contains("FALLOW_ZEROING") && w[3].contains("default idle"));
-        assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 1"));
+        assert!(w[4].contains("FALLOW_THP") && w[4].contains("default 0"));
         assert!(w[5].contains("FALLOW_ARENA_SIZE") && w[5].contains("default 0 (the machine's RAM)"), "{}", w[5]);
         assert!(w[6].contains("FALLOW_STATS"));
         let (_, w) = run(&[("FALLOW_THRESHOLD", "99999999999999999999g")]);

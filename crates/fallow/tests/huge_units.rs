@@ -71,7 +71,7 @@ fn a_unit_with_slack_and_the_tail_of_a_run_leave_no_reported_page_beside_live_on
     // Caches up to 2 MiB: a 3 MiB request takes a run on the locked path; up to 8 MiB (the
     // default): a cached 4 MiB block with 1 MiB of slack.
     for cache_max_order in [9, 11] {
-        let cfg = Config { arena_size: 64 << 20, cache_max_order, tunables: Tunables::off(), ..Config::default() };
+        let cfg = Config { arena_size: 64 << 20, cache_max_order, thp: true, tunables: Tunables::off(), ..Config::default() };
         let a = Allocator::new(cfg).unwrap();
         // 1.5 MiB: a cached 2 MiB block with 128 pages of slack.
         let p = a.alloc(3 << 19, PAGE, Flags::NONE).unwrap().as_ptr();

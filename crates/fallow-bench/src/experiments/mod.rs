@@ -98,7 +98,7 @@ impl Experiment {
     }
 
     /// The peers when `--allocators` is not given: every one linked in but `fallow-delay` (which
-    /// differs from `fallow` under memory pressure only) and `fallow-4k` (a setting, not the
+    /// differs from `fallow` under memory pressure only) and `fallow-thp` (a setting, not the
     /// default), and for the experiments that run children tcmalloc too where it is installed; but
     /// for exit the malloc-like libraries and the fallow variants that differ in their background
     /// workers, and for pressure the malloc-like libraries and fallow with and without the limit
@@ -121,7 +121,7 @@ impl Experiment {
                 PeerKind::FallowNoworkers,
             ],
             e => PeerKind::every()
-                .filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::Fallow4k))
+                .filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::FallowThp))
                 .filter(|&k| k.preload().is_none_or(|lib| e.in_children() && crate::launch::peer_library(lib).is_some()))
                 .collect(),
         }
