@@ -25,14 +25,17 @@
 //! that does not start on its order's boundary frees as any run does (`free_range`), merging
 //! with its neighbours.
 //!
-//! Cost: at most `SEED_LIMIT` seeds, each extended by at most `EXTEND_LIMIT` blocks a side, every
-//! step one to `max_order` record reads; only when the aligned take found no resident block.
+//! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
+//! side (one record read a step forward, one per possible order backward), and at most
+//! `SEEDS_WALKED` seeds looked at.
 
 use super::{Buddy, Taken};
 use crate::page::{Class, StateCounts, NIL};
 
-/// Seeds looked at per take.
+/// Runs measured per take.
 const SEED_LIMIT: u32 = 16;
+/// Seeds looked at per take (a seed inside a run already measured costs one record read).
+const SEEDS_WALKED: u32 = 64;
 /// Free blocks a run is extended by on each side of its seed.
 const EXTEND_LIMIT: u32 = 40;
 
@@ -48,7 +51,7 @@ impl Buddy {
         let mut best: Option<(u32, u32)> = None;
         // The runs already measured: a seed inside one of them gives the same run.
         let mut seen = [(0u32, 0u32); SEED_LIMIT as usize];
-        let mut looked = 0;
+        let (mut looked, mut walked) = (0, 0);
         'seeds: for &class in classes {
             let mut orders = self.nonempty[class as usize] & (!0u64 << lo);
             while orders != 0 {
@@ -56,21 +59,21 @@ impl Buddy {
                 orders &= orders - 1;
                 let mut seed = self.heads[class as usize][o as usize];
                 while seed != NIL {
-                    if looked == SEED_LIMIT {
+                    if looked == SEED_LIMIT || walked == SEEDS_WALKED {
                         break 'seeds;
                     }
-                    if !seen[..looked as usize].iter().any(|&(s, e)| s <= seed && seed < e) {
-                        let (start, end) = self.free_run_around(seed, o);
+                    walked += 1;
+                    let known = seen[..looked as usize].iter().find(|&&(s, e)| s <= seed && seed < e).copied();
+                    let (start, end) = known.unwrap_or_else(|| self.free_run_around(seed, o));
+                    if known.is_none() {
                         seen[looked as usize] = (start, end);
                         looked += 1;
-                        let len = end - start;
-                        if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
-                            if best.is_none_or(|b| (len, at) < b) {
-                                best = Some((len, at));
-                                if len == npages {
-                                    break 'seeds;
-                                }
-                            }
+                    }
+                    // Every seed of a run places the request its own way; the lowest place wins.
+                    let len = end - start;
+                    if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
+                        if best.is_none_or(|b| (len, at) < b) {
+                            best = Some((len, at));
                         }
                     }
                     seed = self.meta(seed).next();
