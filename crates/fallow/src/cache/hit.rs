@@ -5,6 +5,8 @@
 use super::*;
 use core::num::NonZeroUsize;
 
+use super::hot::HOT_MIN_PAGES;
+
 impl Entries<'_> {
 
     /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
@@ -72,6 +74,9 @@ impl Entries<'_> {
         let n = 1u32 << order;
         debug_assert!(live <= n && (live > n / 2 || n == 1));
         let zero = flags.contains(Flags::ZERO);
+        if let Some(addr) = self.alloc_hot(a, order, live, flags) {
+            return Some(addr);
+        }
         loop {
             let (e, mixed) = match self.pop(o, zero) {
                 Some(x) => x,
@@ -214,6 +219,9 @@ impl Entries<'_> {
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(Entry::new(addr, ai, false).word() as u64);
+        }
         self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);
         self.free_hits.add(1);
@@ -312,9 +320,15 @@ impl Entries<'_> {
         // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
         // `make_room`), so `first + nd` is one of this order's entries.
         debug_assert!(s.len() < s.cap);
+        let e = Entry::new(addr, ai, false);
         // SAFETY: the index is in this order's entries (above); only the owner writes them.
-        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
+        unsafe { *s.first.add(nd as usize) = e };
         s.ndirty.set(nd + 1);
+        // A block of 64 KiB or more becomes the hot block (hot.rs); the one-page path (`n` a
+        // constant 1) has no such test.
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(e.word() as u64);
+        }
         // The word of a freed block of this order (`HitWord::freed_word`: the block's word with
         // tag `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of
         // `n` pages), a constant, as in `alloc_hit`.
@@ -338,7 +352,7 @@ impl Entries<'_> {
 }
 
 /// Pages of a huge-page unit.
-const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
+pub(super) const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 
 /// A block of several huge-page units handed out with slack: the unit where the live
 /// part ends is partly live, so its slack pages may not stay `Reported` (the kernel backs the
@@ -348,7 +362,7 @@ const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 /// counter changes.
 /// (After `hand_out_with_slack`, which read the slack's counts; `live` pages of the block `e`.)
 #[inline(never)]
-fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
+pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     let v = a.view(e.arena());
     if !v.huge_units() {
         return;

@@ -102,6 +102,7 @@
 mod batch;
 mod entry;
 mod hit;
+mod hot;
 mod stack;
 mod remote;
 mod table;
@@ -208,8 +209,10 @@ pub(crate) struct ThreadCache {
     /// Hits since the last fold.
     alloc_hits: Owned,
     free_hits: Owned,
-    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
-    seen_generation: Owned,
+    /// The hot block: the entry word of the last block of at least `HOT_MIN_PAGES` freed into
+    /// this cache (0: none yet), a hint the out-of-line allocation checks before using it
+    /// (hot.rs). Written by the owner's frees only.
+    hot: Owned,
     /// A drain request came that this cache has not obeyed: set by the requester, cleared by
     /// whoever obeys it (the owner, or the worker that drains the cache), all under the lock;
     /// the free hit reads it (`ask_to_drain`).
@@ -221,6 +224,8 @@ pub(crate) struct ThreadCache {
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
+    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
+    seen_generation: Owned,
     /// Pages of the largest cached block (`1 << (orders - 1)`).
     max_pages: u32,
     /// The high mark (`cache_high_pages`) over the stacked orders `0..stacked`; each order
@@ -249,7 +254,7 @@ pub(crate) struct ThreadCache {
     prev: Cell<*mut ThreadCache>,
 }
 
-const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64);
+const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64 && core::mem::offset_of!(ThreadCache, hot) < 64);
 
 impl ThreadCache {
     fn new(a: &Arc<Shared>) -> ThreadCache {
@@ -293,6 +298,7 @@ impl ThreadCache {
             // request falls in between (`ask_to_drain`).
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             drain_asked: AtomicU32::new(0),
+            hot: Owned::default(),
             orders,
             max_pages: 1 << (orders - 1),
             hit_max_pages: (a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32,
