@@ -2,7 +2,9 @@
  * `p = malloc(n); memset(p, 7, n); free(p)` (with `c`: `calloc(1, n)`, whose zeroing counts as
  * the program's, then the memset) for about SECONDS (default 0.3), n uniform in
  * [B/2, 1.375*B] (xorshift, a fixed seed), and prints the calls per second (one call = one
- * request and its free). Run it with and without LD_PRELOAD=libfallow_preload.so:
+ * request and its free). Time is the process's CPU time (its threads included, the allocator's
+ * workers too), not the wall clock: on a machine shared with other work, being descheduled
+ * would otherwise count. Run it with and without LD_PRELOAD=libfallow_preload.so:
  * scripts/reuse_cross.sh interleaves the two and prints medians. */
 #include <stdint.h>
 #include <stdio.h>
@@ -12,7 +14,7 @@
 
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 

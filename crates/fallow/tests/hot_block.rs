@@ -121,3 +121,22 @@ fn a_hot_block_handed_out_is_not_served_twice() {
     // The 2 MiB block was freed last: it is the hot block again.
     assert_eq!(take_and_free(&a, 900 * KIB, false, 4), p);
 }
+
+#[test]
+fn a_power_of_two_served_from_the_hot_block_comes_back_whole() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // Exactly 1 MiB, a `ZERO` request (the out-of-line path) and a plain one whose own order's
+    // stack is empty: 256 pages with 256 of slack, freed by the hit path's caller as any block
+    // with slack, not as a block of 256 pages.
+    for (zero, byte) in [(true, 2), (false, 3)] {
+        let q = take_written(&a, MIB, zero, byte);
+        assert_eq!(q, p);
+        assert_eq!(a.stats().slack_bytes, MIB as u64);
+        check(&a);
+        a.free(q).unwrap();
+        check(&a);
+        let s = a.stats();
+        assert_eq!((s.slack_bytes, s.cached_pages, s.bytes_in_use), (0, 512, 0), "{s}");
+    }
+}

@@ -270,8 +270,10 @@ impl Entries<'_> {
             debug_assert!(self.stacked >= 1);
             return self.push_freed::<false>(a, &self.stacks[0], v, addr, ai, m, 1, false);
         }
-        if !w.live_unlocked() {
-            return false;
+        if !w.live_unlocked_exact() {
+            // A block with slack, whatever its page count (a power of two too, when served from
+            // a larger hot block): the out-of-line path takes it.
+            return MAY_DRAIN && w.live_unlocked_slack() && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
         // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size (the page
         // frame's low bits: the arena is aligned to its largest block, which is at least as
@@ -282,8 +284,7 @@ impl Entries<'_> {
         let low = n.wrapping_sub(1);
         let max = if MAY_DRAIN { self.max_pages } else { self.hit_max_pages };
         if (n | page) & low != 0 || low >= max {
-            // A block with slack is not a power of two of pages: the out-of-line path takes it.
-            return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
+            return false;
         }
         if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != n as usize) {
             return false;

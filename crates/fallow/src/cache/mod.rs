@@ -120,7 +120,7 @@ use crate::config::Config;
 use crate::flags::Flags;
 use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_SLACK};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES};
 use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
