@@ -5,7 +5,8 @@
 # `cargo build --release -p fallow-preload`. Usage: scripts/reuse_cross.sh [B...] (bytes, with
 # k or m; default 256k 512k 1m 2m 4m 8m). Environment: RUNS, SECONDS_PER_RUN (default 0.3),
 # LIB (the preload library, default target/release/libfallow_preload.so), BEFORE (another
-# build of it, e.g. of an older commit: a third column, interleaved with the other two).
+# build of it, e.g. of an older commit: a third column, interleaved with the other two), MODES
+# (default "m c": malloc, calloc).
 set -e
 cd "$(dirname "$0")/.."
 lib=${LIB:-$PWD/target/release/libfallow_preload.so}
@@ -23,7 +24,7 @@ else
 fi
 for bs in ${@:-256k 512k 1m 2m 4m 8m}; do
     b=$(bytes "$bs")
-    for mode in m c; do
+    for mode in ${MODES:-m c}; do
         g=; f=; o=
         i=0
         while [ $i -lt "$runs" ]; do

@@ -275,11 +275,18 @@ impl Entries<'_> {
             // a larger hot block): the out-of-line path takes it.
             return MAY_DRAIN && w.live_unlocked_slack() && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
+        let n = w.npages();
+        // A block of 64 KiB or more becomes the hot block (hot.rs), a hint checked before use,
+        // so set before the checks below: if the block does not come into the cache after all,
+        // it is passed over. (Here, not with the push: there the hit path, the one-page free's
+        // too, needed one more register, saved and restored at every call.)
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(Entry::new(addr, ai, false).word() as u64);
+        }
         // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size (the page
         // frame's low bits: the arena is aligned to its largest block, which is at least as
         // large as any live block of it), no larger than the largest cached block (0 wraps to
         // above it); on the hit path, the largest stacked one (a large block takes `free`).
-        let n = w.npages();
         let page = (addr >> PAGE_SHIFT) as u32;
         let low = n.wrapping_sub(1);
         let max = if MAY_DRAIN { self.max_pages } else { self.hit_max_pages };
@@ -321,15 +328,9 @@ impl Entries<'_> {
         // Push onto the dirty stack: below `dirty_max` (checked above, or made so by
         // `make_room`), so `first + nd` is one of this order's entries.
         debug_assert!(s.len() < s.cap);
-        let e = Entry::new(addr, ai, false);
         // SAFETY: the index is in this order's entries (above); only the owner writes them.
-        unsafe { *s.first.add(nd as usize) = e };
+        unsafe { *s.first.add(nd as usize) = Entry::new(addr, ai, false) };
         s.ndirty.set(nd + 1);
-        // A block of 64 KiB or more becomes the hot block (hot.rs); the one-page path (`n` a
-        // constant 1) has no such test.
-        if n >= HOT_MIN_PAGES {
-            self.hot.set(e.word() as u64);
-        }
         // The word of a freed block of this order (`HitWord::freed_word`: the block's word with
         // tag `Cached`, `META_FREED_START` alone, and the order and class of a dirty block of
         // `n` pages), a constant, as in `alloc_hit`.
