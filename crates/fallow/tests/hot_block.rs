@@ -140,3 +140,34 @@ fn a_power_of_two_served_from_the_hot_block_comes_back_whole() {
         assert_eq!((s.slack_bytes, s.cached_pages, s.bytes_in_use), (0, 512, 0), "{s}");
     }
 }
+
+#[test]
+fn a_block_from_the_hot_block_freed_elsewhere_or_resized() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // Exactly 1 MiB with slack, freed by another thread (into its own cache, whole).
+    let q = take_written(&a, MIB, true, 2) as usize;
+    assert_eq!(q as *mut u8, p);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.free(q as *mut u8).unwrap();
+            check(&a);
+        });
+    });
+    check(&a);
+    let s = a.stats();
+    assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
+    // Served again from this thread's hot block, then resized in place: the slack goes back
+    // first, and the block is exact from then on.
+    let p = take_and_free(&a, 2 * MIB, false, 3);
+    let q = take_written(&a, MIB, false, 4);
+    assert_eq!(q, p);
+    assert!(a.resize_in_place(q, MIB + 64 * KIB).unwrap());
+    check(&a);
+    assert!(a.resize_in_place(q, MIB).unwrap());
+    check(&a);
+    a.free(q).unwrap();
+    check(&a);
+    let s = a.stats();
+    assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
+}
