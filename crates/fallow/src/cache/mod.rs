@@ -4,7 +4,8 @@
 //! This module owns the caches: here their layout (orders served, per-thread counters) and the
 //! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
 //! stacks and every access to the entries; `hit` the hit paths of `alloc` and `free` (and the
-//! slack path); `batch` the refill and drain under the allocator lock and the folding of the
+//! slack path); `hot` the hot block (the block freed last serves the next request it can hold,
+//! with slack); `batch` the refill and drain under the allocator lock and the folding of the
 //! counters; `table` the thread-local table that finds a thread's cache of an allocator, and the
 //! allocator's list of its caches; `remote` what other threads do to a cache: a worker's drain
 //! of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
@@ -92,6 +93,9 @@
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
 //! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
+//! The hot block (hot.rs): the block this thread freed last also serves a request of the order
+//! below its own, with slack under three quarters of it; such a block may have a power of two
+//! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
 //!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
 //! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the
