@@ -44,6 +44,10 @@ impl Entries<'_> {
     /// `order` as usual.
     #[inline]
     pub(super) fn alloc_hot(&self, a: &Arc<Shared>, order: u8, live: u32, flags: Flags) -> Option<usize> {
+        // Too small for any hot block: no need to look at one (a refill of small blocks).
+        if live <= HOT_MIN_PAGES / 4 {
+            return None;
+        }
         let e = Entry::from_word(self.hot.get() as usize)?;
         let v = a.view(e.arena());
         let (_, m) = v.record(e.addr());
