@@ -51,9 +51,10 @@ impl Entries<'_> {
         let e = Entry::from_word(self.hot.get() as usize)?;
         let v = a.view(e.arena());
         let (_, m) = v.record(e.addr());
-        // SAFETY: `hot` holds the entry of a block that was in this cache, in its arena (arenas
-        // stay while the allocator lives), so `m` is a record of that live arena; the load is
-        // atomic, whoever holds the block now.
+        // SAFETY: `hot` holds the address and arena of a page a free of this thread found in
+        // that arena of this allocator (`take_freed`, `take_freed_slack`), and arenas stay while
+        // the allocator lives, so `m` is a record of a live arena; the load is atomic, whoever
+        // holds the page now (the checks below tell whether it is still this cache's).
         let w = unsafe { HitWord::load(m) };
         let k = w.order() as usize;
         // Cached, of a larger order this cache serves, and the request more than a quarter of it.
