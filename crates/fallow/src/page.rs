@@ -395,11 +395,18 @@ impl HitWord {
     pub(crate) fn npages(self) -> u32 {
         (self.0 >> 32) as u32
     }
-    /// The first page of a live block that is not `mlock`ed (tag `Alloc`, no `META_LOCKED`):
-    /// one mask and one compare.
+    /// The first page of a live block that is not `mlock`ed and has no slack (tag `Alloc`,
+    /// neither `META_LOCKED` nor `META_SLACK`): one mask and one compare.
     #[inline(always)]
-    pub(crate) fn live_unlocked(self) -> bool {
-        (self.0 as u32) & (0xff | (META_LOCKED as u32) << 16) == Tag::Alloc as u32
+    pub(crate) fn live_unlocked_exact(self) -> bool {
+        (self.0 as u32) & (0xff | ((META_LOCKED | META_SLACK) as u32) << 16) == Tag::Alloc as u32
+    }
+    /// The first page of a live block with slack that is not `mlock`ed (tag `Alloc`,
+    /// `META_SLACK`, no `META_LOCKED`), whatever its page count: a block served from a larger
+    /// cached block (cache/hot.rs) may have a power of two of pages and slack.
+    #[inline(always)]
+    pub(crate) fn live_unlocked_slack(self) -> bool {
+        (self.0 as u32) & (0xff | ((META_LOCKED | META_SLACK) as u32) << 16) == Tag::Alloc as u32 | (META_SLACK as u32) << 16
     }
     /// The first page of a live block of one page that is not `mlock`ed (and has no slack: one
     /// page never has): one mask and one compare for the commonest `free`.
@@ -466,7 +473,9 @@ mod tests {
                 // order 3, class 2, a stale page count
                 let w = HitWord(tag as u64 | 3 << 8 | (flags as u64) << 16 | 2 << 24 | 77 << 32);
                 let locked = flags & META_LOCKED != 0;
-                assert_eq!(w.live_unlocked(), tag == Tag::Alloc && !locked);
+                let slack = flags & META_SLACK != 0;
+                assert_eq!(w.live_unlocked_exact(), tag == Tag::Alloc && !locked && !slack);
+                assert_eq!(w.live_unlocked_slack(), tag == Tag::Alloc && !locked && slack);
                 for n in [0u32, 1, 2, 3, 0x1_0001] {
                     let v = w.with(tag, flags, n);
                     let page = tag == Tag::Alloc && !locked && flags & META_SLACK == 0 && n == 1;
@@ -482,7 +491,7 @@ mod tests {
             let (live, freed) = (HitWord::alloc_word(order), HitWord::freed_word(order));
             let n = 1u32 << order;
             assert_eq!((live.tag(), live.order(), live.flags(), live.class(), live.npages()), (Tag::Alloc as u8, order, 0, Class::Dirty as u8, n));
-            assert!(live.live_unlocked());
+            assert!(live.live_unlocked_exact());
             assert_eq!((freed.tag(), freed.order(), freed.flags(), freed.class(), freed.npages()), (Tag::Cached as u8, order, META_FREED_START, Class::Dirty as u8, n));
             // Each is the other changed as the out-of-line paths change a word.
             assert_eq!(freed.with(Tag::Alloc, freed.flags() & !(META_FREED_START | META_SLACK), n), live);

@@ -45,6 +45,16 @@ impl Entry {
         debug_assert!(self.plain_in_first() && self.0.get() == self.addr());
         self.0
     }
+    /// The entry as one word (never 0), as the cache's hot block keeps it (hot.rs).
+    #[inline(always)]
+    pub(super) fn word(self) -> usize {
+        self.0.get()
+    }
+    /// The entry whose `word` is `w`; `None` for 0.
+    #[inline(always)]
+    pub(super) fn from_word(w: usize) -> Option<Entry> {
+        NonZeroUsize::new(w).map(Entry)
+    }
     #[inline(always)]
     pub(super) fn mixed(self) -> bool {
         self.0.get() & MIXED != 0

@@ -5,6 +5,8 @@
 use super::*;
 use core::num::NonZeroUsize;
 
+use super::hot::HOT_MIN_PAGES;
+
 impl Entries<'_> {
 
     /// The hit path of a plain allocation (no flags): the block on top of the dirty stack of
@@ -72,6 +74,9 @@ impl Entries<'_> {
         let n = 1u32 << order;
         debug_assert!(live <= n && (live > n / 2 || n == 1));
         let zero = flags.contains(Flags::ZERO);
+        if let Some(addr) = self.alloc_hot(a, order, live, flags) {
+            return Some(addr);
+        }
         loop {
             let (e, mixed) = match self.pop(o, zero) {
                 Some(x) => x,
@@ -214,6 +219,9 @@ impl Entries<'_> {
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(Entry::new(addr, ai, false).word() as u64);
+        }
         self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);
         self.free_hits.add(1);
@@ -262,20 +270,28 @@ impl Entries<'_> {
             debug_assert!(self.stacked >= 1);
             return self.push_freed::<false>(a, &self.stacks[0], v, addr, ai, m, 1, false);
         }
-        if !w.live_unlocked() {
-            return false;
+        if !w.live_unlocked_exact() {
+            // A block with slack, whatever its page count (a power of two too, when served from
+            // a larger hot block): the out-of-line path takes it.
+            return MAY_DRAIN && w.live_unlocked_slack() && self.take_freed_slack(a, ai, v, addr, m, w, size);
+        }
+        let n = w.npages();
+        // A block of 64 KiB or more becomes the hot block (hot.rs), a hint checked before use,
+        // so set before the checks below: if the block does not come into the cache after all,
+        // it is passed over. (Here, not with the push: there the hit path, the one-page free's
+        // too, needed one more register, saved and restored at every call.)
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(Entry::new(addr, ai, false).word() as u64);
         }
         // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size (the page
         // frame's low bits: the arena is aligned to its largest block, which is at least as
         // large as any live block of it), no larger than the largest cached block (0 wraps to
         // above it); on the hit path, the largest stacked one (a large block takes `free`).
-        let n = w.npages();
         let page = (addr >> PAGE_SHIFT) as u32;
         let low = n.wrapping_sub(1);
         let max = if MAY_DRAIN { self.max_pages } else { self.hit_max_pages };
         if (n | page) & low != 0 || low >= max {
-            // A block with slack is not a power of two of pages: the out-of-line path takes it.
-            return MAY_DRAIN && w.flags() & META_SLACK != 0 && self.take_freed_slack(a, ai, v, addr, m, w, size);
+            return false;
         }
         if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != n as usize) {
             return false;
@@ -338,7 +354,7 @@ impl Entries<'_> {
 }
 
 /// Pages of a huge-page unit.
-const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
+pub(super) const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 
 /// A block of several huge-page units handed out with slack: the unit where the live
 /// part ends is partly live, so its slack pages may not stay `Reported` (the kernel backs the
@@ -348,7 +364,7 @@ const UNIT_PAGES: u32 = (crate::os::HUGE_PAGE_SIZE >> PAGE_SHIFT) as u32;
 /// counter changes.
 /// (After `hand_out_with_slack`, which read the slack's counts; `live` pages of the block `e`.)
 #[inline(never)]
-fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
+pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     let v = a.view(e.arena());
     if !v.huge_units() {
         return;

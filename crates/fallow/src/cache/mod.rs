@@ -4,7 +4,8 @@
 //! This module owns the caches: here their layout (orders served, per-thread counters) and the
 //! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
 //! stacks and every access to the entries; `hit` the hit paths of `alloc` and `free` (and the
-//! slack path); `batch` the refill and drain under the allocator lock and the folding of the
+//! slack path); `hot` the hot block (the block freed last serves the next request it can hold,
+//! with slack); `batch` the refill and drain under the allocator lock and the folding of the
 //! counters; `table` the thread-local table that finds a thread's cache of an allocator, and the
 //! allocator's list of its caches; `remote` what other threads do to a cache: a worker's drain
 //! of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
@@ -92,6 +93,9 @@
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
 //! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
+//! The hot block (hot.rs): the block this thread freed last also serves a request of the order
+//! below its own, with slack under three quarters of it; such a block may have a power of two
+//! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
 //!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
 //! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the
@@ -102,6 +106,7 @@
 mod batch;
 mod entry;
 mod hit;
+mod hot;
 mod stack;
 mod remote;
 mod table;
@@ -119,7 +124,7 @@ use crate::config::Config;
 use crate::flags::Flags;
 use crate::heap::{ArenaView, CacheList, Heap, Placed, Shared};
 use crate::os::PAGE_SHIFT;
-use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES, META_SLACK};
+use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSES};
 use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
@@ -208,8 +213,10 @@ pub(crate) struct ThreadCache {
     /// Hits since the last fold.
     alloc_hits: Owned,
     free_hits: Owned,
-    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
-    seen_generation: Owned,
+    /// The hot block: the entry word of the last block of at least `HOT_MIN_PAGES` freed into
+    /// this cache (0: none yet), a hint the out-of-line allocation checks before using it
+    /// (hot.rs). Written by the owner's frees only.
+    hot: Owned,
     /// A drain request came that this cache has not obeyed: set by the requester, cleared by
     /// whoever obeys it (the owner, or the worker that drains the cache), all under the lock;
     /// the free hit reads it (`ask_to_drain`).
@@ -221,6 +228,8 @@ pub(crate) struct ThreadCache {
     orders: usize,
     stacks: [Stack; MAX_ORDERS],
     // Rarely touched.
+    /// The drain generation this cache last obeyed (the owner's, or the worker's while frozen).
+    seen_generation: Owned,
     /// Pages of the largest cached block (`1 << (orders - 1)`).
     max_pages: u32,
     /// The high mark (`cache_high_pages`) over the stacked orders `0..stacked`; each order
@@ -249,7 +258,7 @@ pub(crate) struct ThreadCache {
     prev: Cell<*mut ThreadCache>,
 }
 
-const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64);
+const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64 && core::mem::offset_of!(ThreadCache, hot) < 64);
 
 impl ThreadCache {
     fn new(a: &Arc<Shared>) -> ThreadCache {
@@ -293,6 +302,7 @@ impl ThreadCache {
             // request falls in between (`ask_to_drain`).
             seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
             drain_asked: AtomicU32::new(0),
+            hot: Owned::default(),
             orders,
             max_pages: 1 << (orders - 1),
             hit_max_pages: (a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32,

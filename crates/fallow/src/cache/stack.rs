@@ -205,6 +205,23 @@ impl Entries<'_> {
         Some((e, m))
     }
 
+    /// Whether the top of order `o`'s zero-reading stack is a `Zeroed`-class block (what a `ZERO`
+    /// request takes first).
+    #[inline]
+    pub(super) fn zeroed_on_top(&self, o: usize) -> bool {
+        let s = &self.stacks[o];
+        let nz = s.nzero.get() as u32;
+        nz > 0 && self.read(s.base + s.cap - nz).1.counts().class(1 << o) == Class::Zeroed
+    }
+
+    /// The dirty stack's top entry of order `o`, if any (not popped).
+    #[inline]
+    pub(super) fn dirty_top(&self, o: usize) -> Option<Entry> {
+        let s = &self.stacks[o];
+        let nd = s.ndirty.get() as u32;
+        (nd > 0).then(|| self.read(s.base + nd - 1).0)
+    }
+
     /// The next block for a request, in the locked path's order of preference (`preference`):
     /// a plain request takes a dirty block, else the top of the zero-reading stack; a `ZERO`
     /// request takes the top of the zero-reading stack if it is `Zeroed`-class, else a dirty block
@@ -212,15 +229,8 @@ impl Entries<'_> {
     /// zero-reading stack. `refill` leaves each batch's best zero-reading block on top.
     #[inline]
     pub(super) fn pop(&self, o: usize, zero: bool) -> Option<(Entry, Mixed)> {
-        if zero {
-            let s = &self.stacks[o];
-            let nz = s.nzero.get() as u32;
-            if nz > 0 {
-                let (_, m) = self.read(s.base + s.cap - nz);
-                if m.counts().class(1 << o) == Class::Zeroed {
-                    return self.pop_zero(o);
-                }
-            }
+        if zero && self.zeroed_on_top(o) {
+            return self.pop_zero(o);
         }
         match self.pop_dirty(o) {
             Some(x) => Some(x),

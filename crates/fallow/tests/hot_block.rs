@@ -1,0 +1,173 @@
+//! The hot block (cache/hot.rs): the block a thread freed last, of 64 KiB or more, serves its
+//! next request that takes more than a quarter of it, whatever the request's order, so that a
+//! loop of sizes on both sides of a power of two stays in one block. A `ZERO` request served
+//! from it reads zero, a request of a quarter of it or less does not take it, nor does a block
+//! no longer cached. Workers off and 4 KiB pages: nothing but these calls changes the lists.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use common::{check_free_states, take_written};
+use fallow::{Allocator, Config, Flags, Tunables};
+
+const PAGE: usize = 4096;
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn allocator() -> Allocator {
+    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+fn check(a: &Allocator) {
+    a.check_invariants().unwrap();
+    // SAFETY: `a` is used by this thread only.
+    unsafe { check_free_states(a) }.unwrap();
+}
+
+/// Allocate `len` bytes (`zero`: checked to read zero), write them, check, free, check.
+fn take_and_free(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
+    let p = take_written(a, len, zero, byte);
+    check(a);
+    a.free(p).unwrap();
+    check(a);
+    p
+}
+
+#[test]
+fn the_block_freed_last_serves_a_smaller_order() {
+    let a = allocator();
+    // A 2 MiB block (order 9), freed: 1.2 MiB (order 9 with slack) and 0.9 MiB (order 8) get it.
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    let q = take_and_free(&a, 1229 * KIB, false, 2);
+    assert_eq!(q, p, "1.2 MiB after a 2 MiB block did not get it");
+    let r = take_and_free(&a, 922 * KIB, false, 3);
+    assert_eq!(r, p, "0.9 MiB after the 2 MiB block did not get it (an order-8 block instead)");
+    // Alternating on both sides of 1 MiB, the loop stays in the one block.
+    for (i, len) in [700 * KIB, 1300 * KIB, 600 * KIB, 1100 * KIB, 1000 * KIB + 5].into_iter().enumerate() {
+        assert_eq!(take_and_free(&a, len, i % 2 == 0, 4 + i as u8), p, "request {i} of {len} bytes left the hot block");
+    }
+    let s = a.stats();
+    assert_eq!((s.bytes_in_use, s.slack_bytes), (0, 0), "{s}");
+    // The block came back whole each time: one 2 MiB block cached, nothing else.
+    assert_eq!(s.cached_pages, 512, "{s}");
+}
+
+#[test]
+fn a_zero_request_from_the_hot_block_reads_zero() {
+    let a = allocator();
+    // Dirty the whole 4 MiB block, slack included, then ask for a zeroed 2.5 MiB and 1.5 MiB.
+    let p = take_and_free(&a, 4 * MIB, false, 0xaa);
+    let q = a.alloc(2 * MIB + MIB / 2, PAGE, Flags::ZERO).unwrap().as_ptr();
+    assert_eq!(q, p, "the ZERO request did not get the hot block");
+    // SAFETY: a live block of 2.5 MiB, this thread's.
+    assert!(unsafe { common::all_zero(q, 2 * MIB + MIB / 2) }, "the hot block's live part does not read zero");
+    check(&a);
+    a.free(q).unwrap();
+    let r = a.alloc(MIB + MIB / 2, PAGE, Flags::ZERO).unwrap().as_ptr();
+    assert_eq!(r, p);
+    // SAFETY: a live block of 1.5 MiB, this thread's.
+    assert!(unsafe { common::all_zero(r, MIB + MIB / 2) });
+    check(&a);
+    a.free(r).unwrap();
+    check(&a);
+}
+
+#[test]
+fn the_hot_block_serves_large_orders() {
+    let a = allocator();
+    // 8 MiB (order 11, one block beyond the high mark) freed; 3 MiB (order 10) takes it.
+    let p = take_and_free(&a, 8 * MIB, false, 1);
+    assert_eq!(take_and_free(&a, 3 * MIB, true, 2), p);
+    assert_eq!(take_and_free(&a, 5 * MIB + PAGE, false, 3), p);
+    assert_eq!(a.stats().cached_pages, 2048);
+}
+
+#[test]
+fn a_quarter_of_the_block_or_less_does_not_take_it() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // 512 KiB is a quarter of 2 MiB: its own order's block, not the hot one.
+    let q = take_and_free(&a, 512 * KIB - PAGE, false, 2);
+    assert_ne!(q, p);
+    let q = take_and_free(&a, 512 * KIB, false, 2);
+    assert_ne!(q, p);
+    // Nor does a block no longer cached: drained, the hint is passed over (the request refills
+    // its own order, which may well split the same memory again).
+    take_and_free(&a, 2 * MIB, false, 3);
+    a.drain_thread_cache();
+    let refills = a.stats().cache_refills;
+    let r = take_written(&a, MIB - PAGE, false, 4);
+    check(&a);
+    assert_eq!(a.stats().cache_refills, refills + 1, "a drained block was served as the hot block");
+    a.free(r).unwrap();
+    check(&a);
+}
+
+#[test]
+fn a_hot_block_handed_out_is_not_served_twice() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // Taken again (its own order, the hit path), and while it lives a smaller request gets
+    // another block.
+    let q = take_written(&a, 2 * MIB, false, 2);
+    assert_eq!(q, p);
+    let r = take_written(&a, 900 * KIB, false, 3);
+    assert_ne!(r, p);
+    check(&a);
+    a.free(r).unwrap();
+    a.free(q).unwrap();
+    check(&a);
+    // The 2 MiB block was freed last: it is the hot block again.
+    assert_eq!(take_and_free(&a, 900 * KIB, false, 4), p);
+}
+
+#[test]
+fn a_power_of_two_served_from_the_hot_block_comes_back_whole() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // Exactly 1 MiB, a `ZERO` request (the out-of-line path) and a plain one whose own order's
+    // stack is empty: 256 pages with 256 of slack, freed by the hit path's caller as any block
+    // with slack, not as a block of 256 pages.
+    for (zero, byte) in [(true, 2), (false, 3)] {
+        let q = take_written(&a, MIB, zero, byte);
+        assert_eq!(q, p);
+        assert_eq!(a.stats().slack_bytes, MIB as u64);
+        check(&a);
+        a.free(q).unwrap();
+        check(&a);
+        let s = a.stats();
+        assert_eq!((s.slack_bytes, s.cached_pages, s.bytes_in_use), (0, 512, 0), "{s}");
+    }
+}
+
+#[test]
+fn a_block_from_the_hot_block_freed_elsewhere_or_resized() {
+    let a = allocator();
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // Exactly 1 MiB with slack, freed by another thread (into its own cache, whole).
+    let q = take_written(&a, MIB, true, 2) as usize;
+    assert_eq!(q as *mut u8, p);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            a.free(q as *mut u8).unwrap();
+            check(&a);
+        });
+    });
+    check(&a);
+    let s = a.stats();
+    assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
+    // Served again from this thread's hot block, then resized in place: the slack goes back
+    // first, and the block is exact from then on.
+    let p = take_and_free(&a, 2 * MIB, false, 3);
+    let q = take_written(&a, MIB, false, 4);
+    assert_eq!(q, p);
+    assert!(a.resize_in_place(q, MIB + 64 * KIB).unwrap());
+    check(&a);
+    assert!(a.resize_in_place(q, MIB).unwrap());
+    check(&a);
+    a.free(q).unwrap();
+    check(&a);
+    let s = a.stats();
+    assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
+}
