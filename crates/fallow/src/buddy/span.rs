@@ -74,6 +74,10 @@ impl Buddy {
                     if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
                         if best.is_none_or(|b| (len, at) < b) {
                             best = Some((len, at));
+                            // A run that the request fills to within an eighth: good enough.
+                            if len - npages <= npages / 8 {
+                                break 'seeds;
+                            }
                         }
                     }
                     seed = self.meta(seed).next();

@@ -77,6 +77,9 @@ impl Entries<'_> {
         if let Some(addr) = self.alloc_hot(a, order, live, flags) {
             return Some(addr);
         }
+        if self.slack_over(n - live) {
+            return None;
+        }
         loop {
             let (e, mixed) = match self.pop(o, zero) {
                 Some(x) => x,
@@ -108,6 +111,13 @@ impl Entries<'_> {
         }
     }
 
+    /// Whether handing out `slack` more pages of slack would pass this thread's bound, its high
+    /// mark (see "The slack bound" at the top of `cache`).
+    #[inline]
+    pub(super) fn slack_over(&self, slack: u32) -> bool {
+        slack != 0 && self.slack_held.get() + slack as u64 > self.high
+    }
+
     /// `alloc`'s hand-out of the cached block `e` (record `m`, word `w`) of `order` for a request
     /// of `live` pages, fewer than the block's: the block becomes live with the rest as slack,
     /// whose pages keep their free states.
@@ -117,6 +127,7 @@ impl Entries<'_> {
         let n = 1u32 << order;
         self.hand_out(m, w.handed_out_with_slack(order, live), order as usize);
         self.slack.add((n - live) as u64);
+        self.slack_held.add((n - live) as u64);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
         // The live part's counts: the block's, less the slack's (this thread owns the block's
@@ -224,6 +235,7 @@ impl Entries<'_> {
         }
         self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);
+        self.slack_held.set(self.slack_held.get().saturating_sub((n - live) as u64));
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
         if self.large(o) {

@@ -61,6 +61,9 @@ impl Entries<'_> {
         if w.tag() != Tag::Cached as u8 || k <= order as usize || k >= self.orders || live as u64 <= (1u64 << k) / 4 {
             return None;
         }
+        if self.slack_over((1u32 << k) - live) {
+            return None;
+        }
         // Still this cache's, on top of its order's dirty stack (a cached block sits in exactly
         // one entry, invariant 1, so then the word above is this thread's to read and write).
         if self.dirty_top(k).map(|t| t.addr()) != Some(e.addr()) {
