@@ -323,6 +323,100 @@ static int test_threads(void) {
     return 0;
 }
 
+/* The edges of the block orders, as the preload's edges tests, smaller: for 2^k bytes from 8 KiB
+ * to 16 MiB, the sizes a page and a byte below, a page below, a byte below, 2^k, a byte above, a
+ * page above, a page and a byte above. Each order's sizes live at once (page-aligned, usable size
+ * the size page-rounded, apart, marked at the first and last byte of every page), freed in a
+ * shuffled order; then again with FALLOW_ZERO over the dirty memory just freed. At the end
+ * nothing is live and the statistics add up. Workers off: no page moves between classes behind
+ * the test's back. */
+enum { EDGE_FIRST = 13, EDGE_LAST = 24, EDGES = 7 };
+static size_t edge_size(int k, int e) {
+    static const long delta[EDGES] = { -4097, -4096, -1, 0, 1, 4096, 4097 };
+    return (size_t)((long)(1UL << k) + delta[e]);
+}
+static unsigned char edge_tag(unsigned seed, size_t off) { return (unsigned char)(seed * 131u + (off >> 12) * 7u + (off & 4095) + 1); }
+
+static int test_edges(void) {
+    fallow_config c; fallow_config_init(&c);
+    c.arena_size = 512 * MiB;
+    fallow_allocator *a;
+    CHECK(fallow_create(&c, &a) == 0, "create");
+    CHECK(fallow_set_tunable(a, "zeroing", 0) == 0 && fallow_set_tunable(a, "report", 0) == 0, "workers off");
+    unsigned rng = 7;
+    uint64_t calls = 0;
+    int reused = 0;
+    for (int k = EDGE_FIRST; k <= EDGE_LAST; k++) {
+        uintptr_t dirty0[EDGES], dirty1[EDGES];
+        for (int round = 0; round < 2; round++) {
+            unsigned char *p[EDGES];
+            size_t n[EDGES], pages = 0;
+            for (int e = 0; e < EDGES; e++) {
+                n[e] = edge_size(k, e);
+                unsigned flags = round ? FALLOW_ZERO : 0;
+                CHECK(fallow_alloc(a, n[e], 0, flags, (void **)&p[e]) == 0, "alloc(%zu, flags %u)", n[e], flags);
+                calls++;
+                size_t want = (n[e] + 4095) & ~(size_t)4095;
+                CHECK((uintptr_t)p[e] % 4096 == 0 && fallow_usable_size(a, p[e]) == want,
+                      "block of %zu at %p: usable size %zu, the size page-rounded is %zu", n[e], (void *)p[e], fallow_usable_size(a, p[e]), want);
+                pages += want / 4096;
+                if (round) {
+                    for (size_t off = 0; off < n[e]; off += 4096) CHECK(p[e][off] == 0, "FALLOW_ZERO block of %zu: byte +%zu is %#x", n[e], off, p[e][off]);
+                    for (size_t i = n[e] > 4096 ? n[e] - 4096 : 0; i < n[e]; i++) CHECK(p[e][i] == 0, "FALLOW_ZERO block of %zu: byte +%zu is %#x", n[e], i, p[e][i]);
+                    int over = 0;
+                    for (int d = 0; d < EDGES; d++) over |= (uintptr_t)p[e] < dirty1[d] && dirty0[d] < (uintptr_t)p[e] + n[e];
+                    reused += over;
+                } else {
+                    memset(p[e], 0xA5, n[e]);
+                    dirty0[e] = (uintptr_t)p[e]; dirty1[e] = dirty0[e] + n[e];
+                }
+                for (size_t off = 0; off < n[e]; off += 4096) {
+                    size_t last = off + 4095 < n[e] ? off + 4095 : n[e] - 1;
+                    p[e][off] = edge_tag(k * EDGES + e, off);
+                    p[e][last] = edge_tag(k * EDGES + e, last);
+                }
+            }
+            fallow_stats s;
+            CHECK(fallow_stats_read(a, &s) == 0 && s.live_blocks == EDGES && s.bytes_in_use >= pages * 4096,
+                  "order %d: %lu live blocks, %lu bytes in use (the blocks take %zu)", k, (unsigned long)s.live_blocks,
+                  (unsigned long)s.bytes_in_use, pages * 4096);
+            for (int i = 0; i < EDGES; i++)
+                for (int j = i + 1; j < EDGES; j++)
+                    CHECK((uintptr_t)p[i] + fallow_usable_size(a, p[i]) <= (uintptr_t)p[j] || (uintptr_t)p[j] + fallow_usable_size(a, p[j]) <= (uintptr_t)p[i],
+                          "blocks of %zu at %p and %zu at %p overlap", n[i], (void *)p[i], n[j], (void *)p[j]);
+            int order[EDGES];
+            for (int i = 0; i < EDGES; i++) order[i] = i;
+            for (int i = EDGES - 1; i > 0; i--) { int j = rand_r(&rng) % (i + 1), t = order[i]; order[i] = order[j]; order[j] = t; }
+            for (int i = 0; i < EDGES; i++) {
+                int e = order[i];
+                for (size_t off = 0; off < n[e]; off += 4096) {
+                    size_t last = off + 4095 < n[e] ? off + 4095 : n[e] - 1;
+                    CHECK(p[e][off] == edge_tag(k * EDGES + e, off) && p[e][last] == edge_tag(k * EDGES + e, last),
+                          "block of %zu at %p: page +%zu lost its marks", n[e], (void *)p[e], off);
+                }
+                CHECK(fallow_free(a, p[e]) == 0, "free of the block of %zu", n[e]);
+            }
+        }
+    }
+    printf("  %d of %d FALLOW_ZERO blocks over memory just freed dirty\n", reused, (EDGE_LAST - EDGE_FIRST + 1) * EDGES);
+    CHECK(reused > 0, "no FALLOW_ZERO block reused memory just freed dirty: the zeroing of dirty pages went untested");
+    fallow_stats s;
+    CHECK(fallow_stats_read(a, &s) == 0, "stats");
+    CHECK(s.live_blocks == 0 && s.bytes_in_use == 0 && s.slack_bytes == 0, "nothing live: %lu blocks, %lu bytes in use, %lu slack",
+          (unsigned long)s.live_blocks, (unsigned long)s.bytes_in_use, (unsigned long)s.slack_bytes);
+    CHECK(s.alloc_calls == calls && s.free_calls == calls, "calls: %lu allocs, %lu frees, %lu each expected",
+          (unsigned long)s.alloc_calls, (unsigned long)s.free_calls, (unsigned long)calls);
+    uint64_t free_pages = s.free_dirty_pages + s.free_zeroed_pages + s.free_reported_pages + s.free_lazy_pages;
+    CHECK(free_pages + s.isolated_pages == s.reserved_bytes / 4096, "free pages %lu (+ %lu isolated) of %lu reserved",
+          (unsigned long)free_pages, (unsigned long)s.isolated_pages, (unsigned long)(s.reserved_bytes / 4096));
+    CHECK(s.cached_pages <= free_pages, "cached pages %lu of %lu free", (unsigned long)s.cached_pages, (unsigned long)free_pages);
+    uint64_t listed = 0;
+    for (int k = 0; k < FALLOW_CLASSES; k++) for (int o = 0; o < FALLOW_ORDERS; o++) listed += s.free_blocks[k][o] << o;
+    CHECK(listed == free_pages, "free blocks list %lu pages, %lu free", (unsigned long)listed, (unsigned long)free_pages);
+    fallow_destroy(a);
+    return 0;
+}
+
 int main(void) {
     struct { const char *name; int (*fn)(void); } tests[] = {
         { "config_and_create", test_config_and_create },
@@ -332,6 +426,7 @@ int main(void) {
         { "thread_local_errors", test_threads },
         { "from_env", test_from_env },
         { "cache_settings", test_cache_settings },
+        { "edges", test_edges },
     };
     int failures = 0;
     for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {

@@ -182,6 +182,243 @@ static int test_realloc(void) {
     return 0;
 }
 
+/* The edges of every block order from the threshold's (256 KiB) to 64 MiB: for 2^k bytes, the
+ * sizes a page and a byte below, a page below, a byte below, 2^k, a byte above, a page above, a
+ * page and a byte above. fallow serves a request of n pages with n pages (a run of free blocks,
+ * or a cached power-of-two block whose slack is not the caller's), so its blocks are page-aligned
+ * and malloc_usable_size is the size rounded up to a page; below the threshold glibc serves. These
+ * tests run without FALLOW_THRESHOLD: the default, 256 KiB, applies. */
+#define THRESHOLD (256 * 1024UL)
+enum { ORDER_FIRST = 18, ORDER_LAST = 26, EDGES = 7 };
+static size_t edge_size(int k, int e) {
+    static const long delta[EDGES] = { -4097, -4096, -1, 0, 1, 4096, 4097 };
+    return (size_t)((long)(1UL << k) + delta[e]);
+}
+static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
+
+/* The byte marked at offset off of a block with this seed: differs from place to place (pages
+ * included) and from seed to seed. */
+static unsigned char tag(unsigned seed, size_t off) {
+    uint32_t x = seed * 0x9E3779B1u ^ (uint32_t)off * 0x85EBCA77u ^ (uint32_t)(off >> 12) * 0xC2B2AE3Du;
+    x ^= x >> 15; x *= 0x2C1B3C6Du; x ^= x >> 12;
+    return (unsigned char)(x ^ (x >> 8) ^ (x >> 16));
+}
+/* Marks: the first, a middle and the last byte of every page, and the last byte of the block. */
+static const size_t in_page[3] = { 0, 2048, 4095 };
+static void mark(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t off = 0; off < n; off += 4096)
+        for (int i = 0; i < 3 && off + in_page[i] < n; i++) p[off + in_page[i]] = tag(seed, off + in_page[i]);
+    p[n - 1] = tag(seed, n - 1);
+}
+/* The first offset below len where the marks of a block of n bytes are not found; SIZE_MAX if none. */
+static size_t unmarked(const unsigned char *p, size_t n, size_t len, unsigned seed) {
+    size_t lim = n < len ? n : len;
+    for (size_t off = 0; off < lim; off += 4096)
+        for (int i = 0; i < 3 && off + in_page[i] < lim; i++)
+            if (p[off + in_page[i]] != tag(seed, off + in_page[i])) return off + in_page[i];
+    if (n - 1 < len && p[n - 1] != tag(seed, n - 1)) return n - 1;
+    return SIZE_MAX;
+}
+
+struct edge_block { unsigned char *p; size_t n; unsigned seed; };
+
+/* A block just returned by `how` while `live` fallow blocks were live before: fallow's iff at
+ * least the threshold, page-aligned and page-granular if fallow's, usable for its size. */
+static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
+    CHECK(b->p, "%s(%zu) failed", how, b->n);
+    int fallow = b->n >= THRESHOLD;
+    CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by fallow (live blocks %lu -> %lu)", how, b->n,
+          fallow ? "not" : "was", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
+    size_t u = malloc_usable_size(b->p);
+    CHECK(u >= b->n, "%s(%zu): usable size %zu", how, b->n, u);
+    if (fallow)
+        CHECK(u == page_up(b->n) && (uintptr_t)b->p % 4096 == 0,
+              "%s(%zu): fallow block %p of usable size %zu (the size page-rounded: %zu)", how, b->n, (void *)b->p, u, page_up(b->n));
+    return 0;
+}
+
+/* Live blocks lie apart: their usable ranges are disjoint. */
+static int check_disjoint(const struct edge_block *b, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            uintptr_t a0 = (uintptr_t)b[i].p, a1 = a0 + malloc_usable_size(b[i].p);
+            uintptr_t b0 = (uintptr_t)b[j].p, b1 = b0 + malloc_usable_size(b[j].p);
+            CHECK(a1 <= b0 || b1 <= a0, "blocks of %zu and %zu bytes overlap: [%#lx, %#lx) and [%#lx, %#lx)",
+                  b[i].n, b[j].n, (unsigned long)a0, (unsigned long)a1, (unsigned long)b0, (unsigned long)b1);
+        }
+    return 0;
+}
+
+static int check_marks(const struct edge_block *b, const char *when) {
+    size_t at = unmarked(b->p, b->n, b->n, b->seed);
+    CHECK(at == SIZE_MAX, "block of %zu bytes at %p: mark at +%zu lost %s", b->n, (void *)b->p, at, when);
+    return 0;
+}
+
+/* Check every block's marks, then free them in an order shuffled by *seed, each checked again
+ * just before. */
+static int free_shuffled(struct edge_block *b, int n, unsigned *seed) {
+    int order[EDGES];
+    for (int i = 0; i < n; i++) { order[i] = i; if (check_marks(&b[i], "while all were live")) return 1; }
+    for (int i = n - 1; i > 0; i--) { int j = rand_r(seed) % (i + 1), t = order[i]; order[i] = order[j]; order[j] = t; }
+    for (int i = 0; i < n; i++) {
+        struct edge_block *x = &b[order[i]];
+        if (check_marks(x, "before its free, others freed")) return 1;
+        free(x->p);
+        x->p = NULL;
+    }
+    return 0;
+}
+
+/* malloc: all sizes of an order live at once, marked, checked, freed in a shuffled order. */
+static int test_edges_malloc(void) {
+    uint64_t live0 = stat_of(S_LIVE), in_use0 = stat_of(S_IN_USE);
+    unsigned seed = 18;
+    for (int k = ORDER_FIRST; k <= ORDER_LAST; k++) {
+        struct edge_block b[EDGES];
+        uint64_t fallow_n = 0, fallow_bytes = 0;
+        for (int e = 0; e < EDGES; e++) {
+            uint64_t live = stat_of(S_LIVE);
+            b[e] = (struct edge_block){ malloc(edge_size(k, e)), edge_size(k, e), (unsigned)(k * EDGES + e) };
+            if (check_edge_block(&b[e], live, "malloc")) return 1;
+            mark(b[e].p, b[e].n, b[e].seed);
+            if (b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
+        }
+        CHECK(stat_of(S_LIVE) == live0 + fallow_n, "order %d: %lu live blocks, %lu expected", k,
+              (unsigned long)stat_of(S_LIVE), (unsigned long)(live0 + fallow_n));
+        CHECK(stat_of(S_IN_USE) >= in_use0 + fallow_bytes, "order %d: %lu bytes in use, the blocks take %lu", k,
+              (unsigned long)(stat_of(S_IN_USE) - in_use0), (unsigned long)fallow_bytes);
+        if (check_disjoint(b, EDGES) || free_shuffled(b, EDGES, &seed)) return 1;
+    }
+    CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
+    CHECK(stat_of(S_IN_USE) == in_use0, "bytes in use %lu before, %lu after", (unsigned long)in_use0, (unsigned long)stat_of(S_IN_USE));
+    return 0;
+}
+
+/* Every byte of the first, last and six pages between of the first n bytes, and the first byte of
+ * every page, read zero; the offset of the first that does not, or SIZE_MAX. */
+static size_t nonzero_at(const unsigned char *p, size_t n) {
+    size_t pages = (n + 4095) / 4096;
+    for (size_t off = 0; off < n; off += 4096) if (p[off]) return off;
+    for (size_t s = 0; s < 8; s++) {
+        size_t off = (pages - 1) * s / 7 * 4096;
+        for (size_t i = off; i < off + 4096 && i < n; i++) if (p[i]) return i;
+    }
+    return SIZE_MAX;
+}
+
+/* calloc, into memory just freed dirty: per order, malloc all sizes and fill them, free them,
+ * calloc them again: they read zero, at least some of them where dirty blocks just were. */
+static int test_edges_calloc(void) {
+    uint64_t live0 = stat_of(S_LIVE), in_use0 = stat_of(S_IN_USE);
+    unsigned seed = 26;
+    int reused = 0, blocks = 0;
+    for (int k = ORDER_FIRST; k <= ORDER_LAST; k++) {
+        struct edge_block b[EDGES];
+        uintptr_t dirty0[EDGES], dirty1[EDGES];
+        for (int e = 0; e < EDGES; e++) {
+            uint64_t live = stat_of(S_LIVE);
+            b[e] = (struct edge_block){ malloc(edge_size(k, e)), edge_size(k, e), (unsigned)(1000 + k * EDGES + e) };
+            if (check_edge_block(&b[e], live, "malloc")) return 1;
+            memset(b[e].p, 0xA5, b[e].n);
+            mark(b[e].p, b[e].n, b[e].seed);
+            dirty0[e] = (uintptr_t)b[e].p;
+            dirty1[e] = dirty0[e] + b[e].n;
+        }
+        if (check_disjoint(b, EDGES) || free_shuffled(b, EDGES, &seed)) return 1;
+        for (int e = 0; e < EDGES; e++) {
+            uint64_t live = stat_of(S_LIVE);
+            b[e] = (struct edge_block){ calloc(1, edge_size(k, e)), edge_size(k, e), (unsigned)(2000 + k * EDGES + e) };
+            if (check_edge_block(&b[e], live, "calloc")) return 1;
+            size_t at = nonzero_at(b[e].p, b[e].n);
+            CHECK(at == SIZE_MAX, "calloc(%zu) at %p: byte +%zu is %#x", b[e].n, (void *)b[e].p, at, b[e].p[at]);
+            uintptr_t c0 = (uintptr_t)b[e].p, c1 = c0 + b[e].n;
+            int over = 0;
+            for (int d = 0; d < EDGES; d++) over |= c0 < dirty1[d] && dirty0[d] < c1;
+            reused += over;
+            blocks++;
+            mark(b[e].p, b[e].n, b[e].seed);
+        }
+        if (check_disjoint(b, EDGES) || free_shuffled(b, EDGES, &seed)) return 1;
+    }
+    printf("  %d of %d calloc blocks over memory just freed dirty\n", reused, blocks);
+    CHECK(reused > 0, "no calloc block reused memory just freed dirty: the zeroing of dirty pages went untested");
+    CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
+    CHECK(stat_of(S_IN_USE) == in_use0, "bytes in use %lu before, %lu after", (unsigned long)in_use0, (unsigned long)stat_of(S_IN_USE));
+    return 0;
+}
+
+/* realloc across the edges: up through every order, each order's sizes zigzagging across 2^k,
+ * then back down; the contents kept up to the smaller size at every step. */
+static int test_edges_realloc(void) {
+    static const int zigzag[EDGES] = { 2, 6, 0, 4, 3, 5, 1 }; /* -1, +4097, -4097, +1, 0, +4096, -4096 */
+    enum { STEPS = 2 * (ORDER_LAST - ORDER_FIRST + 1) * EDGES };
+    size_t sizes[STEPS];
+    int n = 0;
+    for (int k = ORDER_FIRST; k <= ORDER_LAST; k++) for (int e = 0; e < EDGES; e++) sizes[n++] = edge_size(k, zigzag[e]);
+    for (int i = n - 1; i >= 0; i--) sizes[n + (n - 1 - i)] = sizes[i];
+    n *= 2;
+    uint64_t live0 = stat_of(S_LIVE), in_use0 = stat_of(S_IN_USE);
+    struct edge_block b = { malloc(sizes[0]), sizes[0], 5000 };
+    if (check_edge_block(&b, live0, "malloc")) return 1;
+    mark(b.p, b.n, b.seed);
+    for (int i = 1; i < n; i++) {
+        size_t keep = b.n < sizes[i] ? b.n : sizes[i];
+        struct edge_block c = { realloc(b.p, sizes[i]), sizes[i], b.seed + 1 };
+        if (check_edge_block(&c, live0, "realloc")) return 1;
+        size_t at = unmarked(c.p, b.n, keep, b.seed);
+        CHECK(at == SIZE_MAX, "realloc %zu -> %zu (%p -> %p): byte +%zu of the %zu kept lost", b.n, c.n, (void *)b.p,
+              (void *)c.p, at, keep);
+        mark(c.p, c.n, c.seed);
+        b = c;
+    }
+    free(b.p);
+    CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
+    CHECK(stat_of(S_IN_USE) == in_use0, "bytes in use %lu before, %lu after", (unsigned long)in_use0, (unsigned long)stat_of(S_IN_USE));
+    return 0;
+}
+
+/* A block of 2^(k+1) bytes freed dirty, then two edge sizes that together fit in it (one may
+ * land in the tail of the other's run): apart, and each keeps its contents. */
+static int test_edges_tail(void) {
+    static const int pairs[][2] = { { 5, 1 }, { 4, 0 }, { 3, 2 }, { 1, 5 } }; /* +4096 -4096, +1 -4097, 0 -1, -4096 +4096 */
+    uint64_t live0 = stat_of(S_LIVE), in_use0 = stat_of(S_IN_USE);
+    int inside = 0, tailed = 0, tries = 0;
+    for (int k = ORDER_FIRST; k <= ORDER_LAST; k++) {
+        for (unsigned i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+            size_t big = 2UL << k;
+            uint64_t live = stat_of(S_LIVE);
+            struct edge_block g = { malloc(big), big, 0 };
+            if (check_edge_block(&g, live, "malloc")) return 1;
+            memset(g.p, 0x3C, big);
+            uintptr_t g0 = (uintptr_t)g.p, g1 = g0 + big;
+            free(g.p);
+            struct edge_block b[2];
+            for (int j = 0; j < 2; j++) {
+                live = stat_of(S_LIVE);
+                b[j] = (struct edge_block){ malloc(edge_size(k, pairs[i][j])), edge_size(k, pairs[i][j]), (unsigned)(7000 + 10 * k + 2 * i + j) };
+                if (check_edge_block(&b[j], live, "malloc")) return 1;
+                mark(b[j].p, b[j].n, b[j].seed);
+            }
+            if (check_disjoint(b, 2) || check_marks(&b[0], "with the second block live") || check_marks(&b[1], "with the first block live"))
+                return 1;
+            int in = 1;
+            for (int j = 0; j < 2; j++) in &= (uintptr_t)b[j].p >= g0 && (uintptr_t)b[j].p + b[j].n <= g1;
+            inside += in;
+            tailed += (uintptr_t)b[1].p == (uintptr_t)b[0].p + page_up(b[0].n) || (uintptr_t)b[0].p == (uintptr_t)b[1].p + page_up(b[1].n);
+            tries++;
+            free(b[i & 1].p);
+            if (check_marks(&b[!(i & 1)], "after the other was freed")) return 1;
+            free(b[!(i & 1)].p);
+        }
+    }
+    printf("  %d of %d pairs both in the block just freed, %d right after one another\n", inside, tries, tailed);
+    CHECK(tailed > 0, "no block of a pair started where the other's pages end: the tail of a run went untested");
+    CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
+    CHECK(stat_of(S_IN_USE) == in_use0, "bytes in use %lu before, %lu after", (unsigned long)in_use0, (unsigned long)stat_of(S_IN_USE));
+    return 0;
+}
+
 static int test_aligned(void) {
     void *p;
     CHECK(posix_memalign(&p, 2 * MiB, 3 * MiB) == 0 && (uintptr_t)p % (2 * MiB) == 0, "posix_memalign 2 MiB");
@@ -479,6 +716,10 @@ static const struct test tests[] = {
     { "bad_free", test_bad_free },
     { "exhaustion", test_exhaustion },
     { "zeros_workload", zeros_workload },
+    { "edges_malloc", test_edges_malloc },
+    { "edges_calloc", test_edges_calloc },
+    { "edges_realloc", test_edges_realloc },
+    { "edges_tail", test_edges_tail },
 };
 
 int main(int argc, char **argv) {
