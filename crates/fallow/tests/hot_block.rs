@@ -76,11 +76,13 @@ fn a_zero_request_from_the_hot_block_reads_zero() {
 #[test]
 fn the_hot_block_serves_large_orders() {
     let a = allocator();
-    // 8 MiB (order 11, one block beyond the high mark) freed; 3 MiB (order 10) takes it.
-    let p = take_and_free(&a, 8 * MIB, false, 1);
-    assert_eq!(take_and_free(&a, 3 * MIB, true, 2), p);
-    assert_eq!(take_and_free(&a, 5 * MIB + PAGE, false, 3), p);
-    assert_eq!(a.stats().cached_pages, 2048);
+    // 4 MiB (order 10, the largest cached by default: one block beyond the high mark) freed;
+    // 1.5 MiB (order 9) takes it, its slack (2.5 MiB) within the thread's bound (the high mark,
+    // 4 MiB), and so does 3 MiB and a page (order 10).
+    let p = take_and_free(&a, 4 * MIB, false, 1);
+    assert_eq!(take_and_free(&a, MIB + MIB / 2, true, 2), p);
+    assert_eq!(take_and_free(&a, 3 * MIB + PAGE, false, 3), p);
+    assert_eq!(a.stats().cached_pages, 1024);
 }
 
 #[test]
@@ -170,4 +172,38 @@ fn a_block_from_the_hot_block_freed_elsewhere_or_resized() {
     check(&a);
     let s = a.stats();
     assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
+}
+
+#[test]
+fn a_thread_holds_at_most_its_high_mark_of_slack() {
+    let a = allocator();
+    // Ten live blocks of 1.1 MiB: each would hold a 2 MiB block with 0.9 MiB of slack; past
+    // the high mark (4 MiB) of slack, the rest are served at their real size.
+    let len = MIB + MIB / 10;
+    let live: Vec<*mut u8> = (0..10).map(|i| take_written(&a, len, false, i as u8 + 1)).collect();
+    let s = a.stats();
+    assert!(s.slack_bytes > 0, "no block was served with slack: {s}");
+    assert!(s.slack_bytes <= 4 * MIB as u64, "slack past the bound: {s}");
+    check(&a);
+    for p in live {
+        a.free(p).unwrap();
+    }
+    check(&a);
+    assert_eq!(a.stats().slack_bytes, 0);
+}
+
+#[test]
+fn a_request_the_block_freed_last_on_the_locked_path_could_hold_goes_there() {
+    let a = allocator();
+    // 5 MiB is above the caches: freed on the locked path, it is the locked hot block.
+    take_and_free(&a, 5 * MIB, false, 1);
+    // 3 MiB would be a cached 4 MiB block with 1 MiB of slack; it takes the locked path
+    // instead, at its real size.
+    let p = take_written(&a, 3 * MIB, false, 2);
+    let s = a.stats();
+    assert_eq!(s.slack_bytes, 0, "the request was served with slack, from the cache: {s}");
+    assert_eq!(a.usable_size(p), Some(3 * MIB));
+    check(&a);
+    a.free(p).unwrap();
+    check(&a);
 }

@@ -141,14 +141,16 @@ impl Allocator {
 
     /// The fast path (`cache/`): a block of a cached order, without `LOCK` (whose bookkeeping
     /// needs the lock), from this thread's cache. `None`: take the locked path (which also
-    /// reports bad requests).
+    /// reports bad requests); so does a request that the block this thread freed last there
+    /// may hold (`cache/hot.rs`, the locked hot block).
     #[inline]
     fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
         if flags.contains(Flags::LOCK) {
             return None;
         }
         let (order, npages) = self.cache_shape(size, align)?;
-        let addr = cache::current(&self.shared)?.inside(|tc| tc.alloc(&self.shared, order, npages, flags))??;
+        let cached = |tc: &cache::Entries<'_>| if tc.to_locked_hot(&self.shared, npages) { None } else { tc.alloc(&self.shared, order, npages, flags) };
+        let addr = cache::current(&self.shared)?.inside(cached)??;
         // SAFETY: a block address is never null.
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
     }
@@ -186,8 +188,16 @@ impl Allocator {
     fn free_slow(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
         if self.shared.hit.cache_orders > 0 {
             if let Some(tc) = cache::current(&self.shared) {
-                if tc.inside(|tc| tc.free(&self.shared, addr, size)) == Some(true) {
-                    return Ok(());
+                match tc.inside(|tc| tc.free(&self.shared, addr, size)) {
+                    Some(true) => return Ok(()),
+                    Some(false) => {
+                        // The cache did not take it: a block freed on the locked path, which the
+                        // next request it can hold reuses there (`cache/hot.rs`).
+                        let (arena, pages) = self.shared.free_locked_pages(addr, size)?;
+                        tc.inside(|tc| tc.freed_locked(addr, arena, pages));
+                        return Ok(());
+                    }
+                    None => {}
                 }
             }
         }

@@ -23,6 +23,15 @@
 //! its free states, and its free brings the whole block back (and makes it the hot block again).
 //! A `ZERO` request keeps its preference for a `Zeroed` block of its own order (no memset at all).
 //!
+//! The locked hot block. A block the cache does not take (larger than its orders, or exact and
+//! not a power of two) is freed on the locked path, where it stays whole as the unmerged block
+//! or the best-fitting run for the next request. So that a loop of sizes on both sides of the
+//! caches' largest order (2-5.5 MiB) does not alternate between a cached block and that run, the
+//! thread notes the block it freed there (`locked_hot`: where, and the most pages it held there),
+//! and its out-of-line requests that the block could hold go to the locked path too, until a live
+//! block starts at that place (the locked path took it for another request, or took it and has
+//! not had it back). A hint only: the locked path places the request where it fits best.
+//!
 //! The bound. A block serves requests of more than a quarter of it (in practice its own order,
 //! as before, and the one below), so its slack is under three quarters of it, under three times
 //! the request's pages (a block served the usual way has slack under half of it, under the
@@ -78,5 +87,41 @@ impl Entries<'_> {
             settle_slack_unit(a, e, live);
         }
         Some(addr)
+    }
+
+    /// The block at `addr` (in `arena`) of `pages` was just freed on the locked path by this
+    /// thread (the cache did not take it: too large, exact, or not this cache's): note it as the
+    /// locked hot block. Freed again where it was, it keeps the most pages it held there: the
+    /// run a loop reuses is as long as its longest request.
+    pub(crate) fn freed_locked(&self, addr: usize, arena: usize, pages: u32) {
+        if pages < HOT_MIN_PAGES {
+            return;
+        }
+        let e = Entry::new(addr, arena, false).word() as u64;
+        let most = if self.locked_hot.get() == e { self.locked_hot_pages.get().max(pages as u64) } else { pages as u64 };
+        self.locked_hot.set(e);
+        self.locked_hot_pages.set(most);
+    }
+
+    /// Whether a request of `live` pages goes to the locked path because the block this thread
+    /// last freed there may hold it: the locked path then takes the best-fitting run, which that
+    /// block's free left, rather than the cache a block elsewhere, and a loop of sizes on both
+    /// sides of the caches' largest order stays in one region, as glibc's stays in its top
+    /// chunk. Forgotten once a live block starts there (its record says `Alloc`: taken by
+    /// another request since).
+    #[inline]
+    pub(crate) fn to_locked_hot(&self, a: &Arc<Shared>, live: u32) -> bool {
+        let Some(e) = Entry::from_word(self.locked_hot.get() as usize) else { return false };
+        if live as u64 > self.locked_hot_pages.get() {
+            return false;
+        }
+        let (_, m) = a.view(e.arena()).record(e.addr());
+        // SAFETY: `locked_hot` holds a page of a live arena of this allocator (arenas stay while
+        // it lives), so `m` is a record of that arena; the load is atomic, whoever owns the page.
+        if unsafe { HitWord::load(m) }.tag() == Tag::Alloc as u8 {
+            self.locked_hot.set(0);
+            return false;
+        }
+        true
     }
 }

@@ -261,6 +261,11 @@ pub(crate) struct ThreadCache {
     /// here, and one of another thread's taken back here counts off at most to zero: the bound
     /// errs towards exact blocks, never towards more slack.
     slack_held: Owned,
+    /// The block this thread last freed on the locked path (at least `HOT_MIN_PAGES`), its
+    /// address (0: none) and pages, until a request it could hold goes there (`hot.rs`: the
+    /// locked hot block).
+    locked_hot: Owned,
+    locked_hot_pages: Owned,
     owner: Weak<Shared>,
     id: u64,
     // The registry's links, read and written under the allocator lock only.
@@ -324,6 +329,8 @@ impl ThreadCache {
             events: Events::default(),
             slack: Owned::default(),
             slack_held: Owned::default(),
+            locked_hot: Owned::default(),
+            locked_hot_pages: Owned::default(),
             owner: Arc::downgrade(a),
             id: a.hit.cache_id,
             next: Cell::new(ptr::null_mut()),

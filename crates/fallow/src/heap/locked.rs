@@ -146,6 +146,12 @@ impl Shared {
     /// validating path: a bad address gets the error that says why.
     #[inline(never)]
     pub(crate) fn free_locked(self: &Arc<Self>, addr: usize, size: Option<usize>) -> Result<(), Error> {
+        self.free_locked_pages(addr, size).map(|_| ())
+    }
+
+    /// `free_locked`, saying which arena the block was in and how many pages it held (its slack
+    /// left out).
+    pub(crate) fn free_locked_pages(self: &Arc<Self>, addr: usize, size: Option<usize>) -> Result<(usize, u32), Error> {
         let mut h = self.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let actual = (npages as usize) << PAGE_SHIFT;
@@ -173,7 +179,7 @@ impl Shared {
         let a = h.arenas[ai].as_mut().unwrap();
         let slack = a.release_live(pfn, npages, PageState::Dirty, now);
         self.account_free(h, npages, slack);
-        Ok(())
+        Ok((ai, npages))
     }
 
     /// `Allocator::free_reported`: free the live block at `addr`, its pages listed `Reported`.

@@ -266,14 +266,20 @@ impl Heap {
                 a.take_run(npages)
             };
             if let Some(t) = got {
-                a.mark_live(t.pfn, t.npages, 0);
-                a.mark_used(t.pfn + t.npages);
-                let addr = a.addr(t.pfn);
-                self.account_taken(&t, zero);
-                return Some(Placed { arena: ai, taken: t, addr });
+                return Some(self.placed(ai, t, zero));
             }
         }
         None
+    }
+
+    /// The block `t` just taken off arena `ai`'s lists, live.
+    fn placed(&mut self, ai: usize, t: Taken, zero: bool) -> Placed {
+        let a = self.arenas[ai].as_mut().unwrap();
+        a.mark_live(t.pfn, t.npages, 0);
+        a.mark_used(t.pfn + t.npages);
+        let addr = a.addr(t.pfn);
+        self.account_taken(&t, zero);
+        Placed { arena: ai, taken: t, addr }
     }
 
     fn account_taken(&mut self, t: &Taken, zero: bool) {
