@@ -12,6 +12,8 @@
 //! `take_best_run` looks, before falling back to memory the kernel must fault in, for the
 //! shortest run of adjacent free blocks that holds the request and a resident block (a listed
 //! block of one of the classes asked for), as TCMalloc's page heap takes the best-fitting span.
+//! A run's length counts its pages below `used_end` only (the never-used rest of the arena is no
+//! fit, as glibc's top chunk is not), and the run taking the fewest never-used pages wins first.
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, one per possible
@@ -47,8 +49,8 @@ impl Buddy {
     pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class]) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
-        // (run length, start of the request)
-        let mut best: Option<(u32, u32)> = None;
+        // (never-used pages taken, run length, start of the request)
+        let mut best: Option<(u32, u32, u32)> = None;
         // The runs already measured: a seed inside one of them gives the same run.
         let mut seen = [(0u32, 0u32); SEED_LIMIT as usize];
         let (mut looked, mut walked) = (0, 0);
@@ -69,13 +71,18 @@ impl Buddy {
                         seen[looked as usize] = (start, end);
                         looked += 1;
                     }
-                    // Every seed of a run places the request its own way; the lowest place wins.
-                    let len = end - start;
+                    // A run's length counts its pages below `used_end` only: the never-used rest of
+                    // the arena (the wilderness) is no fit, and a run that reaches it is as long as
+                    // its used part, as glibc's top chunk. Fewest never-used pages taken first,
+                    // then the shortest run, then the lowest place (every seed of a run places
+                    // the request its own way).
                     if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
-                        if best.is_none_or(|b| (len, at) < b) {
-                            best = Some((len, at));
+                        let len = end.min(self.used_end).saturating_sub(start);
+                        let fresh = (at + npages).saturating_sub(self.used_end.max(at));
+                        if best.is_none_or(|b| (fresh, len, at) < b) {
+                            best = Some((fresh, len, at));
                             // A run that the request fills to within an eighth: good enough.
-                            if len - npages <= npages / 8 {
+                            if fresh == 0 && len.saturating_sub(npages) <= npages / 8 {
                                 break 'seeds;
                             }
                         }
@@ -84,7 +91,7 @@ impl Buddy {
                 }
             }
         }
-        let (_, at) = best?;
+        let (_, _, at) = best?;
         let counts = self.take_range(at, at + npages)?;
         Some(Taken { pfn: at, npages, counts })
     }
