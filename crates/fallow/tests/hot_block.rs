@@ -174,22 +174,68 @@ fn a_block_from_the_hot_block_freed_elsewhere_or_resized() {
     assert_eq!((s.slack_bytes, s.bytes_in_use), (0, 0), "{s}");
 }
 
+/// The online CPUs, as the slack bound counts them.
+fn online_cpus() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
+}
+
+/// An allocator whose high mark is 1 MiB (blocks up to 512 KiB stacked), so that the slack
+/// bound, the high mark per online CPU, is small.
+fn small_high_mark() -> Allocator {
+    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), cache_high_pages: 256, ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
 #[test]
-fn a_thread_holds_at_most_its_high_mark_of_slack() {
-    let a = allocator();
-    // Ten live blocks of 1.1 MiB: each would hold a 2 MiB block with 0.9 MiB of slack; past
-    // the high mark (4 MiB) of slack, the rest are served at their real size.
-    let len = MIB + MIB / 10;
-    let live: Vec<*mut u8> = (0..10).map(|i| take_written(&a, len, false, i as u8 + 1)).collect();
+fn the_process_holds_at_most_its_bound_of_slack() {
+    let a = small_high_mark();
+    let bound = MIB * online_cpus();
+    // 300 KiB requests: a 512 KiB block each with 212 KiB of slack, more blocks than the bound
+    // holds; past it, the rest are served at their real size.
+    let len = 300 * KIB;
+    let n = bound / (212 * KIB) + 8;
+    let live: Vec<*mut u8> = (0..n).map(|i| take_written(&a, len, false, i as u8 + 1)).collect();
     let s = a.stats();
     assert!(s.slack_bytes > 0, "no block was served with slack: {s}");
-    assert!(s.slack_bytes <= 4 * MIB as u64, "slack past the bound: {s}");
+    assert!(s.slack_bytes <= bound as u64, "slack past the bound of {bound}: {s}");
     check(&a);
     for p in live {
         a.free(p).unwrap();
     }
     check(&a);
     assert_eq!(a.stats().slack_bytes, 0);
+}
+
+#[test]
+fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
+    let a = small_high_mark();
+    // One live block at a time, each freed by another thread: the slack is given back each
+    // time, so every block keeps getting it.
+    let len = 300 * KIB;
+    for i in 0..(4 * online_cpus() + 8) {
+        let p = take_written(&a, len, false, i as u8 + 1) as usize;
+        let s = a.stats();
+        assert!(s.slack_bytes > 0, "block {i} was served without slack: {s}");
+        std::thread::scope(|t| {
+            t.spawn(|| a.free(p as *mut u8).unwrap());
+        });
+    }
+    check(&a);
+}
+
+#[test]
+fn small_requests_after_a_large_free_stay_in_the_cache() {
+    let a = allocator();
+    take_and_free(&a, 5 * MIB, false, 1);
+    // 12 KiB requests are not a loop on the 5 MiB block: they take the cache, every call a hit
+    // (an allocation and a free).
+    let before = a.stats();
+    for i in 0..100u8 {
+        take_and_free(&a, 3 * PAGE, false, i);
+    }
+    let after = a.stats();
+    assert!(after.cache_hits - before.cache_hits >= 200, "the small requests left the cache: {before} -> {after}");
 }
 
 #[test]

@@ -149,7 +149,7 @@ impl Allocator {
             return None;
         }
         let (order, npages) = self.cache_shape(size, align)?;
-        let cached = |tc: &cache::Entries<'_>| if tc.to_locked_hot(&self.shared, npages) { None } else { tc.alloc(&self.shared, order, npages, flags) };
+        let cached = |tc: &cache::Entries<'_>| if tc.to_locked_hot(npages) { None } else { tc.alloc(&self.shared, order, npages, flags) };
         let addr = cache::current(&self.shared)?.inside(cached)??;
         // SAFETY: a block address is never null.
         Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })

@@ -77,7 +77,7 @@ impl Entries<'_> {
         if let Some(addr) = self.alloc_hot(a, order, live, flags) {
             return Some(addr);
         }
-        if self.slack_over(n - live) {
+        if slack_over(a, n - live) {
             return None;
         }
         loop {
@@ -111,13 +111,6 @@ impl Entries<'_> {
         }
     }
 
-    /// Whether handing out `slack` more pages of slack would pass this thread's bound, its high
-    /// mark (see "The slack bound" at the top of `cache`).
-    #[inline]
-    pub(super) fn slack_over(&self, slack: u32) -> bool {
-        slack != 0 && self.slack_held.get() + slack as u64 > self.high
-    }
-
     /// `alloc`'s hand-out of the cached block `e` (record `m`, word `w`) of `order` for a request
     /// of `live` pages, fewer than the block's: the block becomes live with the rest as slack,
     /// whose pages keep their free states.
@@ -127,7 +120,7 @@ impl Entries<'_> {
         let n = 1u32 << order;
         self.hand_out(m, w.handed_out_with_slack(order, live), order as usize);
         self.slack.add((n - live) as u64);
-        self.slack_held.add((n - live) as u64);
+        a.slack_held.fetch_add((n - live) as u64, Relaxed);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
         // The live part's counts: the block's, less the slack's (this thread owns the block's
@@ -235,7 +228,7 @@ impl Entries<'_> {
         }
         self.add_pages(o, n as u64);
         self.slack.sub((n - live) as u64);
-        self.slack_held.set(self.slack_held.get().saturating_sub((n - live) as u64));
+        a.slack_held.fetch_sub((n - live) as u64, Relaxed);
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
         if self.large(o) {
@@ -383,4 +376,11 @@ pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     }
     let end = v.record(e.addr()).0 + live;
     v.states().replace(end, end.next_multiple_of(UNIT_PAGES) - end, PageState::Reported, PageState::Zeroed);
+}
+
+/// Whether handing out `slack` more pages of slack would pass the process's bound (see "The
+/// slack bound" at the top of `cache`).
+#[inline]
+pub(super) fn slack_over(a: &Shared, slack: u32) -> bool {
+    slack != 0 && a.slack_held.load(Relaxed).saturating_add(slack as u64) > a.slack_limit
 }

@@ -27,10 +27,11 @@
 //! not a power of two) is freed on the locked path, where it stays whole as the unmerged block
 //! or the best-fitting run for the next request. So that a loop of sizes on both sides of the
 //! caches' largest order (2-5.5 MiB) does not alternate between a cached block and that run, the
-//! thread notes the block it freed there (`locked_hot`: where, and the most pages it held there),
-//! and its out-of-line requests that the block could hold go to the locked path too, until a live
-//! block starts at that place (the locked path took it for another request, or took it and has
-//! not had it back). A hint only: the locked path places the request where it fits best.
+//! thread notes the block it freed there (`locked_hot`: where, the most pages it held there, and
+//! the pages of that free), and its next out-of-line request, if of more than half those pages
+//! and no more than the place held, goes to the locked path too. A hint only: the locked path
+//! places the request where it fits best (which the block's free left), and a small request,
+//! not the loop's, keeps its cache.
 //!
 //! The bound. A block serves requests of more than a quarter of it (in practice its own order,
 //! as before, and the one below), so its slack is under three quarters of it, under three times
@@ -70,7 +71,7 @@ impl Entries<'_> {
         if w.tag() != Tag::Cached as u8 || k <= order as usize || k >= self.orders || live as u64 <= (1u64 << k) / 4 {
             return None;
         }
-        if self.slack_over((1u32 << k) - live) {
+        if super::hit::slack_over(a, (1u32 << k) - live) {
             return None;
         }
         // Still this cache's, on top of its order's dirty stack (a cached block sits in exactly
@@ -101,27 +102,23 @@ impl Entries<'_> {
         let most = if self.locked_hot.get() == e { self.locked_hot_pages.get().max(pages as u64) } else { pages as u64 };
         self.locked_hot.set(e);
         self.locked_hot_pages.set(most);
+        self.locked_hot_last.set(pages as u64);
     }
 
     /// Whether a request of `live` pages goes to the locked path because the block this thread
-    /// last freed there may hold it: the locked path then takes the best-fitting run, which that
-    /// block's free left, rather than the cache a block elsewhere, and a loop of sizes on both
-    /// sides of the caches' largest order stays in one region, as glibc's stays in its top
-    /// chunk. Forgotten once a live block starts there (its record says `Alloc`: taken by
-    /// another request since).
+    /// freed there just before may hold it: the locked path then takes the best-fitting run,
+    /// which that block's free left, rather than the cache a block elsewhere, and a loop of sizes
+    /// on both sides of the caches' largest order stays in one region, as glibc's stays in its
+    /// top chunk. Only the next request after such a free, and only one of more than half the
+    /// pages freed (a small request is not the loop's, and goes to its cache), and at most the
+    /// most pages the place held.
     #[inline]
-    pub(crate) fn to_locked_hot(&self, a: &Arc<Shared>, live: u32) -> bool {
-        let Some(e) = Entry::from_word(self.locked_hot.get() as usize) else { return false };
-        if live as u64 > self.locked_hot_pages.get() {
+    pub(crate) fn to_locked_hot(&self, live: u32) -> bool {
+        let last = self.locked_hot_last.get();
+        if last == 0 {
             return false;
         }
-        let (_, m) = a.view(e.arena()).record(e.addr());
-        // SAFETY: `locked_hot` holds a page of a live arena of this allocator (arenas stay while
-        // it lives), so `m` is a record of that arena; the load is atomic, whoever owns the page.
-        if unsafe { HitWord::load(m) }.tag() == Tag::Alloc as u8 {
-            self.locked_hot.set(0);
-            return false;
-        }
-        true
+        self.locked_hot_last.set(0);
+        live as u64 * 2 > last && live as u64 <= self.locked_hot_pages.get()
     }
 }

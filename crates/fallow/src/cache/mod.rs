@@ -96,9 +96,10 @@
 //! The hot block (hot.rs): the block this thread freed last also serves a request of the order
 //! below its own, with slack under three quarters of it; such a block may have a power of two
 //! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
-//! The slack bound: a thread holds at most its high mark of slack pages in live blocks
-//! (`slack_held`); a request whose slack would pass it takes the locked path, which serves it at
-//! its real size. A loop on one block keeps its slack; a program with many live blocks of sizes
+//! The slack bound: the process holds at most the high mark per online CPU of slack pages in
+//! live blocks (`Shared::slack_held`, counted wherever a block with slack is handed out or
+//! freed); a request whose slack would pass it takes the locked path, which serves it at its
+//! real size. A loop on one block keeps its slack; a program with many live blocks of sizes
 //! that are not powers of two (64 KiB-4 MiB at random) holds them at their real size instead
 //! of a quarter more on average.
 //!
@@ -256,16 +257,12 @@ pub(crate) struct ThreadCache {
     events: Events,
     /// Slack pages handed out with blocks (less those taken back) since the last fold.
     slack: Owned,
-    /// Slack pages this thread handed out and has not taken back: the slack bound (`slack_over`).
-    /// A block taken back by another thread's cache, or freed on the locked path, stays counted
-    /// here, and one of another thread's taken back here counts off at most to zero: the bound
-    /// errs towards exact blocks, never towards more slack.
-    slack_held: Owned,
-    /// The block this thread last freed on the locked path (at least `HOT_MIN_PAGES`), its
-    /// address (0: none) and pages, until a request it could hold goes there (`hot.rs`: the
-    /// locked hot block).
+    /// The block this thread last freed on the locked path (at least `HOT_MIN_PAGES`): its entry
+    /// word (0: none), the most pages it held at that place, and the pages of its last free there,
+    /// 0 once a request has gone to the locked path for it (`hot.rs`: the locked hot block).
     locked_hot: Owned,
     locked_hot_pages: Owned,
+    locked_hot_last: Owned,
     owner: Weak<Shared>,
     id: u64,
     // The registry's links, read and written under the allocator lock only.
@@ -328,9 +325,9 @@ impl ThreadCache {
             class_blocks: Default::default(),
             events: Events::default(),
             slack: Owned::default(),
-            slack_held: Owned::default(),
             locked_hot: Owned::default(),
             locked_hot_pages: Owned::default(),
+            locked_hot_last: Owned::default(),
             owner: Arc::downgrade(a),
             id: a.hit.cache_id,
             next: Cell::new(ptr::null_mut()),

@@ -168,6 +168,13 @@ pub(crate) struct Shared {
     /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
     /// takes it as a pressure event at its next look.
     pub(crate) pressure_injected: AtomicBool,
+    /// Slack pages in live blocks, process-wide (the caches' hand-outs add, every free of a
+    /// block with slack subtracts, wherever it is freed), and their bound: the high mark per
+    /// online CPU (cache/mod.rs, "The slack bound"). `Relaxed` read-modify-writes on the slack
+    /// paths only, never on the hit paths; a bound, not a count anyone relies on for memory
+    /// safety.
+    pub(crate) slack_held: AtomicU64,
+    pub(crate) slack_limit: u64,
 }
 
 impl Shared {
@@ -221,6 +228,8 @@ impl Shared {
             large_generation: AtomicU64::new(0),
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
+            slack_held: AtomicU64::new(0),
+            slack_limit: config.cache_high_pages as u64 * os::online_cpus() as u64,
             config,
         }
     }

@@ -120,13 +120,18 @@ pub struct CpuLoad {
     cpus: u32,
 }
 
+/// The online CPUs (glibc's count), at least 1.
+pub fn online_cpus() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
+}
+
 impl CpuLoad {
     /// `None` where the signal cannot be read or would not mean "a CPU of ours is idle".
     pub fn open() -> Option<CpuLoad> {
         // glibc's count (from `/sys/devices/system/cpu/online`, read into a stack buffer):
         // rustix has none.
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
+        let online = online_cpus();
         let allowed = rustix::thread::sched_getaffinity(None).ok()?.count();
         if allowed < online || cpu_quota_set() {
             return None;
