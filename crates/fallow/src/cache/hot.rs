@@ -28,7 +28,7 @@
 //! or the best-fitting run for the next request. So that a loop of sizes on both sides of the
 //! caches' largest order (2-5.5 MiB) does not alternate between a cached block and that run, the
 //! thread notes the block it freed there (`locked_hot`: where, the most pages it held there, and
-//! the pages of that free), and its next out-of-line request, if of more than half those pages
+//! the pages of that free), and its next out-of-line request, if of more than a quarter of those pages
 //! and no more than the place held, goes to the locked path too. A hint only: the locked path
 //! places the request where it fits best (which the block's free left), and a small request,
 //! not the loop's, keeps its cache.
@@ -109,8 +109,8 @@ impl Entries<'_> {
     /// freed there just before may hold it: the locked path then takes the best-fitting run,
     /// which that block's free left, rather than the cache a block elsewhere, and a loop of sizes
     /// on both sides of the caches' largest order stays in one region, as glibc's stays in its
-    /// top chunk. Only the next request after such a free, and only one of more than half the
-    /// pages freed (a small request is not the loop's, and goes to its cache), and at most the
+    /// top chunk. Only the next request after such a free, and only one of more than a quarter
+    /// of the pages freed (a small request is not the loop's, and goes to its cache), and at most the
     /// most pages the place held.
     #[inline]
     pub(crate) fn to_locked_hot(&self, live: u32) -> bool {
@@ -119,6 +119,6 @@ impl Entries<'_> {
             return false;
         }
         self.locked_hot_last.set(0);
-        live as u64 * 2 > last && live as u64 <= self.locked_hot_pages.get()
+        live as u64 * 4 > last && live as u64 <= self.locked_hot_pages.get()
     }
 }
