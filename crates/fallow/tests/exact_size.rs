@@ -56,8 +56,12 @@ fn an_aligned_request_in_a_run_keeps_its_alignment() {
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
     // 20 pages aligned to 32 KiB (8 pages): pages 16..36 of the run qualify.
+    let before = a.stats();
     let p = a.alloc(20 * PAGE, 8 * PAGE, Flags::ZERO).unwrap().as_ptr();
     assert_eq!(p as usize % (8 * PAGE), 0);
+    let run = blocks[1] as usize..=blocks[1] as usize + 12 * PAGE;
+    assert!(run.contains(&(p as usize)), "the request was not placed in the run of resident pages");
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
     // SAFETY: `p` is a live block of 20 pages that only this thread uses.
     assert!(unsafe { all_zero(p, 20 * PAGE) }, "a ZERO request from dirty pages was not zeroed");
     a.check_invariants().unwrap();
@@ -75,44 +79,62 @@ struct Live {
     fill: u8,
 }
 
+/// One case of the model: `ops` on `a`, checked at every step, everything merged back at the end.
+fn run_model(a: &Allocator, ops: Vec<(usize, bool, u16, bool)>) -> Result<(), TestCaseError> {
+    let mut live: Vec<Live> = Vec::new();
+    let mut fill = 1u8;
+    for (pages, zero, pick, free) in ops {
+        if free && !live.is_empty() {
+            let l = live.swap_remove(pick as usize % live.len());
+            // SAFETY: `l` is a live block of `l.len` bytes that only this thread uses.
+            prop_assert!(unsafe { all_eq(l.addr as *const u8, l.len, l.fill) }, "a block's contents changed");
+            a.free(l.addr as *mut u8).unwrap();
+        } else {
+            let len = pages * PAGE - (pick as usize % PAGE);
+            let flags = if zero { Flags::ZERO } else { Flags::NONE };
+            let p = a.alloc(len, 8, flags).unwrap().as_ptr();
+            let addr = p as usize;
+            prop_assert_eq!(a.usable_size(p).unwrap(), pages * PAGE, "a block holds more than its pages");
+            prop_assert!(!live.iter().any(|l| addr < l.addr + l.len && l.addr < addr + len), "blocks overlap");
+            if zero {
+                // SAFETY: `p` is a live block of at least `len` bytes that only this thread uses.
+                prop_assert!(unsafe { all_zero(p, len) }, "a ZERO request got garbage");
+            }
+            // SAFETY: as just above.
+            unsafe { p.write_bytes(fill, len) };
+            live.push(Live { addr, len, fill });
+            fill = fill.wrapping_add(1).max(1);
+        }
+        a.check_invariants().unwrap();
+        // SAFETY: `check_invariants` passed; no other thread uses `a`.
+        unsafe { check_free_states(a) }.map_err(TestCaseError::fail)?;
+    }
+    for l in live.drain(..) {
+        a.free(l.addr as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    prop_assert!(merged_to_top(&s, 12), "tails did not merge back: {:?}", s.free_blocks);
+    Ok(())
+}
+
+fn ops() -> impl Strategy<Value = Vec<(usize, bool, u16, bool)>> {
+    prop::collection::vec((1usize..1500, any::<bool>(), any::<u16>(), any::<bool>()), 1..100)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
     #[test]
-    fn exact_size_blocks_model(ops in prop::collection::vec((1usize..1500, any::<bool>(), any::<u16>(), any::<bool>()), 1..100)) {
-        let a = allocator();
-        let mut live: Vec<Live> = Vec::new();
-        let mut fill = 1u8;
-        for (pages, zero, pick, free) in ops {
-            if free && !live.is_empty() {
-                let l = live.swap_remove(pick as usize % live.len());
-                // SAFETY: `l` is a live block of `l.len` bytes that only this thread uses.
-                prop_assert!(unsafe { all_eq(l.addr as *const u8, l.len, l.fill) }, "a block's contents changed");
-                a.free(l.addr as *mut u8).unwrap();
-            } else {
-                let len = pages * PAGE - (pick as usize % PAGE);
-                let flags = if zero { Flags::ZERO } else { Flags::NONE };
-                let p = a.alloc(len, 8, flags).unwrap().as_ptr();
-                let addr = p as usize;
-                prop_assert_eq!(a.usable_size(p).unwrap(), pages * PAGE, "a block holds more than its pages");
-                prop_assert!(!live.iter().any(|l| addr < l.addr + l.len && l.addr < addr + len), "blocks overlap");
-                if zero {
-                    // SAFETY: `p` is a live block of at least `len` bytes that only this thread uses.
-                    prop_assert!(unsafe { all_zero(p, len) }, "a ZERO request got garbage");
-                }
-                // SAFETY: as just above.
-                unsafe { p.write_bytes(fill, len) };
-                live.push(Live { addr, len, fill });
-                fill = fill.wrapping_add(1).max(1);
-            }
-            a.check_invariants().unwrap();
-            // SAFETY: `check_invariants` passed; no other thread uses `a`.
-            unsafe { check_free_states(&a) }.map_err(TestCaseError::fail)?;
-        }
-        for l in live.drain(..) {
-            a.free(l.addr as *mut u8).unwrap();
-        }
-        a.check_invariants().unwrap();
-        let s = a.stats();
-        prop_assert!(merged_to_top(&s, 12), "tails did not merge back: {:?}", s.free_blocks);
+    fn exact_size_blocks_model(ops in ops()) {
+        run_model(&allocator(), ops)?;
+    }
+
+    /// The same with the caches and huge pages on: slack, the hot blocks and the slack bound
+    /// beside the runs, and every take settling the huge-page units it touches.
+    #[test]
+    fn exact_size_blocks_model_with_caches_and_huge_pages(ops in ops()) {
+        let c = Config { arena_size: 64 << 20, max_order: 12, thp: true, tunables: Tunables::off(), ..Config::default() };
+        run_model(&Allocator::new(c).unwrap(), ops)?;
     }
 }
