@@ -1,9 +1,9 @@
 //! Blocks at their real size (buddy/span.rs): a request that no aligned resident block holds is
 //! taken from a run of adjacent free blocks beside a resident one, unaligned, before memory the
-//! kernel must fault in. A model test (random sizes above the caches, frees in random order: no
-//! overlap, contents kept, the lists' invariants and every page's state checked at every step,
-//! and everything merged back at the end), and the case that shows the run being used.
-//! Workers off and caches off: nothing but these calls changes the lists.
+//! kernel must fault in. A model test (random sizes, frees in random order: no overlap, contents
+//! kept, the lists' invariants and every page's state checked at every step, and everything
+//! merged back at the end; caches and huge pages off, then on), and the cases that show the run
+//! being used. Workers off: nothing but these calls changes the lists.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
