@@ -24,6 +24,8 @@ impl Buddy {
     pub fn check_lists(&self) -> Result<u64, String> {
         let mut pages = 0u64;
         let mut blocks = [[0u32; crate::config::ORDERS]; crate::page::CLASSES];
+        // Listed blocks that start below `used_end`: the records there tagged `Free`.
+        let mut below_used = 0usize;
         for class in 0..self.heads.len() {
             for order in 0..=self.max_order {
                 let mut p = self.heads[class][order as usize];
@@ -55,6 +57,7 @@ impl Buddy {
                         }
                     }
                     blocks[class][order as usize] += 1;
+                    below_used += (p < self.used_end) as usize;
                     pages += size as u64;
                     prev = p;
                     p = m.next;
@@ -66,6 +69,13 @@ impl Buddy {
         }
         if blocks != self.listed.blocks || pages != self.listed.pages {
             return Err("listed counters disagree with the lists".into());
+        }
+        // Only the first page of a listed block says `Tag::Free`: the runs of free blocks are
+        // found from the records beside them (`span.rs`, `free_block_containing`), which trust
+        // it. (Past `used_end` every page is a never-touched part of a listed block.)
+        let tagged = (0..self.used_end).filter(|&q| self.meta(q).tag() == Tag::Free).count();
+        if tagged != below_used {
+            return Err(format!("{tagged} records below used_end say Free, {below_used} listed blocks start there"));
         }
         if let Some(q) = (self.used_end..self.npages).find(|&q| self.state(q) != PageState::Reported) {
             return Err(format!("page {q} past used_end {} is {}", self.used_end, self.state(q).name()));

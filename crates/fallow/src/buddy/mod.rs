@@ -3,7 +3,7 @@
 //!
 //! Invariants (checked by `Buddy::check_lists`, from `Allocator::check_invariants`):
 //! - A free block of order k starts at a pfn that is a multiple of 2^k, its first page has
-//!   `Tag::Free` and `order == k`, and it is on exactly one list: `heads[class][k]`, where `class`
+//!   `Tag::Free` and `order == k` (no other record says `Free`), and it is on exactly one list: `heads[class][k]`, where `class`
 //!   is derived from its `counts`, and `counts` equals what its pages' state bytes say.
 //! - Two free buddies of the same order never both sit on lists: freeing merges them. The one
 //!   exception is the arena's unmerged block and its buddy (`deferred.rs`: the last dirty run
