@@ -43,9 +43,10 @@ const EXTEND_LIMIT: u32 = 40;
 
 impl Buddy {
     /// Take `npages` pages starting at a multiple of `align` pages (a power of two) from the
-    /// shortest run of adjacent free blocks that holds them and a listed block of one of
+    /// best-fitting run of adjacent free blocks that holds them and a listed block of one of
     /// `classes` of order at least `order - 2` (`order`: the one `npages` rounds up to), placed
-    /// to cover that block. `None` when no such run exists (see the top).
+    /// to cover that block where it can: fewest never-used pages, then the shortest run (its
+    /// used part), then the lowest place. `None` when no such run exists (see the top).
     pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class]) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
