@@ -240,7 +240,7 @@ impl Allocator {
 
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
-        Self::stats_of(&self.shared.heap.lock())
+        self.stats_of(&self.shared.heap.lock())
     }
 
     /// `stats`, if the allocator lock can be had within about 50 ms; `None` otherwise. For the
@@ -250,14 +250,14 @@ impl Allocator {
     pub fn try_stats(&self) -> Option<Stats> {
         for _ in 0..50 {
             if let Some(h) = self.shared.heap.try_lock() {
-                return Some(Self::stats_of(&h));
+                return Some(self.stats_of(&h));
             }
             crate::os::sleep_ns(1_000_000);
         }
         None
     }
 
-    fn stats_of(h: &Heap) -> Stats {
+    fn stats_of(&self, h: &Heap) -> Stats {
         let mut s = Stats::default();
         let mut counts = StateCounts::default();
         let mut free_pages = 0u64;
@@ -293,7 +293,7 @@ impl Allocator {
         s.cache_refills = c.cache_refills;
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
-        cache::add_to_stats(h, &mut s);
+        cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

@@ -66,6 +66,11 @@ impl Listed {
         self.counts = self.counts.plus(c);
         self.pages += pages as u64;
     }
+    /// Listed pages that are resident: all but the reported and lazily freed ones.
+    #[inline]
+    pub fn resident_pages(&self) -> u64 {
+        self.pages - (self.counts.reported + self.counts.lazy) as u64
+    }
     #[inline]
     pub fn remove_block(&mut self, class: usize, order: u8, c: StateCounts, pages: u32) {
         self.blocks[class][order as usize] -= 1;
@@ -121,6 +126,12 @@ pub fn preference(zero: bool) -> [Class; 3] {
         // Leave zeroed memory to those who need it.
         [Class::Dirty, Class::Zeroed, Class::Reported]
     }
+}
+
+/// The classes of `preference(zero)` whose memory is resident (all but `Reported`), in its order.
+pub fn resident_preference(zero: bool) -> [Class; 2] {
+    let [first, second, _] = preference(zero);
+    [first, second]
 }
 
 /// A block taken off the free lists.

@@ -80,7 +80,7 @@ impl Entries<'_> {
         let nz0 = s.nzero.get() as u32;
         h.counters.cache_refills += 1;
         let narenas = h.narenas;
-        let prefs = preference(zero);
+        let (prefs, resident) = (preference(zero), resident_preference(zero));
         let mut got = 0;
         for ai in 0..narenas {
             let ar = h.arenas[ai].as_mut().unwrap();
@@ -94,9 +94,7 @@ impl Entries<'_> {
             // cache would fault in a whole aligned block while resident memory lay free beside
             // it, unaligned. A block freed on the locked path is listed whole, of its order, when
             // the rest of its aligned block is free (the deferred merge), for the next refill.
-            let l = ar.listed();
-            let resident = l.pages - (l.counts.reported + l.counts.lazy) as u64;
-            let classes = if order >= GROUP_ORDER && resident >= n as u64 { &prefs[..2] } else { &prefs[..] };
+            let classes = if order >= GROUP_ORDER && ar.listed().resident_pages() >= n as u64 { &resident[..] } else { &prefs[..] };
             while got < want {
                 // Small orders: a whole aligned group of 64 pages at a time when the batch has
                 // room for it, so that two threads' blocks do not share a line of state bytes
@@ -104,7 +102,7 @@ impl Entries<'_> {
                 // doing hits in one line ran at 30-40 ns a pair instead of 15-20.
                 let per_group = 1u32 << GROUP_ORDER.saturating_sub(order);
                 if order < GROUP_ORDER && GROUP_ORDER <= ar.max_order && want - got >= per_group {
-                    if let Some(t) = ar.take(1 << GROUP_ORDER, GROUP_ORDER, preference(zero)) {
+                    if let Some(t) = ar.take(1 << GROUP_ORDER, GROUP_ORDER, prefs) {
                         ar.mark_used(t.pfn + (1 << GROUP_ORDER));
                         let uniform = t.counts.uniform_state(1 << GROUP_ORDER);
                         for i in 0..per_group {
@@ -241,8 +239,6 @@ impl Entries<'_> {
         c.live_blocks = c.live_blocks.wrapping_add(ah).wrapping_sub(fh);
         c.in_use_pages = c.in_use_pages.wrapping_sub(net);
         c.cached_pages = c.cached_pages.wrapping_add(net);
-        c.slack_pages = c.slack_pages.wrapping_add(self.slack.get());
-        self.slack.set(0);
         self.accounted.set(self.pages.get());
         let ev = &self.events;
         c.zero_skipped_bytes += ev.zero_skipped_bytes.get();

@@ -5,7 +5,6 @@
 use super::*;
 use core::num::NonZeroUsize;
 
-use super::hot::HOT_MIN_PAGES;
 
 impl Entries<'_> {
 
@@ -119,7 +118,6 @@ impl Entries<'_> {
     pub(super) fn hand_out_with_slack(&self, a: &Arc<Shared>, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
         let n = 1u32 << order;
         self.hand_out(m, w.handed_out_with_slack(order, live), order as usize);
-        self.slack.add((n - live) as u64);
         a.slack_held.fetch_add((n - live) as u64, Relaxed);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
@@ -223,11 +221,8 @@ impl Entries<'_> {
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);
-        if n >= HOT_MIN_PAGES {
-            self.hot.set(Entry::new(addr, ai, false).word() as u64);
-        }
+        self.note_hot(addr, ai, n);
         self.add_pages(o, n as u64);
-        self.slack.sub((n - live) as u64);
         a.slack_held.fetch_sub((n - live) as u64, Relaxed);
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
@@ -285,9 +280,7 @@ impl Entries<'_> {
         // so set before the checks below: if the block does not come into the cache after all,
         // it is passed over. (Here, not with the push: there the hit path, the one-page free's
         // too, needed one more register, saved and restored at every call.)
-        if n >= HOT_MIN_PAGES {
-            self.hot.set(Entry::new(addr, ai, false).word() as u64);
-        }
+        self.note_hot(addr, ai, n);
         // A power of two of pages (`n & (n - 1)`) starting on a multiple of its size (the page
         // frame's low bits: the arena is aligned to its largest block, which is at least as
         // large as any live block of it), no larger than the largest cached block (0 wraps to

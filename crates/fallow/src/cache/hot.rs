@@ -45,9 +45,18 @@ use super::hit::{settle_slack_unit, UNIT_PAGES};
 
 /// Smallest block that becomes the hot block: 64 KiB (order 4), so that the hit paths of the
 /// small blocks are untouched.
-pub(super) const HOT_MIN_PAGES: u32 = 16;
+const HOT_MIN_PAGES: u32 = 16;
 
 impl Entries<'_> {
+    /// A block of `n` pages at `addr` (arena `ai`) is being freed into this cache: if of at least
+    /// `HOT_MIN_PAGES`, it becomes the hot block (a hint, checked before use).
+    #[inline(always)]
+    pub(super) fn note_hot(&self, addr: usize, ai: usize, n: u32) {
+        if n >= HOT_MIN_PAGES {
+            self.hot.set(Entry::new(addr, ai, false).word() as u64);
+        }
+    }
+
     /// Serve a request of `live` pages (of `order`, `2^(order-1) < live <= 2^order`) from the
     /// hot block, with slack, when it is still cached here and may serve it (see the top); the
     /// block's pages past `live` are slack. `None`: nothing changed, the caller takes a block of

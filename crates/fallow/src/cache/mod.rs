@@ -124,7 +124,7 @@ use std::sync::{Arc, Weak};
 use core::marker::PhantomData;
 use core::ops::Deref;
 
-use crate::buddy::preference;
+use crate::buddy::{preference, resident_preference};
 use crate::buddy::Taken;
 use crate::config::Config;
 use crate::flags::Flags;
@@ -255,8 +255,6 @@ pub(crate) struct ThreadCache {
     extra_pages: [Owned; 3],
     class_blocks: [[Owned; MAX_ORDERS]; 2],
     events: Events,
-    /// Slack pages handed out with blocks (less those taken back) since the last fold.
-    slack: Owned,
     /// The block this thread last freed on the locked path (at least `HOT_MIN_PAGES`): its entry
     /// word (0: none), the most pages it held at that place, and the pages of its last free there,
     /// 0 once a request has gone to the locked path for it (`hot.rs`: the locked hot block).
@@ -324,7 +322,6 @@ impl ThreadCache {
             extra_pages: Default::default(),
             class_blocks: Default::default(),
             events: Events::default(),
-            slack: Owned::default(),
             locked_hot: Owned::default(),
             locked_hot_pages: Owned::default(),
             locked_hot_last: Owned::default(),

@@ -208,9 +208,9 @@ pub(crate) fn lock_owners_out(a: &Arc<Shared>) -> Option<FrozenHeap<'_>> {
 
 /// Add every registered cache's contents (as free memory) and unfolded events to `s`.
 #[allow(clippy::needless_range_loop)]
-pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
+/// `slack`: the slack pages in live blocks (`Shared::slack_held`).
+pub(crate) fn add_to_stats(h: &Heap, slack: u64, s: &mut Stats) {
     let mut in_use = h.counters.in_use_pages;
-    let mut slack = h.counters.slack_pages;
     let mut live = s.live_blocks;
     for c in h.caches.iter() {
         let (blocks, p) = c.gauges();
@@ -230,15 +230,15 @@ pub(crate) fn add_to_stats(h: &Heap, s: &mut Stats) {
         s.cache_hits += ah + fh;
         live = live.wrapping_add(ah).wrapping_sub(fh);
         in_use = in_use.wrapping_sub(c.pages.get().wrapping_sub(c.accounted.get()));
-        slack = slack.wrapping_add(c.slack.get());
         let ev = &c.events;
         s.zero_skipped_bytes += ev.zero_skipped_bytes.get();
         s.zeroed_on_alloc_bytes += ev.zeroed_on_alloc_bytes.get();
         s.reused_reported_bytes += ev.reused_reported_bytes.get();
     }
     // Another thread's counters are read one after another while it runs: a hit caught between
-    // two of its stores may make a sum briefly negative (a free counted before its allocation,
-    // slack before the block it belongs to). Clamp, as the gauges do.
+    // two of its stores may make a sum briefly negative (a free counted before its allocation),
+    // and the slack, counted at once, may be ahead of the in-use pages, folded later. Clamp, as
+    // the gauges do.
     let nonneg = |v: u64| (v as i64).max(0) as u64;
     let (in_use, slack) = (nonneg(in_use), nonneg(slack));
     let slack = slack.min(in_use);

@@ -80,7 +80,7 @@ impl Heap {
         let (mut resident, mut zeroed) = (0u64, 0u64);
         for i in 0..self.narenas {
             let l = self.arena(i).listed();
-            resident += l.pages - (l.counts.reported + l.counts.lazy) as u64;
+            resident += l.resident_pages();
             zeroed += l.counts.zeroed as u64;
         }
         (resident, zeroed)

@@ -208,7 +208,6 @@ impl Shared {
         let c = &mut h.counters;
         c.free_calls += 1;
         c.in_use_pages = c.in_use_pages.wrapping_sub((npages + slack) as u64);
-        c.slack_pages = c.slack_pages.wrapping_sub(slack as u64);
         c.live_blocks = c.live_blocks.wrapping_sub(1);
         if slack != 0 {
             self.slack_held.fetch_sub(slack as u64, Ordering::Relaxed);
@@ -244,7 +243,6 @@ impl Shared {
             // A block with slack becomes an exact block first (its slack back on the lists).
             let slack = a.drop_slack(pfn, now);
             h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(slack as u64);
-            h.counters.slack_pages = h.counters.slack_pages.wrapping_sub(slack as u64);
             if slack != 0 {
                 self.slack_held.fetch_sub(slack as u64, Ordering::Relaxed);
             }

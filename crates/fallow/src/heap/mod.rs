@@ -25,12 +25,12 @@ mod workers;
 
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 
-use crate::buddy::{preference, Buddy, Taken};
+use crate::buddy::{resident_preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
 use crate::error::Error;
 use crate::lock::Locked;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{Tag, META_FREED_START, META_SLACK};
+use crate::page::{Class, Tag, META_FREED_START, META_SLACK};
 use crate::stats::ReclaimCounters;
 use crate::worker::{self, Worker};
 
@@ -57,9 +57,6 @@ pub(crate) struct Counters {
     /// path is subtracted here before the cache's hit is folded in. `stats()` adds the unfolded
     /// hits of every cache, which makes the sum exact.
     pub in_use_pages: u64,
-    /// Of `in_use_pages`, the slack of live blocks served by a cache for fewer pages than their
-    /// block (cache/mod.rs, "Slack"). Wrapping, as `in_use_pages`.
-    pub slack_pages: u64,
     pub live_blocks: u64,
     pub isolated_pages: u64,
     /// Blocks handed out that held reported (or lazily freed) pages.
@@ -168,11 +165,12 @@ pub(crate) struct Shared {
     /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
     /// takes it as a pressure event at its next look.
     pub(crate) pressure_injected: AtomicBool,
-    /// Slack pages in live blocks, process-wide (the caches' hand-outs add, every free of a
-    /// block with slack subtracts, wherever it is freed), and their bound: the high mark per
-    /// online CPU (cache/mod.rs, "The slack bound"). `Relaxed` read-modify-writes on the slack
-    /// paths only, never on the hit paths; a bound, not a count anyone relies on for memory
-    /// safety.
+    /// Slack pages in live blocks (of the pages in use, those past the requests of blocks served
+    /// whole: cache/mod.rs, "Slack"), process-wide: the caches' hand-outs add, every free of a
+    /// block with slack subtracts, wherever it is freed; the statistics' `slack_bytes` and the
+    /// slack bound read it. And the bound: the high mark per online CPU (cache/mod.rs, "The
+    /// slack bound"). `Relaxed` read-modify-writes on the slack paths only, never on the hit
+    /// paths; a count nothing's memory safety relies on.
     pub(crate) slack_held: AtomicU64,
     pub(crate) slack_limit: u64,
 }
@@ -260,8 +258,7 @@ impl Heap {
             let got = if order <= a.max_order {
                 // Resident memory first: an aligned block, else a run of free blocks beside a
                 // resident one (`buddy/span.rs`), and only then memory the kernel must fault in.
-                let prefs = preference(zero);
-                let (resident, reported) = prefs.split_at(2);
+                let (resident, reported) = (&resident_preference(zero), &[Class::Reported]);
                 let size_order = npages.next_power_of_two().trailing_zeros() as u8;
                 if zero {
                     a.take_preferring_hot(npages, order, resident, zero, hot_since)
