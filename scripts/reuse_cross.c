@@ -18,6 +18,20 @@ static double now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* Sixteen calls of the loop, the sizes drawn from the generator `x`. 0, or 1 if a request failed. */
+static int sixteen(uint64_t *x, size_t lo, size_t span, int zero) {
+    for (int i = 0; i < 16; i++) {
+        *x ^= *x << 13; *x ^= *x >> 7; *x ^= *x << 17;
+        size_t n = lo + *x % span;
+        char *p = zero ? calloc(1, n) : malloc(n);
+        if (!p) return 1;
+        memset(p, 7, n);
+        __asm__ volatile("" :: "r"(p) : "memory"); /* keep the pair */
+        free(p);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: %s B [c|m] [SECONDS]\n", argv[0]); return 2; }
     size_t b = strtoul(argv[1], 0, 0);
@@ -27,27 +41,11 @@ int main(int argc, char **argv) {
     uint64_t x = 0x9e3779b97f4a7c15ULL;
     long calls = 0;
     /* A few warm-up calls, untimed: the first requests fault the memory in. */
-    for (int w = 0; w < 2; w++) {
-        for (int i = 0; i < 16; i++) {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            size_t n = lo + x % span;
-            char *p = zero ? calloc(1, n) : malloc(n);
-            if (!p) return 1;
-            memset(p, 7, n);
-            free(p);
-        }
-    }
+    for (int w = 0; w < 2; w++)
+        if (sixteen(&x, lo, span, zero)) return 1;
     double t0 = now(), t;
     do {
-        for (int i = 0; i < 16; i++) {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            size_t n = lo + x % span;
-            char *p = zero ? calloc(1, n) : malloc(n);
-            if (!p) return 1;
-            memset(p, 7, n);
-            __asm__ volatile("" :: "r"(p) : "memory"); /* keep the pair */
-            free(p);
-        }
+        if (sixteen(&x, lo, span, zero)) return 1;
         calls += 16;
         t = now();
     } while (t - t0 < secs);

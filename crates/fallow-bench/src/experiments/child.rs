@@ -48,6 +48,18 @@ pub struct ChildArgs {
     pub report: PathBuf,
 }
 
+/// One live block of a child's workload (`large`'s buffers, `mixed`'s blocks): where, how long,
+/// and the byte it was written with (null: none yet).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Held {
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub value: u8,
+}
+
+/// No block.
+pub const NONE: Held = Held { ptr: core::ptr::null_mut(), len: 0, value: 0 };
+
 /// One measurement.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Usage {

@@ -13,11 +13,10 @@
 //! holds meanwhile (peak RSS). Each measurement runs in a child process of its own (`child.rs`):
 //! wall, user and system time, minor faults and peak RSS are the measurement's alone.
 
-use std::ptr::null_mut;
 
 use serde_json::json;
 
-use super::child::{self, Usage};
+use super::child::{self, Held, Usage, NONE};
 use super::{alloc_failed, round_order, Chart, Experiment, Options, Outcome};
 use crate::launch::human;
 use crate::measure::{fill, fmt_size, median, Progress, XorShift};
@@ -38,15 +37,6 @@ pub fn working_set(size: usize) -> usize {
     (BUFFERS + 1) * size
 }
 
-/// One live buffer: where, how long, the byte it was written with (null: none yet).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Buffer {
-    ptr: *mut u8,
-    len: usize,
-    value: u8,
-}
-
-const NONE: Buffer = Buffer { ptr: null_mut(), len: 0, value: 0 };
 
 /// A step's draw: which buffer to replace, and the new one's size in [size/5, size].
 fn draw(rng: &mut XorShift, size: usize) -> (usize, usize) {
@@ -57,11 +47,11 @@ fn draw(rng: &mut XorShift, size: usize) -> (usize, usize) {
 /// then the buffer it replaces, if any, given to `free`. `None` if `alloc` failed (the slot keeps
 /// its buffer). `free` gets only buffers `alloc` returned, once each, and never the slot's.
 fn step(
-    slot: &mut Buffer,
+    slot: &mut Held,
     len: usize,
     value: u8,
     alloc: &mut impl FnMut(usize) -> *mut u8,
-    free: &mut impl FnMut(Buffer),
+    free: &mut impl FnMut(Held),
 ) -> Option<()> {
     let ptr = alloc(len);
     if ptr.is_null() {
@@ -70,7 +60,7 @@ fn step(
     // SAFETY: `ptr` is a fresh live block of `len` bytes from `alloc` (not null: checked above),
     // this thread's alone.
     unsafe { fill(ptr, len, value) };
-    let old = std::mem::replace(slot, Buffer { ptr, len, value });
+    let old = std::mem::replace(slot, Held { ptr, len, value });
     if !old.ptr.is_null() {
         free(old);
     }
@@ -86,7 +76,7 @@ pub fn workload(p: &Peer, size: usize, steps: usize, seed: u64) -> Result<u64, S
     let mut alloc = |n: usize| p.alloc(n, false, false);
     // SAFETY: `step` gives `free` only buffers `alloc` (this peer) returned, with their length,
     // once each, after taking them out of their slot; the end below frees the rest the same way.
-    let mut free = |b: Buffer| unsafe { p.free(b.ptr, b.len) };
+    let mut free = |b: Held| unsafe { p.free(b.ptr, b.len) };
     for k in 0..steps {
         let (i, n) = draw(&mut rng, size);
         step(&mut slots[i], n, 1 + (k % 251) as u8, &mut alloc, &mut free).ok_or_else(|| alloc_failed(p, n))?;
@@ -148,6 +138,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ptr::null_mut;
     use crate::peers::{PeerKind, Setup};
     use std::cell::RefCell;
 
@@ -178,7 +169,7 @@ mod tests {
             log.borrow_mut().push(Event::Alloc(n));
             p.alloc(n, false, false)
         };
-        let mut free = |b: Buffer| {
+        let mut free = |b: Held| {
             // The buffer freed was written whole with its value.
             // SAFETY: `b` is a live buffer of `b.len` bytes from `alloc`, written whole by `step`
             // (so initialised), freed once just after the read.

@@ -12,12 +12,11 @@
 //! the same over wall time. Each measurement runs in a child process of its own (`child.rs`), so
 //! that its peak RSS, faults and CPU time are its alone.
 
-use std::ptr::null_mut;
 use std::sync::Barrier;
 
 use serde_json::{json, Value};
 
-use super::child::{self, Usage};
+use super::child::{self, Held, Usage, NONE};
 use super::{alloc_failed, round_order, Chart, Experiment, Options, Outcome};
 use crate::launch::human;
 use crate::measure::{fmt_size, median, num, touch_pages, Progress, XorShift};
@@ -39,15 +38,6 @@ pub fn working_set(size: usize, threads: usize) -> usize {
     LIVE * size * threads.max(1)
 }
 
-/// One live block: where, how long, the byte written to each of its pages (null: none).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Block {
-    ptr: *mut u8,
-    len: usize,
-    value: u8,
-}
-
-const NONE: Block = Block { ptr: null_mut(), len: 0, value: 0 };
 
 /// An operation's draw: which block to replace, and the new one's size in [size/64, size].
 fn draw(rng: &mut XorShift, size: usize) -> (usize, usize) {
@@ -57,7 +47,7 @@ fn draw(rng: &mut XorShift, size: usize) -> (usize, usize) {
 /// One operation: the block in `slot`, if any, given to `free`; then a block of `len` bytes from
 /// `alloc`, one byte of each page written with `value`, put in its place. `None` if `alloc`
 /// failed (the slot is then empty). `free` gets only blocks `alloc` returned, once each.
-fn op(slot: &mut Block, len: usize, value: u8, alloc: &mut impl FnMut(usize) -> *mut u8, free: &mut impl FnMut(Block)) -> Option<()> {
+fn op(slot: &mut Held, len: usize, value: u8, alloc: &mut impl FnMut(usize) -> *mut u8, free: &mut impl FnMut(Held)) -> Option<()> {
     let old = std::mem::replace(slot, NONE);
     if !old.ptr.is_null() {
         free(old);
@@ -69,7 +59,7 @@ fn op(slot: &mut Block, len: usize, value: u8, alloc: &mut impl FnMut(usize) -> 
     // SAFETY: `ptr` is a fresh live block of `len` bytes from `alloc` (not null: checked above),
     // this thread's alone.
     unsafe { touch_pages(ptr, len, value) };
-    *slot = Block { ptr, len, value };
+    *slot = Held { ptr, len, value };
     Some(())
 }
 
@@ -80,7 +70,7 @@ fn thread_work(p: &Peer, size: usize, ops: usize, rng: &mut XorShift) -> Result<
     let mut alloc = |n: usize| p.alloc(n, false, false);
     // SAFETY: `op` gives `free` only blocks `alloc` (this peer) returned, with their length, once
     // each, after taking them out of their slot; the end below frees the rest the same way.
-    let mut free = |b: Block| unsafe { p.free(b.ptr, b.len) };
+    let mut free = |b: Held| unsafe { p.free(b.ptr, b.len) };
     for i in 0..LIVE + ops {
         let (slot, n) = draw(rng, size);
         let slot = if i < LIVE { i } else { slot };
@@ -177,6 +167,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ptr::null_mut;
     use crate::peers::Setup;
     use std::cell::RefCell;
 
@@ -210,7 +201,7 @@ mod tests {
             // Zeroed, so that the pages `op` did not touch read 0 below.
             p.alloc(n, true, false)
         };
-        let mut free = |b: Block| {
+        let mut free = |b: Held| {
             // SAFETY: `b` is a live block of `b.len` bytes from `alloc` (zeroed, so initialised),
             // read and then freed once.
             let s = unsafe { core::slice::from_raw_parts(b.ptr, b.len) };
