@@ -72,6 +72,35 @@ fn an_aligned_request_in_a_run_keeps_its_alignment() {
     assert!(merged_to_top(&a.stats(), 12));
 }
 
+#[test]
+fn a_zeroed_request_without_zeroed_pages_takes_the_best_run_not_a_larger_aligned_block() {
+    let a = allocator();
+    // Eight 64 KiB blocks side by side (pages 0..128), written (dirty).
+    let blocks: Vec<*mut u8> = (0..8).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
+    for w in blocks.windows(2) {
+        assert_eq!(w[1] as usize - w[0] as usize, 16 * PAGE, "the fresh arena was not carved in order");
+    }
+    // A run of 32 dirty pages that no aligned 32-page block holds (pages 16..48), and an aligned
+    // dirty block of 64 pages (pages 64..128), both just freed.
+    for i in [1, 2, 4, 5, 6, 7] {
+        a.free(blocks[i]).unwrap();
+    }
+    assert_eq!(a.stats().free_zeroed_pages, 0);
+    // 24 pages, zeroed: the run fits it best. Taking the aligned block first (a first fit by
+    // order) would split the 64-page block and leave the run as it was.
+    let p = a.alloc(24 * PAGE, 8, Flags::ZERO).unwrap().as_ptr();
+    let run = blocks[1] as usize..=blocks[1] as usize + 8 * PAGE;
+    assert!(run.contains(&(p as usize)), "the request split the larger aligned block instead of taking the run");
+    // SAFETY: `p` is a live block of 24 pages that only this thread uses.
+    assert!(unsafe { all_zero(p, 24 * PAGE) }, "a ZERO request from dirty pages was not zeroed");
+    a.check_invariants().unwrap();
+    for q in [p, blocks[0], blocks[3]] {
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+    }
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
 /// A live block of the model: `len` bytes at `addr`, every byte `fill`.
 struct Live {
     addr: usize,

@@ -256,13 +256,20 @@ impl Heap {
         for ai in 0..self.narenas {
             let a = self.arenas[ai].as_mut().unwrap();
             let got = if order <= a.max_order {
-                // Resident memory first: an aligned block, else a run of free blocks beside a
-                // resident one (`buddy/span.rs`), and only then memory the kernel must fault in.
+                // Resident memory first: the best-fitting run of free blocks beside a resident
+                // one (`buddy/span.rs`), else an aligned block, and only then memory the kernel
+                // must fault in. A ZERO request, while enough zeroed pages are listed, first
+                // takes a hot dirty block or else an aligned zeroed one ("Reuse-aware zeroing",
+                // point 3: the choice between a memset in the CPU cache and none in DRAM).
+                // Otherwise it places as a plain request does: a first fit by order, hot or
+                // not, split free runs a best fit would have kept (measured: 10-20% more peak
+                // RSS than `malloc` under random 64 KiB-4 MiB `calloc`s; docs/design.md, "Runs").
                 let (resident, reported) = (&resident_preference(zero), &[Class::Reported]);
                 let size_order = npages.next_power_of_two().trailing_zeros() as u8;
-                if zero {
-                    a.take_preferring_hot(npages, order, resident, zero, hot_since)
+                if zero && a.listed().counts.zeroed >= npages {
+                    a.take_preferring_hot(npages, order, &[Class::Zeroed], zero, hot_since)
                         .or_else(|| a.take_best_run(npages, size_order, align, resident))
+                        .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 } else {
                     a.take_best_run(npages, size_order, align, resident)
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
