@@ -171,7 +171,7 @@ struct BenchArgs {
     guests: Option<u64>,
     /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
     /// large: steps (default 2000); mixed: operations per thread (default 10000); small: operations
-    /// per thread of every shape (default: churn 1000000, server 500000, queue 1000000, random 300000).
+    /// per thread of every shape (default: churn 4000000, server 1000000, queue 2000000, random 1000000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
     /// density, pressure: enforce the budget with a memory cgroup (auto: when the machine allows it) or by

@@ -62,13 +62,13 @@ impl Shape {
     }
 
     /// Operations per thread (queue: objects passed) when `--count` is not given: each about
-    /// 50-150 ms of glibc on this machine.
+    /// 100-200 ms of glibc on this machine (shorter windows measure the process's start more).
     pub fn default_count(self) -> usize {
         match self {
-            Shape::Churn => 1_000_000,
-            Shape::Server => 500_000,
-            Shape::Queue => 1_000_000,
-            Shape::Random => 300_000,
+            Shape::Churn => 4_000_000,
+            Shape::Server => 1_000_000,
+            Shape::Queue => 2_000_000,
+            Shape::Random => 1_000_000,
         }
     }
 

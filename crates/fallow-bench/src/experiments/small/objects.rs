@@ -17,7 +17,7 @@ pub const MIN: usize = 8;
 /// churn's sizes, the shape of cfrac's and espresso's: 7 in 8 uniform in [16, 512] bytes, the
 /// rest in [513, 4096].
 pub fn churn_size(rng: &mut XorShift) -> usize {
-    if rng.next() % 8 == 0 {
+    if rng.next().is_multiple_of(8) {
         rng.range(513, 4096)
     } else {
         rng.range(16, 512)
