@@ -127,7 +127,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             m.insert("ops_per_s".into(), num(per_s(i).round()));
         }));
         for (i, k) in o.peers.iter().enumerate() {
-            bars.push((format!("{} {}", s.name(), k.name()), x_glibc(i).unwrap_or(per_cpu(i))));
+            bars.push((format!("{} {}", k.name(), s.name()), x_glibc(i).unwrap_or(per_cpu(i))));
         }
         let rss = |i: usize| median(&got[j][i].iter().map(|u| u.max_rss as f64).collect::<Vec<_>>());
         verdicts.extend(verdict(s, &o.peers, &per_cpu, &rss));
