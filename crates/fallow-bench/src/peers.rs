@@ -12,12 +12,10 @@
 //! experiment read when they build their allocator. In this process it is configured as `fallow`:
 //! the in-process experiments put no memory under pressure.
 //!
-//! `tcmalloc` and `fallow-small` are preloaded peers (`PeerKind::PRELOADED`): not linked into this
-//! binary, they only run in a child process started with their library in `LD_PRELOAD` (Debian's
-//! tcmalloc; fallow's preload library with `FALLOW_SMALL=1`) by the experiments that measure
-//! every peer in a process of its own, where the C library's `malloc` symbols resolve to it;
-//! everywhere else building one is an error. (small and burst run every peer that way:
-//! `experiments/preloaded.rs`.)
+//! `tcmalloc` and `fallow-small` (fallow's preload library, `FALLOW_SMALL=1`) are preloaded peers
+//! (`PeerKind::PRELOADED`): they only run in a child process with their library in `LD_PRELOAD`
+//! (`experiments/preloaded.rs`), where the C library's `malloc` symbols resolve to it; everywhere
+//! else building one is an error.
 //!
 //! Invariants: a pointer is freed by the peer that gave it, with the size it was asked for; a
 //! peer never frees memory that an experiment still touches. A `Peer` is `Sync`: the malloc-like
