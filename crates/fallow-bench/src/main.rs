@@ -381,14 +381,24 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
     let machine = measure::machine();
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
+    // The peers of each experiment: the given ones (small and burst: those a program can preload,
+    // and none of them skips the two), else its own.
+    let peers_of = |e: Experiment| match &given {
+        Some(g) if experiments::preloaded::runs(e) => g.iter().copied().filter(|k| experiments::preloaded::PEERS.contains(k)).collect(),
+        Some(g) => g.clone(),
+        None => e.default_peers(),
+    };
     // small and burst need the peers' libraries (fallow's preload library among them): said now,
     // not after the other experiments.
     for e in [Experiment::Small, Experiment::Burst] {
-        experiments::preloaded::check_all(&given.clone().unwrap_or_else(|| e.default_peers())).map_err(|err| format!("{}: {err}", e.name()))?;
+        experiments::preloaded::check_all(&peers_of(e)).map_err(|err| format!("{}: {err}", e.name()))?;
     }
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in Experiment::DEMO {
-        let mut o = options(e, given.clone().unwrap_or_else(|| e.default_peers()));
+        let mut o = options(e, peers_of(e));
+        if o.peers.is_empty() {
+            continue;
+        }
         o.threads = threads;
         if e == Experiment::Reuse {
             // The 1-thread loop over the default sweep, short measurements.

@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use super::Experiment;
 use crate::launch;
 use crate::peers::PeerKind;
 
@@ -29,7 +30,13 @@ pub const PEERS: [PeerKind; 8] = [
 /// The default peers: glibc, each of jemalloc, mimalloc and tcmalloc whose library is installed,
 /// and fallow (its preload library; `fallow-small` only when asked for).
 pub fn default_peers() -> Vec<PeerKind> {
-    PEERS[..5].iter().copied().filter(|&k| !matches!(k, PeerKind::Jemalloc | PeerKind::Mimalloc | PeerKind::Tcmalloc) || launch::peer_library(k.name()).is_some()).collect()
+    let installed = |k: PeerKind| !matches!(k, PeerKind::Jemalloc | PeerKind::Mimalloc | PeerKind::Tcmalloc) || launch::peer_library(k.name()).is_some();
+    PEERS[..5].iter().copied().filter(|&k| installed(k)).collect()
+}
+
+/// Whether experiment `e` runs every peer this way (small, burst).
+pub fn runs(e: Experiment) -> bool {
+    matches!(e, Experiment::Small | Experiment::Burst)
 }
 
 /// The library a peer's child preloads (`None`: glibc, nothing), or why it cannot run.
