@@ -162,6 +162,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         series.push((kind.name().to_string(), points));
     }
     let live = median(&got.iter().flatten().map(|s| s.live).collect::<Vec<_>>()) / MIB;
+    let printed = over_time(&o.peers, &got, o.idle_ms);
     let bars = o.peers.iter().enumerate().map(|(i, k)| (k.name().to_string(), median(&got[i].iter().map(Seen::end).collect::<Vec<_>>()) / MIB)).collect();
     Ok(Outcome {
         experiment: Experiment::Burst,
@@ -169,6 +170,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             "size": o.size, "size_human": fmt_size(o.size), "kept": format!("1 in {KEEP}"), "idle_ms": o.idle_ms,
             "interval_ms": INTERVAL_MS, "seed": SEED, "rounds": o.rounds, "parallel": o.parallel,
             "live_mib": num(live),
+            "summary": format!("resident MiB over time, s since the end of the frees (live data {live:.1} MiB):\n{}", printed.trim_end()),
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "note": "each peer's own library by LD_PRELOAD in a child of its own (fallow-small: FALLOW_SMALL=1); objects of \
                      16 B-4 KiB (7 in 8 up to 512 B), each written, until --size bytes; 9 in 10 freed in a random order; \
@@ -187,6 +189,26 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
             lines: Some(Lines { x_desc: "seconds since the build ended".into(), series, limit: Some(("live data".into(), live)) }),
         },
     })
+}
+
+/// The printed timeline: a row per peer, its resident MiB after building, then at each whole
+/// second of the idle time (the median over the rounds of the reading nearest to it).
+fn over_time(peers: &[crate::peers::PeerKind], got: &[Vec<Seen>], idle_ms: u64) -> String {
+    let rows: Vec<serde_json::Map<String, Value>> = peers
+        .iter()
+        .zip(got)
+        .map(|(k, g)| {
+            let mut m = serde_json::Map::new();
+            m.insert("peer".into(), json!(k.name()));
+            m.insert("built".into(), num(median(&g.iter().map(|s| s.built).collect::<Vec<_>>()) / MIB));
+            for sec in 0..=idle_ms / 1000 {
+                let at = |s: &Seen| s.samples.iter().min_by(|a, b| (a.0 - sec as f64 * 1e3).abs().total_cmp(&(b.0 - sec as f64 * 1e3).abs())).map_or(f64::NAN, |p| p.1);
+                m.insert(format!("{sec} s"), num(median(&g.iter().map(at).collect::<Vec<_>>()) / MIB));
+            }
+            m
+        })
+        .collect();
+    crate::report::table(&rows)
 }
 
 #[cfg(test)]
