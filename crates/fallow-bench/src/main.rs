@@ -47,7 +47,8 @@ enum Command {
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
         /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-        /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc for large and mixed only);
+        /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc and fallow-small for large,
+        /// mixed, small and burst only; small and burst take those a program can preload);
         /// default each experiment's own (as `bench`).
         #[arg(long, value_parser = parse_peers)]
         allocators: Option<PeerList>,
