@@ -382,13 +382,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
     let machine = measure::machine();
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
-    // The peers of each experiment: the given ones (small and burst: those a program can preload,
-    // and none of them skips the two), else its own.
-    let peers_of = |e: Experiment| match &given {
-        Some(g) if experiments::preloaded::runs(e) => g.iter().copied().filter(|k| experiments::preloaded::PEERS.contains(k)).collect(),
-        Some(g) => g.clone(),
-        None => e.default_peers(),
-    };
+    let peers_of = |e: Experiment| e.peers_of(given.as_deref());
     // small and burst need the peers' libraries (fallow's preload library among them): said now,
     // not after the other experiments.
     for e in [Experiment::Small, Experiment::Burst] {
@@ -504,10 +498,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         mixed["ops_per_thread"],
         mixed["threads"],
         mixed["size_human"].as_str().unwrap_or("?"),
-        small["shapes"]
-            .as_array()
-            .map(|a| a.iter().map(|s| format!("{} {} ops x{}", s["shape"].as_str().unwrap_or("?"), s["ops_per_thread"], s["threads"])).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default(),
+        small["shapes_human"].as_str().unwrap_or("?"),
         burst["size_human"].as_str().unwrap_or("?"),
         burst["idle_ms"],
     );

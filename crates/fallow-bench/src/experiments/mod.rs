@@ -144,6 +144,16 @@ impl Experiment {
         }
     }
 
+    /// The peers of the demo's run: those given (small and burst: those a program can preload,
+    /// `preloaded::PEERS`; none of them skips the two), else the default ones.
+    pub fn peers_of(self, given: Option<&[PeerKind]>) -> Vec<PeerKind> {
+        match given {
+            Some(g) if preloaded::runs(self) => g.iter().copied().filter(|k| preloaded::PEERS.contains(k)).collect(),
+            Some(g) => g.to_vec(),
+            None => self.default_peers(),
+        }
+    }
+
     pub fn default_rounds(self) -> usize {
         match self {
             Experiment::Density | Experiment::Pressure | Experiment::Burst => 1,

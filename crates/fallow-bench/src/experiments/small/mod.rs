@@ -142,6 +142,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
         experiment: Experiment::Small,
         params: json!({
             "shapes": shapes.iter().map(|&s| json!({"shape": s.name(), "threads": s.threads(o.threads), "ops_per_thread": count(s), "what": s.what()})).collect::<Vec<_>>(),
+            "shapes_human": shapes.iter().map(|&s| format!("{} {} ops x{}", s.name(), count(s), s.threads(o.threads))).collect::<Vec<_>>().join(", "),
             "seed": SEED, "rounds": o.rounds,
             "allocators": o.peers.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "summary": summary,
