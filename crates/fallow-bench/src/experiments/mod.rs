@@ -144,14 +144,19 @@ impl Experiment {
         }
     }
 
-    /// The peers of the demo's run: those given (small and burst: those a program can preload,
-    /// `preloaded::PEERS`; none of them skips the two), else the default ones.
+    /// The peers of the demo's run: those given that can run here (small and burst: those a
+    /// program can preload, `preloaded::PEERS`; the experiments that run no children: not the
+    /// preloaded peers; none left skips the experiment), else the default ones.
     pub fn peers_of(self, given: Option<&[PeerKind]>) -> Vec<PeerKind> {
-        match given {
-            Some(g) if preloaded::runs(self) => g.iter().copied().filter(|k| preloaded::PEERS.contains(k)).collect(),
-            Some(g) => g.to_vec(),
-            None => self.default_peers(),
-        }
+        let Some(g) = given else { return self.default_peers() };
+        let fits = |k: &PeerKind| {
+            if preloaded::runs(self) {
+                preloaded::PEERS.contains(k)
+            } else {
+                self.in_children() || k.preload().is_none()
+            }
+        };
+        g.iter().copied().filter(fits).collect()
     }
 
     pub fn default_rounds(self) -> usize {
