@@ -5,7 +5,9 @@
 .PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi test-install numpy-full-suite \
 	build install uninstall
 
+# small and burst run fallow through its preload library, found beside the `fallow` binary.
 demo:
+	cargo build --release -p fallow-preload
 	cargo run --release -p fallow-bench -- demo
 
 # Every phase below, each through scripts/phase.sh: a line when it starts, one every 50 s while

@@ -2,7 +2,8 @@
 # Smoke test of the `fallow` benchmark command (crates/fallow-bench): every experiment once at a
 # tiny size (exit beside one CPU hog, so that a slow exit cannot stretch it; pressure with a cgroup
 # where the machine allows one and with RSS readings; large and mixed with tcmalloc too where it is
-# installed), checking that the JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit, never a panic; `fallow demo
+# installed; small's four shapes and burst with every peer preloaded into its children, fallow-small
+# among them), checking that the JSON record has its fields for every peer; bad arguments give a clear error and a non-zero exit, never a panic; `fallow demo
 # --tiny` writes its JSON and PNG files; `fallow run` on a small C program (tests/run/probe.c), its
 # summary checked against the program's own /proc/self/status and getrusage, its exit status and
 # death by signal passed through; `fallow compare --runs 1 -- true` has a row for every installed
@@ -53,10 +54,19 @@ run pressure pressure --size 8MiB --guests 2 --count 2 --idle-ms 20
 run pressure-rss pressure --size 8MiB --guests 2 --count 2 --idle-ms 20 --enforce rss
 RUN_PEERS=$PEERS$TCMALLOC run large large --size 1MiB --count 30
 RUN_PEERS=$PEERS$TCMALLOC run mixed mixed --size 256KiB --count 30 --threads 2
+# small and burst: the peers a program can preload (Debian's libraries where installed, fallow's preload).
+SMALL_PEERS=glibc,fallow,fallow-small
+for p in jemalloc mimalloc tcmalloc; do
+    for f in /usr/lib/"$(uname -m)"-linux-gnu/lib$p*.so* /usr/lib64/lib$p*.so* /usr/lib/lib$p*.so* /usr/local/lib/lib$p*.so*; do
+        if [ -e "$f" ]; then SMALL_PEERS=$SMALL_PEERS,$p; break; fi
+    done
+done
+RUN_PEERS=$SMALL_PEERS run small small --count 2000 --threads 2
+RUN_PEERS=$SMALL_PEERS run burst burst --size 4MiB --idle-ms 400
 
-python3 - "$OUT" "$PEERS" "$TCMALLOC" <<'PY'
+python3 - "$OUT" "$PEERS" "$TCMALLOC" "$SMALL_PEERS" <<'PY'
 import json, os, sys
-out, peers, tcmalloc = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+out, peers, tcmalloc, small_peers = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4].split(",")
 common = ["allocator", "variant", "median_ms", "min_ms", "max_ms", "cpu_ms"]
 fields = {
     "pin": ["ratio_vs_glibc"],
@@ -78,6 +88,10 @@ fields = {
               "minor_faults", "process_ms"],
     "mixed": ["threads", "ops", "ops_per_cpu_s", "ops_x_glibc", "ops_per_s", "user_ms", "sys_ms", "x_glibc_wall",
               "max_rss_mib", "rss_x_glibc", "minor_faults", "process_ms"],
+    "small": ["shape", "threads", "ops", "ops_per_cpu_s", "ops_x_glibc", "ops_per_s", "user_ms", "sys_ms",
+              "x_glibc_wall", "max_rss_mib", "rss_x_glibc", "minor_faults", "process_ms"],
+    "burst": ["objects", "live_mib", "baseline_mib", "built_mib", "freed_mib", "end_mib", "end_over_live", "settle_ms",
+              "build_ms", "free_ms", "idle_cpu_ms", "rss_timeline"],
 }
 bad = []
 for e, extra in fields.items():
@@ -88,7 +102,8 @@ for e, extra in fields.items():
     if d.get("experiment") != e.split("-")[0]:
         bad.append(f"{e}: experiment is {d.get('experiment')!r}")
     seen = {r.get("peer") for r in d["results"]}
-    for p in peers + (["tcmalloc"] if tcmalloc and e in ("large", "mixed") else []):
+    want = small_peers if e in ("small", "burst") else peers + (["tcmalloc"] if tcmalloc and e in ("large", "mixed") else [])
+    for p in want:
         if p not in seen:
             bad.append(f"{e}: no result for {p}")
     for r in d["results"]:
@@ -119,6 +134,24 @@ for e, extra in fields.items():
         bad.append(f"large: {[(r['peer'], r['steps'], r['max_rss_mib']) for r in d['results']]}")
     if e == "mixed" and any(r["ops"] != 60 or not r["max_rss_mib"] >= 1 or not r["ops_per_cpu_s"] > 0 for r in d["results"]):
         bad.append(f"mixed: {[(r['peer'], r['ops'], r['max_rss_mib'], r['ops_per_cpu_s']) for r in d['results']]}")
+    # small: every peer x shape, the operations asked for (2 threads for server and random), the
+    # objects' pages in the peak RSS; burst: the same survivors for every peer (a tenth of 4 MiB),
+    # the built memory resident, a reading at the end of the frees and every 200 ms of the 400 ms idle.
+    if e == "small":
+        got = {(r["peer"], r["shape"]) for r in d["results"]}
+        if got != {(p, s) for p in small_peers for s in ["churn", "server", "queue", "random"]}:
+            bad.append(f"small: rows are not every peer x shape: {sorted(got)}")
+        ops = {"churn": 2000, "server": 4000, "queue": 2000, "random": 4000}
+        for r in d["results"]:
+            if r["ops"] != ops[r["shape"]] or not r["max_rss_mib"] > 1 or not r["ops_per_cpu_s"] > 0:
+                bad.append(f"small/{r['peer']}/{r['shape']}: {r['ops']} ops, {r['max_rss_mib']} MiB, {r['ops_per_cpu_s']} ops/CPU-s")
+    if e == "burst":
+        if len({r["live_mib"] for r in d["results"]}) != 1 or not 0.2 < d["results"][0]["live_mib"] < 0.6:
+            bad.append(f"burst: live data {[r['live_mib'] for r in d['results']]} MiB, not one tenth of 4 MiB for all")
+        for r in d["results"]:
+            t = r["rss_timeline"]
+            if len(t) != 4 or any(b[0] < a[0] for a, b in zip(t, t[1:])) or not r["built_mib"] >= 3.5:
+                bad.append(f"burst/{r['peer']}: built {r['built_mib']} MiB, timeline {t}")
     if e.startswith("density"):
         for r in d["results"]:
             if len(r["settled_rss_mib"]) != len(r["settle_ms"]) or not (0 <= r["guests_fit"] <= 2):
@@ -154,6 +187,7 @@ for args in "bench nosuch" "bench pin --size 12XB" "bench pin --allocators glibc
             "bench density --size 1000" "bench reuse --sizes 1MiB,4000" "bench reuse --modes memset" \
             "bench exit --exits quit" "bench pressure --size 1000" "bench pressure --allocators fallow-late" \
             "bench large --size 1000" "bench mixed --size 1000" "bench pin --size 1MiB --allocators tcmalloc" \
+            "bench burst --size 1000" "bench small --allocators mmap" "bench pin --size 1MiB --allocators fallow-small" \
             "bench pin --size 1MiB --rounds 1 --idle-ms 0 --allocators glibc --json /proc/none/x.json"; do
     set +e
     # shellcheck disable=SC2086
@@ -183,6 +217,8 @@ check_one_line "a size cannot be negative" bench pin --size -5
 check_one_line "--hogs does not apply to the pin experiment" bench pin --hogs 2
 check_one_line "--lock, --budget do not apply to the scale experiment" bench scale --lock --budget 1GiB
 check_one_line "--threads does not apply to the large experiment" bench large --threads 2
+check_one_line "--shapes does not apply to the burst experiment" bench burst --shapes churn
+check_one_line "small takes no --size" bench small --size 1MiB
 check_one_line "at least 24MiB" bench density --size 8MiB --budget 1KiB
 check_one_line "cannot create the directory /proc/none" bench pin --json /proc/none/x.json
 check_one_line "--threshold: FALLOW_THRESHOLD=\"100\" is below one page" run --threshold 100 -- true
@@ -318,7 +354,7 @@ PY
 
 echo "test-bench: demo --tiny"
 "$BIN" demo --tiny --out "$OUT/demo" >"$OUT/demo.txt"
-for e in pin density scale stream interference realloc reuse pressure large mixed; do
+for e in pin density scale stream interference realloc reuse pressure large mixed small burst; do
     test -s "$OUT/demo/$e.json" && test -s "$OUT/demo/$e.png" || { echo "test-bench: FAILED: demo wrote no $e files"; exit 1; }
 done
 for peer in fallow-noreport fallow-delay; do

@@ -47,7 +47,8 @@ enum Command {
         #[arg(long, default_value = "fallow-results")]
         out: PathBuf,
         /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-        /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc for large and mixed only);
+        /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc and fallow-small for large,
+        /// mixed, small and burst only; small and burst take those a program can preload);
         /// default each experiment's own (as `bench`).
         #[arg(long, value_parser = parse_peers)]
         allocators: Option<PeerList>,
@@ -84,9 +85,12 @@ enum Command {
         #[arg(long, value_enum)]
         way: experiments::exit::Way,
     },
-    /// One measurement of one peer (started by the large and mixed experiments).
+    /// One measurement of one peer (started by the large, mixed and small experiments).
     #[command(name = "__shape_child", hide = true)]
     ShapeChild(experiments::child::ChildArgs),
+    /// One peer's burst program (started by the burst experiment).
+    #[command(name = "__burst_child", hide = true)]
+    BurstChild(experiments::burst_child::BurstArgs),
 }
 
 /// What a guest process is started with (`experiments::guests::GuestPipe`).
@@ -112,21 +116,25 @@ struct BenchArgs {
     /// (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
     /// guest works on in its turn (it keeps W/8 between turns); large: the largest buffer (default
     /// 25MiB; the smallest is a fifth); mixed: the largest block (default 4MiB; the smallest is a
-    /// 64th).
+    /// 64th); burst: the bytes of small objects built (default 1GiB). Not small (each shape has the
+    /// sizes of the program it copies).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
     /// scale: most threads (1..N), default the online CPUs; reuse: the second thread count
-    /// measured beside 1 (default 2); mixed: the threads (default 2).
+    /// measured beside 1 (default 2); mixed: the threads (default 2); small: the threads of server
+    /// and random (default the online CPUs, at least 2).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
     threads: Option<u64>,
     /// Rounds; results are medians over rounds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: Option<u64>,
     /// Comma-separated peers (glibc, jemalloc, mimalloc, mmap, fallow, fallow-delay, fallow-nozero,
-    /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc, preloaded, for large and mixed
-    /// only); default all but fallow-delay and fallow-thp (large, mixed: and tcmalloc where
-    /// installed; exit: glibc, jemalloc, mimalloc and the fallow default, nozero and noworkers
-    /// variants; pressure: glibc, jemalloc, mimalloc, fallow-delay and fallow).
+    /// fallow-noreport, fallow-noworkers, fallow-thp, all; tcmalloc and fallow-small, preloaded, for
+    /// large, mixed, small and burst only); default all but fallow-delay and fallow-thp (large,
+    /// mixed: and tcmalloc where installed; exit: glibc, jemalloc, mimalloc and the fallow default,
+    /// nozero and noworkers variants; pressure: glibc, jemalloc, mimalloc, fallow-delay and fallow;
+    /// small, burst: glibc, jemalloc, mimalloc, tcmalloc where installed, and fallow, every one
+    /// preloaded as a program gets it; fallow-small is fallow's preload with FALLOW_SMALL=1).
     #[arg(long, value_parser = parse_peers)]
     allocators: Option<PeerList>,
     /// Write the JSON record here.
@@ -137,10 +145,12 @@ struct BenchArgs {
     plot: Option<PathBuf>,
     /// pin: idle gap after the free (default 1000); density: how long each guest may take to
     /// settle (default 3000); exit: the child's sleep between freeing and leaving (default 20);
-    /// pressure: the gap after each guest's turn (default 100).
+    /// pressure: the gap after each guest's turn (default 100); burst: the idle time after the
+    /// frees, resident memory read every 200 ms (default 5000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     idle_ms: Option<u64>,
-    /// density, pressure: run the peers at once (each with its own guests and budget) instead of in turn.
+    /// density, pressure: run the peers at once (each with its own guests and budget) instead of in
+    /// turn; burst: the peers' children at once.
     #[arg(long)]
     parallel: bool,
     /// pin: mlock the memory (the VFIO pin case).
@@ -161,7 +171,8 @@ struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     guests: Option<u64>,
     /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
-    /// large: steps (default 2000); mixed: operations per thread (default 10000).
+    /// large: steps (default 2000); mixed: operations per thread (default 10000); small: operations
+    /// per thread of every shape (default: churn 4000000, server 1000000, queue 2000000, random 1000000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
     /// density, pressure: enforce the budget with a memory cgroup (auto: when the machine allows it) or by
@@ -187,6 +198,9 @@ struct BenchArgs {
     /// exit: the child's allocation block (default 16MiB).
     #[arg(long, value_parser = measure::parse_size)]
     block: Option<usize>,
+    /// small: churn, server, queue, random (comma-separated; default all four).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    shapes: Vec<experiments::small::Shape>,
 }
 
 /// A list of sizes as given on the command line.
@@ -222,6 +236,7 @@ fn default_count(e: Experiment) -> usize {
         Experiment::Pressure => 3,
         Experiment::Large => experiments::large::STEPS,
         Experiment::Mixed => experiments::mixed::OPS,
+        Experiment::Small => 0,
         _ => 1,
     }
 }
@@ -249,7 +264,7 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         chunk: if e == Experiment::Pressure { 1 << 20 } else { 64 << 10 },
         max_guests: if e == Experiment::Pressure { 4 } else { 8 },
         enforce: experiments::Enforce::Auto,
-        parallel: e == Experiment::Density,
+        parallel: matches!(e, Experiment::Density | Experiment::Burst),
         count: default_count(e),
         sizes: Vec::new(),
         modes: Vec::new(),
@@ -257,22 +272,23 @@ fn options(e: Experiment, peers: Vec<PeerKind>) -> Options {
         hogs: measure::online_cpus(),
         exits: Vec::new(),
         block: 16 << 20,
+        shapes: Vec::new(),
     }
 }
 
 /// The options given that `e` does not use, by their names on the command line.
 fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
     use Experiment::*;
-    let given: [(&'static str, bool, &[Experiment]); 17] = [
-        ("--threads", a.threads.is_some(), &[Scale, Reuse, Mixed]),
-        ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit, Pressure]),
-        ("--parallel", a.parallel, &[Density, Pressure]),
+    let given: [(&'static str, bool, &[Experiment]); 18] = [
+        ("--threads", a.threads.is_some(), &[Scale, Reuse, Mixed, Small]),
+        ("--idle-ms", a.idle_ms.is_some(), &[Pin, Density, Exit, Pressure, Burst]),
+        ("--parallel", a.parallel, &[Density, Pressure, Burst]),
         ("--lock", a.lock, &[Pin]),
         ("--thp", a.thp, &[Pin]),
         ("--budget", a.budget.is_some(), &[Density, Pressure]),
         ("--chunk", a.chunk.is_some(), &[Density, Pressure]),
         ("--guests", a.guests.is_some(), &[Density, Pressure]),
-        ("--count", a.count.is_some(), &[Scale, Stream, Pressure, Large, Mixed]),
+        ("--count", a.count.is_some(), &[Scale, Stream, Pressure, Large, Mixed, Small]),
         ("--enforce", a.enforce.is_some(), &[Density, Pressure]),
         ("--sizes", a.sizes.is_some(), &[Reuse]),
         ("--modes", !a.modes.is_empty(), &[Reuse]),
@@ -280,6 +296,7 @@ fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
         ("--hogs", a.hogs.is_some(), &[Exit]),
         ("--exits", !a.exits.is_empty(), &[Exit]),
         ("--block", a.block.is_some(), &[Exit]),
+        ("--shapes", !a.shapes.is_empty(), &[Small]),
         ("--size", a.size.is_some() && a.sizes.is_some(), &[]),
     ];
     given.iter().filter(|(_, set, applies)| *set && !applies.contains(&e)).map(|(name, _, _)| *name).collect()
@@ -295,6 +312,9 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         }
         let (list, name) = (unused.join(", "), e.name());
         return Err(format!("{list} {what} to the {name} experiment ('fallow bench --help' says which options apply where)"));
+    }
+    if e == Experiment::Small && a.size.is_some() {
+        return Err("small takes no --size: each shape has the sizes of the program it copies (--shapes, --count, --threads)".into());
     }
     let peers = a.allocators.map(flatten).unwrap_or_else(|| e.default_peers());
     let mut o = options(e, peers);
@@ -312,6 +332,7 @@ fn bench(a: BenchArgs) -> Result<(), String> {
         o.hogs = h as usize;
     }
     o.modes = a.modes;
+    o.shapes = a.shapes;
     o.exits = a.exits;
     o.block = a.block.unwrap_or(o.block);
     if let Some(t) = a.threads {
@@ -361,9 +382,18 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
     let machine = measure::machine();
     std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let threads = threads.unwrap_or_else(measure::online_cpus).max(1);
+    let peers_of = |e: Experiment| e.peers_of(given.as_deref());
+    // small and burst need the peers' libraries (fallow's preload library among them): said now,
+    // not after the other experiments.
+    for e in [Experiment::Small, Experiment::Burst] {
+        experiments::preloaded::check_all(&peers_of(e)).map_err(|err| format!("{}: {err}", e.name()))?;
+    }
     let mut outcomes: Vec<Outcome> = Vec::new();
     for e in Experiment::DEMO {
-        let mut o = options(e, given.clone().unwrap_or_else(|| e.default_peers()));
+        let mut o = options(e, peers_of(e));
+        if o.peers.is_empty() {
+            continue;
+        }
         o.threads = threads;
         if e == Experiment::Reuse {
             // The 1-thread loop over the default sweep, short measurements.
@@ -382,6 +412,11 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         if e == Experiment::Mixed {
             (o.size, o.count, o.threads) = (2 << 20, 300, 2);
         }
+        // small: every shape at its default count; burst: 128 MiB, the peers at once, 3 s idle
+        // (longer than fallow's 2 s reporting delay).
+        if e == Experiment::Burst {
+            (o.size, o.idle_ms) = (128 << 20, 3000);
+        }
         if tiny {
             o.rounds = 1;
             o.idle_ms = 50;
@@ -398,6 +433,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Pressure => 8 << 20,
                 Experiment::Large => 1 << 20,
                 Experiment::Mixed => 256 << 10,
+                Experiment::Small => 0,
+                Experiment::Burst => 4 << 20,
             };
             o.sizes = if e == Experiment::Reuse { vec![64 << 10, 1 << 20] } else { Vec::new() };
             o.duration_ms = 20;
@@ -406,6 +443,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Stream => 4,
                 Experiment::Pressure => 2,
                 Experiment::Large | Experiment::Mixed => 30,
+                Experiment::Small => 2000,
                 _ => 1,
             };
         }
@@ -429,13 +467,14 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         p(Experiment::Realloc),
     );
     let (reuse, pressure, large, mixed) = (p(Experiment::Reuse), p(Experiment::Pressure), p(Experiment::Large), p(Experiment::Mixed));
+    let (small, burst) = (p(Experiment::Small), p(Experiment::Burst));
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
          interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; pressure {} guests of {} in turns, \
-         {} each, under {} MiB ({}); large {} steps up to {}; mixed {} ops x{} up to {}",
+         {} each, under {} MiB ({}); large {} steps up to {}; mixed {} ops x{} up to {}; small {}; burst {} built, 90% freed, {} ms idle",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -459,6 +498,9 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         mixed["ops_per_thread"],
         mixed["threads"],
         mixed["size_human"].as_str().unwrap_or("?"),
+        small["shapes_human"].as_str().unwrap_or("?"),
+        burst["size_human"].as_str().unwrap_or("?"),
+        burst["idle_ms"],
     );
     print!("{}", report::demo_table(&outcomes, &names, threads));
     println!(
@@ -467,10 +509,12 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
          over glibc's (above 1 is faster), worst: the lowest over sizes and modes; pressure killed: guests \
          OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; large: wall ms and \
-         peak RSS MiB, a child per peer; mixed: operations per CPU-second over glibc's; medians over rounds (pin {}, \
-         density {}, scale {}, stream {}, interference {}, realloc {}, reuse {}, pressure {}, large {}, mixed {}).",
+         peak RSS MiB, a child per peer; mixed and small's shapes: operations per CPU-second over glibc's; burst end \
+         MiB: resident after the idle time (live data {} MiB); medians over rounds (pin {}, density {}, scale {}, stream {}, \
+         interference {}, realloc {}, reuse {}, pressure {}, large {}, mixed {}, small {}, burst {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
+        burst["live_mib"],
         pin["rounds"],
         density["rounds"],
         scale["rounds"],
@@ -481,6 +525,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         pressure["rounds"],
         large["rounds"],
         mixed["rounds"],
+        small["rounds"],
+        burst["rounds"],
     );
     let shown = std::fs::canonicalize(&out).unwrap_or(out);
     println!("results (JSON and PNG): {}  ({:.1} s)", shown.display(), t0.elapsed().as_secs_f64());
@@ -538,6 +584,7 @@ fn main() -> ExitCode {
             experiments::exit::child_main(allocator, size, block, idle_ms, way)
         }
         Command::ShapeChild(a) => experiments::child::child_main(a),
+        Command::BurstChild(a) => experiments::burst_child::child_main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

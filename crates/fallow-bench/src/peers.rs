@@ -12,10 +12,10 @@
 //! experiment read when they build their allocator. In this process it is configured as `fallow`:
 //! the in-process experiments put no memory under pressure.
 //!
-//! `tcmalloc` is a preloaded peer (`PeerKind::PRELOADED`): it is not linked into this binary, and
-//! only runs in a child process started with Debian's library in `LD_PRELOAD` (the experiments
-//! that measure every peer in a process of its own, large and mixed), where the C library's
-//! `malloc` symbols resolve to it; everywhere else building it is an error.
+//! `tcmalloc` and `fallow-small` (fallow's preload library, `FALLOW_SMALL=1`) are preloaded peers
+//! (`PeerKind::PRELOADED`): they only run in a child process with their library in `LD_PRELOAD`
+//! (`experiments/preloaded.rs`), where the C library's `malloc` symbols resolve to it; everywhere
+//! else building one is an error.
 //!
 //! Invariants: a pointer is freed by the peer that gave it, with the size it was asked for; a
 //! peer never frees memory that an experiment still touches. A `Peer` is `Sync`: the malloc-like
@@ -37,6 +37,7 @@ pub enum PeerKind {
     FallowNoworkers,
     FallowThp,
     Tcmalloc,
+    FallowSmall,
 }
 
 impl PeerKind {
@@ -55,11 +56,13 @@ impl PeerKind {
 
     /// The peers that are a library preloaded into a child process, not linked in: runnable only
     /// by the experiments that start a process per measurement (`Experiment::in_children`).
-    pub const PRELOADED: [PeerKind; 1] = [PeerKind::Tcmalloc];
+    pub const PRELOADED: [PeerKind; 2] = [PeerKind::Tcmalloc, PeerKind::FallowSmall];
 
-    /// Every peer, in the tables' order (the preloaded ones after the malloc-like libraries).
+    /// Every peer, in the tables' order (tcmalloc after the malloc-like libraries, fallow-small
+    /// after the other fallow variants).
     pub fn every() -> impl Iterator<Item = PeerKind> {
-        PeerKind::ALL[..3].iter().chain(&PeerKind::PRELOADED).chain(&PeerKind::ALL[3..]).copied()
+        let p = &PeerKind::PRELOADED;
+        PeerKind::ALL[..3].iter().chain(&p[..1]).chain(&PeerKind::ALL[3..]).chain(&p[1..]).copied()
     }
 
     /// The library a preloaded peer's processes get in `LD_PRELOAD`, as `launch::peer_library`
@@ -67,6 +70,7 @@ impl PeerKind {
     pub fn preload(self) -> Option<&'static str> {
         match self {
             PeerKind::Tcmalloc => Some("tcmalloc"),
+            PeerKind::FallowSmall => Some("fallow"),
             _ => None,
         }
     }
@@ -85,6 +89,7 @@ impl PeerKind {
             PeerKind::FallowNoworkers => "fallow-noworkers",
             PeerKind::FallowThp => "fallow-thp",
             PeerKind::Tcmalloc => "tcmalloc",
+            PeerKind::FallowSmall => "fallow-small",
         }
     }
 
@@ -96,7 +101,8 @@ impl PeerKind {
             | PeerKind::FallowNozero
             | PeerKind::FallowNoreport
             | PeerKind::FallowNoworkers
-            | PeerKind::FallowThp => "fallow",
+            | PeerKind::FallowThp
+            | PeerKind::FallowSmall => "fallow",
             other => other.name(),
         }
     }
@@ -109,6 +115,7 @@ impl PeerKind {
             PeerKind::FallowNoreport => "noreport",
             PeerKind::FallowNoworkers => "noworkers",
             PeerKind::FallowThp => "thp",
+            PeerKind::FallowSmall => "small",
             _ => "default",
         }
     }
@@ -133,6 +140,7 @@ impl PeerKind {
         match self {
             PeerKind::FallowDelay => &[("FALLOW_MEMORY_LIMIT", "off"), ("FALLOW_PRESSURE", "off")],
             PeerKind::FallowThp => &[("FALLOW_THP", "1")],
+            PeerKind::FallowSmall => &[("FALLOW_SMALL", "1")],
             _ => &[],
         }
     }
@@ -272,10 +280,10 @@ impl Peer {
             (PeerKind::Mmap, None) => Imp::Mmap,
             // The C library's calls, which resolve to the preloaded library's when it is there.
             (PeerKind::Tcmalloc, None) if preloaded(c"tc_malloc") => Imp::Glibc,
-            (PeerKind::Tcmalloc, None) => {
-                return Err("tcmalloc is a preloaded library: only the experiments that run every peer in a process of \
-                            its own (large, mixed) can measure it"
-                    .into())
+            (PeerKind::FallowSmall, None) if preloaded(c"fallow_preload_stats") => Imp::Glibc,
+            (k @ (PeerKind::Tcmalloc | PeerKind::FallowSmall), None) => {
+                return Err(format!("{} is a preloaded library: only the experiments that run every peer in a process \
+                                    of its own (large, mixed, small, burst) can measure it", k.name()))
             }
             (k, None) => unreachable!("{k:?} is a fallow variant"),
         };

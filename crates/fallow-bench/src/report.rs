@@ -107,6 +107,11 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
         "large ms",
         "large peak MiB",
         "mixed ops x glibc",
+        "churn x glibc",
+        "server x glibc",
+        "queue x glibc",
+        "random x glibc",
+        "burst end MiB",
         "cpu ms (pin)",
     ]
     .iter()
@@ -132,6 +137,14 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 let v: Vec<f64> = a.iter().filter_map(Value::as_f64).collect();
                 crate::plot::format_value(crate::measure::median(&v))
             })
+            .unwrap_or_else(|| "-".into())
+    };
+    let small = |peer: &str, shape: &str| -> String {
+        find(outcomes, Experiment::Small, peer)
+            .into_iter()
+            .find(|r| r.get("shape").and_then(Value::as_str) == Some(shape))
+            .and_then(|r| r.get("ops_x_glibc"))
+            .map(cell)
             .unwrap_or_else(|| "-".into())
     };
     // reuse at 1 thread: one size and mode, and the lowest ratio over all of them.
@@ -188,6 +201,11 @@ pub fn demo_table(outcomes: &[Outcome], peers: &[&str], threads: usize) -> Strin
                 get(Experiment::Large, p, "median_ms"),
                 get(Experiment::Large, p, "max_rss_mib"),
                 get(Experiment::Mixed, p, "ops_x_glibc"),
+                small(p, "churn"),
+                small(p, "server"),
+                small(p, "queue"),
+                small(p, "random"),
+                get(Experiment::Burst, p, "end_mib"),
                 get(Experiment::Pin, p, "cpu_ms"),
             ]
         })

@@ -1,8 +1,9 @@
-//! Measuring a peer in a child process of its own (large, mixed). This binary, re-executed in the
-//! hidden `__shape_child` mode, runs one measurement of one peer and reports it, so that the
+//! Measuring a peer in a child process of its own (large, mixed, small). This binary, re-executed
+//! in the hidden `__shape_child` mode, runs one measurement of one peer and reports it, so that the
 //! malloc-like libraries, which are process-wide, never share a process with another peer or an
 //! earlier measurement: the peak resident size is the measurement's alone, and a preloaded peer
-//! (tcmalloc) runs under `LD_PRELOAD`, as its users get it.
+//! (tcmalloc, fallow-small; in small every peer: `preloaded.rs`) runs under `LD_PRELOAD`, as its
+//! users get it.
 //!
 //! The child measures its own window, from just before the workload to just after it (its blocks
 //! all freed): the wall time; user and system CPU time and minor page faults as differences of
@@ -23,7 +24,8 @@ use std::time::Instant;
 
 use serde_json::{json, Map, Value};
 
-use super::{large, mixed, row, Experiment, Options};
+use super::small::{self, Shape};
+use super::{large, mixed, preloaded, row, Experiment, Options};
 use crate::launch::{self, Ending};
 use crate::measure::{median, monotonic_ns, num, summary, timeval_ms, Sample};
 use crate::peers::{Peer, PeerKind, Setup};
@@ -43,6 +45,9 @@ pub struct ChildArgs {
     pub threads: usize,
     #[arg(long)]
     pub seed: u64,
+    /// small: the shape.
+    #[arg(long, value_enum)]
+    pub shape: Option<Shape>,
     /// The file the child writes its figures to.
     #[arg(long)]
     pub report: PathBuf,
@@ -119,20 +124,36 @@ fn rusage() -> libc::rusage {
     ru
 }
 
+/// What a child runs: a small-object shape on the C library's calls, or a workload on a peer.
+enum Work {
+    Small(Shape),
+    Peer(Peer),
+}
+
 /// The child: build the peer, run the workload in a measured window, write the figures.
 pub fn child_main(a: ChildArgs) -> Result<(), String> {
     let working_set = match a.experiment {
         Experiment::Large => large::working_set(a.size),
         Experiment::Mixed => mixed::working_set(a.size, a.threads),
+        Experiment::Small => 0,
         e => return Err(format!("{} does not run in children", e.name())),
     };
-    let peer = Peer::new(a.allocator, Setup { working_set, thp: false })?;
+    // small calls the C library's malloc, which must be the peer's; the others call the peer.
+    let work = match (a.experiment, a.shape) {
+        (Experiment::Small, Some(shape)) => {
+            preloaded::check_malloc(a.allocator)?;
+            Work::Small(shape)
+        }
+        (Experiment::Small, None) => return Err("small: no --shape".into()),
+        _ => Work::Peer(Peer::new(a.allocator, Setup { working_set, thp: false })?),
+    };
     reset_peak_rss()?;
     let before = rusage();
     let t0 = Instant::now();
-    let ops = match a.experiment {
-        Experiment::Large => large::workload(&peer, a.size, a.count, a.seed)?,
-        _ => mixed::workload(&peer, a.size, a.count, a.threads, a.seed)?,
+    let ops = match &work {
+        Work::Small(shape) => small::workload(*shape, a.count, a.threads, a.seed)?,
+        Work::Peer(p) if a.experiment == Experiment::Large => large::workload(p, a.size, a.count, a.seed)?,
+        Work::Peer(p) => mixed::workload(p, a.size, a.count, a.threads, a.seed)?,
     };
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
     let after = rusage();
@@ -158,21 +179,25 @@ impl Drop for ReportFile {
     }
 }
 
-/// One measurement of `kind` in a child: `o.size`, `o.count`, `o.threads`, the generator's `seed`.
-pub fn measure(e: Experiment, kind: PeerKind, o: &Options, seed: u64) -> Result<Usage, String> {
-    let exe = std::env::current_exe().map_err(|err| format!("cannot find this program: {err}"))?;
+/// One measurement of `kind` in a child: `o.size`, `o.count`, `o.threads`, the generator's `seed`;
+/// small: its `shape`. Every peer of small, and the preloaded peers of the others, run with their
+/// library in `LD_PRELOAD` and their environment (`preloaded::command`).
+pub fn measure(e: Experiment, kind: PeerKind, o: &Options, seed: u64, shape: Option<Shape>) -> Result<Usage, String> {
     let name = format!("fallow-{}-{}-{}.txt", e.name(), std::process::id(), monotonic_ns());
     let report = ReportFile(std::env::temp_dir().join(name));
-    let mut cmd = Command::new(exe);
-    cmd.arg("__shape_child")
-        .args(["--experiment", e.name(), "--allocator", kind.name(), "--seed", &seed.to_string()])
+    let mut cmd = if e == Experiment::Small || kind.preload().is_some() {
+        preloaded::command(kind, "__shape_child")?
+    } else {
+        let mut cmd = Command::new(std::env::current_exe().map_err(|err| format!("cannot find this program: {err}"))?);
+        cmd.arg("__shape_child");
+        cmd
+    };
+    cmd.args(["--experiment", e.name(), "--allocator", kind.name(), "--seed", &seed.to_string()])
         .args(["--size", &o.size.to_string(), "--count", &o.count.to_string(), "--threads", &o.threads.to_string()])
         .arg("--report")
         .arg(&report.0);
-    if let Some(lib) = kind.preload() {
-        let path = launch::peer_library(lib)
-            .ok_or_else(|| format!("{}: not installed (Debian package {})", kind.name(), crate::compare::package(lib)))?;
-        cmd.env("LD_PRELOAD", launch::ld_preload_with(&path));
+    if let Some(s) = shape {
+        cmd.args(["--shape", s.name()]);
     }
     let f = launch::run(cmd, None, false)?;
     if f.ending != Ending::Exited(0) {

@@ -102,7 +102,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     let mut bar = Progress::new("large", o.rounds * n);
     for round in 0..o.rounds {
         for i in round_order(n, round) {
-            got[i].push(child::measure(Experiment::Large, o.peers[i], o, SEED + round as u64)?);
+            got[i].push(child::measure(Experiment::Large, o.peers[i], o, SEED + round as u64, None)?);
             bar.step(o.peers[i].name());
         }
     }

@@ -1,13 +1,16 @@
 //! The experiments, one file each, and what they share: their options, their outcome (the JSON
 //! record and a bar chart, or lines over time), and running peers interleaved. Guest processes,
 //! their budget and running their peers' rounds are in `guests.rs` (density, pressure);
-//! pressure's arithmetic in `timeline.rs`.
+//! pressure's arithmetic in `timeline.rs`; a peer as a program gets it, its library preloaded into
+//! a child process, in `preloaded.rs` (small, burst).
 //!
-//! Every experiment builds all its peers in this process (large and mixed: in a child process per
-//! measurement, `child.rs`), then for each round measures every peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
+//! Every experiment builds all its peers in this process (large, mixed and small: in a child
+//! process per measurement, `child.rs`; burst: `burst_child.rs`), then for each round measures every peer once in turn (A B C, then B C A, ...: the starting peer rotates so that no peer always
 //! comes first after an idle gap), and reports per peer the median over rounds next to min, max
 //! and the median CPU time. Comparisons are only ever made between peers of the same run.
 
+pub mod burst;
+pub mod burst_child;
 pub mod child;
 pub mod density;
 pub mod exit;
@@ -16,10 +19,12 @@ pub mod interference;
 pub mod large;
 pub mod mixed;
 pub mod pin;
+pub mod preloaded;
 pub mod pressure;
 pub mod realloc;
 pub mod reuse;
 pub mod scale;
+pub mod small;
 pub mod stream;
 mod timeline;
 
@@ -40,12 +45,14 @@ pub enum Experiment {
     Pressure,
     Large,
     Mixed,
+    Small,
+    Burst,
 }
 
 impl Experiment {
     /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
     /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
-    pub const DEMO: [Experiment; 10] = [
+    pub const DEMO: [Experiment; 12] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
@@ -56,6 +63,8 @@ impl Experiment {
         Experiment::Pressure,
         Experiment::Large,
         Experiment::Mixed,
+        Experiment::Small,
+        Experiment::Burst,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,16 +80,20 @@ impl Experiment {
             Experiment::Pressure => "pressure",
             Experiment::Large => "large",
             Experiment::Mixed => "mixed",
+            Experiment::Small => "small",
+            Experiment::Burst => "burst",
         }
     }
 
-    /// Whether each measurement runs in a child process of its own (`child.rs`): its peak RSS is
-    /// the measurement's alone, and preloaded peers (tcmalloc) can run.
+    /// Whether each measurement runs in a child process of its own (`child.rs`; burst:
+    /// `burst_child.rs`): its peak RSS is the measurement's alone, and preloaded peers (tcmalloc,
+    /// fallow-small) can run.
     pub fn in_children(self) -> bool {
-        matches!(self, Experiment::Large | Experiment::Mixed)
+        matches!(self, Experiment::Large | Experiment::Mixed | Experiment::Small | Experiment::Burst)
     }
 
-    /// Default sizes (reuse: what `--size` would be; its default is a sweep of sizes).
+    /// Default sizes (reuse: what `--size` would be; its default is a sweep of sizes; small: none,
+    /// its shapes have the sizes of the programs they copy).
     pub fn default_size(self) -> usize {
         match self {
             Experiment::Pin => 256 << 20,
@@ -94,6 +107,8 @@ impl Experiment {
             Experiment::Pressure => 256 << 20,
             Experiment::Large => large::SIZE,
             Experiment::Mixed => mixed::SIZE,
+            Experiment::Small => 0,
+            Experiment::Burst => burst::SIZE,
         }
     }
 
@@ -101,8 +116,9 @@ impl Experiment {
     /// differs from `fallow` under memory pressure only) and `fallow-thp` (a setting, not the
     /// default), and for the experiments that run children tcmalloc too where it is installed; but
     /// for exit the malloc-like libraries and the fallow variants that differ in their background
-    /// workers, and for pressure the malloc-like libraries and fallow with and without the limit
-    /// and the pressure signal.
+    /// workers, for pressure the malloc-like libraries and fallow with and without the limit
+    /// and the pressure signal, and for small and burst the libraries a program would preload
+    /// (glibc, jemalloc, mimalloc, tcmalloc where installed, fallow; `fallow-small` when asked for).
     pub fn default_peers(self) -> Vec<PeerKind> {
         match self {
             Experiment::Pressure => vec![
@@ -120,6 +136,7 @@ impl Experiment {
                 PeerKind::FallowNozero,
                 PeerKind::FallowNoworkers,
             ],
+            Experiment::Small | Experiment::Burst => preloaded::default_peers(),
             e => PeerKind::every()
                 .filter(|&k| !matches!(k, PeerKind::FallowDelay | PeerKind::FallowThp))
                 .filter(|&k| k.preload().is_none_or(|lib| e.in_children() && crate::launch::peer_library(lib).is_some()))
@@ -127,14 +144,33 @@ impl Experiment {
         }
     }
 
+    /// The peers of the demo's run: those given that can run here (small and burst: those a
+    /// program can preload, `preloaded::PEERS`; the experiments that run no children: not the
+    /// preloaded peers; none left skips the experiment), else the default ones.
+    pub fn peers_of(self, given: Option<&[PeerKind]>) -> Vec<PeerKind> {
+        let Some(g) = given else { return self.default_peers() };
+        let fits = |k: &PeerKind| {
+            if preloaded::runs(self) {
+                preloaded::PEERS.contains(k)
+            } else {
+                self.in_children() || k.preload().is_none()
+            }
+        };
+        g.iter().copied().filter(fits).collect()
+    }
+
     pub fn default_rounds(self) -> usize {
         match self {
-            Experiment::Density | Experiment::Pressure => 1,
+            Experiment::Density | Experiment::Pressure | Experiment::Burst => 1,
             Experiment::Interference => 5,
             // Its goal is a ratio of 0.97 at every cell; on this machine a round's ratio moves by
             // +-10%, and the median of 3 fell to 0.89-0.95 in some cell of a run where 15 rounds
             // gave 0.99-1.01.
             Experiment::Reuse => 9,
+            // The two-thread shapes are bimodal on this machine: glibc's server and queue ran
+            // 48-186 ms and 64-353 ms over 5 rounds of one run, as the two threads happened to
+            // share a CPU or not.
+            Experiment::Small => 5,
             _ => 3,
         }
     }
@@ -142,12 +178,14 @@ impl Experiment {
     /// pin: the idle gap; density: how long a guest may take to settle (longer than fallow's
     /// default reporting delay of 2 s, so that reporting can show); exit: the child's sleep
     /// between freeing and leaving; pressure: the gap after each turn (much shorter than the
-    /// reporting delay: a clock alone gives nothing back in time).
+    /// reporting delay: a clock alone gives nothing back in time); burst: the idle time after the
+    /// frees.
     pub fn default_idle_ms(self) -> u64 {
         match self {
             Experiment::Density => 3000,
             Experiment::Pressure => 100,
             Experiment::Exit => 20,
+            Experiment::Burst => burst::IDLE_MS,
             _ => 1000,
         }
     }
@@ -165,6 +203,8 @@ impl Experiment {
             Experiment::Pressure => pressure::run(o),
             Experiment::Large => large::run(o),
             Experiment::Mixed => mixed::run(o),
+            Experiment::Small => small::run(o),
+            Experiment::Burst => burst::run(o),
         }
     }
 }
@@ -188,8 +228,11 @@ pub struct Options {
     pub enforce: Enforce,
     pub parallel: bool,
     /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
-    /// large: steps; mixed: operations per thread.
+    /// large: steps; mixed: operations per thread; small: operations per thread of every shape (0:
+    /// each shape's own default).
     pub count: usize,
+    /// small: the shapes (empty: all).
+    pub shapes: Vec<small::Shape>,
     /// reuse: the sizes swept (empty: the default sweep), the modes (empty: both), the time of
     /// one measurement.
     pub sizes: Vec<usize>,
