@@ -135,7 +135,7 @@ pub fn run(o: &Options) -> Result<Outcome, String> {
     let summary = if verdicts.is_empty() {
         "goal: not computed (needs fallow or fallow-small and one of jemalloc, mimalloc, tcmalloc)".to_string()
     } else {
-        format!("goal (issue 31): ops per CPU-second >= the best of jemalloc, mimalloc, tcmalloc, peak RSS <= 1.1x their smallest: {}", verdicts.join("; "))
+        format!("goal: ops per CPU-second >= the best of jemalloc, mimalloc, tcmalloc, peak RSS <= 1.1x their smallest: {}", verdicts.join("; "))
     };
     let (unit, what) = if glibc.is_some() { ("x glibc", "operations per CPU-second over glibc's") } else { ("ops/CPU-s", "operations per CPU-second") };
     Ok(Outcome {
