@@ -5,7 +5,8 @@
 //! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
 //! stacks and every access to the entries; `hit` the hit paths of `alloc` and `free` (and the
 //! slack path); `hot` the hot block (the block freed last serves the next request it can hold,
-//! with slack); `batch` the refill and drain under the allocator lock and the folding of the
+//! with slack); `pages` the page path as one call (`alloc_pages`, `free_pages`: what
+//! `Allocator::alloc` / `free` are, and how the slab layer takes and gives back its spans); `batch` the refill and drain under the allocator lock and the folding of the
 //! counters; `table` the thread-local table that finds a thread's cache of an allocator, and the
 //! allocator's list of its caches; `remote` what other threads do to a cache: a worker's drain
 //! of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
@@ -113,6 +114,7 @@ mod batch;
 mod entry;
 mod hit;
 mod hot;
+mod pages;
 mod stack;
 mod remote;
 mod table;
@@ -134,6 +136,7 @@ use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSE
 use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
+pub(crate) use pages::{alloc_pages, free_pages};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;
