@@ -19,17 +19,21 @@ use crate::flags::Flags;
 use crate::heap::{Heap, Shared, WorkerEntries};
 use crate::os::PAGE_SHIFT;
 use crate::page::StateCounts;
+use crate::slab::{Found, Slab, SMALL_OBJECT_MAX};
 use crate::stats::Stats;
 
-/// A page allocator. Cloning gives another handle to the same allocator.
+/// A page allocator, with small objects on its pages (`malloc`). Cloning gives another handle
+/// to the same allocator.
 pub struct Allocator {
     pub(crate) shared: Arc<Shared>,
+    /// The slab layer (small objects in spans of pages: `malloc`, `free_any`).
+    pub(crate) slab: Arc<Slab>,
 }
 
 impl Clone for Allocator {
     fn clone(&self) -> Allocator {
         self.shared.clone_handle();
-        Allocator { shared: self.shared.clone() }
+        Allocator { shared: self.shared.clone(), slab: self.slab.clone() }
     }
 }
 
@@ -50,8 +54,10 @@ impl Allocator {
         let cache_orders = cache::orders_served(&config);
         let entries = WorkerEntries { report: crate::report::thread_main, zero: crate::zero::thread_main };
         let shared = Shared::new(config, cache::new_allocator_id(), cache_orders, entries);
-        let alloc = Allocator { shared: Arc::new(shared) };
-        alloc.shared.grow(0, 0)?;
+        let shared = Arc::new(shared);
+        shared.grow(0, 0)?;
+        let slab = Arc::new(Slab::new(shared.clone())?);
+        let alloc = Allocator { shared, slab };
         alloc.start_workers();
         Ok(alloc)
     }
@@ -89,6 +95,38 @@ impl Allocator {
         cache::free_pages(&self.shared, ptr as usize, Some(size))
     }
 
+    /// The largest request `malloc` serves as a small object (16 KiB) when small objects are
+    /// on (`Config::small_objects`); larger ones are page blocks.
+    pub const SMALL_MAX: usize = SMALL_OBJECT_MAX;
+
+    /// Allocate `size` bytes aligned to `align` (a power of two), as C's `malloc` / `calloc`
+    /// (`Flags::ZERO`) / `aligned_alloc` do: with small objects on (`Config::small_objects`), a
+    /// request of at most `SMALL_MAX` bytes (and an alignment that fits in it) is an object of
+    /// a size class in a span of pages (the slab layer: per-thread heaps, no lock on the hot
+    /// path); anything else, and everything with small objects off, is a page block as `alloc`
+    /// serves it. `size` 0 is served as 1. Free it with `free_any`. What `FallowAlloc`, the C
+    /// library's and the preload's malloc-like functions call.
+    #[inline(always)]
+    pub fn malloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc(size, align, flags);
+        }
+        self.alloc(size.max(1), align, flags)
+    }
+
+    /// Free what `malloc` (or `alloc`) returned: a small object goes back to its span, a page
+    /// block as by `free`. A pointer inside an object, one never handed out, and an object freed
+    /// twice in a row (at least, as glibc's immediate double free) are `InteriorPointer`,
+    /// `InvalidPointer` and `DoubleFree`, found before anything changes.
+    #[inline(always)]
+    pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.free_in(s, addr),
+            _ => self.free(ptr),
+        }
+    }
+
     /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
     /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero
     /// and are not resident, so they are listed `Reported` rather than `Dirty`. A locked block is
@@ -103,10 +141,14 @@ impl Allocator {
         unsafe { self.shared.free_reported(ptr as usize) }
     }
 
-    /// Bytes usable in the live block at `ptr` (page-rounded), or `None` if `ptr` is not the start
-    /// of a live block of this allocator.
+    /// Bytes usable at `ptr`: a small object's class size, a block's size (page-rounded); `None`
+    /// if `ptr` is neither the start of a small object nor of a live block of this allocator.
     pub fn usable_size(&self, ptr: *const u8) -> Option<usize> {
-        self.shared.usable_size(ptr as usize)
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.usable_size_in(s, addr),
+            _ => self.shared.usable_size(addr),
+        }
     }
 
     /// Whether `ptr` lies in one of this allocator's arenas (a range check, no lock).
@@ -179,6 +221,7 @@ impl Allocator {
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
+        self.slab.add_to_stats(&mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

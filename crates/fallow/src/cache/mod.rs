@@ -175,24 +175,25 @@ pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
 }
 
 /// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
+/// (The slab layer's per-heap counters are `Owned` too.)
 #[derive(Default)]
-struct Owned(AtomicU64);
+pub(crate) struct Owned(AtomicU64);
 
 impl Owned {
     #[inline(always)]
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
     #[inline(always)]
-    fn set(&self, v: u64) {
+    pub(crate) fn set(&self, v: u64) {
         self.0.store(v, Relaxed)
     }
     #[inline(always)]
-    fn add(&self, v: u64) {
+    pub(crate) fn add(&self, v: u64) {
         self.set(self.get().wrapping_add(v))
     }
     #[inline(always)]
-    fn sub(&self, v: u64) {
+    pub(crate) fn sub(&self, v: u64) {
         self.set(self.get().wrapping_sub(v))
     }
 }
