@@ -16,7 +16,7 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
 use super::class::{class_size, CLASSES};
-use super::span::{take_returned, Span, FULL, LISTED, SPARE};
+use super::span::{take_returned, Span, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
 #[repr(C, align(64))]
@@ -244,6 +244,7 @@ impl ThreadHeap {
             return None;
         }
         self.spans.sub(1);
+        s.place.set(LEAVING);
         Some(s)
     }
 
@@ -258,6 +259,7 @@ impl ThreadHeap {
         }
         self.unlink(s);
         self.spans.sub(1);
+        s.place.set(LEAVING);
         Some(s as *const Span as *mut Span)
     }
 
@@ -297,6 +299,8 @@ impl ThreadHeap {
             if !spare.is_null() {
                 self.spares.sub(1);
                 self.spans.sub(1);
+                // SAFETY: the spare, this heap's, on no list.
+                unsafe { (*spare).place.set(LEAVING) };
                 give(spare);
             }
         }

@@ -180,6 +180,7 @@ impl Slab {
                 Got::NeedSpan => {
                     let s = self.new_span(c, zero, h)?;
                     h.install(s);
+                    self.count_span(s, true);
                 }
             }
         }
@@ -202,6 +203,7 @@ impl Slab {
             let _g = self.central.lock();
             // SAFETY: as above.
             unsafe { &*self.locked_heap }.install(s);
+            self.count_span(s, true);
         }
     }
 
@@ -229,13 +231,36 @@ impl Slab {
         for e in entries {
             span::publish(e, s);
         }
-        self.spans.fetch_add(1, Relaxed);
-        self.span_bytes.fetch_add(bytes as u64, Relaxed);
         Ok(s)
     }
 
-    /// Give back spans taken off their heaps (linked through `next`): out of the page map, their
-    /// pages to the page layer (with no lock held), their descriptors to the pool.
+    /// Count a span in (`true`: installed in a heap) or out (taken off its heap) of the slab's
+    /// totals, at the same step as the heap's own count (under the lock for an abandoned heap),
+    /// so that `check` sees the two agree.
+    fn count_span(&self, s: &Span, add: bool) {
+        let bytes = span_bytes(s.class.get() as usize) as u64;
+        if add {
+            self.spans.fetch_add(1, Relaxed);
+            self.span_bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.spans.fetch_sub(1, Relaxed);
+            self.span_bytes.fetch_sub(bytes, Relaxed);
+        }
+    }
+
+    /// `count_span(.., false)` for every span of a list taken off a heap (linked by `next`).
+    fn uncount(&self, mut list: *mut Span) {
+        while !list.is_null() {
+            // SAFETY: a span of the caller's list, on its way back.
+            let s = unsafe { &*list };
+            self.count_span(s, false);
+            list = s.next.get();
+        }
+    }
+
+    /// Give back spans taken off their heaps (linked through `next`, already uncounted): out
+    /// of the page map, their pages to the page layer (with no lock held), their descriptors to
+    /// the pool.
     fn give_back(&self, mut list: *mut Span) {
         while !list.is_null() {
             // SAFETY: a span on no list and in no heap any more, the caller's.
@@ -251,8 +276,6 @@ impl Slab {
             s.heap.store(ptr::null_mut(), Relaxed);
             let r = cache::free_pages(&self.shared, start, None);
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
-            self.spans.fetch_sub(1, Relaxed);
-            self.span_bytes.fetch_sub(bytes as u64, Relaxed);
             self.central.lock().descriptors.give(s);
         }
     }
@@ -290,6 +313,7 @@ impl Slab {
         if used == 0 || s.place.get() != LISTED {
             if let Some(e) = h.after_local_free(s) {
                 e.next.set(ptr::null_mut());
+                self.count_span(e, false);
                 self.give_back(e as *const Span as *mut Span);
             }
         }
@@ -341,6 +365,7 @@ impl Slab {
                     out = e;
                 }
             }
+            self.uncount(out);
         }
         self.give_back(out);
     }
@@ -395,6 +420,7 @@ impl Slab {
             let heap = unsafe { &*h };
             heap.abandoned.store(true, SeqCst);
             heap.collect_all(&mut out);
+            self.uncount(out);
             heap.next_pooled.set(c.pool);
             c.pool = h;
         }
@@ -411,6 +437,7 @@ impl Slab {
         let mut out: *mut Span = ptr::null_mut();
         // SAFETY: this thread's own heap (owner).
         unsafe { &*h }.collect_all(&mut out);
+        self.uncount(out);
         self.give_back(out);
     }
 
@@ -436,7 +463,8 @@ impl Slab {
         s.small_free_bytes = span_bytes.saturating_sub(bytes);
     }
 
-    /// Check the slab: every heap's span count adds up to the slab's; the calling thread's heap
+    /// Check the slab: when no other thread's heap is in use, every heap's span count adds up
+    /// to the slab's; the calling thread's heap
     /// and every abandoned heap (whose owner is the lock holder) in full: each span is in the
     /// page map, aligned, and its lists hold distinct objects of its own below `fresh`, `used`
     /// counting the rest; the live counts equal the spans' `used`. Other threads' heaps are
@@ -445,14 +473,18 @@ impl Slab {
         let mine = table::own_heap(self);
         let c = self.central.lock();
         let mut spans = 0u64;
+        let mut all_checked = true;
         for h in heaps(&c) {
             spans += h.spans.get();
             if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
                 self.check_heap(h)?;
+            } else {
+                all_checked = false;
             }
         }
+        // With another thread's heap in use, its count may be a step behind or ahead.
         let total = self.spans.load(Relaxed);
-        if spans != total {
+        if all_checked && spans != total {
             return Err(format!("slab: heaps hold {spans} spans, the slab counts {total}"));
         }
         Ok(())

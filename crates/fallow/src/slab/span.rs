@@ -37,6 +37,9 @@ pub(crate) const LISTED: u8 = 1;
 pub(crate) const FULL: u8 = 2;
 /// Kept empty in the heap's spare slot of its class.
 pub(crate) const SPARE: u8 = 3;
+/// Taken off its heap, on its way back to the page layer (a lock holder collecting an
+/// abandoned heap's span finds it so and leaves it alone).
+pub(crate) const LEAVING: u8 = 4;
 
 #[repr(C, align(64))]
 pub(crate) struct Span {
