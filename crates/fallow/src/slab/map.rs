@@ -70,10 +70,25 @@ impl PageMaps {
 
 impl Slab {
     /// Where `addr` is: in a span (its descriptor), in an arena outside spans, or in no arena.
+    /// The first arena (which holds most blocks) is tested inline against the slab's own copy
+    /// of its range; the others through the allocator's views.
     #[inline(always)]
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
-        let Some((ai, v)) = self.shared.view_of(addr) else { return Found::Foreign };
-        let Some(e) = self.maps.entry(ai, v.base(), addr) else { return Found::Pages };
+        let off = addr.wrapping_sub(self.arena0.0);
+        let e = if off < self.arena0.1 {
+            // Acquire: the map's pages were mapped before its address was published.
+            let map = self.maps.base[0].load(Acquire);
+            if map == 0 {
+                return Found::Pages;
+            }
+            // SAFETY: `off` is inside arena 0, whose map has one word per granule.
+            unsafe { &*((map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+        } else {
+            match self.find_other(addr) {
+                Some(e) => e,
+                None => return if self.shared.view_of(addr).is_some() { Found::Pages } else { Found::Foreign },
+            }
+        };
         // Acquire: the descriptor was set up before it was published here.
         let s = e.load(Acquire);
         if s == 0 {
@@ -82,6 +97,13 @@ impl Slab {
         // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
         // the slab (recycled, never unmapped); its shared fields are atomics.
         Found::Span(unsafe { &*(s as *const Span) })
+    }
+
+    /// The map entry of `addr` in an arena after the first (none: no such arena, or no map).
+    #[inline(never)]
+    fn find_other(&self, addr: usize) -> Option<&AtomicUsize> {
+        let (ai, v) = self.shared.view_of(addr)?;
+        self.maps.entry(ai, v.base(), addr)
     }
 
     /// The map entries of the span at `start` of `bytes` (granules), making the arena's map at
@@ -140,6 +162,28 @@ impl Descriptors {
         // SAFETY: `free` is a free descriptor of a chunk that lives as long as the slab.
         self.free = unsafe { (*s).next.get() };
         Ok(s)
+    }
+
+    /// Objects used in every span (descriptors with an owner heap) and their bytes: racy sums
+    /// of the owners' counts, for the statistics.
+    pub(crate) fn used_objects(&self) -> (u64, u64) {
+        let (mut objects, mut bytes) = (0u64, 0u64);
+        let mut chunk = self.chunks;
+        while chunk != 0 {
+            for i in 1..PER_CHUNK {
+                // SAFETY: a descriptor of a chunk of this slab (mapped until the slab's drop);
+                // only its atomics are read.
+                let s = unsafe { &*(chunk as *const Span).add(i) };
+                if !s.heap.load(Relaxed).is_null() {
+                    let n = s.used() as u64;
+                    objects += n;
+                    bytes += n * s.size.load(Relaxed) as u64;
+                }
+            }
+            // SAFETY: the chunk's first word links the next chunk.
+            chunk = unsafe { *(chunk as *const usize) };
+        }
+        (objects, bytes)
     }
 
     /// Give back a descriptor no span uses and no list holds.

@@ -89,6 +89,8 @@ pub(crate) struct Slab {
     /// Small objects on (`Config::small_objects`).
     pub(crate) on: bool,
     maps: PageMaps,
+    /// The first arena's base and length (installed before the slab, never replaced).
+    arena0: (usize, usize),
     central: Locked<Central>,
     /// The heap of threads that have none (always abandoned, so used under the lock).
     locked_heap: *mut ThreadHeap,
@@ -108,6 +110,8 @@ impl Slab {
         let on = shared.config.small_objects;
         let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
         let locked_heap = new_heap(&mut central)?;
+        let v = shared.view(0);
+        let arena0 = (v.base(), v.len());
         // SAFETY: the heap just made, seen by no other thread yet.
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
@@ -115,6 +119,7 @@ impl Slab {
             id: NEXT_ID.fetch_add(1, Relaxed),
             on,
             maps: PageMaps::new(),
+            arena0,
             central: Locked::new(central),
             locked_heap,
             spans: AtomicU64::new(0),
@@ -129,19 +134,17 @@ impl Slab {
     /// thread used last has a free object: pop it.
     #[inline(always)]
     pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        if flags.0 == 0 && align <= MIN_ALIGN {
-            let h = table::last(self);
-            if !h.is_null() {
-                let c = class_of(size);
-                // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab.
-                let h = unsafe { &*h };
-                // SAFETY: a head is `EMPTY` (whose `free` is 0, so `pop` writes nothing) or a
-                // listed span of this heap.
-                if let Some(o) = unsafe { &*h.head[c].get() }.pop() {
-                    h.live[c].add(1);
-                    // SAFETY: an object address is never 0.
-                    return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
-                }
+        if flags.0 == 0 && align <= MIN_ALIGN && size <= SMALL_MAX {
+            // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
+            // or `NO_HEAP`, whose heads are `EMPTY`.
+            let h = unsafe { &*table::last(self) };
+            // SAFETY: `size <= SMALL_MAX`, tested above.
+            let c = unsafe { class_of(size) };
+            // SAFETY: a head is `EMPTY` (whose `free` and `local_free` are 0, so `pop` writes
+            // nothing) or a listed span of this heap.
+            if let Some(o) = unsafe { &*h.head[c].get() }.pop() {
+                // SAFETY: an object address is never 0.
+                return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
             }
         }
         self.malloc_slow(size, align, flags)
@@ -152,8 +155,10 @@ impl Slab {
         if !align.is_power_of_two() {
             return Err(Error::BadAlignment { align, max: self.shared.max_block() });
         }
-        let c = if align <= MIN_ALIGN { Some(class_of(size)) } else { aligned_class(size, align) };
-        let Some(c) = c.filter(|_| flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX) else {
+        let plain = flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX;
+        // SAFETY: `class_of` only for `size <= SMALL_MAX` (`plain`).
+        let c = if !plain { None } else if align <= MIN_ALIGN { Some(unsafe { class_of(size) }) } else { aligned_class(size, align) };
+        let Some(c) = c else {
             // Not a small object: a page block (`POPULATE` and `LOCK` are page-block requests).
             return cache::alloc_pages(&self.shared, size.max(1), align.max(MIN_ALIGN), flags);
         };
@@ -293,24 +298,25 @@ impl Slab {
         if off >= s.fresh.load(Relaxed).wrapping_sub(start) || idx * size != off {
             return Err(self.bad_free(s, addr));
         }
+        // `NO_HEAP` (no heap of this slab used last) owns no span.
         let h = table::last(self);
-        if h.is_null() || !ptr::eq(s.heap.load(Relaxed), h) {
+        if !ptr::eq(s.heap.load(Relaxed), h) {
             return self.free_remote(s, addr);
         }
-        // The owner: push on `local_free`.
-        if addr == s.local_free.get() || addr == s.free.get() {
+        // The owner: push on `local_free`; the object at its head is one this thread freed
+        // last into the span (glibc's immediate double free, as its fastbins check it).
+        if addr == s.local_free.get() {
             return Err(Error::DoubleFree { addr });
         }
         // SAFETY: `addr` is an object of `s`, a live span of this thread's heap, handed out and
         // now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = s.local_free.get() };
         s.local_free.set(addr);
-        let used = s.used.get() - 1;
-        s.used.set(used);
-        // SAFETY: this thread's own heap (`last`), live as long as the slab.
-        let h = unsafe { &*h };
-        h.live[s.class.get() as usize].sub(1);
+        let used = s.used() - 1;
+        s.set_used(used);
         if used == 0 || s.place.get() != LISTED {
+            // SAFETY: this thread's own heap (`last`), live as long as the slab.
+            let h = unsafe { &*h };
             if let Some(e) = h.after_local_free(s) {
                 e.next.set(ptr::null_mut());
                 self.count_span(e, false);
@@ -446,13 +452,12 @@ impl Slab {
     /// Add the small-object figures to `s`.
     pub(crate) fn add_to_stats(&self, s: &mut Stats) {
         let c = self.central.lock();
-        let (mut objects, mut bytes, mut spares) = (0u64, 0u64, 0u64);
+        let mut spares = 0u64;
         for h in heaps(&c) {
-            let (o, b) = h.live_objects();
-            objects = objects.wrapping_add(o);
-            bytes = bytes.wrapping_add(b);
             spares = spares.wrapping_add(h.spares.get());
         }
+        // The spans' own counts (no counter on the hot paths): every descriptor in use.
+        let (objects, bytes) = c.descriptors.used_objects();
         let spans = self.spans.load(Relaxed);
         let span_bytes = self.span_bytes.load(Relaxed);
         s.small_live_objects = objects;
@@ -467,7 +472,7 @@ impl Slab {
     /// to the slab's; the calling thread's heap
     /// and every abandoned heap (whose owner is the lock holder) in full: each span is in the
     /// page map, aligned, and its lists hold distinct objects of its own below `fresh`, `used`
-    /// counting the rest; the live counts equal the spans' `used`. Other threads' heaps are
+    /// counting the rest. Other threads' heaps are
     /// theirs to change, so only their atomic counters are read.
     pub(crate) fn check(&self) -> Result<(), String> {
         let mine = table::own_heap(self);
@@ -491,7 +496,6 @@ impl Slab {
     }
 
     fn check_heap(&self, h: &ThreadHeap) -> Result<(), String> {
-        let mut used = [0u64; CLASSES];
         let mut n = 0u64;
         let mut spares = 0u64;
         let mut visit = |s: &Span, place: u8| -> Result<(), String> {
@@ -499,7 +503,7 @@ impl Slab {
             if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
                 return Err(format!("slab: span {:#x} place {} (expected {place}) or heap wrong", s.start.load(Relaxed), s.place.get()));
             }
-            used[s.class.get() as usize] += self.check_span(s)? as u64;
+            self.check_span(s)?;
             Ok(())
         };
         for c in 0..CLASSES {
@@ -517,7 +521,7 @@ impl Slab {
                 // SAFETY: as above, the spare.
                 let s = unsafe { &*sp };
                 visit(s, SPARE)?;
-                if s.used.get() != 0 {
+                if s.used() != 0 {
                     return Err("slab: a spare span holds live objects".into());
                 }
             }
@@ -531,11 +535,6 @@ impl Slab {
         }
         if n != h.spans.get() || spares != h.spares.get() {
             return Err(format!("slab: heap holds {n} spans ({spares} spare), counts {} ({})", h.spans.get(), h.spares.get()));
-        }
-        for (c, u) in used.iter().enumerate() {
-            if h.live[c].get() != *u {
-                return Err(format!("slab: class {} counts {} live objects, its spans {u}", class_size(c), h.live[c].get()));
-            }
         }
         Ok(())
     }
@@ -577,10 +576,10 @@ impl Slab {
         // Other threads' frees are still counted in `used`; walking them is safe for a span
         // whose owner is the caller (pushes only prepend).
         let remote = count(s.thread_free.load(SeqCst), "thread_free")?;
-        if free + s.used.get() != handed || remote > s.used.get() {
-            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used.get()));
+        if free + s.used() != handed || remote > s.used() {
+            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used()));
         }
-        Ok(s.used.get())
+        Ok(s.used())
     }
 
     /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back
