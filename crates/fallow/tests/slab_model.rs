@@ -79,7 +79,7 @@ fn threads_allocate_free_and_free_each_others_objects() {
         let (first, rest) = (first.clone(), rest.clone());
         let report = report_tx.clone();
         handles.push(std::thread::spawn(move || {
-            let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678);
+            let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678));
             let mut live: Vec<Obj> = Vec::new();
             let mut tag = t as u8 * 64;
             for round in 0..ROUNDS {

@@ -89,7 +89,7 @@ const _: () = {
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX && SPAN_MAX >= PAGE_SIZE);
     let mut c = 0;
     while c < CLASSES {
-        assert!(class_size(c) % MIN_ALIGN == 0);
+        assert!(class_size(c).is_multiple_of(MIN_ALIGN));
         assert!((span_bytes(c) as u64) * (class_size(c) as u64) <= 1u64 << 32);
         c += 1;
     }

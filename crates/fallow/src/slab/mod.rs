@@ -394,7 +394,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off % size == 0).then_some(size)
+        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----
@@ -545,7 +545,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let c = s.class.get() as usize;
         let (size, bytes) = (class_size(c), span_bytes(c));
-        if start % bytes != 0 || s.size.load(Relaxed) as usize != size {
+        if !start.is_multiple_of(bytes) || s.size.load(Relaxed) as usize != size {
             return Err(format!("slab: span {start:#x} of class {size} not aligned to {bytes} or wrong size"));
         }
         match self.map_entries(start, bytes) {
@@ -563,7 +563,7 @@ impl Slab {
             let mut o = head & !PARKED;
             let mut k = 0;
             while o != 0 {
-                if o < start || o >= fresh || (o - start) % size != 0 || !seen.insert(o) {
+                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || !seen.insert(o) {
                     return Err(format!("slab: span {start:#x}: {what} holds {o:#x} (bad or twice)"));
                 }
                 k += 1;
