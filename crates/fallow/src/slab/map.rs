@@ -56,6 +56,19 @@ impl PageMaps {
         Some(unsafe { &*((map + ((addr - arena_base) >> GRANULE_SHIFT) * 8) as *const AtomicUsize) })
     }
 
+    /// Reserve the map of arena `ai` (`len` bytes), unless it has one: its address.
+    pub(crate) fn reserve(&self, ai: usize, len: usize) -> Result<usize, Error> {
+        let have = self.base[ai].load(Acquire);
+        if have != 0 {
+            return Ok(have);
+        }
+        let bytes = ((len >> GRANULE_SHIFT) * 8).next_multiple_of(PAGE_SIZE);
+        let map = os::scratch(bytes).map_err(|errno| Error::Os { op: "mmap (slab page map)", errno })?;
+        self.bytes[ai].store(bytes, Relaxed);
+        self.base[ai].store(map, Release);
+        Ok(map)
+    }
+
     /// Unmap every map (the slab is going away).
     fn unmap_all(&self) {
         for (b, n) in self.base.iter().zip(&self.bytes) {
@@ -76,13 +89,9 @@ impl Slab {
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
         let off = addr.wrapping_sub(self.arena0.0);
         let e = if off < self.arena0.1 {
-            // Acquire: the map's pages were mapped before its address was published.
-            let map = self.maps.base[0].load(Acquire);
-            if map == 0 {
-                return Found::Pages;
-            }
-            // SAFETY: `off` is inside arena 0, whose map has one word per granule.
-            unsafe { &*((map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+            // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
+            // per granule.
+            unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
         } else {
             match self.find_other(addr) {
                 Some(e) => e,
@@ -112,12 +121,7 @@ impl Slab {
         let (ai, v) = self.shared.view_of(start).ok_or(Error::InvalidPointer { addr: start })?;
         if self.maps.base[ai].load(Acquire) == 0 {
             let _g = self.central.lock();
-            if self.maps.base[ai].load(Relaxed) == 0 {
-                let len = ((v.len() >> GRANULE_SHIFT) * 8).next_multiple_of(PAGE_SIZE);
-                let map = os::scratch(len).map_err(|errno| Error::Os { op: "mmap (slab page map)", errno })?;
-                self.maps.bytes[ai].store(len, Relaxed);
-                self.maps.base[ai].store(map, Release);
-            }
+            self.maps.reserve(ai, v.len())?;
         }
         let base = v.base();
         Ok((0..bytes >> GRANULE_SHIFT).map(move |g| self.maps.entry(ai, base, start + (g << GRANULE_SHIFT)).unwrap()))

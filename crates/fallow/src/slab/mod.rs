@@ -89,8 +89,10 @@ pub(crate) struct Slab {
     /// Small objects on (`Config::small_objects`).
     pub(crate) on: bool,
     maps: PageMaps,
-    /// The first arena's base and length (installed before the slab, never replaced).
+    /// The first arena's base and length (installed before the slab, never replaced) and its
+    /// page map (reserved with the slab, so `find` needs no test of it).
     arena0: (usize, usize),
+    map0: usize,
     central: Locked<Central>,
     /// The heap of threads that have none (always abandoned, so used under the lock).
     locked_heap: *mut ThreadHeap,
@@ -109,17 +111,20 @@ impl Slab {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<Slab, Error> {
         let on = shared.config.small_objects;
         let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
-        let locked_heap = new_heap(&mut central)?;
         let v = shared.view(0);
         let arena0 = (v.base(), v.len());
+        let maps = PageMaps::new();
+        let map0 = maps.reserve(0, arena0.1)?;
+        let locked_heap = new_heap(&mut central)?;
         // SAFETY: the heap just made, seen by no other thread yet.
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
             shared,
             id: NEXT_ID.fetch_add(1, Relaxed),
             on,
-            maps: PageMaps::new(),
+            maps,
             arena0,
+            map0,
             central: Locked::new(central),
             locked_heap,
             spans: AtomicU64::new(0),
@@ -140,9 +145,9 @@ impl Slab {
             let h = unsafe { &*table::last(self) };
             // SAFETY: `size <= SMALL_MAX`, tested above.
             let c = unsafe { class_of(size) };
-            // SAFETY: a head is `EMPTY` (whose `free` and `local_free` are 0, so `pop` writes
-            // nothing) or a listed span of this heap.
-            if let Some(o) = unsafe { &*h.head[c].get() }.pop() {
+            // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and
+            // `local_free` are 0, so `pop` writes nothing) or a listed span of this heap.
+            if let Some(o) = unsafe { &*h.head.get_unchecked(c).get() }.pop() {
                 // SAFETY: an object address is never 0.
                 return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
             }
