@@ -317,7 +317,10 @@ impl Slab {
         // now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = s.local_free.get() };
         s.local_free.set(addr);
-        let used = s.used() - 1;
+        // Wrapping: a double free the head check missed (into an empty span, say) must not
+        // panic here; it leaves the count wrong, as an undetected double free corrupts any
+        // malloc's bookkeeping.
+        let used = s.used().wrapping_sub(1);
         s.set_used(used);
         if used == 0 || s.place.get() != LISTED {
             // SAFETY: this thread's own heap (`last`), live as long as the slab.
