@@ -81,6 +81,9 @@ pub(crate) struct Central {
 // SAFETY: reached only under the slab lock; the pointers are to the slab's own heaps and chunks.
 unsafe impl Send for Central {}
 
+/// What `check` found wrong: what, and two numbers (formatted once the lock is released).
+struct Bad(&'static str, usize, usize);
+
 /// The slab of one allocator.
 pub(crate) struct Slab {
     pub(crate) shared: Arc<Shared>,
@@ -483,36 +486,38 @@ impl Slab {
     /// counting the rest. Other threads' heaps are
     /// theirs to change, so only their atomic counters are read.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let mine = table::own_heap(self);
-        let c = self.central.lock();
-        let mut spans = 0u64;
-        let mut all_checked = true;
-        for h in heaps(&c) {
-            spans += h.spans.get();
-            if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
-                self.check_heap(h)?;
-            } else {
-                all_checked = false;
+        // Nothing is allocated while the lock is held (the slab may be the program's
+        // allocator): a finding is formatted after the lock is released.
+        let found = {
+            let mine = table::own_heap(self);
+            let c = self.central.lock();
+            let mut spans = 0u64;
+            let mut all_checked = true;
+            let mut found = Ok(());
+            for h in heaps(&c) {
+                spans += h.spans.get();
+                if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
+                    found = found.and_then(|()| self.check_heap(h));
+                } else {
+                    all_checked = false;
+                }
             }
-        }
-        // With another thread's heap in use, its count may be a step behind or ahead.
-        let total = self.spans.load(Relaxed);
-        if all_checked && spans != total {
-            return Err(format!("slab: heaps hold {spans} spans, the slab counts {total}"));
-        }
-        Ok(())
+            // With another thread's heap in use, its count may be a step behind or ahead.
+            let total = self.spans.load(Relaxed);
+            found.and_then(|()| if all_checked && spans != total { Err(Bad("the heaps' spans and the slab's count differ", spans as usize, total as usize)) } else { Ok(()) })
+        };
+        found.map_err(|Bad(what, a, b)| format!("slab: {what} ({a:#x}, {b:#x})"))
     }
 
-    fn check_heap(&self, h: &ThreadHeap) -> Result<(), String> {
+    fn check_heap(&self, h: &ThreadHeap) -> Result<(), Bad> {
         let mut n = 0u64;
         let mut spares = 0u64;
-        let mut visit = |s: &Span, place: u8| -> Result<(), String> {
+        let mut visit = |s: &Span, place: u8| -> Result<(), Bad> {
             n += 1;
             if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
-                return Err(format!("slab: span {:#x} place {} (expected {place}) or heap wrong", s.start.load(Relaxed), s.place.get()));
+                return Err(Bad("a span's place or heap is wrong (span, place)", s.start.load(Relaxed), s.place.get() as usize));
             }
-            self.check_span(s)?;
-            Ok(())
+            self.check_span(s)
         };
         for c in 0..CLASSES {
             let mut p = h.head[c].get();
@@ -530,7 +535,7 @@ impl Slab {
                 let s = unsafe { &*sp };
                 visit(s, SPARE)?;
                 if s.used() != 0 {
-                    return Err("slab: a spare span holds live objects".into());
+                    return Err(Bad("a spare span holds live objects (span, used)", s.start.load(Relaxed), s.used() as usize));
                 }
             }
         }
@@ -542,52 +547,52 @@ impl Slab {
             p = s.next.get();
         }
         if n != h.spans.get() || spares != h.spares.get() {
-            return Err(format!("slab: heap holds {n} spans ({spares} spare), counts {} ({})", h.spans.get(), h.spares.get()));
+            return Err(Bad("a heap's span count is wrong (spans found, counted)", n as usize, h.spans.get() as usize));
         }
         Ok(())
     }
 
-    /// Check one span: map, alignment, lists; the objects it counts as used (handed out, or
-    /// freed by another thread and not yet collected).
-    fn check_span(&self, s: &Span) -> Result<u32, String> {
+    /// Check one span: alignment, the page map, and its lists: distinct objects of its own
+    /// below `fresh`, which with `used` account for every object handed out.
+    fn check_span(&self, s: &Span) -> Result<(), Bad> {
         let start = s.start.load(Relaxed);
         let c = s.class.get() as usize;
         let (size, bytes) = (class_size(c), span_bytes(c));
         if !start.is_multiple_of(bytes) || s.size.load(Relaxed) as usize != size {
-            return Err(format!("slab: span {start:#x} of class {size} not aligned to {bytes} or wrong size"));
+            return Err(Bad("a span is misaligned or of the wrong size (span, size)", start, size));
         }
-        match self.map_entries(start, bytes) {
-            Ok(mut entries) => {
-                if !entries.all(|e| e.load(Relaxed) == s as *const Span as usize) {
-                    return Err(format!("slab: span {start:#x} not in the page map"));
-                }
+        for g in 0..bytes >> class::GRANULE_SHIFT {
+            if !matches!(self.find(start + (g << class::GRANULE_SHIFT)), Found::Span(m) if ptr::eq(m, s)) {
+                return Err(Bad("a span is not in the page map (span, granule)", start, g));
             }
-            Err(e) => return Err(format!("slab: span {start:#x}: {e}")),
         }
         let fresh = s.fresh.load(Relaxed);
         let handed = ((fresh - start) / size) as u32;
-        let mut seen = std::collections::HashSet::new();
-        let mut count = |head: usize, what: &str| -> Result<u32, String> {
+        // One bit per object (at most 4,096 in a span), on the stack.
+        let mut seen = [0u64; 64];
+        let mut count = |head: usize| -> Result<u32, Bad> {
             let mut o = head & !PARKED;
             let mut k = 0;
             while o != 0 {
-                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || !seen.insert(o) {
-                    return Err(format!("slab: span {start:#x}: {what} holds {o:#x} (bad or twice)"));
+                let i = (o.wrapping_sub(start)) / size;
+                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || seen[i / 64] & (1 << (i % 64)) != 0 {
+                    return Err(Bad("a free list holds a bad object, or one twice (span, object)", start, o));
                 }
+                seen[i / 64] |= 1 << (i % 64);
                 k += 1;
                 // SAFETY: a free object of this span (just checked), its first word the link.
                 o = unsafe { *(o as *const usize) };
             }
             Ok(k)
         };
-        let free = count(s.free.get(), "free")? + count(s.local_free.get(), "local_free")?;
+        let free = count(s.free.get())? + count(s.local_free.get())?;
         // Other threads' frees are still counted in `used`; walking them is safe for a span
         // whose owner is the caller (pushes only prepend).
-        let remote = count(s.thread_free.load(SeqCst), "thread_free")?;
+        let remote = count(s.thread_free.load(SeqCst))?;
         if free + s.used() != handed || remote > s.used() {
-            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used()));
+            return Err(Bad("free + used objects are not those handed out (span, free)", start, free as usize));
         }
-        Ok(s.used())
+        Ok(())
     }
 
     /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back
