@@ -504,7 +504,10 @@ impl Slab {
             }
             // With another thread's heap in use, its count may be a step behind or ahead.
             let total = self.spans.load(Relaxed);
-            found.and_then(|()| if all_checked && spans != total { Err(Bad("the heaps' spans and the slab's count differ", spans as usize, total as usize)) } else { Ok(()) })
+            if found.is_ok() && all_checked && spans != total {
+                found = Err(Bad("the heaps' spans and the slab's count differ", spans as usize, total as usize));
+            }
+            found
         };
         found.map_err(|Bad(what, a, b)| format!("slab: {what} ({a:#x}, {b:#x})"))
     }
