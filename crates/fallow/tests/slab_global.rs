@@ -92,6 +92,7 @@ fn threads_allocate_exchange_and_exit_through_the_slab() {
     // A large vector still comes from fallow's pages, a small one from its small objects.
     let big = vec![1u8; 1 << 20];
     assert!(a.owns(big.as_ptr()));
+    #[allow(clippy::useless_vec)] // a heap allocation through the global allocator is the point
     let small = vec![2u8; 100];
     assert!(a.owns(small.as_ptr()) && a.usable_size(small.as_ptr()) == Some(112));
 }
