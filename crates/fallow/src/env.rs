@@ -2,7 +2,8 @@
 //! `FALLOW_THRESHOLD`, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`, `FALLOW_ZEROING`, `FALLOW_THP`,
 //! `FALLOW_STATS`, `FALLOW_ARENA_SIZE`, `FALLOW_MEMORY_LIMIT`, `FALLOW_PRESSURE` and the
 //! per-thread caches' `FALLOW_CACHE`, `FALLOW_CACHE_MAX_ORDER`, `FALLOW_CACHE_BATCH_PAGES` and
-//! `FALLOW_CACHE_HIGH_PAGES`, applied over a given `Config` (the default one for the preload, the
+//! `FALLOW_CACHE_HIGH_PAGES`, and `FALLOW_SMALL` (`1`: small objects from the slab layer,
+//! `Config::small_objects`; `0`: not), applied over a given `Config` (the default one for the preload, the
 //! caller's for `fallow_create_from_env`).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are
@@ -248,6 +249,9 @@ pub fn parse<'a>(
         c.tunables.pressure = on;
     }
     cache_settings(&get, warn, c, &d);
+    if let Some(on) = switch(&get, warn, c"FALLOW_SMALL", ["1", "0"], d.small_objects) {
+        c.small_objects = on;
+    }
     if let Some(v) = get(c"FALLOW_STATS") {
         match v {
             b"0" | b"" => s.stats = false,
@@ -497,6 +501,18 @@ mod tests {
         let (s, w) = run(&[("FALLOW_THRESHOLD", "1g"), ("FALLOW_ARENA_SIZE", "0"), ("FALLOW_REPORT_DELAY_MS", "0")]);
         assert!(w.is_empty(), "{w:?}");
         assert_eq!((s.threshold, s.config.arena_size, s.config.tunables.report_delay_ms), (gib, 0, 0));
+    }
+
+    #[test]
+    fn small_objects_switch_and_warn_on_a_bad_value() {
+        let (s, w) = run(&[("FALLOW_SMALL", "1")]);
+        assert!(w.is_empty() && s.config.small_objects, "{w:?}");
+        let (s, w) = run_over(Config { small_objects: true, ..Config::default() }, &[("FALLOW_SMALL", "0")]);
+        assert!(w.is_empty() && !s.config.small_objects, "{w:?}");
+        let (s, w) = run(&[("FALLOW_SMALL", "yes")]);
+        assert!(!s.config.small_objects);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("FALLOW_SMALL=\"yes\" is not one of 1, 0; using the default 0"), "{}", w[0]);
     }
 
     #[test]

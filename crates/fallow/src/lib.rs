@@ -23,6 +23,8 @@
 //! - `heap/`: the locked allocator (allocation, free with validation, resize, growth), what an
 //!   allocator's handles, caches and workers share, and the workers' isolation interface;
 //! - `cache/`: per-thread page caches, the lock-free fast path;
+//! - `slab/`: small objects (up to 16 KiB) in spans of pages, per-thread heaps, free-list
+//!   sharding;
 //! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
 //! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls;
 //! - `global`: `LazyAllocator` (a process-wide allocator created on first use) and `FallowAlloc`,
@@ -59,6 +61,7 @@ pub(crate) mod nt;
 pub(crate) mod os;
 pub(crate) mod page;
 pub(crate) mod report;
+pub(crate) mod slab;
 pub(crate) mod start;
 pub(crate) mod stats;
 pub(crate) mod sync;

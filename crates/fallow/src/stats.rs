@@ -189,6 +189,19 @@ macro_rules! stats_table {
         busy_cpu_naps: Count,
         /// Times the zeroing worker looked for work under the lock (its MEASURE step).
         zero_scans: Count,
+        /// Small objects (the slab layer, `Allocator::malloc`) live, and their bytes (class
+        /// sizes): handed out and not yet back with their span's owner (one another thread
+        /// freed counts until the owner collects it, at its next look at that span).
+        small_live_objects: Count,
+        small_live_bytes: Bytes,
+        /// Spans (page blocks cut into small objects; counted in `bytes_in_use` as live
+        /// blocks) held by the slab layer, and their bytes; of them, spare ones (empty, one kept
+        /// per class and thread heap).
+        small_spans: Count,
+        small_span_bytes: Bytes,
+        small_spare_spans: Count,
+        /// Bytes of spans in no live small object: free objects, never-used ones, span tails.
+        small_free_bytes: Bytes,
     }
     } };
 }

@@ -32,6 +32,8 @@ const LAYERS: &[&str] = &[
     // The locked allocator, then the per-thread front over it.
     "heap",
     "cache",
+    // Small objects in spans of pages, over the page path.
+    "slab",
     // The memory limit and pressure the reporter watches.
     "limit",
     // The background workers: they use the heap's isolation interface and drain idle caches.

@@ -64,14 +64,18 @@ impl Allocator {
         cache::ask_to_drain(&self.shared, &self.shared.heap.lock());
     }
 
-    /// Drain the calling thread's cache of this allocator back to the free lists now.
+    /// Drain the calling thread's cache of this allocator back to the free lists now, after its
+    /// small-object heap gave back its empty spans (those with live objects stay).
     pub fn drain_thread_cache(&self) {
+        self.slab.trim_current();
         let _ = cache::drain_current(&self.shared);
     }
 
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`, as
     /// `pthread_atfork` handlers). Calling it twice in a row without either deadlocks.
     pub fn before_fork(&self) {
+        // The slab's lock first: the slab never takes it while holding the allocator's.
+        self.slab.before_fork();
         self.shared.heap.raw().lock();
     }
 
@@ -85,9 +89,13 @@ impl Allocator {
         // SAFETY: the caller's contract: `before_fork` took the lock in this thread, and this is
         // its parent-side release.
         unsafe { self.shared.heap.raw().unlock() }
+        // SAFETY: the same contract: `before_fork` took the slab's lock in this thread.
+        unsafe { self.slab.after_fork_parent() }
     }
 
-    /// In the child: the lock is free again, the workers do not exist here. Blocks they had
+    /// In the child: the lock is free again, the workers do not exist here. The heaps of the
+    /// parent's other threads (small objects) are given up, their spans collected as their
+    /// objects are freed. Blocks they had
     /// isolated go back on the lists in the states they had before (a conservative choice: a
     /// reported or zeroed page recorded as dirty costs a memset at worst). The workers restart
     /// when a free next makes work for them, or at `start_workers`.
@@ -114,6 +122,9 @@ impl Allocator {
                 h.unisolate(slot, |st| st);
             }
         }
+        drop(h);
+        // SAFETY: the caller's contract, which `before_fork` extends to the slab's lock.
+        unsafe { self.slab.after_fork_child() }
     }
 
     /// Check every invariant of the free lists and counters (for tests; walks everything). Other
@@ -148,7 +159,11 @@ impl Allocator {
                 c.in_use_pages as i64, c.cached_pages as i64, c.isolated_pages
             ));
         }
-        cache::check(&h)
+        cache::check(&h)?;
+        // The slab's check takes its own lock, never while holding the allocator's (`fork`
+        // takes them in the other order).
+        drop(h);
+        self.slab.check()
     }
 
     /// Every free page's recorded state, as runs `(address, bytes, state)` (for tests). Other

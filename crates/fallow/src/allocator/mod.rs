@@ -17,19 +17,23 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::flags::Flags;
 use crate::heap::{Heap, Shared, WorkerEntries};
-use crate::os::{PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{PageState, StateCounts};
+use crate::os::PAGE_SHIFT;
+use crate::page::StateCounts;
+use crate::slab::{Found, Slab, SMALL_OBJECT_MAX};
 use crate::stats::Stats;
 
-/// A page allocator. Cloning gives another handle to the same allocator.
+/// A page allocator, with small objects on its pages (`malloc`). Cloning gives another handle
+/// to the same allocator.
 pub struct Allocator {
     pub(crate) shared: Arc<Shared>,
+    /// The slab layer (small objects in spans of pages: `malloc`, `free_any`).
+    pub(crate) slab: Arc<Slab>,
 }
 
 impl Clone for Allocator {
     fn clone(&self) -> Allocator {
         self.shared.clone_handle();
-        Allocator { shared: self.shared.clone() }
+        Allocator { shared: self.shared.clone(), slab: self.slab.clone() }
     }
 }
 
@@ -50,8 +54,10 @@ impl Allocator {
         let cache_orders = cache::orders_served(&config);
         let entries = WorkerEntries { report: crate::report::thread_main, zero: crate::zero::thread_main };
         let shared = Shared::new(config, cache::new_allocator_id(), cache_orders, entries);
-        let alloc = Allocator { shared: Arc::new(shared) };
-        alloc.shared.grow(0, 0)?;
+        let shared = Arc::new(shared);
+        shared.grow(0, 0)?;
+        let slab = Arc::new(Slab::new(shared.clone())?);
+        let alloc = Allocator { shared, slab };
         alloc.start_workers();
         Ok(alloc)
     }
@@ -68,140 +74,57 @@ impl Allocator {
     /// Allocate `size` bytes aligned to `align` (a power of two up to the largest block).
     ///
     /// Always inlined: the hit path is a few dozen instructions and no call, as a malloc's
-    /// thread-cache hit; out of line it would also return its `Result` through memory.
+    /// thread-cache hit; out of line it would also return its `Result` through memory. The
+    /// path itself is the cache layer's (`cache::alloc_pages`), which the slab layer's spans
+    /// take too.
     #[inline(always)]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        // The hit path (cache/): a plain request for an exact power-of-two block of a cached
-        // order, served by the cache this thread used last. Everything else goes to `alloc_slow`.
-        if flags.0 == 0 {
-            if let (Some(order), Some(tc)) = (self.cached_order(size, align), cache::last(&self.shared)) {
-                // `enter` written out rather than `inside`: a closure is a function of its own
-                // that the compiler may leave out of line. Dropping `e` leaves the cache.
-                let hit = match tc.enter() {
-                    Some(e) => e.alloc_hit(&self.shared, order),
-                    None => None,
-                };
-                if let Some((addr, state)) = hit {
-                    // SAFETY: `state` is the first state byte of the block just handed out, an
-                    // aligned block of `2^order` pages (`alloc_hit`).
-                    unsafe { crate::arena::fill_block(state, 1 << order, PageState::Allocated) };
-                    // SAFETY: `addr` is not zero.
-                    return Ok(unsafe { NonNull::new_unchecked(addr.get() as *mut u8) });
-                }
-            }
-        }
-        self.alloc_slow(size, align, flags)
+        cache::alloc_pages(&self.shared, size, align, flags)
     }
 
-    /// The order of the block the caches' hit path would serve for `size` and `align`: an exact
-    /// power of two of pages, of a stacked order, aligned to its size at most.
-    #[inline(always)]
-    fn cached_order(&self, size: usize, align: usize) -> Option<u8> {
-        // `size - 1` below the largest stacked block (0 wraps to above it), so `size >= 1`.
-        let last = size.wrapping_sub(1);
-        if last >= self.shared.hit.cache_hit_max_bytes {
-            return None;
-        }
-        let npages = (last >> PAGE_SHIFT) + 1;
-        // A bad alignment (0, not a power of two) goes to the locked path, which reports it.
-        // (A page or less always fits: stated first, it folds away for a constant page alignment.)
-        let aligned = align.is_power_of_two() && (align <= PAGE_SIZE || align <= npages << PAGE_SHIFT);
-        (npages & (npages - 1) == 0 && aligned).then_some(npages.trailing_zeros() as u8)
-    }
-
-    #[inline(never)]
-    fn alloc_slow(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        // Relaxed: the worker only needs to see it eventually; a load first keeps the line shared.
-        if flags.contains(Flags::ZERO) && !self.shared.zero_requested.load(Ordering::Relaxed) {
-            self.shared.zero_requested.store(true, Ordering::Relaxed);
-            // The first one: dirty memory freed until now did not wake the zeroing worker.
-            self.shared.wake_workers_after_free(self.shared.heap.lock());
-        }
-        if let Some(p) = self.alloc_cached(size, align, flags) {
-            return Ok(p);
-        }
-        // Before the heap grows, this thread's own cache gives back what it holds.
-        self.shared.alloc_locked(size, align, flags, &mut || cache::drain_current(&self.shared))
-    }
-
-    /// The block the caches would serve for `size` and `align`, as `(order, pages)`: the
-    /// smallest block of a cached order that holds the request, aligned to its size at most. A
-    /// request of fewer pages than the block leaves the rest as slack (cache/mod.rs, "Slack").
-    #[inline]
-    fn cache_shape(&self, size: usize, align: usize) -> Option<(u8, u32)> {
-        let last = size.wrapping_sub(1);
-        if last >= self.shared.hit.cache_max_bytes {
-            return None;
-        }
-        let npages = ((last >> PAGE_SHIFT) + 1) as u32;
-        let order = npages.next_power_of_two().trailing_zeros() as u8;
-        let aligned = align.is_power_of_two() && (align <= PAGE_SIZE || align <= PAGE_SIZE << order);
-        aligned.then_some((order, npages))
-    }
-
-    /// The fast path (`cache/`): a block of a cached order, without `LOCK` (whose bookkeeping
-    /// needs the lock), from this thread's cache. `None`: take the locked path (which also
-    /// reports bad requests); so does a request that the block this thread freed last there
-    /// may hold (`cache/hot.rs`, the locked hot block).
-    #[inline]
-    fn alloc_cached(&self, size: usize, align: usize, flags: Flags) -> Option<NonNull<u8>> {
-        if flags.contains(Flags::LOCK) {
-            return None;
-        }
-        let (order, npages) = self.cache_shape(size, align)?;
-        let cached = |tc: &cache::Entries<'_>| if tc.to_locked_hot(npages) { None } else { tc.alloc(&self.shared, order, npages, flags) };
-        let addr = cache::current(&self.shared)?.inside(cached)??;
-        // SAFETY: a block address is never null.
-        Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
-    }
-
-    /// Free the live block that starts at `ptr` (always inlined, as `alloc`).
+    /// Free the live block that starts at `ptr` (always inlined, as `alloc`). A block of
+    /// `alloc` only: an object of `malloc` goes to `free_any`.
     #[inline(always)]
     pub fn free(&self, ptr: *mut u8) -> Result<(), Error> {
-        self.free_checked(ptr as usize, None)
+        cache::free_pages(&self.shared, ptr as usize, None)
     }
 
     /// Free the live block at `ptr`, checking that it holds `size` bytes (page-rounded).
     #[inline(always)]
     pub fn free_sized(&self, ptr: *mut u8, size: usize) -> Result<(), Error> {
-        self.free_checked(ptr as usize, Some(size))
+        cache::free_pages(&self.shared, ptr as usize, Some(size))
     }
 
+    /// The largest request `malloc` serves as a small object (16 KiB) when small objects are
+    /// on (`Config::small_objects`); larger ones are page blocks.
+    pub const SMALL_MAX: usize = SMALL_OBJECT_MAX;
+
+    /// Allocate `size` bytes aligned to `align` (a power of two), as C's `malloc` / `calloc`
+    /// (`Flags::ZERO`) / `aligned_alloc` do: with small objects on (`Config::small_objects`), a
+    /// request of at most `SMALL_MAX` bytes (and an alignment that fits in it) is an object of
+    /// a size class in a span of pages (the slab layer: per-thread heaps, no lock on the hot
+    /// path); anything else, and everything with small objects off, is a page block as `alloc`
+    /// serves it. `size` 0 is served as 1. Free it with `free_any`. What `FallowAlloc`, the C
+    /// library's and the preload's malloc-like functions call.
     #[inline(always)]
-    fn free_checked(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
-        // The hit path: a live block of a cached order goes to the cache this thread used last.
-        if let Some(tc) = cache::last(&self.shared) {
-            if let Some(e) = tc.enter() {
-                let hit = e.free_hit(&self.shared, addr, size);
-                drop(e);
-                if hit {
-                    return Ok(());
-                }
-            }
+    pub fn malloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc(size, align, flags);
         }
-        self.free_slow(addr, size)
+        self.alloc(size.max(1), align, flags)
     }
 
-    /// The cache with the checks the hit path skips (attach, drain first), else the validated,
-    /// locked path: anything that does not look exactly like a live cached-order block.
-    #[inline(never)]
-    fn free_slow(&self, addr: usize, size: Option<usize>) -> Result<(), Error> {
-        if self.shared.hit.cache_orders > 0 {
-            if let Some(tc) = cache::current(&self.shared) {
-                match tc.inside(|tc| tc.free(&self.shared, addr, size)) {
-                    Some(true) => return Ok(()),
-                    Some(false) => {
-                        // The cache did not take it: a block freed on the locked path, which the
-                        // next request it can hold reuses there (`cache/hot.rs`).
-                        let (arena, pages) = self.shared.free_locked_pages(addr, size)?;
-                        tc.inside(|tc| tc.freed_locked(addr, arena, pages));
-                        return Ok(());
-                    }
-                    None => {}
-                }
-            }
+    /// Free what `malloc` (or `alloc`) returned: a small object goes back to its span, a page
+    /// block as by `free`. A pointer inside an object, one never handed out, and an object freed
+    /// twice in a row (at least, as glibc's immediate double free) are `InteriorPointer`,
+    /// `InvalidPointer` and `DoubleFree`, found before anything changes.
+    #[inline(always)]
+    pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.free_in(s, addr),
+            _ => self.free(ptr),
         }
-        self.shared.free_locked(addr, size)
     }
 
     /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
@@ -218,10 +141,24 @@ impl Allocator {
         unsafe { self.shared.free_reported(ptr as usize) }
     }
 
-    /// Bytes usable in the live block at `ptr` (page-rounded), or `None` if `ptr` is not the start
-    /// of a live block of this allocator.
+    /// A small object's class size, if `ptr` is the start of a small object (`FallowAlloc`'s
+    /// `realloc` keeps such an object in place while the new size fits its class).
+    pub(crate) fn small_usable_size(&self, ptr: *const u8) -> Option<usize> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.usable_size_in(s, addr),
+            _ => None,
+        }
+    }
+
+    /// Bytes usable at `ptr`: a small object's class size, a block's size (page-rounded); `None`
+    /// if `ptr` is neither the start of a small object nor of a live block of this allocator.
     pub fn usable_size(&self, ptr: *const u8) -> Option<usize> {
-        self.shared.usable_size(ptr as usize)
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.usable_size_in(s, addr),
+            _ => self.shared.usable_size(addr),
+        }
     }
 
     /// Whether `ptr` lies in one of this allocator's arenas (a range check, no lock).
@@ -294,6 +231,7 @@ impl Allocator {
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
+        self.slab.add_to_stats(&mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

@@ -5,7 +5,8 @@
 //! `enter`/`leave` guard; `entry` a cached block's one-word entry; `stack` each order's two
 //! stacks and every access to the entries; `hit` the hit paths of `alloc` and `free` (and the
 //! slack path); `hot` the hot block (the block freed last serves the next request it can hold,
-//! with slack); `batch` the refill and drain under the allocator lock and the folding of the
+//! with slack); `pages` the page path as one call (`alloc_pages`, `free_pages`: what
+//! `Allocator::alloc` / `free` are, and how the slab layer takes and gives back its spans); `batch` the refill and drain under the allocator lock and the folding of the
 //! counters; `table` the thread-local table that finds a thread's cache of an allocator, and the
 //! allocator's list of its caches; `remote` what other threads do to a cache: a worker's drain
 //! of an idle one, and what `stats`, `check_invariants` and `free_runs` see of them.
@@ -113,6 +114,7 @@ mod batch;
 mod entry;
 mod hit;
 mod hot;
+mod pages;
 mod stack;
 mod remote;
 mod table;
@@ -134,6 +136,7 @@ use crate::page::{BlockMeta, Class, HitWord, PageState, StateCounts, Tag, CLASSE
 use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
+pub(crate) use pages::{alloc_pages, free_pages};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;
@@ -172,24 +175,28 @@ pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
 }
 
 /// A counter with a single writer, the owning thread: a plain load and store, no `lock` prefix.
+/// (The slab layer's per-heap counters are `Owned` too.)
 #[derive(Default)]
-struct Owned(AtomicU64);
+pub(crate) struct Owned(AtomicU64);
 
 impl Owned {
+    pub(crate) const fn new() -> Owned {
+        Owned(AtomicU64::new(0))
+    }
     #[inline(always)]
-    fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)
     }
     #[inline(always)]
-    fn set(&self, v: u64) {
+    pub(crate) fn set(&self, v: u64) {
         self.0.store(v, Relaxed)
     }
     #[inline(always)]
-    fn add(&self, v: u64) {
+    pub(crate) fn add(&self, v: u64) {
         self.set(self.get().wrapping_add(v))
     }
     #[inline(always)]
-    fn sub(&self, v: u64) {
+    pub(crate) fn sub(&self, v: u64) {
         self.set(self.get().wrapping_sub(v))
     }
 }

@@ -65,6 +65,10 @@ impl ArenaView {
     pub(crate) fn huge_units(&self) -> bool {
         self.huge_units.load(Ordering::Relaxed)
     }
+    /// The arena's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
     #[inline(always)]
     pub(crate) fn base(&self) -> usize {
         self.base.load(Ordering::Relaxed)

@@ -1,0 +1,324 @@
+//! A thread heap (`ThreadHeap`): one thread's spans of one allocator, per class a list whose
+//! head is the span the hot path pops from, a list of full (parked) spans, one spare empty span
+//! per class, and the `returned` stack through which other threads hand parked spans back.
+//! Here the owner's slow paths: finding an object when the current span has none, a local free
+//! that emptied a span or freed into a parked one, and giving the heap up (thread exit).
+//!
+//! A heap lives on a page of its own from the OS and is never unmapped before its slab: when
+//! its thread exits it is abandoned (`abandoned`, under the slab lock) with the spans that still
+//! hold live objects, and the next thread to need a heap adopts it whole. While it is abandoned
+//! the slab lock holder is its owner: a free into one of its spans pushes on `thread_free` as
+//! any other thread's, then sees `abandoned` and collects that span under the lock, giving it
+//! back to the page layer once empty. So no span outlives its objects, whoever frees them.
+
+use core::cell::Cell;
+use core::ptr;
+use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+
+use super::class::CLASSES;
+use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
+use crate::cache::Owned;
+
+#[repr(C, align(64))]
+pub(crate) struct ThreadHeap {
+    /// Per class, the head of the list of spans with room (the current span), `EMPTY` if none.
+    pub(crate) head: [Cell<*mut Span>; CLASSES],
+    /// Per class, one empty span kept (null if none).
+    pub(crate) spare: [Cell<*mut Span>; CLASSES],
+    /// Full spans, parked (`Span::place == FULL`), linked through `next` / `prev`.
+    pub(crate) full: Cell<*mut Span>,
+    /// Spans other threads handed back (span.rs, the remote-free protocol).
+    pub(crate) returned: AtomicPtr<Span>,
+    /// Bound to no thread: the slab lock holder is the owner (set and cleared under the lock).
+    pub(crate) abandoned: AtomicBool,
+    /// Spans held, of which spares (the statistics).
+    pub(crate) spans: Owned,
+    pub(crate) spares: Owned,
+    /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
+    pub(crate) next_heap: Cell<*mut ThreadHeap>,
+    pub(crate) next_pooled: Cell<*mut ThreadHeap>,
+}
+
+// SAFETY: the `Cell`s are the owner's (its bound thread, or the slab lock holder while it is
+// abandoned; the two pass it on under the lock), the links `next_heap` / `next_pooled` the slab
+// lock holder's; what other threads touch is atomic (`returned`, `abandoned`, the counters).
+unsafe impl Sync for ThreadHeap {}
+
+const _: () = assert!(core::mem::size_of::<ThreadHeap>() <= crate::os::PAGE_SIZE);
+
+/// The heap `table::last` gives a thread that has none of the slab (or not the one it used
+/// last): it owns no span and its heads are `EMPTY`, so the hot paths need no null test (an
+/// allocation finds nothing to pop, a free finds the span's heap is not this one). Never
+/// written: the hot paths write only spans they popped from, and the slow paths ask
+/// `table::current`, which never gives it.
+pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
+    head: [const { Cell::new(&EMPTY as *const Span as *mut Span) }; CLASSES],
+    spare: [const { Cell::new(ptr::null_mut()) }; CLASSES],
+    full: Cell::new(ptr::null_mut()),
+    returned: AtomicPtr::new(ptr::null_mut()),
+    abandoned: AtomicBool::new(false),
+    spans: Owned::new(),
+    spares: Owned::new(),
+    next_heap: Cell::new(ptr::null_mut()),
+    next_pooled: Cell::new(ptr::null_mut()),
+};
+
+impl ThreadHeap {
+    pub(crate) fn none() -> *mut ThreadHeap {
+        &NO_HEAP as *const ThreadHeap as *mut ThreadHeap
+    }
+}
+
+/// What the owner's slow path found for a request.
+pub(crate) enum Got {
+    /// An object, and whether it reads zero (a never-used object of a zeroed span).
+    Object(usize, bool),
+    /// No span of the class has room: the caller takes a new one from the page layer (without
+    /// any lock held) and installs it (`install`).
+    NeedSpan,
+}
+
+impl ThreadHeap {
+    /// Set up a heap on `page`, a fresh zeroed page (zero is null and 0 for every field; the
+    /// heads start at `EMPTY`).
+    ///
+    /// # Safety
+    /// `page` is a fresh mapping of at least a page that nothing else uses.
+    pub(crate) unsafe fn init(page: usize) -> *mut ThreadHeap {
+        let h = page as *mut ThreadHeap;
+        // SAFETY: the caller's page, zeroed: a valid `ThreadHeap` of null pointers and zeros,
+        // which this thread alone sees until it is registered.
+        let r = unsafe { &*h };
+        for c in &r.head {
+            c.set(Span::empty());
+        }
+        h
+    }
+
+    // ---- Lists (owner) ----
+
+    fn push_head(&self, s: &Span) {
+        let c = s.class.get() as usize;
+        let old = self.head[c].get();
+        let me = s as *const Span as *mut Span;
+        s.prev.set(ptr::null_mut());
+        s.next.set(if Span::is_empty_span(old) { ptr::null_mut() } else { old });
+        if !Span::is_empty_span(old) {
+            // SAFETY: `old` is a listed span of this heap (owner's).
+            unsafe { (*old).prev.set(me) };
+        }
+        self.head[c].set(me);
+        s.place.set(LISTED);
+    }
+
+    /// Put a span back on its class list behind the head (it has room, but the current span
+    /// stays current).
+    fn push_behind_head(&self, s: &Span) {
+        let c = s.class.get() as usize;
+        let head = self.head[c].get();
+        if Span::is_empty_span(head) {
+            return self.push_head(s);
+        }
+        // SAFETY: `head` is a listed span of this heap, and its `next` too when not null.
+        unsafe {
+            let next = (*head).next.get();
+            s.prev.set(head);
+            s.next.set(next);
+            if !next.is_null() {
+                (*next).prev.set(s as *const Span as *mut Span);
+            }
+            (*head).next.set(s as *const Span as *mut Span);
+        }
+        s.place.set(LISTED);
+    }
+
+    fn unlink(&self, s: &Span) {
+        let (p, n) = (s.prev.get(), s.next.get());
+        // SAFETY: `p` and `n` are spans of this heap's same list (owner's), or null.
+        unsafe {
+            if !n.is_null() {
+                (*n).prev.set(p);
+            }
+            if !p.is_null() {
+                (*p).next.set(n);
+            } else if s.place.get() == FULL {
+                self.full.set(n);
+            } else {
+                self.head[s.class.get() as usize].set(if n.is_null() { Span::empty() } else { n });
+            }
+        }
+        s.next.set(ptr::null_mut());
+        s.prev.set(ptr::null_mut());
+    }
+
+    fn park(&self, s: &Span) {
+        self.unlink(s);
+        s.place.set(FULL);
+        let old = self.full.get();
+        s.prev.set(ptr::null_mut());
+        s.next.set(old);
+        if !old.is_null() {
+            // SAFETY: `old` is on this heap's full list (owner's).
+            unsafe { (*old).prev.set(s as *const Span as *mut Span) };
+        }
+        self.full.set(s as *const Span as *mut Span);
+    }
+
+    /// Move the spans other threads handed back from the full list to their class lists:
+    /// whether there were any.
+    pub(crate) fn take_returned(&self) -> bool {
+        let mut s = take_returned(&self.returned);
+        let any = !s.is_null();
+        while !s.is_null() {
+            // SAFETY: a span on this heap's `returned` stack is this heap's, parked and handed
+            // back (only the push that cleared `PARKED` puts it there, once per park).
+            let r = unsafe { &*s };
+            s = r.returned_next.load(Relaxed);
+            debug_assert!(r.place.get() == FULL);
+            self.unlink(r);
+            self.push_behind_head(r);
+        }
+        any
+    }
+
+    // ---- Allocation (owner) ----
+
+    /// An object of class `c` when the current span's `free` is empty: the current span's own
+    /// and other threads' frees, its never-used objects, the next span with room (parking the
+    /// full ones), spans handed back, the spare; else `NeedSpan`. `zero`: the request wants zeros
+    /// (a never-used object of a zeroed span is then handed out as reading zero).
+    pub(crate) fn alloc(&self, c: usize, zero: bool) -> Got {
+        loop {
+            let sp = self.head[c].get();
+            if Span::is_empty_span(sp) {
+                if self.take_returned() {
+                    continue;
+                }
+                let spare = self.spare[c].replace(ptr::null_mut());
+                if spare.is_null() {
+                    return Got::NeedSpan;
+                }
+                self.spares.sub(1);
+                // SAFETY: the spare is an empty span of this heap, on no list.
+                self.push_head(unsafe { &*spare });
+                continue;
+            }
+            // SAFETY: a head other than `EMPTY` is a listed span of this heap.
+            let s = unsafe { &*sp };
+            if let Some(o) = s.pop() {
+                return Got::Object(o, false);
+            }
+            s.collect();
+            if let Some(o) = s.pop() {
+                return Got::Object(o, false);
+            }
+            if let Some((o, reads_zero)) = s.take_fresh(zero) {
+                return Got::Object(o, reads_zero);
+            }
+            // Full: park it (or, if a push came first, collect that at the next turn).
+            if s.try_park() {
+                self.park(s);
+            }
+        }
+    }
+
+    /// A new span `s` (set up by the caller for this heap, in the page map) becomes the current
+    /// span of its class.
+    pub(crate) fn install(&self, s: &Span) {
+        self.spans.add(1);
+        self.push_head(s);
+    }
+
+    // ---- Frees (owner) ----
+
+    /// After a local free into `s` that emptied it or found it parked: a parked span comes back
+    /// to its class list (if this free cleared `PARKED`; else a push did and the span comes
+    /// back through `returned`); an empty span that is not its class's current one goes to the
+    /// spare slot, or is returned (`Some`: the caller gives it back to the page layer).
+    #[cold]
+    pub(crate) fn after_local_free<'s>(&self, s: &'s Span) -> Option<&'s Span> {
+        if s.place.get() == FULL {
+            if !s.unpark() {
+                return None;
+            }
+            self.unlink(s);
+            self.push_behind_head(s);
+        }
+        if s.used() == 0 && !ptr::eq(self.head[s.class.get() as usize].get(), s) {
+            return self.retire_empty(s);
+        }
+        None
+    }
+
+    /// An empty listed span leaves its list: into the spare slot if free, else to the caller.
+    fn retire_empty<'s>(&self, s: &'s Span) -> Option<&'s Span> {
+        self.unlink(s);
+        let c = s.class.get() as usize;
+        if self.spare[c].get().is_null() {
+            s.place.set(SPARE);
+            self.spare[c].set(s as *const Span as *mut Span);
+            self.spares.add(1);
+            return None;
+        }
+        self.spans.sub(1);
+        s.place.set(LEAVING);
+        Some(s)
+    }
+
+    // ---- Collection by the lock holder (abandoned heaps) and at exit ----
+
+    /// Collect `s` (listed) and take it off the heap if it is empty: `Some(s)` to give back.
+    pub(crate) fn collect_or_drop(&self, s: &Span) -> Option<*mut Span> {
+        s.collect();
+        if s.used() > 0 {
+            return None;
+        }
+        self.unlink(s);
+        self.spans.sub(1);
+        s.place.set(LEAVING);
+        Some(s as *const Span as *mut Span)
+    }
+
+    /// Give the heap up (its thread exits, or the lock holder collects it): parked spans the
+    /// owner can take back come back, handed-back ones too; every listed span is collected, and
+    /// the empty ones and the spares are pushed on `out` (linked through `next`) for the caller
+    /// to give back. Spans with live objects stay. Called by the owner: the lock holder with
+    /// `abandoned` set (so that a push after it collects for itself), or the bound thread.
+    pub(crate) fn collect_all(&self, out: &mut *mut Span) {
+        let mut give = |s: *mut Span| {
+            // SAFETY: a span just taken off this heap, on no list: the caller's to give back.
+            unsafe { (*s).next.set(*out) };
+            *out = s;
+        };
+        let mut f = self.full.get();
+        while !f.is_null() {
+            // SAFETY: a span on this heap's full list.
+            let s = unsafe { &*f };
+            f = s.next.get();
+            if s.unpark() {
+                self.unlink(s);
+                self.push_behind_head(s);
+            }
+        }
+        self.take_returned();
+        for c in 0..CLASSES {
+            let mut p = self.head[c].get();
+            while !Span::is_empty_span(p) && !p.is_null() {
+                // SAFETY: a listed span of this heap.
+                let s = unsafe { &*p };
+                p = s.next.get();
+                if let Some(e) = self.collect_or_drop(s) {
+                    give(e);
+                }
+            }
+            let spare = self.spare[c].replace(ptr::null_mut());
+            if !spare.is_null() {
+                self.spares.sub(1);
+                self.spans.sub(1);
+                // SAFETY: the spare, this heap's, on no list.
+                unsafe { (*spare).place.set(LEAVING) };
+                give(spare);
+            }
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The slab's side metadata, all from the operating system (never from `malloc`): the page map
+//! (per arena, one word per 64 KiB granule naming the span descriptor that covers it, 0 for
+//! none), the descriptors themselves, taken from chunks and recycled, never unmapped before the
+//! slab, and the pages of the thread heaps.
+//!
+//! The map of an arena is reserved with `MAP_NORESERVE` when the arena's first span is made, so
+//! only the parts that spans touched are committed (8 bytes per 64 KiB: 128 KiB of map for 1 GiB
+//! of spans). Finding a pointer's span reads no header in front of the object: the arena's view
+//! (`Shared::view_of`), then one map word.
+
+use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
+
+use super::class::GRANULE_SHIFT;
+use super::span::{Span, FREE_DESCRIPTOR};
+use super::Slab;
+use crate::error::Error;
+use crate::heap::MAX_ARENAS;
+use crate::os::{self, PAGE_SIZE};
+
+/// Descriptors per chunk (64 KiB of 128-byte descriptors; the first slot holds the chunk link).
+const CHUNK_BYTES: usize = 64 << 10;
+const PER_CHUNK: usize = CHUNK_BYTES / core::mem::size_of::<Span>();
+const _: () = assert!(core::mem::size_of::<Span>() == 128);
+
+/// The maps of the arenas (an address per arena, 0 until its first span) and their lengths.
+pub(crate) struct PageMaps {
+    base: [AtomicUsize; MAX_ARENAS],
+    bytes: [AtomicUsize; MAX_ARENAS],
+}
+
+/// Where a pointer is, as the page map tells it.
+pub(crate) enum Found<'a> {
+    /// In no arena of this allocator.
+    Foreign,
+    /// In an arena, not in a span: a page block's, or nobody's.
+    Pages,
+    /// In this span.
+    Span(&'a Span),
+}
+
+impl PageMaps {
+    pub(crate) fn new() -> PageMaps {
+        PageMaps { base: core::array::from_fn(|_| AtomicUsize::new(0)), bytes: core::array::from_fn(|_| AtomicUsize::new(0)) }
+    }
+
+    /// The map entry of `addr` in arena `ai` based at `arena_base`, if that arena has a map.
+    #[inline(always)]
+    fn entry(&self, ai: usize, arena_base: usize, addr: usize) -> Option<&AtomicUsize> {
+        // Acquire: the map's pages were mapped before its address was published.
+        let map = self.base[ai].load(Acquire);
+        if map == 0 {
+            return None;
+        }
+        // SAFETY: `addr` lies in arena `ai` (the caller found it there), and the map has one
+        // word per granule of the whole arena, reserved for the slab's life.
+        Some(unsafe { &*((map + ((addr - arena_base) >> GRANULE_SHIFT) * 8) as *const AtomicUsize) })
+    }
+
+    /// Reserve the map of arena `ai` (`len` bytes), unless it has one: its address.
+    pub(crate) fn reserve(&self, ai: usize, len: usize) -> Result<usize, Error> {
+        let have = self.base[ai].load(Acquire);
+        if have != 0 {
+            return Ok(have);
+        }
+        let bytes = ((len >> GRANULE_SHIFT) * 8).next_multiple_of(PAGE_SIZE);
+        let map = os::scratch(bytes).map_err(|errno| Error::Os { op: "mmap (slab page map)", errno })?;
+        self.bytes[ai].store(bytes, Relaxed);
+        self.base[ai].store(map, Release);
+        Ok(map)
+    }
+
+    /// Unmap every map (the slab is going away).
+    fn unmap_all(&self) {
+        for (b, n) in self.base.iter().zip(&self.bytes) {
+            let (b, n) = (b.load(Relaxed), n.load(Relaxed));
+            if b != 0 {
+                // SAFETY: a map this slab reserved, referenced by nothing once the slab is dropped.
+                unsafe { os::unmap(b, n) };
+            }
+        }
+    }
+}
+
+impl Slab {
+    /// Where `addr` is: in a span (its descriptor), in an arena outside spans, or in no arena.
+    /// The first arena (which holds most blocks) is tested inline against the slab's own copy
+    /// of its range; the others through the allocator's views.
+    #[inline(always)]
+    pub(crate) fn find(&self, addr: usize) -> Found<'_> {
+        let off = addr.wrapping_sub(self.arena0.0);
+        let e = if off < self.arena0.1 {
+            // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
+            // per granule.
+            unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+        } else {
+            match self.find_other(addr) {
+                Some(e) => e,
+                None => return if self.shared.view_of(addr).is_some() { Found::Pages } else { Found::Foreign },
+            }
+        };
+        // Acquire: the descriptor was set up before it was published here.
+        let s = e.load(Acquire);
+        if s == 0 {
+            return Found::Pages;
+        }
+        // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
+        // the slab (recycled, never unmapped); its shared fields are atomics.
+        Found::Span(unsafe { &*(s as *const Span) })
+    }
+
+    /// The map entry of `addr` in an arena after the first (none: no such arena, or no map).
+    #[inline(never)]
+    fn find_other(&self, addr: usize) -> Option<&AtomicUsize> {
+        let (ai, v) = self.shared.view_of(addr)?;
+        self.maps.entry(ai, v.base(), addr)
+    }
+
+    /// The map entries of the span at `start` of `bytes` (granules), making the arena's map at
+    /// its first span.
+    pub(crate) fn map_entries(&self, start: usize, bytes: usize) -> Result<impl Iterator<Item = &AtomicUsize>, Error> {
+        let (ai, v) = self.shared.view_of(start).ok_or(Error::InvalidPointer { addr: start })?;
+        if self.maps.base[ai].load(Acquire) == 0 {
+            let _g = self.central.lock();
+            self.maps.reserve(ai, v.len())?;
+        }
+        let base = v.base();
+        Ok((0..bytes >> GRANULE_SHIFT).map(move |g| self.maps.entry(ai, base, start + (g << GRANULE_SHIFT)).unwrap()))
+    }
+}
+
+/// Descriptors not in use, on a list through their `next` links (under the slab lock), and the
+/// chunks they came from.
+pub(crate) struct Descriptors {
+    free: *mut Span,
+    chunks: usize,
+}
+
+// SAFETY: only reached under the slab lock (`Locked<Descriptors>`); the pointers are to the
+// slab's own chunks.
+unsafe impl Send for Descriptors {}
+
+impl Descriptors {
+    pub(crate) const fn new() -> Descriptors {
+        Descriptors { free: core::ptr::null_mut(), chunks: 0 }
+    }
+
+    /// A free descriptor (a new chunk from the OS when none is left).
+    pub(crate) fn take(&mut self) -> Result<*mut Span, Error> {
+        if self.free.is_null() {
+            let chunk = os::scratch(CHUNK_BYTES).map_err(|errno| Error::Os { op: "mmap (slab descriptors)", errno })?;
+            // The first slot links the chunks (for the slab's drop); the rest are descriptors.
+            // SAFETY: `chunk` is a fresh mapping of `CHUNK_BYTES`, zeroed by the kernel; a
+            // zeroed `Span` is a valid free descriptor (all fields integers, null pointers or
+            // cells of them), and the first slot's word is ours.
+            unsafe {
+                *(chunk as *mut usize) = self.chunks;
+                self.chunks = chunk;
+                for i in 1..PER_CHUNK {
+                    let s = (chunk as *mut Span).add(i);
+                    (*s).next.set(self.free);
+                    self.free = s;
+                }
+            }
+        }
+        let s = self.free;
+        // SAFETY: `free` is a free descriptor of a chunk that lives as long as the slab.
+        self.free = unsafe { (*s).next.get() };
+        Ok(s)
+    }
+
+    /// Objects used in every span (descriptors with an owner heap) and their bytes: racy sums
+    /// of the owners' counts, for the statistics.
+    pub(crate) fn used_objects(&self) -> (u64, u64) {
+        let (mut objects, mut bytes) = (0u64, 0u64);
+        let mut chunk = self.chunks;
+        while chunk != 0 {
+            for i in 1..PER_CHUNK {
+                // SAFETY: a descriptor of a chunk of this slab (mapped until the slab's drop);
+                // only its atomics are read.
+                let s = unsafe { &*(chunk as *const Span).add(i) };
+                if !s.heap.load(Relaxed).is_null() {
+                    let n = s.used() as u64;
+                    objects += n;
+                    bytes += n * s.size.load(Relaxed) as u64;
+                }
+            }
+            // SAFETY: the chunk's first word links the next chunk.
+            chunk = unsafe { *(chunk as *const usize) };
+        }
+        (objects, bytes)
+    }
+
+    /// Give back a descriptor no span uses and no list holds.
+    pub(crate) fn give(&mut self, s: &Span) {
+        debug_assert!(s.place.get() != FREE_DESCRIPTOR, "a descriptor given back twice");
+        s.place.set(FREE_DESCRIPTOR);
+        s.next.set(self.free);
+        self.free = s as *const Span as *mut Span;
+    }
+
+    pub(super) fn unmap_all(&mut self) {
+        while self.chunks != 0 {
+            let c = self.chunks;
+            // SAFETY: a chunk this slab mapped; its first word links the next one.
+            self.chunks = unsafe { *(c as *const usize) };
+            // SAFETY: no descriptor is used once the slab is dropped.
+            unsafe { os::unmap(c, CHUNK_BYTES) };
+        }
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        self.maps.unmap_all();
+        let mut c = self.central.lock();
+        c.descriptors.unmap_all();
+        c.unmap_heaps();
+    }
+}

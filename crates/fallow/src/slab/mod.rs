@@ -1,0 +1,557 @@
+//! Small objects (up to 16 KiB) on fallow's pages: the slab layer, above the per-thread page
+//! caches (docs/design.md, "Small objects (slab layer)").
+//!
+//! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
+//! `usable_size`), the making and giving back of spans, thread exit, `fork` and the statistics;
+//! `check` the checks of `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
+//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
+//! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
+//! It sits on `cache` (its spans are page blocks taken and given back through
+//! `cache::alloc_pages` / `free_pages`, as `Allocator::alloc` / `free` serve them) and nothing
+//! above it.
+//!
+//! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live
+//! page block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread
+//! has a heap per allocator; a span belongs to one heap. The owner pops objects off the span's
+//! `free` list and pushes its frees on `local_free` (plain memory: no atomic read-modify-write,
+//! no lock); another thread's free is a compare-and-swap push on the span's `thread_free`,
+//! which the owner takes whole with one swap when `free` runs out (snmalloc's message passing
+//! in its simplest form). Finding a pointer's span reads the page map (side metadata, map.rs),
+//! never a header in front of the object. Objects never handed out are not on any list (`fresh`
+//! up to `end`): a span asked for with `Flags::ZERO` (a `calloc` needing a span) knows they read
+//! zero, so `calloc` from them needs no memset; an object handed out before is memset.
+//!
+//! Span states: listed (on its class list; the head is the current span), full (parked off the
+//! list; the first push after parking hands it back), spare (empty, one kept per class), or back
+//! in the page layer. An empty span that is not its class's current one goes to the spare slot
+//! or back to the page layer at once, where the zeroing and reporting workers treat it as any
+//! free block.
+//!
+//! Thread exit: the table's destructor gives each heap up (`abandon`): under the slab lock, its
+//! empty spans go back, its spans with live objects stay, and the heap waits in the slab's pool
+//! for the next new thread, which adopts it whole. Frees into an abandoned heap's spans collect
+//! that span under the lock (heap.rs). A thread that has no heap (setting up its table, past its
+//! destructor) is served by the slab's locked heap, a heap that is always abandoned: its
+//! allocations run under the lock and its frees collect as an abandoned heap's.
+//!
+//! Bad input: a free of a pointer inside an object (its offset not a multiple of the class
+//! size), of an object never handed out (at or above `fresh`), and the immediate double free
+//! (the object at the head of the list it would go on: `local_free` or `free` for the owner,
+//! `thread_free` for another thread, as glibc's fastbin check) are errors found before anything
+//! changes; a pointer in no span goes to the page layer, which validates it.
+
+pub(crate) mod class;
+mod check;
+mod heap;
+mod map;
+mod span;
+mod table;
+
+use core::ptr::{self, NonNull};
+use core::sync::atomic::{AtomicU64, Ordering::{Relaxed, SeqCst}};
+use std::sync::Arc;
+
+use crate::cache;
+use crate::error::Error;
+use crate::flags::Flags;
+use crate::heap::Shared;
+use crate::lock::Locked;
+use crate::os::{self, PAGE_SIZE};
+use crate::stats::Stats;
+
+use class::{aligned_class, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use heap::{Got, ThreadHeap};
+use map::{Descriptors, PageMaps};
+pub(crate) use map::Found;
+use span::{push_returned, Span, FULL, LISTED, PARKED, SPARE};
+
+pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What the slab lock guards: the free descriptors, the list of all heaps and the pool of
+/// abandoned ones, and the abandoned heaps themselves (their owner is the lock holder).
+pub(crate) struct Central {
+    descriptors: Descriptors,
+    /// Every heap of this slab (through `next_heap`), and the abandoned ones waiting for a
+    /// thread (through `next_pooled`).
+    heaps: *mut ThreadHeap,
+    pool: *mut ThreadHeap,
+}
+
+// SAFETY: reached only under the slab lock; the pointers are to the slab's own heaps and chunks.
+unsafe impl Send for Central {}
+
+/// The slab of one allocator.
+pub(crate) struct Slab {
+    pub(crate) shared: Arc<Shared>,
+    /// Identity for the thread-local table (never reused in a process).
+    pub(crate) id: u64,
+    /// Small objects on (`Config::small_objects`).
+    pub(crate) on: bool,
+    maps: PageMaps,
+    /// The first arena's base and length (installed before the slab, never replaced) and its
+    /// page map (reserved with the slab, so `find` needs no test of it).
+    arena0: (usize, usize),
+    map0: usize,
+    central: Locked<Central>,
+    /// The heap of threads that have none (always abandoned, so used under the lock).
+    locked_heap: *mut ThreadHeap,
+    /// Spans made and not given back, and their bytes.
+    spans: AtomicU64,
+    span_bytes: AtomicU64,
+}
+
+// SAFETY: `locked_heap` is used only under the slab lock (it is abandoned); the rest is atomics,
+// the lock, and an `Arc`.
+unsafe impl Sync for Slab {}
+// SAFETY: as above.
+unsafe impl Send for Slab {}
+
+impl Slab {
+    pub(crate) fn new(shared: Arc<Shared>) -> Result<Slab, Error> {
+        let on = shared.config.small_objects;
+        let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
+        let v = shared.view(0);
+        let arena0 = (v.base(), v.len());
+        let maps = PageMaps::new();
+        let map0 = maps.reserve(0, arena0.1)?;
+        let locked_heap = new_heap(&mut central)?;
+        // SAFETY: the heap just made, seen by no other thread yet.
+        unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
+        Ok(Slab {
+            shared,
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            on,
+            maps,
+            arena0,
+            map0,
+            central: Locked::new(central),
+            locked_heap,
+            spans: AtomicU64::new(0),
+            span_bytes: AtomicU64::new(0),
+        })
+    }
+
+    // ---- Allocation ----
+
+    /// An object of `size` bytes (at most `SMALL_MAX`) aligned to `align`. The hot path: a
+    /// plain request of the natural alignment, the current span of its class in the heap this
+    /// thread used last has a free object: pop it.
+    #[inline(always)]
+    pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if flags.0 == 0 && align <= MIN_ALIGN && size <= SMALL_MAX {
+            // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
+            // or `NO_HEAP`, whose heads are `EMPTY`.
+            let h = unsafe { &*table::last(self) };
+            // SAFETY: `size <= SMALL_MAX`, tested above.
+            let c = unsafe { class_of(size) };
+            // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and
+            // `local_free` are 0, so `pop` writes nothing) or a listed span of this heap.
+            if let Some(o) = unsafe { &*h.head.get_unchecked(c).get() }.pop() {
+                // SAFETY: an object address is never 0.
+                return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
+            }
+        }
+        self.malloc_slow(size, align, flags)
+    }
+
+    #[inline(never)]
+    fn malloc_slow(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if !align.is_power_of_two() {
+            return Err(Error::BadAlignment { align, max: self.shared.max_block() });
+        }
+        let plain = flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX;
+        // SAFETY: `class_of` only for `size <= SMALL_MAX` (`plain`).
+        let c = if !plain { None } else if align <= MIN_ALIGN { Some(unsafe { class_of(size) }) } else { aligned_class(size, align) };
+        let Some(c) = c else {
+            // Not a small object: a page block (`POPULATE` and `LOCK` are page-block requests).
+            return cache::alloc_pages(&self.shared, size.max(1), align.max(MIN_ALIGN), flags);
+        };
+        let zero = flags.contains(Flags::ZERO);
+        let h = table::current(self);
+        let (o, reads_zero) = if h.is_null() { self.alloc_locked(c, zero)? } else { self.alloc_owned(h, c, zero)? };
+        if zero && !reads_zero {
+            // SAFETY: `o` is an object of `class_size(c)` bytes just handed out to this caller.
+            unsafe { ptr::write_bytes(o as *mut u8, 0, class_size(c)) };
+        }
+        // SAFETY: an object address is never 0.
+        Ok(unsafe { NonNull::new_unchecked(o as *mut u8) })
+    }
+
+    /// The owner's slow path: its heap, with a new span when none has room.
+    fn alloc_owned(&self, h: *mut ThreadHeap, c: usize, zero: bool) -> Result<(usize, bool), Error> {
+        // SAFETY: `h` is this thread's own heap (`table::current`), live as long as the slab.
+        let h = unsafe { &*h };
+        loop {
+            match h.alloc(c, zero) {
+                Got::Object(o, z) => return Ok((o, z)),
+                // No list or lock is held here: the page layer may call `malloc` (a cache's
+                // first use), which may come back to this heap; the loop looks again after.
+                Got::NeedSpan => {
+                    let s = self.new_span(c, zero, h)?;
+                    h.install(s);
+                    self.count_span(s, true);
+                }
+            }
+        }
+    }
+
+    /// A thread without a heap: the locked heap, under the slab lock (the pages of a new span
+    /// are taken with the lock released).
+    #[cold]
+    fn alloc_locked(&self, c: usize, zero: bool) -> Result<(usize, bool), Error> {
+        loop {
+            {
+                let _g = self.central.lock();
+                // SAFETY: the locked heap, always abandoned: the lock holder is its owner.
+                let h = unsafe { &*self.locked_heap };
+                if let Got::Object(o, z) = h.alloc(c, zero) {
+                    return Ok((o, z));
+                }
+            }
+            let s = self.new_span(c, zero, self.locked_heap)?;
+            let _g = self.central.lock();
+            // SAFETY: as above.
+            unsafe { &*self.locked_heap }.install(s);
+            self.count_span(s, true);
+        }
+    }
+
+    /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer
+    /// (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
+    fn new_span(&self, c: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
+        let bytes = span_bytes(c);
+        let flags = if zero { Flags::ZERO } else { Flags::NONE };
+        let start = cache::alloc_pages(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
+        let taken = self.central.lock().descriptors.take();
+        let (s, entries) = match taken.and_then(|s| self.map_entries(start, bytes).map(|e| (s, e)).inspect_err(|_| {
+            // SAFETY: the descriptor just taken, unused.
+            self.central.lock().descriptors.give(unsafe { &*s })
+        })) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = cache::free_pages(&self.shared, start, None);
+                return Err(e);
+            }
+        };
+        // SAFETY: a free descriptor just taken under the lock: this thread's alone until it is
+        // published in the map below; descriptors live as long as the slab.
+        let s = unsafe { &*s };
+        s.init(c, start, zero, h as *mut ThreadHeap);
+        for e in entries {
+            span::publish(e, s);
+        }
+        Ok(s)
+    }
+
+    /// Count a span in (`true`: installed in a heap) or out (taken off its heap) of the slab's
+    /// totals, at the same step as the heap's own count (under the lock for an abandoned heap),
+    /// so that `check` sees the two agree.
+    fn count_span(&self, s: &Span, add: bool) {
+        let bytes = span_bytes(s.class.get() as usize) as u64;
+        if add {
+            self.spans.fetch_add(1, Relaxed);
+            self.span_bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.spans.fetch_sub(1, Relaxed);
+            self.span_bytes.fetch_sub(bytes, Relaxed);
+        }
+    }
+
+    /// `count_span(.., false)` for every span of a list taken off a heap (linked by `next`).
+    fn uncount(&self, mut list: *mut Span) {
+        while !list.is_null() {
+            // SAFETY: a span of the caller's list, on its way back.
+            let s = unsafe { &*list };
+            self.count_span(s, false);
+            list = s.next.get();
+        }
+    }
+
+    /// Give back spans taken off their heaps (linked through `next`, already uncounted): out
+    /// of the page map, their pages to the page layer (with no lock held), their descriptors to
+    /// the pool.
+    fn give_back(&self, mut list: *mut Span) {
+        while !list.is_null() {
+            // SAFETY: a span on no list and in no heap any more, the caller's.
+            let s = unsafe { &*list };
+            list = s.next.get();
+            let start = s.start.load(Relaxed);
+            let bytes = span_bytes(s.class.get() as usize);
+            if let Ok(entries) = self.map_entries(start, bytes) {
+                for e in entries {
+                    e.store(0, Relaxed);
+                }
+            }
+            s.heap.store(ptr::null_mut(), Relaxed);
+            let r = cache::free_pages(&self.shared, start, None);
+            debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
+            self.central.lock().descriptors.give(s);
+        }
+    }
+
+    // ---- Free ----
+
+    /// Free the object at `addr` in span `s` (found by `find`).
+    #[inline(always)]
+    pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
+        let start = s.start.load(Relaxed);
+        let off = addr.wrapping_sub(start);
+        let size = s.size.load(Relaxed) as usize;
+        let idx = ((off as u64).wrapping_mul(s.recip.load(Relaxed)) >> 32) as usize;
+        // Below `fresh` (handed out at some time) and at an object's start.
+        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || idx * size != off {
+            return Err(self.bad_free(s, addr));
+        }
+        // `NO_HEAP` (no heap of this slab used last) owns no span.
+        let h = table::last(self);
+        if !ptr::eq(s.heap.load(Relaxed), h) {
+            return self.free_remote(s, addr);
+        }
+        // The owner: push on `local_free`; the object at its head is one this thread freed
+        // last into the span (glibc's immediate double free, as its fastbins check it).
+        if addr == s.local_free.get() {
+            return Err(Error::DoubleFree { addr });
+        }
+        // SAFETY: `addr` is an object of `s`, a live span of this thread's heap, handed out and
+        // now freed: its first word becomes the link of `local_free`.
+        unsafe { *(addr as *mut usize) = s.local_free.get() };
+        s.local_free.set(addr);
+        // Wrapping: a double free the head check missed (into an empty span, say) must not
+        // panic here; it leaves the count wrong, as an undetected double free corrupts any
+        // malloc's bookkeeping.
+        let used = s.used().wrapping_sub(1);
+        s.set_used(used);
+        if used == 0 || s.place.get() != LISTED {
+            // SAFETY: this thread's own heap (`last`), live as long as the slab.
+            let h = unsafe { &*h };
+            if let Some(e) = h.after_local_free(s) {
+                e.next.set(ptr::null_mut());
+                self.count_span(e, false);
+                self.give_back(e as *const Span as *mut Span);
+            }
+        }
+        Ok(())
+    }
+
+    /// Another thread's free (or the free of a thread without a heap, or into an abandoned
+    /// heap's span): the remote-free protocol (span.rs).
+    #[inline(never)]
+    fn free_remote(&self, s: &Span, addr: usize) -> Result<(), Error> {
+        // Read before the push: while the object is live the span stays with this heap (a
+        // span is given back only once empty, and a heap is never unmapped before the slab).
+        let h = s.heap.load(Relaxed);
+        if h.is_null() {
+            return Err(Error::InvalidPointer { addr });
+        }
+        let handed_back = s.push_remote(addr).map_err(|()| Error::DoubleFree { addr })?;
+        // SAFETY: heaps live as long as the slab; `returned` and `abandoned` are atomics.
+        let heap = unsafe { &*h };
+        if handed_back {
+            push_returned(&heap.returned, s);
+        }
+        // SeqCst, after the push: the exiting owner stores `abandoned` and then collects under
+        // the lock; either it saw the push or this load sees the flag.
+        if heap.abandoned.load(SeqCst) {
+            self.collect_abandoned(h, s);
+        }
+        Ok(())
+    }
+
+    /// A free pushed into span `s` of heap `h` that is abandoned: collect the span under the
+    /// lock (the lock holder owns an abandoned heap), giving it back if it is empty.
+    #[cold]
+    fn collect_abandoned(&self, h: *mut ThreadHeap, s: &Span) {
+        let mut out: *mut Span = ptr::null_mut();
+        {
+            let _g = self.central.lock();
+            // SAFETY: heaps live as long as the slab.
+            let heap = unsafe { &*h };
+            // Adopted meanwhile (its new thread collects), or the span changed hands: nothing.
+            if !heap.abandoned.load(SeqCst) || !ptr::eq(s.heap.load(Relaxed), h) {
+                return;
+            }
+            heap.take_returned();
+            if s.place.get() == LISTED {
+                if let Some(e) = heap.collect_or_drop(s) {
+                    // SAFETY: a span just taken off the heap, the lock holder's.
+                    unsafe { (*e).next.set(out) };
+                    out = e;
+                }
+            }
+            self.uncount(out);
+        }
+        self.give_back(out);
+    }
+
+    /// What is wrong with freeing `addr` in `s` (it failed the checks of `free_in`).
+    #[cold]
+    fn bad_free(&self, s: &Span, addr: usize) -> Error {
+        let start = s.start.load(Relaxed);
+        let size = s.size.load(Relaxed) as usize;
+        let off = addr.wrapping_sub(start);
+        if size == 0 || off >= s.fresh.load(Relaxed).wrapping_sub(start) {
+            return Error::InvalidPointer { addr };
+        }
+        Error::InteriorPointer { addr, block: start + off / size * size }
+    }
+
+    /// Bytes usable in the object at `addr`: `Some` for an object of a span (its class size,
+    /// or `None` if `addr` is not at an object's start), `None` for any other address.
+    pub(crate) fn usable_size_in(&self, s: &Span, addr: usize) -> Option<usize> {
+        let start = s.start.load(Relaxed);
+        let size = s.size.load(Relaxed) as usize;
+        let off = addr.wrapping_sub(start);
+        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
+    }
+
+    // ---- Heaps ----
+
+    /// A heap for a thread: an abandoned one adopted whole, else a new one.
+    fn heap_for_thread(&self) -> *mut ThreadHeap {
+        let mut c = self.central.lock();
+        if !c.pool.is_null() {
+            let h = c.pool;
+            // SAFETY: a pooled heap of this slab, under the lock.
+            unsafe {
+                c.pool = (*h).next_pooled.get();
+                (*h).next_pooled.set(ptr::null_mut());
+                (*h).abandoned.store(false, SeqCst);
+            }
+            return h;
+        }
+        new_heap(&mut c).unwrap_or(ptr::null_mut())
+    }
+
+    /// Give up heap `h` (its thread exits, or its table slot is reused): its empty spans go
+    /// back, it waits in the pool with its other spans for a thread to adopt it.
+    pub(crate) fn abandon(&self, h: *mut ThreadHeap) {
+        let mut out: *mut Span = ptr::null_mut();
+        {
+            let mut c = self.central.lock();
+            // SAFETY: the heap of the calling thread, which gives it up: under the lock it
+            // becomes the lock holder's.
+            let heap = unsafe { &*h };
+            heap.abandoned.store(true, SeqCst);
+            heap.collect_all(&mut out);
+            self.uncount(out);
+            heap.next_pooled.set(c.pool);
+            c.pool = h;
+        }
+        self.give_back(out);
+    }
+
+    /// The calling thread gives back its heap's empty spans, current and spare ones too
+    /// (`Allocator::drain_thread_cache`); spans with live objects stay.
+    pub(crate) fn trim_current(&self) {
+        let h = table::own_heap(self);
+        if h.is_null() {
+            return;
+        }
+        let mut out: *mut Span = ptr::null_mut();
+        // SAFETY: this thread's own heap (owner).
+        unsafe { &*h }.collect_all(&mut out);
+        self.uncount(out);
+        self.give_back(out);
+    }
+
+    // ---- Statistics, checks, fork ----
+
+    /// Add the small-object figures to `s`.
+    pub(crate) fn add_to_stats(&self, s: &mut Stats) {
+        let c = self.central.lock();
+        let mut spares = 0u64;
+        for h in heaps(&c) {
+            spares = spares.wrapping_add(h.spares.get());
+        }
+        // The spans' own counts (no counter on the hot paths): every descriptor in use.
+        let (objects, bytes) = c.descriptors.used_objects();
+        let spans = self.spans.load(Relaxed);
+        let span_bytes = self.span_bytes.load(Relaxed);
+        s.small_live_objects = objects;
+        s.small_live_bytes = bytes;
+        s.small_spans = spans;
+        s.small_spare_spans = spares;
+        s.small_span_bytes = span_bytes;
+        s.small_free_bytes = span_bytes.saturating_sub(bytes);
+    }
+
+    /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back
+    /// without its lock, so the order is slab, then allocator).
+    pub(crate) fn before_fork(&self) {
+        self.central.raw().lock();
+    }
+
+    /// # Safety
+    /// The calling thread took the lock with `before_fork` and still holds it.
+    pub(crate) unsafe fn after_fork_parent(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.central.raw().unlock() }
+    }
+
+    /// In the child: reset the lock, and give up every heap bound to a thread of the parent
+    /// other than the forking one (those threads do not exist here): they become abandoned, in
+    /// the pool, so that frees into their spans collect them.
+    ///
+    /// # Safety
+    /// Only in the child of a `fork` whose forking thread called `before_fork`, before the
+    /// child starts any thread.
+    pub(crate) unsafe fn after_fork_child(&self) {
+        // SAFETY: the caller's contract: the lock was held across the fork by the forking
+        // thread, the only one in the child.
+        unsafe { self.central.raw().reset_after_fork() };
+        let mine = table::own_heap(self);
+        let mut c = self.central.lock();
+        let mut p = c.heaps;
+        while !p.is_null() {
+            // SAFETY: a heap of this slab, under the lock.
+            let h = unsafe { &*p };
+            p = h.next_heap.get();
+            if !ptr::eq(h, mine) && !h.abandoned.load(SeqCst) {
+                h.abandoned.store(true, SeqCst);
+                h.next_pooled.set(c.pool);
+                c.pool = h as *const ThreadHeap as *mut ThreadHeap;
+            }
+        }
+    }
+}
+
+/// A new heap on a page of its own, registered.
+fn new_heap(c: &mut Central) -> Result<*mut ThreadHeap, Error> {
+    let page = os::scratch(PAGE_SIZE).map_err(|errno| Error::Os { op: "mmap (slab heap)", errno })?;
+    // SAFETY: a fresh page just mapped, used by nothing else.
+    let h = unsafe { ThreadHeap::init(page) };
+    // SAFETY: the heap just made; the list is the lock holder's (`&mut Central`).
+    unsafe { (*h).next_heap.set(c.heaps) };
+    c.heaps = h;
+    Ok(h)
+}
+
+/// Every heap of the slab (under its lock).
+fn heaps(c: &Central) -> impl Iterator<Item = &ThreadHeap> {
+    let mut p = c.heaps;
+    core::iter::from_fn(move || {
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: a registered heap, live as long as the slab; the list is read under the lock.
+        let h = unsafe { &*p };
+        p = h.next_heap.get();
+        Some(h)
+    })
+}
+
+impl Central {
+    pub(super) fn unmap_heaps(&mut self) {
+        let mut p = self.heaps;
+        while !p.is_null() {
+            // SAFETY: a registered heap; nothing uses it once the slab is dropped.
+            let next = unsafe { (*p).next_heap.get() };
+            // SAFETY: as above: the heap's page, mapped by `new_heap`.
+            unsafe { os::unmap(p as usize, PAGE_SIZE) };
+            p = next;
+        }
+        self.heaps = ptr::null_mut();
+    }
+}

@@ -1,0 +1,303 @@
+//! A span's descriptor (`Span`, in the slab's own metadata, never in the span's pages) and its
+//! three free lists: `free` (the owner pops), `local_free` (the owner's frees) and `thread_free`
+//! (other threads' frees, pushed with a compare-and-swap, taken by the owner with one swap), as
+//! mimalloc's free-list sharding. The links of all three live in the free objects themselves
+//! (the first word of each): a live span's free objects are the slab's, not free pages.
+//!
+//! Who touches what (docs/design.md, "Access rules"): the fields in `Cell`s are the owner's, the
+//! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
+//! atomics are read by any thread that frees an object of the span (`start`, `size`, `recip`,
+//! `fresh`, `heap`) or pushes to it (`thread_free`, `returned_next`).
+//!
+//! The remote-free protocol (model-checked: tests/loom/slab_remote.rs). `thread_free` holds the
+//! head of the list and, in bit 0, `PARKED`: the owner found the span full and took it off its
+//! class list. The owner parks only by `0 -> PARKED` (a compare-and-swap: a push that came first
+//! makes it fail, and the owner collects that instead); a push replaces the word by its object,
+//! clearing `PARKED` in the same compare-and-swap, so exactly one push sees the span parked and
+//! that one hands it back to the owner (the heap's `returned` stack). The owner's own free into
+//! a parked span clears the bit with one `fetch_and`; whoever clears it moves the span back.
+
+use core::cell::Cell;
+use core::ptr;
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
+
+use super::class::{class_size, reciprocal, span_bytes};
+use super::heap::ThreadHeap;
+
+/// Bit 0 of `thread_free`: the span is parked (full, off its class list).
+pub(crate) const PARKED: usize = 1;
+
+/// Where a span is in its heap (`Span::place`): which of the heap's lists holds it.
+pub(crate) const FREE_DESCRIPTOR: u8 = 0;
+/// On its class list (the list's head is the class's current span).
+pub(crate) const LISTED: u8 = 1;
+/// On the heap's list of full spans; if `thread_free` no longer has `PARKED`, a push has handed
+/// it back (it is on the heap's `returned` stack, or about to be): only the owner's walk of that
+/// stack moves it then.
+pub(crate) const FULL: u8 = 2;
+/// Kept empty in the heap's spare slot of its class.
+pub(crate) const SPARE: u8 = 3;
+/// Taken off its heap, on its way back to the page layer (a lock holder collecting an
+/// abandoned heap's span finds it so and leaves it alone).
+pub(crate) const LEAVING: u8 = 4;
+
+#[repr(C, align(64))]
+pub(crate) struct Span {
+    // The owner's line: what its allocations and frees touch.
+    /// Head of the list allocations pop (0: empty).
+    pub(crate) free: Cell<usize>,
+    /// Head of the owner's frees (0: empty), moved to `free` when that runs out.
+    pub(crate) local_free: Cell<usize>,
+    /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
+    /// still count: the owner subtracts them when it collects them). Written by the owner only
+    /// (a load and a store, no read-modify-write); the statistics read it from any thread.
+    pub(crate) used: AtomicU32,
+    /// The class and `place` (owner's).
+    pub(crate) class: Cell<u8>,
+    pub(crate) place: Cell<u8>,
+    /// Objects from `fresh` up were never handed out; with `zeroed` they read zero.
+    pub(crate) zeroed: Cell<bool>,
+    /// End of the last whole object.
+    pub(crate) end: Cell<usize>,
+    /// Links of the owner's list this span is on (class list or full list).
+    pub(crate) next: Cell<*mut Span>,
+    pub(crate) prev: Cell<*mut Span>,
+    // Read by any thread freeing into the span.
+    /// First never-handed-out object (written by the owner only; a free at or above it is of a
+    /// pointer the slab never handed out).
+    pub(crate) fresh: AtomicUsize,
+    pub(crate) start: AtomicUsize,
+    pub(crate) size: AtomicU32,
+    pub(crate) class_id: AtomicU8,
+    /// `ceil(2^32 / size)` (class.rs, `reciprocal`).
+    pub(crate) recip: AtomicU64,
+    /// The heap that owns the span (null while the descriptor is free).
+    pub(crate) heap: AtomicPtr<ThreadHeap>,
+    /// Other threads' frees, and `PARKED` (above).
+    pub(crate) thread_free: AtomicUsize,
+    /// Link of the owner heap's `returned` stack.
+    pub(crate) returned_next: AtomicPtr<Span>,
+}
+
+// SAFETY: the `Cell` fields are touched only by the span's owner: the thread its heap is bound
+// to, or the holder of the slab lock while the heap is bound to no thread (`ThreadHeap`'s
+// `abandoned`); ownership passes between the two only under the slab lock. Every field another
+// thread reads is an atomic.
+unsafe impl Sync for Span {}
+// SAFETY: as above; a descriptor is never moved, only referred to.
+unsafe impl Send for Span {}
+
+/// The span the hot paths see for a class with no span: never written (every writer checks
+/// `is_empty_span` first), its `free` always 0.
+pub(crate) static EMPTY: Span = Span::new();
+
+impl Span {
+    pub(crate) const fn new() -> Span {
+        Span {
+            free: Cell::new(0),
+            local_free: Cell::new(0),
+            used: AtomicU32::new(0),
+            class: Cell::new(0),
+            place: Cell::new(FREE_DESCRIPTOR),
+            zeroed: Cell::new(false),
+            end: Cell::new(0),
+            next: Cell::new(ptr::null_mut()),
+            prev: Cell::new(ptr::null_mut()),
+            fresh: AtomicUsize::new(0),
+            start: AtomicUsize::new(0),
+            size: AtomicU32::new(0),
+            class_id: AtomicU8::new(0),
+            recip: AtomicU64::new(0),
+            heap: AtomicPtr::new(ptr::null_mut()),
+            thread_free: AtomicUsize::new(0),
+            returned_next: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    pub(crate) fn empty() -> *mut Span {
+        &EMPTY as *const Span as *mut Span
+    }
+
+    pub(crate) fn is_empty_span(s: *const Span) -> bool {
+        ptr::eq(s, &EMPTY)
+    }
+
+    /// Set up a free descriptor for a span of class `c` at `start` owned by `heap`; `zeroed`:
+    /// its pages read zero. Called by the owner before the span is in the page map.
+    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap) {
+        let size = class_size(c);
+        let n = span_bytes(c) / size;
+        self.free.set(0);
+        self.local_free.set(0);
+        self.used.store(0, Relaxed);
+        self.class.set(c as u8);
+        self.place.set(LISTED);
+        self.zeroed.set(zeroed);
+        self.end.set(start + n * size);
+        self.next.set(ptr::null_mut());
+        self.prev.set(ptr::null_mut());
+        self.fresh.store(start, Relaxed);
+        self.start.store(start, Relaxed);
+        self.size.store(size as u32, Relaxed);
+        self.class_id.store(c as u8, Relaxed);
+        self.recip.store(reciprocal(size), Relaxed);
+        self.heap.store(heap, Relaxed);
+        self.thread_free.store(0, Relaxed);
+        self.returned_next.store(ptr::null_mut(), Relaxed);
+    }
+
+    /// Objects counted as used (the owner's count; any thread may read it).
+    #[inline(always)]
+    pub(crate) fn used(&self) -> u32 {
+        self.used.load(Relaxed)
+    }
+
+    /// The owner's new count (a plain store: it is the only writer).
+    #[inline(always)]
+    pub(crate) fn set_used(&self, n: u32) {
+        self.used.store(n, Relaxed)
+    }
+
+    /// The owner pops an object off `free`, or, when `free` is empty, takes its own frees
+    /// (`local_free`) as the new `free` first (the hot path: a class with few live objects
+    /// would otherwise leave it at every other call).
+    #[inline(always)]
+    pub(crate) fn pop(&self) -> Option<usize> {
+        let mut o = self.free.get();
+        if o == 0 {
+            o = self.local_free.get();
+            if o == 0 {
+                return None;
+            }
+            self.local_free.set(0);
+        }
+        // SAFETY: `o` is a free object of this live span, on its `free` or `local_free` list:
+        // its first word is the list's link, written by this owner (or by a remote free
+        // ordered before the owner's swap of `thread_free`); the owner alone reads it.
+        self.free.set(unsafe { *(o as *const usize) });
+        self.set_used(self.used() + 1);
+        Some(o)
+    }
+
+    /// The owner moves its own frees, then the other threads', to `free`: how many objects it
+    /// took back from other threads (already out of `used`).
+    pub(crate) fn collect(&self) -> u32 {
+        if self.free.get() == 0 {
+            self.free.set(self.local_free.replace(0));
+        }
+        // A listed span's word has no `PARKED` bit; Acquire: the pushers' links are visible.
+        let mut head = self.thread_free.load(Relaxed);
+        if head & !PARKED == 0 {
+            return 0;
+        }
+        head = self.thread_free.fetch_and(PARKED, Acquire) & !PARKED;
+        let mut n = 1u32;
+        let mut tail = head;
+        // SAFETY: the objects on `thread_free` are free objects of this span, linked through
+        // their first words by the pushers before their release compare-and-swap, which the
+        // acquire above synchronises with; taken off the list, they are the owner's alone.
+        unsafe {
+            while *(tail as *const usize) != 0 {
+                tail = *(tail as *const usize);
+                n += 1;
+            }
+            *(tail as *mut usize) = self.free.get();
+        }
+        self.free.set(head);
+        self.set_used(self.used().wrapping_sub(n));
+        n
+    }
+
+    /// The owner hands out never-used objects: one for a request that wants zeros (from a
+    /// zeroed span it reads zero: `Some((addr, true))`), else up to a page of them linked into
+    /// `free` and the first one popped. `None`: none left.
+    pub(crate) fn take_fresh(&self, zero: bool) -> Option<(usize, bool)> {
+        let fresh = self.fresh.load(Relaxed);
+        let size = self.size.load(Relaxed) as usize;
+        let end = self.end.get();
+        if fresh >= end {
+            return None;
+        }
+        if zero {
+            self.fresh.store(fresh + size, Relaxed);
+            self.set_used(self.used() + 1);
+            return Some((fresh, self.zeroed.get()));
+        }
+        let n = (4096 / size).clamp(1, (end - fresh) / size);
+        let last = fresh + (n - 1) * size;
+        let mut o = fresh + size;
+        while o <= last {
+            // SAFETY: `o - size` is a never-used object of this live span, below `end`: the
+            // owner's memory, which the link makes part of `free` (the page map and the
+            // descriptor hold the span's bookkeeping; these words are free objects).
+            unsafe { *((o - size) as *mut usize) = o };
+            o += size;
+        }
+        // SAFETY: as above, the last object of the batch.
+        unsafe { *(last as *mut usize) = self.free.get() };
+        self.fresh.store(last + size, Relaxed);
+        self.free.set(fresh);
+        self.pop().map(|o| (o, false))
+    }
+
+    /// The owner parks a span it found full: `true` if parked (`0 -> PARKED`); `false` if a
+    /// push came first (collect it).
+    pub(crate) fn try_park(&self) -> bool {
+        self.thread_free.compare_exchange(0, PARKED, SeqCst, Relaxed).is_ok()
+    }
+
+    /// The owner's free into a parked span: `true` if it cleared `PARKED` itself (it moves the
+    /// span back); `false` if a push did (the span comes back through `returned`).
+    pub(crate) fn unpark(&self) -> bool {
+        self.thread_free.fetch_and(!PARKED, Acquire) & PARKED != 0
+    }
+
+    /// Another thread frees `addr` (an object of this span): push it on `thread_free`. `Err`:
+    /// it is the object pushed last (a double free). `Ok(true)`: the span was parked and this
+    /// push handed it back to its owner, which the caller tells (`ThreadHeap::hand_back`).
+    pub(crate) fn push_remote(&self, addr: usize) -> Result<bool, ()> {
+        let mut old = self.thread_free.load(Relaxed);
+        loop {
+            if old & !PARKED == addr {
+                return Err(());
+            }
+            // SAFETY: `addr` is an object of this live span that the caller frees: free memory
+            // of the span, whose first word is the list's link.
+            unsafe { *(addr as *mut usize) = old & !PARKED };
+            // SeqCst: ordered before the caller's load of the heap's `abandoned` (the exiting
+            // owner stores it, then collects: one of the two sees the other).
+            match self.thread_free.compare_exchange_weak(old, addr, SeqCst, Relaxed) {
+                Ok(_) => return Ok(old & PARKED != 0),
+                Err(now) => old = now,
+            }
+        }
+    }
+}
+
+/// A stack of spans handed back by pushes (`ThreadHeap::returned`): pushed by any thread,
+/// taken whole by the owner with one swap (no pop, hence no ABA).
+pub(crate) fn push_returned(head: &AtomicPtr<Span>, s: &Span) {
+    let me = s as *const Span as *mut Span;
+    let mut old = head.load(Relaxed);
+    loop {
+        s.returned_next.store(old, Relaxed);
+        match head.compare_exchange_weak(old, me, SeqCst, Relaxed) {
+            Ok(_) => return,
+            Err(now) => old = now,
+        }
+    }
+}
+
+/// Take the whole stack (the owner).
+pub(crate) fn take_returned(head: &AtomicPtr<Span>) -> *mut Span {
+    if head.load(Relaxed).is_null() {
+        return ptr::null_mut();
+    }
+    head.swap(ptr::null_mut(), Acquire)
+}
+
+/// Publish a span's descriptor in the page map (the entries' `Release` stores pair with the
+/// freeing threads' `Acquire` loads).
+pub(crate) fn publish(entry: &AtomicUsize, s: &Span) {
+    entry.store(s as *const Span as usize, Release);
+}

@@ -1,0 +1,145 @@
+//! Finding a thread's heap of a slab without `malloc`: a thread-local table of `(slab id, heap,
+//! slab)` slots with a destructor that gives the heaps up at thread exit, and the heap used last
+//! in two thread-local words for the hot paths (the pattern of cache/table.rs). Heaps come from
+//! the slab (a page each from the OS, or an abandoned heap adopted whole), never from `malloc`;
+//! registering the table's destructor may call `malloc`, and a call that comes back here
+//! meanwhile (the thread's state `BUSY`), or after the destructor ran (`DEAD`), gets no heap: the
+//! slab serves it from its locked heap.
+
+use core::cell::{Cell, RefCell};
+use core::ptr;
+use std::sync::{Arc, Weak};
+
+use super::heap::ThreadHeap;
+use super::Slab;
+
+const FRESH: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+const DEAD: u8 = 3;
+
+/// Slabs one thread keeps heaps of at once; a further one takes the slot used longest ago (its
+/// heap is given up as at thread exit).
+const SLOTS: usize = 8;
+
+struct Slot {
+    id: u64,
+    heap: *mut ThreadHeap,
+    slab: Weak<Slab>,
+    used: u64,
+}
+
+struct Slots {
+    slots: RefCell<[Option<Slot>; SLOTS]>,
+    clock: Cell<u64>,
+}
+
+struct Last {
+    id: Cell<u64>,
+    heap: Cell<*mut ThreadHeap>,
+}
+
+thread_local! {
+    static STATE: Cell<u8> = const { Cell::new(FRESH) };
+    static LAST: Last = const { Last { id: Cell::new(0), heap: Cell::new(ptr::null_mut()) } };
+    static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
+}
+
+/// The calling thread's heap of `slab` if it is the one this thread used last, else
+/// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
+#[inline(always)]
+pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
+    LAST.with(|l| if l.id.get() == slab.id { l.heap.get() } else { ThreadHeap::none() })
+}
+
+/// The calling thread's heap of `slab`, made or adopted at first use; null while the thread is
+/// setting its table up or after its destructor ran.
+pub(crate) fn current(slab: &Arc<Slab>) -> *mut ThreadHeap {
+    let h = last(slab);
+    if !ptr::eq(h, ThreadHeap::none()) {
+        return h;
+    }
+    attach(slab)
+}
+
+#[cold]
+fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
+    match STATE.with(|s| s.get()) {
+        FRESH => {
+            STATE.with(|s| s.set(BUSY));
+            // The first access registers the table's destructor (which may call `malloc`).
+            let ok = TABLE.try_with(|_| ()).is_ok();
+            STATE.with(|s| s.set(if ok { READY } else { DEAD }));
+            if !ok {
+                return ptr::null_mut();
+            }
+        }
+        READY => {}
+        _ => return ptr::null_mut(),
+    }
+    let found = TABLE.try_with(|t| {
+        let now = t.clock.get() + 1;
+        t.clock.set(now);
+        let mut slots = t.slots.borrow_mut();
+        if let Some(s) = slots.iter_mut().flatten().find(|s| s.id == slab.id) {
+            s.used = now;
+            return (s.heap, None);
+        }
+        let pick = slots.iter().position(Option::is_none).unwrap_or_else(|| {
+            (0..SLOTS).min_by_key(|&i| slots[i].as_ref().map_or(0, |s| s.used)).unwrap()
+        });
+        let old = slots[pick].take();
+        let heap = slab.heap_for_thread();
+        if !heap.is_null() {
+            slots[pick] = Some(Slot { id: slab.id, heap, slab: Arc::downgrade(slab), used: now });
+        }
+        (heap, old)
+    });
+    let Ok((heap, old)) = found else { return ptr::null_mut() };
+    if let Some(old) = old {
+        LAST.with(|l| {
+            if l.heap.get() == old.heap {
+                l.id.set(0)
+            }
+        });
+        give_up(old);
+    }
+    if !heap.is_null() {
+        LAST.with(|l| {
+            l.heap.set(heap);
+            l.id.set(slab.id);
+        });
+    }
+    heap
+}
+
+/// Give a slot's heap up to its slab, if the slab still exists (else its memory went with it).
+fn give_up(s: Slot) {
+    if let Some(slab) = s.slab.upgrade() {
+        slab.abandon(s.heap);
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        STATE.with(|s| s.set(DEAD));
+        LAST.with(|l| l.id.set(0));
+        let slots = core::mem::replace(&mut *self.slots.borrow_mut(), [const { None }; SLOTS]);
+        for s in slots.into_iter().flatten() {
+            give_up(s);
+        }
+    }
+}
+
+/// The calling thread's heap of `slab` in its table, whatever it used last (the `fork` child's
+/// forking thread: its heap stays its own).
+pub(crate) fn own_heap(slab: &Slab) -> *mut ThreadHeap {
+    if STATE.with(|s| s.get()) != READY {
+        return ptr::null_mut();
+    }
+    TABLE
+        .try_with(|t| t.slots.try_borrow().ok().and_then(|s| s.iter().flatten().find(|s| s.id == slab.id).map(|s| s.heap)))
+        .ok()
+        .flatten()
+        .unwrap_or(ptr::null_mut())
+}
