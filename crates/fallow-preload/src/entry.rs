@@ -462,7 +462,9 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// Statistics of the process-wide allocator, for programs that look it up with `dlsym` (and for
 /// the tests): copies the counters into `out[..n]` in the order of `fallow_stats` in fallow.h
 /// (bytes in use, live blocks, zero-skipped bytes, memset bytes, free dirty/zeroed/reported
-/// pages, realloc page moves, realloc copies). Returns how many were written.
+/// pages, realloc page moves, realloc copies), then the small objects' (live objects, their
+/// bytes, spans, the spans' bytes: spans are live page blocks too, counted in the first two).
+/// Returns how many were written.
 ///
 /// # Safety
 ///
@@ -481,6 +483,10 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
         s.free_reported_pages,
         remap::MOVES.load(core::sync::atomic::Ordering::Relaxed),
         remap::COPIES.load(core::sync::atomic::Ordering::Relaxed),
+        s.small_live_objects,
+        s.small_live_bytes,
+        s.small_spans,
+        s.small_span_bytes,
     ];
     let k = n.min(v.len());
     if k == 0 {
