@@ -118,7 +118,8 @@ impl Default for LazyAllocator {
 }
 
 /// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
-/// `System`.
+/// `System`; with `Config::small_objects` (given by `with_config`), requests of up to
+/// `Allocator::SMALL_MAX` bytes are fallow's small objects too (`Allocator::malloc`).
 pub struct FallowAlloc {
     lazy: LazyAllocator,
     threshold: usize,
@@ -171,6 +172,12 @@ impl FallowAlloc {
         }
     }
 
+    /// Small objects on (`Config::small_objects` in the configuration given).
+    #[inline]
+    fn small(&self) -> bool {
+        matches!(&self.config, Some(c) if c.small_objects)
+    }
+
     #[inline]
     fn wants(&self, layout: &Layout) -> Option<&Allocator> {
         if layout.size() < self.threshold {
@@ -194,7 +201,13 @@ impl FallowAlloc {
     }
 
     fn alloc_flags(&self, layout: Layout, flags: Flags) -> *mut u8 {
-        if let Some(a) = self.wants(&layout) {
+        if self.small() && layout.size() <= Allocator::SMALL_MAX {
+            if let Some(a) = self.get() {
+                if let Ok(p) = a.malloc(layout.size(), layout.align(), flags) {
+                    return p.as_ptr();
+                }
+            }
+        } else if let Some(a) = self.wants(&layout) {
             if let Ok(p) = a.alloc(layout.size(), layout.align(), flags) {
                 return p.as_ptr();
             }
@@ -234,7 +247,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         match self.owner(p) {
             Some(a) => {
-                if let Err(e) = a.free(p) {
+                if let Err(e) = a.free_any(p) {
                     fatal("dealloc", &e);
                 }
             }
@@ -249,9 +262,15 @@ unsafe impl GlobalAlloc for FallowAlloc {
         // up to it, does not overflow `isize` (`GlobalAlloc::realloc`'s contract).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         if let Some(a) = self.owner(p) {
-            // Stays large: try in place first (grows into free pages after it, shrink gives the
-            // tail back).
-            if new_size >= self.threshold && new_size <= a.max_block() {
+            if let Some(usable) = a.small_usable_size(p) {
+                // A small object stays where it is while the new size fits its class and uses
+                // more than half of it.
+                if new_size <= usable && new_size > usable / 2 {
+                    return p;
+                }
+            } else if new_size >= self.threshold && new_size <= a.max_block() {
+                // Stays large: try in place first (grows into free pages after it, shrink gives
+                // the tail back).
                 match a.resize_in_place(p, new_size) {
                     Ok(true) => return p,
                     Ok(false) => {}
@@ -338,6 +357,39 @@ mod tests {
             A.dealloc(shrunk, Layout::from_size_align(50, 8).unwrap());
             A.dealloc(big2, Layout::from_size_align(3 << 20, 4096).unwrap());
             assert_eq!(a.stats().live_blocks, 0);
+            a.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn small_objects_on_serve_small_requests_and_realloc_within_a_class() {
+        let config = Config { arena_size: 64 << 20, max_order: 10, small_objects: true, ..Config::default() };
+        static A: std::sync::OnceLock<FallowAlloc> = std::sync::OnceLock::new();
+        let fa = A.get_or_init(|| FallowAlloc::with_config(64 << 10, config));
+        let l = |size| Layout::from_size_align(size, 8).unwrap();
+        // SAFETY: every pointer passed back is one `fa` returned with that same layout, and the
+        // reads and writes stay inside the objects.
+        unsafe {
+            let p = fa.alloc(l(100));
+            let a = fa.allocator().expect("created by the first small request");
+            assert!(a.owns(p) && a.usable_size(p) == Some(112));
+            p.write_bytes(9, 100);
+            // Within its class: in place.
+            assert_eq!(fa.realloc(p, l(100), 110), p);
+            // To another class: moved, contents kept.
+            let q = fa.realloc(p, l(110), 3000);
+            assert_ne!(q, p);
+            assert!((0..100).all(|i| *q.add(i) == 9));
+            let z = fa.alloc_zeroed(l(3000));
+            assert!((0..3000).all(|i| *z.add(i) == 0));
+            // Above the small limit, below the threshold: the system's.
+            let s = fa.alloc(l(20 << 10));
+            assert!(!a.owns(s));
+            fa.dealloc(s, l(20 << 10));
+            fa.dealloc(q, l(3000));
+            fa.dealloc(z, l(3000));
+            a.drain_thread_cache();
+            assert_eq!((a.stats().small_live_objects, a.stats().small_spans), (0, 0));
             a.check_invariants().unwrap();
         }
     }

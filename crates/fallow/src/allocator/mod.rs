@@ -141,6 +141,16 @@ impl Allocator {
         unsafe { self.shared.free_reported(ptr as usize) }
     }
 
+    /// A small object's class size, if `ptr` is the start of a small object (`FallowAlloc`'s
+    /// `realloc` keeps such an object in place while the new size fits its class).
+    pub(crate) fn small_usable_size(&self, ptr: *const u8) -> Option<usize> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.usable_size_in(s, addr),
+            _ => None,
+        }
+    }
+
     /// Bytes usable at `ptr`: a small object's class size, a block's size (page-rounded); `None`
     /// if `ptr` is neither the start of a small object nor of a live block of this allocator.
     pub fn usable_size(&self, ptr: *const u8) -> Option<usize> {

@@ -180,6 +180,9 @@ pub(crate) fn orders_served(cfg: &Config) -> (u32, u32) {
 pub(crate) struct Owned(AtomicU64);
 
 impl Owned {
+    pub(crate) const fn new() -> Owned {
+        Owned(AtomicU64::new(0))
+    }
     #[inline(always)]
     pub(crate) fn get(&self) -> u64 {
         self.0.load(Relaxed)

@@ -56,11 +56,16 @@ static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
     t
 };
 
-/// The class of a request of `size` bytes, `1 <= size <= SMALL_MAX` (0 is the smallest class).
+/// The class of a request of `size` bytes (0 is the smallest class's).
+///
+/// # Safety
+/// `size <= SMALL_MAX` (the table is read without a bounds check: the hot path has tested it).
 #[inline(always)]
-pub(crate) fn class_of(size: usize) -> usize {
+pub(crate) unsafe fn class_of(size: usize) -> usize {
     debug_assert!(size <= SMALL_MAX);
-    CLASS_OF[(size + 15) >> 4] as usize
+    // SAFETY: `size <= SMALL_MAX` (the caller's contract), so the index is at most
+    // `SMALL_MAX / 16`, the table's last.
+    unsafe { *CLASS_OF.get_unchecked((size + 15) >> 4) as usize }
 }
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):
@@ -68,7 +73,8 @@ pub(crate) fn class_of(size: usize) -> usize {
 /// when that is above `SMALL_MAX`.
 pub(crate) fn aligned_class(size: usize, align: usize) -> Option<usize> {
     let s = size.max(align).checked_next_power_of_two()?;
-    (s <= SMALL_MAX).then(|| class_of(s))
+    // SAFETY: `s <= SMALL_MAX`, tested first.
+    (s <= SMALL_MAX).then(|| unsafe { class_of(s) })
 }
 
 /// `ceil(2^32 / size)`: `(off * recip) >> 32` is `off / size` for every offset in a span
@@ -83,7 +89,7 @@ const _: () = {
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX && SPAN_MAX >= PAGE_SIZE);
     let mut c = 0;
     while c < CLASSES {
-        assert!(class_size(c) % MIN_ALIGN == 0);
+        assert!(class_size(c).is_multiple_of(MIN_ALIGN));
         assert!((span_bytes(c) as u64) * (class_size(c) as u64) <= 1u64 << 32);
         c += 1;
     }
@@ -96,7 +102,8 @@ mod tests {
     #[test]
     fn classes_bound_the_waste_and_the_span_tails() {
         for size in 1..=SMALL_MAX {
-            let c = class_of(size);
+            // SAFETY: `size <= SMALL_MAX`.
+            let c = unsafe { class_of(size) };
             assert!(class_size(c) >= size && (c == 0 || class_size(c - 1) < size), "size {size}");
             // At most 25% of the object is waste (16 bytes below 64).
             assert!(class_size(c) - size <= (class_size(c) / 4).max(15), "size {size} class {}", class_size(c));

@@ -15,16 +15,14 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::class::{class_size, CLASSES};
-use super::span::{take_returned, Span, FULL, LISTED, SPARE};
+use super::class::CLASSES;
+use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
 #[repr(C, align(64))]
 pub(crate) struct ThreadHeap {
     /// Per class, the head of the list of spans with room (the current span), `EMPTY` if none.
     pub(crate) head: [Cell<*mut Span>; CLASSES],
-    /// Per class, objects live in this heap's spans (handed out, not yet collected back).
-    pub(crate) live: [Owned; CLASSES],
     /// Per class, one empty span kept (null if none).
     pub(crate) spare: [Cell<*mut Span>; CLASSES],
     /// Full spans, parked (`Span::place == FULL`), linked through `next` / `prev`.
@@ -47,6 +45,29 @@ pub(crate) struct ThreadHeap {
 unsafe impl Sync for ThreadHeap {}
 
 const _: () = assert!(core::mem::size_of::<ThreadHeap>() <= crate::os::PAGE_SIZE);
+
+/// The heap `table::last` gives a thread that has none of the slab (or not the one it used
+/// last): it owns no span and its heads are `EMPTY`, so the hot paths need no null test (an
+/// allocation finds nothing to pop, a free finds the span's heap is not this one). Never
+/// written: the hot paths write only spans they popped from, and the slow paths ask
+/// `table::current`, which never gives it.
+pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
+    head: [const { Cell::new(&EMPTY as *const Span as *mut Span) }; CLASSES],
+    spare: [const { Cell::new(ptr::null_mut()) }; CLASSES],
+    full: Cell::new(ptr::null_mut()),
+    returned: AtomicPtr::new(ptr::null_mut()),
+    abandoned: AtomicBool::new(false),
+    spans: Owned::new(),
+    spares: Owned::new(),
+    next_heap: Cell::new(ptr::null_mut()),
+    next_pooled: Cell::new(ptr::null_mut()),
+};
+
+impl ThreadHeap {
+    pub(crate) fn none() -> *mut ThreadHeap {
+        &NO_HEAP as *const ThreadHeap as *mut ThreadHeap
+    }
+}
 
 /// What the owner's slow path found for a request.
 pub(crate) enum Got {
@@ -185,17 +206,13 @@ impl ThreadHeap {
             // SAFETY: a head other than `EMPTY` is a listed span of this heap.
             let s = unsafe { &*sp };
             if let Some(o) = s.pop() {
-                self.live[c].add(1);
                 return Got::Object(o, false);
             }
-            let n = s.collect();
-            self.live[c].sub(n as u64);
+            s.collect();
             if let Some(o) = s.pop() {
-                self.live[c].add(1);
                 return Got::Object(o, false);
             }
             if let Some((o, reads_zero)) = s.take_fresh(zero) {
-                self.live[c].add(1);
                 return Got::Object(o, reads_zero);
             }
             // Full: park it (or, if a push came first, collect that at the next turn).
@@ -227,7 +244,7 @@ impl ThreadHeap {
             self.unlink(s);
             self.push_behind_head(s);
         }
-        if s.used.get() == 0 && !ptr::eq(self.head[s.class.get() as usize].get(), s) {
+        if s.used() == 0 && !ptr::eq(self.head[s.class.get() as usize].get(), s) {
             return self.retire_empty(s);
         }
         None
@@ -244,6 +261,7 @@ impl ThreadHeap {
             return None;
         }
         self.spans.sub(1);
+        s.place.set(LEAVING);
         Some(s)
     }
 
@@ -251,13 +269,13 @@ impl ThreadHeap {
 
     /// Collect `s` (listed) and take it off the heap if it is empty: `Some(s)` to give back.
     pub(crate) fn collect_or_drop(&self, s: &Span) -> Option<*mut Span> {
-        let n = s.collect();
-        self.live[s.class.get() as usize].sub(n as u64);
-        if s.used.get() > 0 {
+        s.collect();
+        if s.used() > 0 {
             return None;
         }
         self.unlink(s);
         self.spans.sub(1);
+        s.place.set(LEAVING);
         Some(s as *const Span as *mut Span)
     }
 
@@ -297,20 +315,10 @@ impl ThreadHeap {
             if !spare.is_null() {
                 self.spares.sub(1);
                 self.spans.sub(1);
+                // SAFETY: the spare, this heap's, on no list.
+                unsafe { (*spare).place.set(LEAVING) };
                 give(spare);
             }
         }
-    }
-
-    /// Live objects and their bytes (the statistics; racy sums of the owners' counters).
-    pub(crate) fn live_objects(&self) -> (u64, u64) {
-        let mut objects = 0u64;
-        let mut bytes = 0u64;
-        for (c, l) in self.live.iter().enumerate() {
-            let n = l.get();
-            objects = objects.wrapping_add(n);
-            bytes = bytes.wrapping_add(n.wrapping_mul(class_size(c) as u64));
-        }
-        (objects, bytes)
     }
 }

@@ -56,6 +56,19 @@ impl PageMaps {
         Some(unsafe { &*((map + ((addr - arena_base) >> GRANULE_SHIFT) * 8) as *const AtomicUsize) })
     }
 
+    /// Reserve the map of arena `ai` (`len` bytes), unless it has one: its address.
+    pub(crate) fn reserve(&self, ai: usize, len: usize) -> Result<usize, Error> {
+        let have = self.base[ai].load(Acquire);
+        if have != 0 {
+            return Ok(have);
+        }
+        let bytes = ((len >> GRANULE_SHIFT) * 8).next_multiple_of(PAGE_SIZE);
+        let map = os::scratch(bytes).map_err(|errno| Error::Os { op: "mmap (slab page map)", errno })?;
+        self.bytes[ai].store(bytes, Relaxed);
+        self.base[ai].store(map, Release);
+        Ok(map)
+    }
+
     /// Unmap every map (the slab is going away).
     fn unmap_all(&self) {
         for (b, n) in self.base.iter().zip(&self.bytes) {
@@ -70,10 +83,21 @@ impl PageMaps {
 
 impl Slab {
     /// Where `addr` is: in a span (its descriptor), in an arena outside spans, or in no arena.
+    /// The first arena (which holds most blocks) is tested inline against the slab's own copy
+    /// of its range; the others through the allocator's views.
     #[inline(always)]
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
-        let Some((ai, v)) = self.shared.view_of(addr) else { return Found::Foreign };
-        let Some(e) = self.maps.entry(ai, v.base(), addr) else { return Found::Pages };
+        let off = addr.wrapping_sub(self.arena0.0);
+        let e = if off < self.arena0.1 {
+            // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
+            // per granule.
+            unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+        } else {
+            match self.find_other(addr) {
+                Some(e) => e,
+                None => return if self.shared.view_of(addr).is_some() { Found::Pages } else { Found::Foreign },
+            }
+        };
         // Acquire: the descriptor was set up before it was published here.
         let s = e.load(Acquire);
         if s == 0 {
@@ -84,18 +108,20 @@ impl Slab {
         Found::Span(unsafe { &*(s as *const Span) })
     }
 
+    /// The map entry of `addr` in an arena after the first (none: no such arena, or no map).
+    #[inline(never)]
+    fn find_other(&self, addr: usize) -> Option<&AtomicUsize> {
+        let (ai, v) = self.shared.view_of(addr)?;
+        self.maps.entry(ai, v.base(), addr)
+    }
+
     /// The map entries of the span at `start` of `bytes` (granules), making the arena's map at
     /// its first span.
     pub(crate) fn map_entries(&self, start: usize, bytes: usize) -> Result<impl Iterator<Item = &AtomicUsize>, Error> {
         let (ai, v) = self.shared.view_of(start).ok_or(Error::InvalidPointer { addr: start })?;
         if self.maps.base[ai].load(Acquire) == 0 {
             let _g = self.central.lock();
-            if self.maps.base[ai].load(Relaxed) == 0 {
-                let len = ((v.len() >> GRANULE_SHIFT) * 8).next_multiple_of(PAGE_SIZE);
-                let map = os::scratch(len).map_err(|errno| Error::Os { op: "mmap (slab page map)", errno })?;
-                self.maps.bytes[ai].store(len, Relaxed);
-                self.maps.base[ai].store(map, Release);
-            }
+            self.maps.reserve(ai, v.len())?;
         }
         let base = v.base();
         Ok((0..bytes >> GRANULE_SHIFT).map(move |g| self.maps.entry(ai, base, start + (g << GRANULE_SHIFT)).unwrap()))
@@ -142,8 +168,31 @@ impl Descriptors {
         Ok(s)
     }
 
+    /// Objects used in every span (descriptors with an owner heap) and their bytes: racy sums
+    /// of the owners' counts, for the statistics.
+    pub(crate) fn used_objects(&self) -> (u64, u64) {
+        let (mut objects, mut bytes) = (0u64, 0u64);
+        let mut chunk = self.chunks;
+        while chunk != 0 {
+            for i in 1..PER_CHUNK {
+                // SAFETY: a descriptor of a chunk of this slab (mapped until the slab's drop);
+                // only its atomics are read.
+                let s = unsafe { &*(chunk as *const Span).add(i) };
+                if !s.heap.load(Relaxed).is_null() {
+                    let n = s.used() as u64;
+                    objects += n;
+                    bytes += n * s.size.load(Relaxed) as u64;
+                }
+            }
+            // SAFETY: the chunk's first word links the next chunk.
+            chunk = unsafe { *(chunk as *const usize) };
+        }
+        (objects, bytes)
+    }
+
     /// Give back a descriptor no span uses and no list holds.
     pub(crate) fn give(&mut self, s: &Span) {
+        debug_assert!(s.place.get() != FREE_DESCRIPTOR, "a descriptor given back twice");
         s.place.set(FREE_DESCRIPTOR);
         s.next.set(self.free);
         self.free = s as *const Span as *mut Span;

@@ -89,6 +89,10 @@ pub(crate) struct Slab {
     /// Small objects on (`Config::small_objects`).
     pub(crate) on: bool,
     maps: PageMaps,
+    /// The first arena's base and length (installed before the slab, never replaced) and its
+    /// page map (reserved with the slab, so `find` needs no test of it).
+    arena0: (usize, usize),
+    map0: usize,
     central: Locked<Central>,
     /// The heap of threads that have none (always abandoned, so used under the lock).
     locked_heap: *mut ThreadHeap,
@@ -107,6 +111,10 @@ impl Slab {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<Slab, Error> {
         let on = shared.config.small_objects;
         let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
+        let v = shared.view(0);
+        let arena0 = (v.base(), v.len());
+        let maps = PageMaps::new();
+        let map0 = maps.reserve(0, arena0.1)?;
         let locked_heap = new_heap(&mut central)?;
         // SAFETY: the heap just made, seen by no other thread yet.
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
@@ -114,7 +122,9 @@ impl Slab {
             shared,
             id: NEXT_ID.fetch_add(1, Relaxed),
             on,
-            maps: PageMaps::new(),
+            maps,
+            arena0,
+            map0,
             central: Locked::new(central),
             locked_heap,
             spans: AtomicU64::new(0),
@@ -129,19 +139,17 @@ impl Slab {
     /// thread used last has a free object: pop it.
     #[inline(always)]
     pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        if flags.0 == 0 && align <= MIN_ALIGN {
-            let h = table::last(self);
-            if !h.is_null() {
-                let c = class_of(size);
-                // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab.
-                let h = unsafe { &*h };
-                // SAFETY: a head is `EMPTY` (whose `free` is 0, so `pop` writes nothing) or a
-                // listed span of this heap.
-                if let Some(o) = unsafe { &*h.head[c].get() }.pop() {
-                    h.live[c].add(1);
-                    // SAFETY: an object address is never 0.
-                    return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
-                }
+        if flags.0 == 0 && align <= MIN_ALIGN && size <= SMALL_MAX {
+            // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
+            // or `NO_HEAP`, whose heads are `EMPTY`.
+            let h = unsafe { &*table::last(self) };
+            // SAFETY: `size <= SMALL_MAX`, tested above.
+            let c = unsafe { class_of(size) };
+            // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and
+            // `local_free` are 0, so `pop` writes nothing) or a listed span of this heap.
+            if let Some(o) = unsafe { &*h.head.get_unchecked(c).get() }.pop() {
+                // SAFETY: an object address is never 0.
+                return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
             }
         }
         self.malloc_slow(size, align, flags)
@@ -152,8 +160,10 @@ impl Slab {
         if !align.is_power_of_two() {
             return Err(Error::BadAlignment { align, max: self.shared.max_block() });
         }
-        let c = if align <= MIN_ALIGN { Some(class_of(size)) } else { aligned_class(size, align) };
-        let Some(c) = c.filter(|_| flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX) else {
+        let plain = flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX;
+        // SAFETY: `class_of` only for `size <= SMALL_MAX` (`plain`).
+        let c = if !plain { None } else if align <= MIN_ALIGN { Some(unsafe { class_of(size) }) } else { aligned_class(size, align) };
+        let Some(c) = c else {
             // Not a small object: a page block (`POPULATE` and `LOCK` are page-block requests).
             return cache::alloc_pages(&self.shared, size.max(1), align.max(MIN_ALIGN), flags);
         };
@@ -180,6 +190,7 @@ impl Slab {
                 Got::NeedSpan => {
                     let s = self.new_span(c, zero, h)?;
                     h.install(s);
+                    self.count_span(s, true);
                 }
             }
         }
@@ -202,6 +213,7 @@ impl Slab {
             let _g = self.central.lock();
             // SAFETY: as above.
             unsafe { &*self.locked_heap }.install(s);
+            self.count_span(s, true);
         }
     }
 
@@ -229,13 +241,36 @@ impl Slab {
         for e in entries {
             span::publish(e, s);
         }
-        self.spans.fetch_add(1, Relaxed);
-        self.span_bytes.fetch_add(bytes as u64, Relaxed);
         Ok(s)
     }
 
-    /// Give back spans taken off their heaps (linked through `next`): out of the page map, their
-    /// pages to the page layer (with no lock held), their descriptors to the pool.
+    /// Count a span in (`true`: installed in a heap) or out (taken off its heap) of the slab's
+    /// totals, at the same step as the heap's own count (under the lock for an abandoned heap),
+    /// so that `check` sees the two agree.
+    fn count_span(&self, s: &Span, add: bool) {
+        let bytes = span_bytes(s.class.get() as usize) as u64;
+        if add {
+            self.spans.fetch_add(1, Relaxed);
+            self.span_bytes.fetch_add(bytes, Relaxed);
+        } else {
+            self.spans.fetch_sub(1, Relaxed);
+            self.span_bytes.fetch_sub(bytes, Relaxed);
+        }
+    }
+
+    /// `count_span(.., false)` for every span of a list taken off a heap (linked by `next`).
+    fn uncount(&self, mut list: *mut Span) {
+        while !list.is_null() {
+            // SAFETY: a span of the caller's list, on its way back.
+            let s = unsafe { &*list };
+            self.count_span(s, false);
+            list = s.next.get();
+        }
+    }
+
+    /// Give back spans taken off their heaps (linked through `next`, already uncounted): out
+    /// of the page map, their pages to the page layer (with no lock held), their descriptors to
+    /// the pool.
     fn give_back(&self, mut list: *mut Span) {
         while !list.is_null() {
             // SAFETY: a span on no list and in no heap any more, the caller's.
@@ -251,8 +286,6 @@ impl Slab {
             s.heap.store(ptr::null_mut(), Relaxed);
             let r = cache::free_pages(&self.shared, start, None);
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
-            self.spans.fetch_sub(1, Relaxed);
-            self.span_bytes.fetch_sub(bytes as u64, Relaxed);
             self.central.lock().descriptors.give(s);
         }
     }
@@ -270,26 +303,28 @@ impl Slab {
         if off >= s.fresh.load(Relaxed).wrapping_sub(start) || idx * size != off {
             return Err(self.bad_free(s, addr));
         }
+        // `NO_HEAP` (no heap of this slab used last) owns no span.
         let h = table::last(self);
-        if h.is_null() || !ptr::eq(s.heap.load(Relaxed), h) {
+        if !ptr::eq(s.heap.load(Relaxed), h) {
             return self.free_remote(s, addr);
         }
-        // The owner: push on `local_free`.
-        if addr == s.local_free.get() || addr == s.free.get() {
+        // The owner: push on `local_free`; the object at its head is one this thread freed
+        // last into the span (glibc's immediate double free, as its fastbins check it).
+        if addr == s.local_free.get() {
             return Err(Error::DoubleFree { addr });
         }
         // SAFETY: `addr` is an object of `s`, a live span of this thread's heap, handed out and
         // now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = s.local_free.get() };
         s.local_free.set(addr);
-        let used = s.used.get() - 1;
-        s.used.set(used);
-        // SAFETY: this thread's own heap (`last`), live as long as the slab.
-        let h = unsafe { &*h };
-        h.live[s.class.get() as usize].sub(1);
+        let used = s.used() - 1;
+        s.set_used(used);
         if used == 0 || s.place.get() != LISTED {
+            // SAFETY: this thread's own heap (`last`), live as long as the slab.
+            let h = unsafe { &*h };
             if let Some(e) = h.after_local_free(s) {
                 e.next.set(ptr::null_mut());
+                self.count_span(e, false);
                 self.give_back(e as *const Span as *mut Span);
             }
         }
@@ -341,6 +376,7 @@ impl Slab {
                     out = e;
                 }
             }
+            self.uncount(out);
         }
         self.give_back(out);
     }
@@ -363,7 +399,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off % size == 0).then_some(size)
+        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----
@@ -395,6 +431,7 @@ impl Slab {
             let heap = unsafe { &*h };
             heap.abandoned.store(true, SeqCst);
             heap.collect_all(&mut out);
+            self.uncount(out);
             heap.next_pooled.set(c.pool);
             c.pool = h;
         }
@@ -411,6 +448,7 @@ impl Slab {
         let mut out: *mut Span = ptr::null_mut();
         // SAFETY: this thread's own heap (owner).
         unsafe { &*h }.collect_all(&mut out);
+        self.uncount(out);
         self.give_back(out);
     }
 
@@ -419,13 +457,12 @@ impl Slab {
     /// Add the small-object figures to `s`.
     pub(crate) fn add_to_stats(&self, s: &mut Stats) {
         let c = self.central.lock();
-        let (mut objects, mut bytes, mut spares) = (0u64, 0u64, 0u64);
+        let mut spares = 0u64;
         for h in heaps(&c) {
-            let (o, b) = h.live_objects();
-            objects = objects.wrapping_add(o);
-            bytes = bytes.wrapping_add(b);
             spares = spares.wrapping_add(h.spares.get());
         }
+        // The spans' own counts (no counter on the hot paths): every descriptor in use.
+        let (objects, bytes) = c.descriptors.used_objects();
         let spans = self.spans.load(Relaxed);
         let span_bytes = self.span_bytes.load(Relaxed);
         s.small_live_objects = objects;
@@ -436,30 +473,34 @@ impl Slab {
         s.small_free_bytes = span_bytes.saturating_sub(bytes);
     }
 
-    /// Check the slab: every heap's span count adds up to the slab's; the calling thread's heap
+    /// Check the slab: when no other thread's heap is in use, every heap's span count adds up
+    /// to the slab's; the calling thread's heap
     /// and every abandoned heap (whose owner is the lock holder) in full: each span is in the
     /// page map, aligned, and its lists hold distinct objects of its own below `fresh`, `used`
-    /// counting the rest; the live counts equal the spans' `used`. Other threads' heaps are
+    /// counting the rest. Other threads' heaps are
     /// theirs to change, so only their atomic counters are read.
     pub(crate) fn check(&self) -> Result<(), String> {
         let mine = table::own_heap(self);
         let c = self.central.lock();
         let mut spans = 0u64;
+        let mut all_checked = true;
         for h in heaps(&c) {
             spans += h.spans.get();
             if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
                 self.check_heap(h)?;
+            } else {
+                all_checked = false;
             }
         }
+        // With another thread's heap in use, its count may be a step behind or ahead.
         let total = self.spans.load(Relaxed);
-        if spans != total {
+        if all_checked && spans != total {
             return Err(format!("slab: heaps hold {spans} spans, the slab counts {total}"));
         }
         Ok(())
     }
 
     fn check_heap(&self, h: &ThreadHeap) -> Result<(), String> {
-        let mut used = [0u64; CLASSES];
         let mut n = 0u64;
         let mut spares = 0u64;
         let mut visit = |s: &Span, place: u8| -> Result<(), String> {
@@ -467,7 +508,7 @@ impl Slab {
             if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
                 return Err(format!("slab: span {:#x} place {} (expected {place}) or heap wrong", s.start.load(Relaxed), s.place.get()));
             }
-            used[s.class.get() as usize] += self.check_span(s)? as u64;
+            self.check_span(s)?;
             Ok(())
         };
         for c in 0..CLASSES {
@@ -485,7 +526,7 @@ impl Slab {
                 // SAFETY: as above, the spare.
                 let s = unsafe { &*sp };
                 visit(s, SPARE)?;
-                if s.used.get() != 0 {
+                if s.used() != 0 {
                     return Err("slab: a spare span holds live objects".into());
                 }
             }
@@ -500,11 +541,6 @@ impl Slab {
         if n != h.spans.get() || spares != h.spares.get() {
             return Err(format!("slab: heap holds {n} spans ({spares} spare), counts {} ({})", h.spans.get(), h.spares.get()));
         }
-        for (c, u) in used.iter().enumerate() {
-            if h.live[c].get() != *u {
-                return Err(format!("slab: class {} counts {} live objects, its spans {u}", class_size(c), h.live[c].get()));
-            }
-        }
         Ok(())
     }
 
@@ -514,7 +550,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let c = s.class.get() as usize;
         let (size, bytes) = (class_size(c), span_bytes(c));
-        if start % bytes != 0 || s.size.load(Relaxed) as usize != size {
+        if !start.is_multiple_of(bytes) || s.size.load(Relaxed) as usize != size {
             return Err(format!("slab: span {start:#x} of class {size} not aligned to {bytes} or wrong size"));
         }
         match self.map_entries(start, bytes) {
@@ -532,7 +568,7 @@ impl Slab {
             let mut o = head & !PARKED;
             let mut k = 0;
             while o != 0 {
-                if o < start || o >= fresh || (o - start) % size != 0 || !seen.insert(o) {
+                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || !seen.insert(o) {
                     return Err(format!("slab: span {start:#x}: {what} holds {o:#x} (bad or twice)"));
                 }
                 k += 1;
@@ -545,10 +581,10 @@ impl Slab {
         // Other threads' frees are still counted in `used`; walking them is safe for a span
         // whose owner is the caller (pushes only prepend).
         let remote = count(s.thread_free.load(SeqCst), "thread_free")?;
-        if free + s.used.get() != handed || remote > s.used.get() {
-            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used.get()));
+        if free + s.used() != handed || remote > s.used() {
+            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used()));
         }
-        Ok(s.used.get())
+        Ok(s.used())
     }
 
     /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back

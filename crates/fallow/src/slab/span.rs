@@ -37,6 +37,9 @@ pub(crate) const LISTED: u8 = 1;
 pub(crate) const FULL: u8 = 2;
 /// Kept empty in the heap's spare slot of its class.
 pub(crate) const SPARE: u8 = 3;
+/// Taken off its heap, on its way back to the page layer (a lock holder collecting an
+/// abandoned heap's span finds it so and leaves it alone).
+pub(crate) const LEAVING: u8 = 4;
 
 #[repr(C, align(64))]
 pub(crate) struct Span {
@@ -46,8 +49,9 @@ pub(crate) struct Span {
     /// Head of the owner's frees (0: empty), moved to `free` when that runs out.
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
-    /// still count: the owner subtracts them when it collects them).
-    pub(crate) used: Cell<u32>,
+    /// still count: the owner subtracts them when it collects them). Written by the owner only
+    /// (a load and a store, no read-modify-write); the statistics read it from any thread.
+    pub(crate) used: AtomicU32,
     /// The class and `place` (owner's).
     pub(crate) class: Cell<u8>,
     pub(crate) place: Cell<u8>,
@@ -92,7 +96,7 @@ impl Span {
         Span {
             free: Cell::new(0),
             local_free: Cell::new(0),
-            used: Cell::new(0),
+            used: AtomicU32::new(0),
             class: Cell::new(0),
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
@@ -125,7 +129,7 @@ impl Span {
         let n = span_bytes(c) / size;
         self.free.set(0);
         self.local_free.set(0);
-        self.used.set(0);
+        self.used.store(0, Relaxed);
         self.class.set(c as u8);
         self.place.set(LISTED);
         self.zeroed.set(zeroed);
@@ -142,18 +146,36 @@ impl Span {
         self.returned_next.store(ptr::null_mut(), Relaxed);
     }
 
-    /// The owner pops an object off `free` (the hot path).
+    /// Objects counted as used (the owner's count; any thread may read it).
+    #[inline(always)]
+    pub(crate) fn used(&self) -> u32 {
+        self.used.load(Relaxed)
+    }
+
+    /// The owner's new count (a plain store: it is the only writer).
+    #[inline(always)]
+    pub(crate) fn set_used(&self, n: u32) {
+        self.used.store(n, Relaxed)
+    }
+
+    /// The owner pops an object off `free`, or, when `free` is empty, takes its own frees
+    /// (`local_free`) as the new `free` first (the hot path: a class with few live objects
+    /// would otherwise leave it at every other call).
     #[inline(always)]
     pub(crate) fn pop(&self) -> Option<usize> {
-        let o = self.free.get();
+        let mut o = self.free.get();
         if o == 0 {
-            return None;
+            o = self.local_free.get();
+            if o == 0 {
+                return None;
+            }
+            self.local_free.set(0);
         }
-        // SAFETY: `o` is a free object of this live span, on its `free` list: its first word
-        // is the list's link, written by this owner (or by a remote free ordered before the
-        // owner's swap of `thread_free`); the owner alone reads it.
+        // SAFETY: `o` is a free object of this live span, on its `free` or `local_free` list:
+        // its first word is the list's link, written by this owner (or by a remote free
+        // ordered before the owner's swap of `thread_free`); the owner alone reads it.
         self.free.set(unsafe { *(o as *const usize) });
-        self.used.set(self.used.get() + 1);
+        self.set_used(self.used() + 1);
         Some(o)
     }
 
@@ -182,7 +204,7 @@ impl Span {
             *(tail as *mut usize) = self.free.get();
         }
         self.free.set(head);
-        self.used.set(self.used.get() - n);
+        self.set_used(self.used() - n);
         n
     }
 
@@ -198,7 +220,7 @@ impl Span {
         }
         if zero {
             self.fresh.store(fresh + size, Relaxed);
-            self.used.set(self.used.get() + 1);
+            self.set_used(self.used() + 1);
             return Some((fresh, self.zeroed.get()));
         }
         let n = (4096 / size).clamp(1, (end - fresh) / size);

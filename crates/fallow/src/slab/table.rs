@@ -45,17 +45,18 @@ thread_local! {
     static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
 }
 
-/// The calling thread's heap of `slab` if it is the one this thread used last (null if not).
+/// The calling thread's heap of `slab` if it is the one this thread used last, else
+/// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
 #[inline(always)]
 pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
-    LAST.with(|l| if l.id.get() == slab.id { l.heap.get() } else { ptr::null_mut() })
+    LAST.with(|l| if l.id.get() == slab.id { l.heap.get() } else { ThreadHeap::none() })
 }
 
 /// The calling thread's heap of `slab`, made or adopted at first use; null while the thread is
 /// setting its table up or after its destructor ran.
 pub(crate) fn current(slab: &Arc<Slab>) -> *mut ThreadHeap {
     let h = last(slab);
-    if !h.is_null() {
+    if !ptr::eq(h, ThreadHeap::none()) {
         return h;
     }
     attach(slab)

@@ -12,7 +12,8 @@
 //!   `Allocator::wake`) and the workers' loops (`report::run`, `zero::run`) are mirrored here.
 //! - The per-thread cache's `busy` / `frozen` handshake (`cache/`), a cached block's hit
 //!   paths against the reporter's drain and report of it (`cache/`, `report.rs`, `heap/`), the
-//!   drain request's generations, and `StartGate` (`start.rs`): standalone models that mirror the
+//!   drain request's generations, the slab's remote frees against a span's owner (`slab/`), and
+//!   `StartGate` (`start.rs`): standalone models that mirror the
 //!   code line by line (the real code needs an allocator, or a kernel thread id per thread, which
 //!   loom's threads do not have); each
 //!   function says which one it mirrors. Each also runs with its protocol broken on purpose
@@ -51,6 +52,7 @@ macro_rules! broken_on_purpose {
 mod cached_block;
 mod drain_request;
 mod handshake;
+mod slab_remote;
 mod start_gate;
 mod worker;
 
