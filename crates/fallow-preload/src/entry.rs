@@ -317,7 +317,8 @@ unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
         // handed out, unused by anyone else during the call; `size > 0`.
         return unsafe { remap::realloc_owned(a, p as *mut u8, size, process::threshold(), false) } as *mut c_void;
     }
-    // A glibc block: stays with glibc unless it grows past the threshold.
+    // A glibc block: stays with glibc unless it grows past the threshold (with small objects
+    // on, unless it grows: `for_request` then answers for every size).
     if let Some(a) = for_request(size, MIN_ALIGN) {
         // SAFETY: `p` is not null and not fallow's, so a live glibc block (the caller's contract).
         let old = unsafe { libc_usable_size(p) };
