@@ -28,6 +28,12 @@ LD_PRELOAD=$so "$out/preload_test" start_race
 FALLOW_THRESHOLD=1m LD_PRELOAD=$so "$out/preload_test" threshold 1048576
 LD_PRELOAD=$so "$out/preload_test" threshold 262144
 
+# FALLOW_SMALL=0: the threshold decides again (below it glibc, at it fallow).
+FALLOW_SMALL=0 LD_PRELOAD=$so "$out/preload_test" threshold 262144
+
+step "redis-server (links jemalloc, asks malloc_usable_size) with FALLOW_SMALL=1"
+tests/preload/redis_check.sh "$so" "$out/redis"
+
 step "small objects"
 LD_PRELOAD=$so "$out/small_test"
 
