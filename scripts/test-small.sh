@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The preload library with small objects on (FALLOW_SMALL=1, issue 31): the preload's C tests
 # again (tests/c/preload_test.c), the small-object tests (tests/preload/small_test.c), the bad
-# frees that must abort with fallow's message, and real programs whose output must match their
-# run without the preload. About a minute. Run from anywhere; needs gcc and python3.
+# frees that must abort with fallow's message, real programs whose output must match their run
+# without the preload, and numpy's numpy._core part as test-capi runs it (with the .venv that
+# test-capi makes). About a minute, three more with numpy. Run from anywhere; needs gcc and python3.
+#   SKIP_NUMPY=1 scripts/test-small.sh   without the numpy part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -97,6 +99,17 @@ same gcc_compile gcc -O2 -o "$out/prog" "$out/prog.c"
 same prog_run "$out/prog"
 same ls_usr_lib sh -c 'ls -R /usr/lib 2>/dev/null | wc'
 same sh_pipeline sh -c 'echo ok | sort | uniq'
+
+# numpy's numpy._core tests (test-capi's part) with FALLOW_SMALL=1 against glibc, in the .venv
+# test-capi makes (skipped without it, or with SKIP_NUMPY=1).
+if [[ ${SKIP_NUMPY:-0} != 1 && -x .venv/bin/python ]] && .venv/bin/python -c 'import numpy, pytest, hypothesis' 2>/dev/null; then
+    step "numpy._core tests with FALLOW_SMALL=1 and without the preload (same outcome per test)"
+    tests/preload/numpy_core.sh "$root/.venv" "$so" "$out/numpy" \
+        numpy._core.tests.test_multiarray numpy._core.tests.test_numeric numpy._core.tests.test_item_selection \
+        numpy._core.tests.test_mem_policy numpy._core.tests.test_array_interface
+else
+    echo "no .venv with numpy (make test-capi makes it) or SKIP_NUMPY=1: numpy part skipped"
+fi
 
 echo
 echo "test-small: all passed"
