@@ -286,6 +286,13 @@ static void late_destructor(void *v) {
     unsigned char *p[64];
     for (int i = 0; i < 64; i++) { p[i] = malloc(16 + i * 40); if (!p[i]) return; fill(p[i], 16 + i * 40, i); }
     for (int i = 0; i < 64; i++) { if (unfilled(p[i], 16 + i * 40, i) != SIZE_MAX) return; free(p[i]); }
+    /* Page blocks too, past the thread's page cache's destructor. */
+    unsigned char *b = malloc(100 * KiB), *c = calloc(1, MiB);
+    if (!b || !c || c[MiB - 1]) return;
+    fill(b, 100 * KiB, 1);
+    b = realloc(b, 20);
+    if (!b || unfilled(b, 20, 1) != SIZE_MAX) return;
+    free(b); free(c);
     free(v);
     atomic_fetch_add(&late_ok, 1);
 }
