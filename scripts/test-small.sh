@@ -76,6 +76,17 @@ s = {k: v for k, v in l[::3]}
 print(len(d), len(l), len(s), sum(len(v) for v in s.values()), l[12345][0])'
 seq 200000 | awk '{print ($1 * 7919) % 100003, $1}' > "$out/numbers.txt"
 same sort sort -n "$out/numbers.txt"
+# Threaded programs: sort's merge threads, xz's compression threads, and Python threads whose
+# objects the main thread frees.
+same sort_threads sort --parallel=2 -S 2M -n "$out/numbers.txt"
+same xz_threads sh -c "xz -T2 -3 -c '$out/numbers.txt' | xz -d | md5sum"
+same python_threads python3 -c '
+from concurrent.futures import ThreadPoolExecutor
+def build(k):
+    return {(k, i): str(i) * (i % 5) for i in range(50000)}
+with ThreadPoolExecutor(4) as ex:
+    parts = list(ex.map(build, range(8)))
+print(sum(len(p) for p in parts), sum(len(v) for p in parts for v in p.values()))'
 same sort_k sort -k2,2 -t' ' "$out/numbers.txt"
 cat > "$out/prog.c" <<'EOF'
 #include <stdio.h>
