@@ -204,7 +204,7 @@ impl Span {
             *(tail as *mut usize) = self.free.get();
         }
         self.free.set(head);
-        self.set_used(self.used() - n);
+        self.set_used(self.used().wrapping_sub(n));
         n
     }
 

@@ -13,9 +13,9 @@ use loom::sync::atomic::AtomicUsize;
 // `Span::push_remote` (link written, then a compare-and-swap that clears `PARKED`; the push that
 // cleared it hands the span back), `push_returned` / `take_returned` (the heap's stack of
 // handed-back spans, one span here), `ThreadHeap::alloc`'s park step and `after_local_free`.
-// The model: the owner's current span is full (objects 1 and 2 handed out); the owner looks for
-// an object (collects, finds none, parks), then frees object 2 itself; meanwhile another
-// thread frees object 1. Afterwards the owner takes the handed-back spans and collects: the
+// The model: the owner's current span is full (objects 1, 2 and 3 handed out); the owner looks
+// for an object (collects, finds none, parks), then frees object 2 itself; meanwhile two other
+// threads free objects 1 and 3 (so that two pushes race for the parked bit). Afterwards the owner takes the handed-back spans and collects: the
 // span is back on the owner's list exactly once, never lost parked, and both objects are on its
 // lists. The objects' first words (the links) are loom `UnsafeCell`s: the owner reads a link
 // only after an acquire that orders the pusher's write before it.
@@ -35,7 +35,7 @@ struct Remote {
     /// `ThreadHeap::returned` for one span: 0 or 1 (the span).
     returned: AtomicUsize,
     /// The objects' first words (index: object number).
-    links: [UnsafeCell<usize>; 3],
+    links: [UnsafeCell<usize>; 4],
     /// The owner's (`Span::place`, `free`, `local_free`), an `UnsafeCell` touched by the owner
     /// thread, then by the main thread after joining it.
     owner: UnsafeCell<(u8, usize, usize)>,
@@ -134,15 +134,17 @@ fn slab_remote_model(broken: bool) {
         let r = Arc::new(Remote {
             thread_free: AtomicUsize::new(0),
             returned: AtomicUsize::new(0),
-            links: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
+            links: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
             owner: UnsafeCell::new((LISTED, 0, 0)),
             broken,
         });
-        let r2 = r.clone();
-        let remote = thread::spawn(move || r2.free_remote(1));
+        let (r1, r3) = (r.clone(), r.clone());
+        let remote1 = thread::spawn(move || r1.free_remote(1));
+        let remote3 = thread::spawn(move || r3.free_remote(3));
         r.look_for_an_object();
         r.free_local(2);
-        remote.join().unwrap();
+        remote1.join().unwrap();
+        remote3.join().unwrap();
         r.settle();
         // SAFETY: every thread is done; the owner's fields are read once more.
         let (place, free, local) = r.owner.with(|o| unsafe { *o });
@@ -152,12 +154,12 @@ fn slab_remote_model(broken: bool) {
         for head in [free, local] {
             let mut o = head;
             while o != 0 {
-                seen |= o;
+                seen |= 1 << (o >> 1);
                 // SAFETY: every thread is done; the links are read once more.
                 o = r.links[o >> 1].with(|l| unsafe { *l });
             }
         }
-        assert_eq!(seen, obj(1) | obj(2), "an object freed into the span is on none of its lists");
+        assert_eq!(seen, 0b1110, "an object freed into the span is on none of its lists");
     });
 }
 
