@@ -2,7 +2,7 @@
 # at a small default size) and `make test` (every test; installs what it needs on a fresh machine).
 # CI (.ci/run) calls `make test`. `make install` / `make uninstall`: the C library, the preload
 # library, the header, the pkg-config file and the `fallow` command, under PREFIX (and DESTDIR).
-.PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi test-install numpy-full-suite \
+.PHONY: demo test test-lint test-rust test-debug test-loom test-bench test-capi test-small test-install numpy-full-suite \
 	build install uninstall
 
 # small and burst run fallow through its preload library, found beside the `fallow` binary.
@@ -18,7 +18,7 @@ demo:
 # aside): test-debug turns debug assertions on for the core alone, test-loom is a feature of the
 # core; only `cargo package`'s verifying build (test-install) builds the core's four small
 # dependencies in the dev profile.
-PHASES = test-lint test-rust test-debug test-loom test-bench test-capi test-install
+PHASES = test-lint test-rust test-debug test-loom test-bench test-capi test-small test-install
 test:
 	@scripts/test-preflight.sh
 	@rm -rf target/test-tmp && mkdir -p target/test-tmp
@@ -63,6 +63,13 @@ test-bench:
 # and numpy's numpy._core tests with and without the preload (creates .venv).
 test-capi:
 	scripts/test-capi.sh
+
+# The LD_PRELOAD library with small objects on (FALLOW_SMALL=1): the preload's C tests again, the
+# small-object tests (every size, realloc across 16 KiB and the threshold, alignments, glibc's
+# pointers, threads freeing each other's objects, thread exit, fork), bad frees that must abort,
+# and real programs (python, sort, gcc, ls) with the same output as without the preload.
+test-small:
+	scripts/test-small.sh
 
 # Not part of `make test` (about 15 minutes): numpy's whole test suite with and without the preload.
 numpy-full-suite:

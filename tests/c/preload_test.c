@@ -23,14 +23,21 @@
 #define MiB (1024UL * 1024)
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s\n", __FILE__, __LINE__, #c); fprintf(stderr, "  " __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
-enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES, S_N };
+enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES,
+       S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_N };
 static size_t (*stats_fn)(uint64_t *, size_t);
+/* FALLOW_SMALL=1: every size is fallow's (small objects up to 16 KiB in spans, page blocks above). */
+static int small_on;
 
+/* S_LIVE and S_IN_USE count page blocks only: the small objects' spans (live page blocks, which
+ * come and go with small objects, glibc's own included under FALLOW_SMALL=1) are left out. */
 static uint64_t stat_of(int i) {
     uint64_t v[S_N] = {0};
     if (!stats_fn) stats_fn = (size_t (*)(uint64_t *, size_t))dlsym(RTLD_DEFAULT, "fallow_preload_stats");
     if (!stats_fn) { fprintf(stderr, "fallow_preload_stats not found: is libfallow_preload.so preloaded?\n"); exit(100); }
     stats_fn(v, S_N);
+    if (i == S_LIVE) return v[S_LIVE] - v[S_SPANS];
+    if (i == S_IN_USE) return v[S_IN_USE] - v[S_SPAN_BYTES];
     return v[i];
 }
 
@@ -226,7 +233,7 @@ struct edge_block { unsigned char *p; size_t n; unsigned seed; };
  * least the threshold, page-aligned and page-granular if fallow's, usable for its size. */
 static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
     CHECK(b->p, "%s(%zu) failed", how, b->n);
-    int fallow = b->n >= THRESHOLD;
+    int fallow = small_on || b->n >= THRESHOLD;
     CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by fallow (live blocks %lu -> %lu)", how, b->n,
           fallow ? "not" : "was", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
     size_t u = malloc_usable_size(b->p);
@@ -282,7 +289,7 @@ static int test_edges_malloc(void) {
             b[e] = (struct edge_block){ malloc(edge_size(k, e)), edge_size(k, e), (unsigned)(k * EDGES + e) };
             if (check_edge_block(&b[e], live, "malloc")) return 1;
             mark(b[e].p, b[e].n, b[e].seed);
-            if (b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
+            if (small_on || b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
         }
         CHECK(stat_of(S_LIVE) == live0 + fallow_n, "order %d: %lu live blocks, %lu expected", k,
               (unsigned long)stat_of(S_LIVE), (unsigned long)(live0 + fallow_n));
@@ -631,9 +638,10 @@ static int test_threshold(size_t t) {
     CHECK(big0, "64 MiB");
     live = stat_of(S_LIVE);
     void *below = malloc(t - 1);
-    CHECK(stat_of(S_LIVE) == live, "%zu bytes (threshold - 1) went to fallow", t - 1);
+    /* FALLOW_SMALL=1: no threshold, both are fallow's page blocks. */
+    CHECK(stat_of(S_LIVE) == live + small_on, "%zu bytes (threshold - 1) %s fallow", t - 1, small_on ? "did not go to" : "went to");
     void *at = malloc(t);
-    CHECK(stat_of(S_LIVE) == live + 1, "%zu bytes (the threshold) did not go to fallow", t);
+    CHECK(stat_of(S_LIVE) == live + 1 + small_on, "%zu bytes (the threshold) did not go to fallow", t);
     free(below); free(at); free(big0);
     return 0;
 }
@@ -724,6 +732,8 @@ static const struct test tests[] = {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
+    const char *sm = getenv("FALLOW_SMALL");
+    small_on = sm && !strcmp(sm, "1");
     /* Tests run alone, each in a fresh process: fork time grows with the parent's resident
      * memory, which the other tests leave high (free dirty pages stay resident until reported);
      * the allocator's creation, the address-space limit and the first requests are per process. */

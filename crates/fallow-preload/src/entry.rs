@@ -18,6 +18,17 @@
 //! the allocator's existence, `owns`, the largest block) is asked out of line, only by requests
 //! that pass those tests. On x86-64 each compare reads its word from memory itself (`asm!`):
 //! the compiler gives an atomic load an instruction of its own.
+//!
+//! Small objects (`FALLOW_SMALL=1`): the threshold stays 0 (`process.rs`), so `malloc`, `calloc`
+//! and `realloc` always take their out-of-line half, which loads `process::SMALL` first and, once
+//! the allocator is published there, calls `Allocator::malloc` (the slab layer up to 16 KiB, page
+//! blocks above) with nothing else asked; before that (the first requests, or the creating thread's
+//! own during the creation) they take the lazy path of large requests, which may send them to
+//! glibc. `free` is unchanged (a pointer outside the span of the arenas, glibc's, costs what it did);
+//! in the span, `Allocator::free_any` answers for small objects and page blocks alike, and a bad
+//! or twice-freed pointer aborts through `fatal`. `realloc` of a small object stays in place when
+//! the new size is in its class (`remap::realloc_any`). With small objects off nothing here
+//! changes: the threshold compare decides as before, and `SMALL` is never set.
 
 use core::ffi::{c_int, c_void};
 use core::ptr;
@@ -37,10 +48,12 @@ fn enomem() -> *mut c_void {
     ptr::null_mut()
 }
 
-/// Large request: fallow if it can, else glibc (`fallback`).
+/// A request fallow may serve: fallow if it can, else `None` (the caller asks glibc).
+/// `Allocator::malloc`: with small objects off a page block as `Allocator::alloc` gives it (the
+/// request is at least the threshold), with them on a small object up to 16 KiB.
 #[inline]
 fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option<*mut c_void> {
-    a.alloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)
+    a.malloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)
 }
 
 /// Whether a request of `size` bytes may be fallow's: `size >= THRESHOLD`, 0 until the settings
@@ -120,6 +133,14 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// parsed): out of line, so that the small requests' path sets up no frame.
 #[inline(never)]
 fn malloc_large(size: usize) -> *mut c_void {
+    // Small objects on and the allocator published: straight to it.
+    if let Some(a) = process::small() {
+        if let Ok(p) = a.malloc(size, MIN_ALIGN, Flags::NONE) {
+            return p.as_ptr() as *mut c_void;
+        }
+        // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
+        return unsafe { __libc_malloc(size) };
+    }
     if let Some(a) = for_request(size, MIN_ALIGN) {
         if let Some(p) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
             return p;
@@ -149,6 +170,14 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 fn calloc_large(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
+    if let Some(a) = process::small() {
+        // A span made for a zeroed request reads zero where it never handed an object out.
+        if let Ok(p) = a.malloc(total, MIN_ALIGN, Flags::ZERO) {
+            return p.as_ptr() as *mut c_void;
+        }
+        // SAFETY: glibc's `calloc` takes any `n` and `size`.
+        return unsafe { __libc_calloc(n, size) };
+    }
     if let Some(a) = for_request(total, MIN_ALIGN) {
         // No memset for pages that are zeroed or reported: the core knows each page's state.
         if let Some(p) = from_fallow(a, total, MIN_ALIGN, Flags::ZERO) {
@@ -184,9 +213,22 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 /// As `free`.
 #[inline(never)]
 unsafe fn free_in_span(p: *mut c_void) {
+    if let Some(a) = process::small() {
+        if a.owns(p as *const u8) {
+            if let Err(e) = a.free_any(p as *mut u8) {
+                fatal("free", &e)
+            }
+            return;
+        }
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
+        return unsafe { __libc_free(p) };
+    }
     match owner(p as *const u8) {
         Some(a) => {
-            if let Err(e) = a.free(p as *mut u8) {
+            // Small objects on (the allocator published, `SMALL` not yet set): `free_any`, which
+            // answers for objects and page blocks alike.
+            let r = if process::small_on() { a.free_any(p as *mut u8) } else { a.free(p as *mut u8) };
+            if let Err(e) = r {
                 fatal("free", &e)
             }
         }
@@ -266,11 +308,17 @@ unsafe fn realloc_slow(p: *mut c_void, size: usize) -> *mut c_void {
         return ptr::null_mut();
     }
     if let Some(a) = owner(p as *const u8) {
+        if process::small_on() {
+            // SAFETY: `p` lies in `a`'s reservation and is, by the caller's contract, an object or
+            // block `a` handed out, unused by anyone else during the call; `size > 0`.
+            return unsafe { remap::realloc_any(a, p as *mut u8, size) } as *mut c_void;
+        }
         // SAFETY: `p` lies in `a`'s reservation and is, by the caller's contract, a block `a`
         // handed out, unused by anyone else during the call; `size > 0`.
-        return unsafe { remap::realloc_owned(a, p as *mut u8, size, process::threshold()) } as *mut c_void;
+        return unsafe { remap::realloc_owned(a, p as *mut u8, size, process::threshold(), false) } as *mut c_void;
     }
-    // A glibc block: stays with glibc unless it grows past the threshold.
+    // A glibc block: stays with glibc unless it grows past the threshold (with small objects
+    // on, unless it grows: `for_request` then answers for every size).
     if let Some(a) = for_request(size, MIN_ALIGN) {
         // SAFETY: `p` is not null and not fallow's, so a live glibc block (the caller's contract).
         let old = unsafe { libc_usable_size(p) };
@@ -311,7 +359,12 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 /// `align` is a power of two (what `__libc_memalign` documents); the block returned is owned
 /// by the caller, to be released through `free`/`realloc` as malloc(3) says.
 unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
-    if let Some(a) = for_request(size, align) {
+    if let Some(a) = process::small() {
+        // An alignment above the largest block is refused (`BadAlignment`): glibc's then.
+        if let Ok(p) = a.malloc(size, align, Flags::NONE) {
+            return p.as_ptr() as *mut c_void;
+        }
+    } else if let Some(a) = for_request(size, align) {
         if let Some(p) = from_fallow(a, size, align, Flags::NONE) {
             return p;
         }
@@ -410,7 +463,9 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// Statistics of the process-wide allocator, for programs that look it up with `dlsym` (and for
 /// the tests): copies the counters into `out[..n]` in the order of `fallow_stats` in fallow.h
 /// (bytes in use, live blocks, zero-skipped bytes, memset bytes, free dirty/zeroed/reported
-/// pages, realloc page moves, realloc copies). Returns how many were written.
+/// pages, realloc page moves, realloc copies), then the small objects' (live objects, their
+/// bytes, spans, the spans' bytes: spans are live page blocks too, counted in the first two).
+/// Returns how many were written.
 ///
 /// # Safety
 ///
@@ -429,6 +484,10 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
         s.free_reported_pages,
         remap::MOVES.load(core::sync::atomic::Ordering::Relaxed),
         remap::COPIES.load(core::sync::atomic::Ordering::Relaxed),
+        s.small_live_objects,
+        s.small_live_bytes,
+        s.small_spans,
+        s.small_span_bytes,
     ];
     let k = n.min(v.len());
     if k == 0 {

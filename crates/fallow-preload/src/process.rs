@@ -29,6 +29,14 @@
 //! nothing until the allocator does: registered at creation, a `fork` between the registration
 //! and the flag that says so could leave a child with the handlers missing or twice.
 //!
+//! Small objects (`FALLOW_SMALL=1`, `Config::small_objects`): decided once, when the settings
+//! are parsed. `THRESHOLD` then stays 0 for good, so that every request leaves the pass-through
+//! for its out-of-line half (`entry.rs`), and `SMALL_ON` says so; the allocator, once published,
+//! is also stored in `SMALL`, which those halves load first and, when it is set, call
+//! `Allocator::malloc` / `free_any` with nothing else asked. Until it is set (no allocator yet,
+//! or this thread is creating it) they take the same lazy path as large requests, and the
+//! creating thread's own requests go to glibc as before: ownership is still decided by address.
+//!
 //! Fork: prepare takes the fork guard, then the allocator lock if the allocator exists
 //! (`before_fork`), so that no other thread is inside the allocator when the address space is
 //! copied; the parent releases it, the child resets it and restarts the background workers
@@ -38,7 +46,7 @@
 use core::cell::UnsafeCell;
 use core::fmt::Write;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use fallow::binding_support::env::{self, EnvSettings};
@@ -63,6 +71,13 @@ static SETTINGS: Slot<EnvSettings> = Slot(UnsafeCell::new(MaybeUninit::uninit())
 pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
 /// The largest block fallow serves (larger requests go to glibc); set with the allocator.
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
+/// `FALLOW_SMALL=1`: every size is fallow's (`THRESHOLD` then stays 0). Stored before the
+/// settings are published as parsed, never changed after.
+static SMALL_ON: AtomicBool = AtomicBool::new(false);
+/// With small objects on, the allocator once it is published (stored after the gate says ready,
+/// so that `owner` already answers for every pointer it hands out); null before, and always with
+/// small objects off. The one load the small-object paths of `entry.rs` make before the allocator.
+pub(crate) static SMALL: AtomicPtr<Allocator> = AtomicPtr::new(core::ptr::null_mut());
 
 static ALLOC: LazyAllocator = LazyAllocator::new();
 /// Whether the `FALLOW_STATS` exit handler is registered (once per process image: a `fork`
@@ -86,22 +101,61 @@ pub fn known_threshold() -> usize {
     THRESHOLD.load(Ordering::Relaxed)
 }
 
-/// The threshold, parsing the settings first if nobody has.
+/// The threshold, parsing the settings first if nobody has: 0 with small objects on (every
+/// size is fallow's).
 #[inline]
 pub fn threshold() -> usize {
     match THRESHOLD.load(Ordering::Relaxed) {
-        0 => settings().threshold,
+        0 => {
+            let s = settings();
+            if s.config.small_objects {
+                0
+            } else {
+                s.threshold
+            }
+        }
         t => t,
     }
 }
 
+/// Whether small objects are on (`FALLOW_SMALL=1`), parsing the settings first if nobody has.
+#[inline]
+pub fn small_on() -> bool {
+    if THRESHOLD.load(Ordering::Relaxed) != 0 {
+        return false;
+    }
+    settings();
+    SMALL_ON.load(Ordering::Relaxed)
+}
+
+/// With small objects on, the allocator once it exists (`SMALL`): one load.
+#[inline(always)]
+pub fn small() -> Option<&'static Allocator> {
+    let a = SMALL.load(Ordering::Acquire);
+    // SAFETY: a non-null `SMALL` is the address of the allocator in `ALLOC`'s slot, stored once
+    // it was published (the Acquire load pairs with that Release store); it is never moved or
+    // dropped while the library is loaded.
+    unsafe { a.as_ref() }
+}
+
 #[cold]
 pub fn settings() -> &'static EnvSettings {
+    // A plain load first: with small objects on, `THRESHOLD` stays 0 and the slow paths come
+    // here on every call, where a failed compare-exchange would still take the line exclusive.
+    if SETTINGS_STATE.load(Ordering::Acquire) == PARSED {
+        // SAFETY: PARSED is stored (Release) only after the slot was written, and this load
+        // read it with Acquire; the slot is never written again.
+        return unsafe { (*SETTINGS.0.get()).assume_init_ref() };
+    }
     loop {
         match SETTINGS_STATE.compare_exchange(UNPARSED, PARSING, Ordering::Acquire, Ordering::Acquire) {
             Ok(_) => {
                 let s = env::from_environment(Config::default());
-                let threshold = s.threshold;
+                let small = s.config.small_objects;
+                // Small objects on: every size may be fallow's, so the threshold compare of the
+                // pass-through stays at 0 (always taken).
+                let threshold = if small { 0 } else { s.threshold };
+                SMALL_ON.store(small, Ordering::Relaxed);
                 // SAFETY: only the thread whose compare_exchange moved UNPARSED -> PARSING gets
                 // here, once; nobody reads the slot before the PARSED store below (Release).
                 unsafe { (*SETTINGS.0.get()).write(s) };
@@ -187,6 +241,10 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     // handlers or the allocator in all three.
     FORK_GUARD.lock();
     ready();
+    // After `ready`: a pointer handed out through `SMALL` is then already `owner`'s.
+    if SMALL_ON.load(Ordering::Relaxed) {
+        SMALL.store(a as *const Allocator as *mut Allocator, Ordering::Release);
+    }
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
     if let Some(f) = ON_CREATE.get() {

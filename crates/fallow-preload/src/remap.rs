@@ -16,6 +16,13 @@
 //! kernel does not merge with its neighbours), so moves are limited to blocks of at least
 //! `MOVE_MIN` bytes and to `MOVE_BUDGET` per process, far below `vm.max_map_count` (65530).
 //! `MOVES` and `COPIES` count what happened (printed with `FALLOW_STATS=1`).
+//!
+//! With small objects on (`FALLOW_SMALL=1`), `realloc_any`: a block of at most `SMALL_MAX`
+//! bytes (a small object, or a small page block of an over-aligned request) stays where it is
+//! when the new size fits it and is more than half of it (in its size class, as mimalloc's
+//! rule), and otherwise moves by allocate-copy-free through `Allocator::malloc` / `free_any`; a
+//! larger page block goes through `realloc_owned` as above, with 16 KiB + 1 as its threshold,
+//! and what leaves it for a smaller size becomes a small object.
 
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,13 +42,14 @@ pub static COPIES: AtomicU64 = AtomicU64::new(0);
 static MOVE_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// `realloc(p, size)` for a pointer in fallow's reservation; `size > 0`. A `size` below
-/// `threshold` (the preload's, `process::threshold`) leaves fallow for glibc.
+/// `threshold` (the preload's, `process::threshold`) leaves fallow's page blocks: for glibc, or
+/// with `small` (small objects on) for a small object of `Allocator::malloc` first.
 ///
 /// # Safety
 /// realloc(3)'s contract: `p` is a block `a` handed out and nobody uses it during the call (a
 /// pointer that is not a live block's start is reported and aborts; its bytes are copied only
 /// once `a` has vouched for it); after the call only the block returned is the caller's.
-pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: usize) -> *mut u8 {
+pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: usize, small: bool) -> *mut u8 {
     let stays = size >= threshold && size <= a.max_block();
     if stays {
         match a.resize_in_place(p, size) {
@@ -79,19 +87,65 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: u
             return q;
         }
     }
-    // Leaving fallow (below the threshold, above the largest block, or fallow is exhausted).
-    // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
-    let q = unsafe { __libc_malloc(size) } as *mut u8;
+    // Leaving the page blocks (below the threshold, above the largest block, or fallow is
+    // exhausted): a small object with small objects on, else (or if that fails) glibc's.
+    let small_q = if small && size <= Allocator::SMALL_MAX { a.malloc(size, 16, Flags::NONE).ok() } else { None };
+    let q = match small_q {
+        Some(q) => q.as_ptr(),
+        // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
+        None => unsafe { __libc_malloc(size) as *mut u8 },
+    };
     if q.is_null() {
         fallow::binding_support::set_errno(libc::ENOMEM);
         return q;
     }
     // SAFETY: `p` is the caller's live block of `old` bytes (`usable_size` vouched for it) and `q`
-    // a new glibc block of `size` bytes; distinct.
+    // a new block (a small object or glibc's) of `size` bytes; distinct.
     unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
     if let Err(e) = a.free(p) {
         fatal("realloc", &e)
     }
+    q
+}
+
+/// `realloc(p, size)` with small objects on, for a pointer in fallow's reservation; `size > 0`.
+/// See the module's comment.
+///
+/// # Safety
+/// As `realloc_owned`: `p` is an object or block `a` handed out (through `malloc`), nobody uses
+/// it during the call; after the call only the block returned is the caller's.
+pub unsafe fn realloc_any(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
+    let old = match a.usable_size(p) {
+        Some(n) => n,
+        None => fatal("realloc", &fallow::Error::InvalidPointer { addr: p as usize }),
+    };
+    if old > Allocator::SMALL_MAX {
+        // A page block of more than 16 KiB (never a small object): stays a page block down to
+        // 16 KiB + 1.
+        // SAFETY: the caller's contract, passed on; `size > 0`.
+        return unsafe { realloc_owned(a, p, size, Allocator::SMALL_MAX + 1, true) };
+    }
+    // In place while the new size fits and is more than half the object (at least 16 bytes, the
+    // smallest class): the size class the request would get, or one close to it.
+    if size <= old && size.max(16) * 2 > old {
+        return p;
+    }
+    let q = match a.malloc(size, 16, Flags::NONE) {
+        Ok(q) => q.as_ptr(),
+        // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
+        Err(_) => unsafe { __libc_malloc(size) as *mut u8 },
+    };
+    if q.is_null() {
+        fallow::binding_support::set_errno(libc::ENOMEM);
+        return q;
+    }
+    // SAFETY: `p` is the caller's live object of `old` bytes (`usable_size` vouched for it) and
+    // `q` a new block of at least `size` bytes; distinct (`p` is live until the free below).
+    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
+    if let Err(e) = a.free_any(p) {
+        fatal("realloc", &e)
+    }
+    COPIES.fetch_add(1, Ordering::Relaxed);
     q
 }
 
