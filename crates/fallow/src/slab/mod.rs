@@ -37,8 +37,8 @@
 //! Bad input: a free of a pointer inside an object (its offset not a multiple of the class
 //! size), of an object never handed out (at or above `fresh`), and the immediate double free
 //! (the object at the head of the list it would go on: `local_free` or `free` for the owner,
-//! `thread_free` for another thread, as glibc's fastbin check) are errors found before anything
-//! changes; a pointer in no span goes to the page layer, which validates it.
+//! `thread_free` for another thread, as glibc's fastbin check), and the owner's free into a span
+//! that counts no object as used, are errors found before anything changes; a pointer in no span goes to the page layer, which validates it.
 
 pub(crate) mod class;
 mod heap;
@@ -309,18 +309,19 @@ impl Slab {
             return self.free_remote(s, addr);
         }
         // The owner: push on `local_free`; the object at its head is one this thread freed
-        // last into the span (glibc's immediate double free, as its fastbins check it).
-        if addr == s.local_free.get() {
+        // last into the span (glibc's immediate double free, as its fastbins check it). A span
+        // that counts no object as used has every object on `free` or `local_free` (other
+        // threads' frees count until collected): any free into it is a double free.
+        let used = s.used();
+        if addr == s.local_free.get() || used == 0 {
             return Err(Error::DoubleFree { addr });
         }
         // SAFETY: `addr` is an object of `s`, a live span of this thread's heap, handed out and
         // now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = s.local_free.get() };
         s.local_free.set(addr);
-        // Wrapping: a double free the head check missed (into an empty span, say) must not
-        // panic here; it leaves the count wrong, as an undetected double free corrupts any
-        // malloc's bookkeeping.
-        let used = s.used().wrapping_sub(1);
+        // Not 0 (tested above): no wrap.
+        let used = used - 1;
         s.set_used(used);
         if used == 0 || s.place.get() != LISTED {
             // SAFETY: this thread's own heap (`last`), live as long as the slab.
