@@ -34,7 +34,6 @@ fn owner_double_free_into_an_emptied_span_is_detected() {
 /// pushed object), so the cycle is cheap to detect. Run in a child process: an abort with a
 /// message passes, a hang (the child still running after 20 s) fails.
 #[test]
-#[ignore = "fails: a remote a,b,a double free makes thread_free a cycle and the owner spins in Span::collect"]
 fn remote_double_free_cycle_does_not_hang_the_owner() {
     // SAFETY: the child runs only the scenario below and leaves by `_exit`.
     let pid = unsafe { libc::fork() };
