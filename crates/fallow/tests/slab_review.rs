@@ -87,7 +87,6 @@ fn remote_double_free_cycle_does_not_hang_the_owner() {
 /// objects from pages the page layer hands to someone else. A safe call with a wrong pointer
 /// must be an error, as `free` of any other pointer that is not a block's start is.
 #[test]
-#[ignore = "fails: Allocator::free of a span's first object frees the live span's pages"]
 fn page_free_of_a_small_object_is_refused() {
     let a = Allocator::new(cfg()).unwrap();
     let p = a.malloc(16, 16, Flags::NONE).unwrap().as_ptr();
@@ -100,7 +99,6 @@ fn page_free_of_a_small_object_is_refused() {
 /// The same through `resize_in_place`: shrinking the "block" at a span's start gives the
 /// span's tail pages back to the page layer while the span still hands out objects there.
 #[test]
-#[ignore = "fails: resize_in_place of a span's first object shrinks the live span"]
 fn resize_in_place_of_a_small_object_is_refused() {
     let a = Allocator::new(cfg()).unwrap();
     let p = a.malloc(16, 16, Flags::NONE).unwrap().as_ptr();

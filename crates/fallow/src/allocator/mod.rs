@@ -86,12 +86,25 @@ impl Allocator {
     /// `alloc` only: an object of `malloc` goes to `free_any`.
     #[inline(always)]
     pub fn free(&self, ptr: *mut u8) -> Result<(), Error> {
+        self.not_small(ptr as usize)?;
         cache::free_pages(&self.shared, ptr as usize, None)
+    }
+
+    /// `InvalidPointer` for an address in a span of small objects (with small objects on): the
+    /// page calls (`free`, `free_sized`, `resize_in_place`) would take the first object of a
+    /// span for the span's live page block and free or cut it under the live span.
+    #[inline(always)]
+    fn not_small(&self, addr: usize) -> Result<(), Error> {
+        if self.slab.on && matches!(self.slab.find(addr), Found::Span(_)) {
+            return Err(Error::InvalidPointer { addr });
+        }
+        Ok(())
     }
 
     /// Free the live block at `ptr`, checking that it holds `size` bytes (page-rounded).
     #[inline(always)]
     pub fn free_sized(&self, ptr: *mut u8, size: usize) -> Result<(), Error> {
+        self.not_small(ptr as usize)?;
         cache::free_pages(&self.shared, ptr as usize, Some(size))
     }
 
@@ -123,7 +136,7 @@ impl Allocator {
         let addr = ptr as usize;
         match self.slab.find(addr) {
             Found::Span(s) => self.slab.free_in(s, addr),
-            _ => self.free(ptr),
+            _ => cache::free_pages(&self.shared, addr, None),
         }
     }
 
@@ -172,6 +185,7 @@ impl Allocator {
     /// growing takes the free pages right after the block. `Ok(false)` when the pages after it are
     /// not free (the caller moves the block).
     pub fn resize_in_place(&self, ptr: *mut u8, new_size: usize) -> Result<bool, Error> {
+        self.not_small(ptr as usize)?;
         self.shared.resize_in_place(ptr as usize, new_size)
     }
 
