@@ -47,7 +47,7 @@ mod span;
 mod table;
 
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU64, Ordering::{Relaxed, SeqCst}};
+use core::sync::atomic::{fence, AtomicU64, Ordering::{Relaxed, SeqCst}};
 use std::sync::Arc;
 
 use crate::cache;
@@ -351,8 +351,9 @@ impl Slab {
         if handed_back {
             push_returned(&heap.returned, s);
         }
-        // SeqCst, after the push: the exiting owner stores `abandoned` and then collects under
-        // the lock; either it saw the push or this load sees the flag.
+        // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
+        // collects under the lock; either it saw the push or this load sees the flag
+        // (tests/loom/slab_abandon.rs).
         if heap.abandoned.load(SeqCst) {
             self.collect_abandoned(h, s);
         }
@@ -434,6 +435,11 @@ impl Slab {
             // becomes the lock holder's.
             let heap = unsafe { &*h };
             heap.abandoned.store(true, SeqCst);
+            // Store-buffering with `free_remote` (push, then load `abandoned`): `collect_all`'s
+            // first looks at `thread_free` and `returned` are Relaxed loads, which a SeqCst store
+            // does not order; the fence does (either they see the push, or the pusher's SeqCst
+            // load sees the flag). Model-checked: tests/loom/slab_abandon.rs.
+            fence(SeqCst);
             heap.collect_all(&mut out);
             self.uncount(out);
             heap.next_pooled.set(c.pool);
