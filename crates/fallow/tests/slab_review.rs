@@ -135,7 +135,6 @@ fn a_bad_alignment_is_refused_on_the_hot_path_too() {
 /// another forks deadlocks both (lock order inversion). Here one thread reads the statistics in
 /// a loop while this one runs `before_fork` / `after_fork_parent` (no fork needed to show it).
 #[test]
-#[ignore = "fails: stats() takes the slab lock inside the allocator lock, before_fork takes them the other way: deadlock"]
 fn stats_against_before_fork_do_not_deadlock() {
     // In a child process: a deadlocked allocator cannot even be dropped.
     assert_child_finishes(Duration::from_secs(30), || {

@@ -191,7 +191,10 @@ impl Allocator {
 
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
-        self.stats_of(&self.shared.heap.lock())
+        let mut s = self.stats_of(&self.shared.heap.lock());
+        // After the allocator lock is released: `before_fork` takes the slab's lock first.
+        self.slab.add_to_stats(&mut s);
+        s
     }
 
     /// `stats`, if the allocator lock can be had within about 50 ms; `None` otherwise. For the
@@ -201,7 +204,14 @@ impl Allocator {
     pub fn try_stats(&self) -> Option<Stats> {
         for _ in 0..50 {
             if let Some(h) = self.shared.heap.try_lock() {
-                return Some(self.stats_of(&h));
+                let mut s = self.stats_of(&h);
+                drop(h);
+                // As in `stats`; a slab lock held by this thread (an exit from inside the slab)
+                // is not waited for either.
+                if !self.slab.try_add_to_stats(&mut s) {
+                    return None;
+                }
+                return Some(s);
             }
             crate::os::sleep_ns(1_000_000);
         }
@@ -245,7 +255,6 @@ impl Allocator {
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
-        self.slab.add_to_stats(&mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

@@ -465,10 +465,27 @@ impl Slab {
     // ---- Statistics, checks, fork ----
 
     /// Add the small-object figures to `s`.
+    /// Takes the slab lock: never call it holding the allocator's (`before_fork` takes the two
+    /// in the other order).
     pub(crate) fn add_to_stats(&self, s: &mut Stats) {
-        let c = self.central.lock();
+        self.add_to_stats_locked(&self.central.lock(), s);
+    }
+
+    /// `add_to_stats` if the slab lock is free within about 50 ms (`Allocator::try_stats`).
+    pub(crate) fn try_add_to_stats(&self, s: &mut Stats) -> bool {
+        for _ in 0..50 {
+            if let Some(c) = self.central.try_lock() {
+                self.add_to_stats_locked(&c, s);
+                return true;
+            }
+            os::sleep_ns(1_000_000);
+        }
+        false
+    }
+
+    fn add_to_stats_locked(&self, c: &Central, s: &mut Stats) {
         let mut spares = 0u64;
-        for h in heaps(&c) {
+        for h in heaps(c) {
             spares = spares.wrapping_add(h.spares.get());
         }
         // The spans' own counts (no counter on the hot paths): every descriptor in use.
