@@ -187,3 +187,40 @@ fn assert_child_finishes(limit: Duration, f: impl FnOnce()) {
     }
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status}");
 }
+
+/// Checked sound: every power-of-two alignment up to 1 MiB with sizes 0, 1, 16 KiB - 1, 16 KiB
+/// and 16 KiB + 1, plain and zeroed, aligned, usable for the size asked, zeroed when asked (also
+/// after the objects were written and freed), freed back to nothing.
+#[test]
+fn every_alignment_and_the_boundary_sizes() {
+    let a = Allocator::new(cfg()).unwrap();
+    for round in 0..2 {
+        let mut held = Vec::new();
+        for shift in 0..=20 {
+            let align = 1usize << shift;
+            for size in [0, 1, Allocator::SMALL_MAX - 1, Allocator::SMALL_MAX, Allocator::SMALL_MAX + 1] {
+                for flags in [Flags::NONE, Flags::ZERO] {
+                    let p = a.malloc(size, align, flags).unwrap().as_ptr();
+                    assert_eq!(p as usize % align.max(16), 0, "size {size} align {align}");
+                    let usable = a.usable_size(p).unwrap();
+                    assert!(usable >= size.max(1), "size {size} align {align}: usable {usable}");
+                    if flags == Flags::ZERO {
+                        // SAFETY: a live object of `usable` bytes.
+                        let s = unsafe { std::slice::from_raw_parts(p, usable) };
+                        assert!(s.iter().all(|&b| b == 0), "round {round} calloc size {size} align {align}");
+                    }
+                    // SAFETY: as above.
+                    unsafe { p.write_bytes(0xc3, usable) };
+                    held.push(p);
+                }
+            }
+        }
+        for p in held {
+            a.free_any(p).unwrap();
+        }
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.small_live_objects, s.small_spans, s.bytes_in_use), (0, 0, 0), "{s}");
+}
