@@ -224,3 +224,43 @@ fn every_alignment_and_the_boundary_sizes() {
     let s = a.stats();
     assert_eq!((s.small_live_objects, s.small_spans, s.bytes_in_use), (0, 0, 0), "{s}");
 }
+
+/// Checked sound: a thread whose own thread-local destructor runs after the slab's table was
+/// torn down (registered first, so run last) frees the objects it still holds and allocates new
+/// ones (served by the locked heap), which another thread frees later; everything comes back.
+#[test]
+fn frees_and_mallocs_after_the_threads_heap_was_abandoned() {
+    use std::cell::RefCell;
+    struct Late(RefCell<Option<(Allocator, Vec<usize>, std::sync::mpsc::Sender<Vec<usize>>)>>);
+    impl Drop for Late {
+        fn drop(&mut self) {
+            if let Some((a, held, tx)) = self.0.borrow_mut().take() {
+                for p in held {
+                    a.free_any(p as *mut u8).unwrap();
+                }
+                let more: Vec<usize> = (0..500).map(|i| a.malloc(16 + i * 3, 16, Flags::ZERO).unwrap().as_ptr() as usize).collect();
+                let _ = tx.send(more);
+            }
+        }
+    }
+    thread_local! { static LATE: Late = const { Late(RefCell::new(None)) }; }
+    let a = Allocator::new(cfg()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a2 = a.clone();
+    std::thread::spawn(move || {
+        // Registered before the slab's table: destroyed after it.
+        LATE.with(|_| ());
+        let held: Vec<usize> = (0..3000).map(|i| a2.malloc(16 + i % 700, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+        LATE.with(|l| *l.0.borrow_mut() = Some((a2, held, tx)));
+    })
+    .join()
+    .unwrap();
+    let more = rx.recv().unwrap();
+    for p in more {
+        a.free_any(p as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.small_live_objects, s.small_spans, s.bytes_in_use), (0, 0, 0), "{s}");
+}
