@@ -219,17 +219,26 @@ impl Slab {
 
     /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer
     /// (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
-    fn new_span(&self, c: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
-        let bytes = span_bytes(c);
+    fn new_span(&self, c_class: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
+        let bytes = span_bytes(c_class);
         let flags = if zero { Flags::ZERO } else { Flags::NONE };
         let start = cache::alloc_pages(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
-        let taken = self.central.lock().descriptors.take();
-        let (s, entries) = match taken.and_then(|s| self.map_entries(start, bytes).map(|e| (s, e)).inspect_err(|_| {
-            // SAFETY: the descriptor just taken, unused.
-            self.central.lock().descriptors.give(unsafe { &*s })
-        })) {
-            Ok(x) => x,
+        let entries = match self.map_entries(start, bytes) {
+            Ok(e) => e,
             Err(e) => {
+                let _ = cache::free_pages(&self.shared, start, None);
+                return Err(e);
+            }
+        };
+        // The descriptor is set up and published under the lock that takes it: a thread that
+        // pushed into its previous span and is late to `collect_abandoned` (which reads its
+        // `Cell`s under the lock) sees it either free or set up, and not on a list (`LEAVING`
+        // until `install` lists it), so it never unlinks a span no list holds yet.
+        let mut c = self.central.lock();
+        let s = match c.descriptors.take() {
+            Ok(s) => s,
+            Err(e) => {
+                drop(c);
                 let _ = cache::free_pages(&self.shared, start, None);
                 return Err(e);
             }
@@ -237,10 +246,11 @@ impl Slab {
         // SAFETY: a free descriptor just taken under the lock: this thread's alone until it is
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
-        s.init(c, start, zero, h as *mut ThreadHeap);
+        s.init(c_class, start, zero, h as *mut ThreadHeap);
         for e in entries {
             span::publish(e, s);
         }
+        drop(c);
         Ok(s)
     }
 

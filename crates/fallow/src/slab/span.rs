@@ -131,7 +131,8 @@ impl Span {
         self.local_free.set(0);
         self.used.store(0, Relaxed);
         self.class.set(c as u8);
-        self.place.set(LISTED);
+        // On no list until `ThreadHeap::install` lists it.
+        self.place.set(LEAVING);
         self.zeroed.set(zeroed);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
