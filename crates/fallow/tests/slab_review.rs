@@ -231,7 +231,8 @@ fn every_alignment_and_the_boundary_sizes() {
 #[test]
 fn frees_and_mallocs_after_the_threads_heap_was_abandoned() {
     use std::cell::RefCell;
-    struct Late(RefCell<Option<(Allocator, Vec<usize>, std::sync::mpsc::Sender<Vec<usize>>)>>);
+    type Held = (Allocator, Vec<usize>, std::sync::mpsc::Sender<Vec<usize>>);
+    struct Late(RefCell<Option<Held>>);
     impl Drop for Late {
         fn drop(&mut self) {
             if let Some((a, held, tx)) = self.0.borrow_mut().take() {
