@@ -86,12 +86,25 @@ impl Allocator {
     /// `alloc` only: an object of `malloc` goes to `free_any`.
     #[inline(always)]
     pub fn free(&self, ptr: *mut u8) -> Result<(), Error> {
+        self.not_small(ptr as usize)?;
         cache::free_pages(&self.shared, ptr as usize, None)
+    }
+
+    /// `InvalidPointer` for an address in a span of small objects (with small objects on): the
+    /// page calls (`free`, `free_sized`, `resize_in_place`) would take the first object of a
+    /// span for the span's live page block and free or cut it under the live span.
+    #[inline(always)]
+    fn not_small(&self, addr: usize) -> Result<(), Error> {
+        if self.slab.on && matches!(self.slab.find(addr), Found::Span(_)) {
+            return Err(Error::InvalidPointer { addr });
+        }
+        Ok(())
     }
 
     /// Free the live block at `ptr`, checking that it holds `size` bytes (page-rounded).
     #[inline(always)]
     pub fn free_sized(&self, ptr: *mut u8, size: usize) -> Result<(), Error> {
+        self.not_small(ptr as usize)?;
         cache::free_pages(&self.shared, ptr as usize, Some(size))
     }
 
@@ -123,7 +136,7 @@ impl Allocator {
         let addr = ptr as usize;
         match self.slab.find(addr) {
             Found::Span(s) => self.slab.free_in(s, addr),
-            _ => self.free(ptr),
+            _ => cache::free_pages(&self.shared, addr, None),
         }
     }
 
@@ -172,12 +185,16 @@ impl Allocator {
     /// growing takes the free pages right after the block. `Ok(false)` when the pages after it are
     /// not free (the caller moves the block).
     pub fn resize_in_place(&self, ptr: *mut u8, new_size: usize) -> Result<bool, Error> {
+        self.not_small(ptr as usize)?;
         self.shared.resize_in_place(ptr as usize, new_size)
     }
 
     /// A snapshot of the statistics.
     pub fn stats(&self) -> Stats {
-        self.stats_of(&self.shared.heap.lock())
+        let mut s = self.stats_of(&self.shared.heap.lock());
+        // After the allocator lock is released: `before_fork` takes the slab's lock first.
+        self.slab.add_to_stats(&mut s);
+        s
     }
 
     /// `stats`, if the allocator lock can be had within about 50 ms; `None` otherwise. For the
@@ -187,7 +204,14 @@ impl Allocator {
     pub fn try_stats(&self) -> Option<Stats> {
         for _ in 0..50 {
             if let Some(h) = self.shared.heap.try_lock() {
-                return Some(self.stats_of(&h));
+                let mut s = self.stats_of(&h);
+                drop(h);
+                // As in `stats`; a slab lock held by this thread (an exit from inside the slab)
+                // is not waited for either.
+                if !self.slab.try_add_to_stats(&mut s) {
+                    return None;
+                }
+                return Some(s);
             }
             crate::os::sleep_ns(1_000_000);
         }
@@ -231,7 +255,6 @@ impl Allocator {
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
         cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
-        self.slab.add_to_stats(&mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

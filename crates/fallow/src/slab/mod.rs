@@ -37,8 +37,8 @@
 //! Bad input: a free of a pointer inside an object (its offset not a multiple of the class
 //! size), of an object never handed out (at or above `fresh`), and the immediate double free
 //! (the object at the head of the list it would go on: `local_free` or `free` for the owner,
-//! `thread_free` for another thread, as glibc's fastbin check) are errors found before anything
-//! changes; a pointer in no span goes to the page layer, which validates it.
+//! `thread_free` for another thread, as glibc's fastbin check), and the owner's free into a span
+//! that counts no object as used, are errors found before anything changes; a pointer in no span goes to the page layer, which validates it.
 
 pub(crate) mod class;
 mod check;
@@ -48,7 +48,7 @@ mod span;
 mod table;
 
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicU64, Ordering::{Relaxed, SeqCst}};
+use core::sync::atomic::{fence, AtomicU64, Ordering::{Relaxed, SeqCst}};
 use std::sync::Arc;
 
 use crate::cache;
@@ -220,17 +220,26 @@ impl Slab {
 
     /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer
     /// (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
-    fn new_span(&self, c: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
-        let bytes = span_bytes(c);
+    fn new_span(&self, c_class: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
+        let bytes = span_bytes(c_class);
         let flags = if zero { Flags::ZERO } else { Flags::NONE };
         let start = cache::alloc_pages(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
-        let taken = self.central.lock().descriptors.take();
-        let (s, entries) = match taken.and_then(|s| self.map_entries(start, bytes).map(|e| (s, e)).inspect_err(|_| {
-            // SAFETY: the descriptor just taken, unused.
-            self.central.lock().descriptors.give(unsafe { &*s })
-        })) {
-            Ok(x) => x,
+        let entries = match self.map_entries(start, bytes) {
+            Ok(e) => e,
             Err(e) => {
+                let _ = cache::free_pages(&self.shared, start, None);
+                return Err(e);
+            }
+        };
+        // The descriptor is set up and published under the lock that takes it: a thread that
+        // pushed into its previous span and is late to `collect_abandoned` (which reads its
+        // `Cell`s under the lock) sees it either free or set up, and not on a list (`LEAVING`
+        // until `install` lists it), so it never unlinks a span no list holds yet.
+        let mut c = self.central.lock();
+        let s = match c.descriptors.take() {
+            Ok(s) => s,
+            Err(e) => {
+                drop(c);
                 let _ = cache::free_pages(&self.shared, start, None);
                 return Err(e);
             }
@@ -238,10 +247,11 @@ impl Slab {
         // SAFETY: a free descriptor just taken under the lock: this thread's alone until it is
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
-        s.init(c, start, zero, h as *mut ThreadHeap);
+        s.init(c_class, start, zero, h as *mut ThreadHeap);
         for e in entries {
             span::publish(e, s);
         }
+        drop(c);
         Ok(s)
     }
 
@@ -310,18 +320,19 @@ impl Slab {
             return self.free_remote(s, addr);
         }
         // The owner: push on `local_free`; the object at its head is one this thread freed
-        // last into the span (glibc's immediate double free, as its fastbins check it).
-        if addr == s.local_free.get() {
+        // last into the span (glibc's immediate double free, as its fastbins check it). A span
+        // that counts no object as used has every object on `free` or `local_free` (other
+        // threads' frees count until collected): any free into it is a double free.
+        let used = s.used();
+        if addr == s.local_free.get() || used == 0 {
             return Err(Error::DoubleFree { addr });
         }
         // SAFETY: `addr` is an object of `s`, a live span of this thread's heap, handed out and
         // now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = s.local_free.get() };
         s.local_free.set(addr);
-        // Wrapping: a double free the head check missed (into an empty span, say) must not
-        // panic here; it leaves the count wrong, as an undetected double free corrupts any
-        // malloc's bookkeeping.
-        let used = s.used().wrapping_sub(1);
+        // Not 0 (tested above): no wrap.
+        let used = used - 1;
         s.set_used(used);
         if used == 0 || s.place.get() != LISTED {
             // SAFETY: this thread's own heap (`last`), live as long as the slab.
@@ -351,8 +362,9 @@ impl Slab {
         if handed_back {
             push_returned(&heap.returned, s);
         }
-        // SeqCst, after the push: the exiting owner stores `abandoned` and then collects under
-        // the lock; either it saw the push or this load sees the flag.
+        // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
+        // collects under the lock; either it saw the push or this load sees the flag
+        // (tests/loom/slab_abandon.rs).
         if heap.abandoned.load(SeqCst) {
             self.collect_abandoned(h, s);
         }
@@ -434,6 +446,11 @@ impl Slab {
             // becomes the lock holder's.
             let heap = unsafe { &*h };
             heap.abandoned.store(true, SeqCst);
+            // Store-buffering with `free_remote` (push, then load `abandoned`): `collect_all`'s
+            // first looks at `thread_free` and `returned` are Relaxed loads, which a SeqCst store
+            // does not order; the fence does (either they see the push, or the pusher's SeqCst
+            // load sees the flag). Model-checked: tests/loom/slab_abandon.rs.
+            fence(SeqCst);
             heap.collect_all(&mut out);
             self.uncount(out);
             heap.next_pooled.set(c.pool);
@@ -459,10 +476,27 @@ impl Slab {
     // ---- Statistics, checks, fork ----
 
     /// Add the small-object figures to `s`.
+    /// Takes the slab lock: never call it holding the allocator's (`before_fork` takes the two
+    /// in the other order).
     pub(crate) fn add_to_stats(&self, s: &mut Stats) {
-        let c = self.central.lock();
+        self.add_to_stats_locked(&self.central.lock(), s);
+    }
+
+    /// `add_to_stats` if the slab lock is free within about 50 ms (`Allocator::try_stats`).
+    pub(crate) fn try_add_to_stats(&self, s: &mut Stats) -> bool {
+        for _ in 0..50 {
+            if let Some(c) = self.central.try_lock() {
+                self.add_to_stats_locked(&c, s);
+                return true;
+            }
+            os::sleep_ns(1_000_000);
+        }
+        false
+    }
+
+    fn add_to_stats_locked(&self, c: &Central, s: &mut Stats) {
         let mut spares = 0u64;
-        for h in heaps(&c) {
+        for h in heaps(c) {
             spares = spares.wrapping_add(h.spares.get());
         }
         // The spans' own counts (no counter on the hot paths): every descriptor in use.

@@ -131,7 +131,8 @@ impl Span {
         self.local_free.set(0);
         self.used.store(0, Relaxed);
         self.class.set(c as u8);
-        self.place.set(LISTED);
+        // On no list until `ThreadHeap::install` lists it.
+        self.place.set(LEAVING);
         self.zeroed.set(zeroed);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
@@ -191,14 +192,25 @@ impl Span {
             return 0;
         }
         head = self.thread_free.fetch_and(PARKED, Acquire) & !PARKED;
+        // Every object on the list still counts in `used`: a walk longer than that is a list
+        // made a cycle by a double free the push's head check missed (a, b, a), which would
+        // otherwise spin here forever.
+        let used = self.used();
         let mut n = 1u32;
         let mut tail = head;
         // SAFETY: the objects on `thread_free` are free objects of this span, linked through
         // their first words by the pushers before their release compare-and-swap, which the
         // acquire above synchronises with; taken off the list, they are the owner's alone.
         unsafe {
-            while *(tail as *const usize) != 0 {
-                tail = *(tail as *const usize);
+            loop {
+                if n > used {
+                    crate::message::fatal("free", &crate::error::Error::DoubleFree { addr: tail });
+                }
+                let next = *(tail as *const usize);
+                if next == 0 {
+                    break;
+                }
+                tail = next;
                 n += 1;
             }
             *(tail as *mut usize) = self.free.get();

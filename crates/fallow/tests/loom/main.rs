@@ -52,6 +52,7 @@ macro_rules! broken_on_purpose {
 mod cached_block;
 mod drain_request;
 mod handshake;
+mod slab_abandon;
 mod slab_remote;
 mod start_gate;
 mod worker;
