@@ -239,6 +239,23 @@ static int test_glibc_pointers(void) {
     return 0;
 }
 
+/* Requests above the largest block (1 GiB by default) stay glibc's, as with small objects off:
+ * glibc maps them and unmaps them at their free. The 2 GiB are address space only (never
+ * touched). */
+static int test_above_largest_block(void) {
+    uint64_t in_use = stat_of(S_IN_USE);
+    size_t n = (size_t)2 << 30;
+    char *p = malloc(n), *q = calloc(1, n), *r = NULL;
+    CHECK(p && q, "malloc and calloc of 2 GiB");
+    CHECK(posix_memalign((void **)&r, 4096, n) == 0 && r, "posix_memalign of 2 GiB");
+    CHECK(stat_of(S_IN_USE) == in_use, "a request above the largest block was served by fallow");
+    CHECK(q[0] == 0 && q[n - 1] == 0, "calloc of 2 GiB reads zero");
+    free(p);
+    free(q);
+    free(r);
+    return 0;
+}
+
 /* Threads allocate and free each other's objects through a shared table of slots. */
 enum { SLOTS = 1024, THREADS = 8, ROUNDS = 60000 };
 static _Atomic(uintptr_t) slots[SLOTS];
@@ -407,6 +424,7 @@ static const struct test tests[] = {
     { "realloc", test_realloc },
     { "aligned", test_aligned },
     { "glibc_pointers", test_glibc_pointers },
+    { "above_largest_block", test_above_largest_block },
     { "threads_cross", test_threads_cross },
     { "thread_exit", test_thread_exit },
     { "fork", test_fork },

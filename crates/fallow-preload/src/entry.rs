@@ -134,7 +134,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 #[inline(never)]
 fn malloc_large(size: usize) -> *mut c_void {
     // Small objects on and the allocator published: straight to it.
-    if let Some(a) = process::small() {
+    if let Some(a) = process::small_for(size, MIN_ALIGN) {
         if let Ok(p) = a.malloc(size, MIN_ALIGN, Flags::NONE) {
             return p.as_ptr() as *mut c_void;
         }
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 fn calloc_large(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
-    if let Some(a) = process::small() {
+    if let Some(a) = process::small_for(total, MIN_ALIGN) {
         // A span made for a zeroed request reads zero where it never handed an object out.
         if let Ok(p) = a.malloc(total, MIN_ALIGN, Flags::ZERO) {
             return p.as_ptr() as *mut c_void;
@@ -359,7 +359,7 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 /// `align` is a power of two (what `__libc_memalign` documents); the block returned is owned
 /// by the caller, to be released through `free`/`realloc` as malloc(3) says.
 unsafe fn aligned(align: usize, size: usize) -> *mut c_void {
-    if let Some(a) = process::small() {
+    if let Some(a) = process::small_for(size, align) {
         // An alignment above the largest block is refused (`BadAlignment`): glibc's then.
         if let Ok(p) = a.malloc(size, align, Flags::NONE) {
             return p.as_ptr() as *mut c_void;

@@ -138,6 +138,15 @@ pub fn small() -> Option<&'static Allocator> {
     unsafe { a.as_ref() }
 }
 
+/// `small`, for a request of `size` bytes aligned to `align`: `None` above the largest block,
+/// which glibc serves as it does with small objects off (`for_request`): a request that large
+/// is mapped and unmapped by glibc, its memory back to the kernel at its `free`.
+#[inline(always)]
+pub fn small_for(size: usize, align: usize) -> Option<&'static Allocator> {
+    let max = MAX_BLOCK.load(Ordering::Relaxed);
+    small().filter(|_| size <= max && align <= max)
+}
+
 #[cold]
 pub fn settings() -> &'static EnvSettings {
     // A plain load first: with small objects on, `THRESHOLD` stays 0 and the slow paths come
