@@ -2,8 +2,8 @@
 //! caches (docs/design.md, "Small objects (slab layer)").
 //!
 //! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
-//! `usable_size`), the making and giving back of spans, thread exit, `fork`, the statistics and
-//! the checks; `class` the size classes; `span` a span's descriptor, its free lists and the
+//! `usable_size`), the making and giving back of spans, thread exit, `fork` and the statistics;
+//! `check` the checks of `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
 //! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
 //! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
@@ -41,6 +41,7 @@
 //! that counts no object as used, are errors found before anything changes; a pointer in no span goes to the page layer, which validates it.
 
 pub(crate) mod class;
+mod check;
 mod heap;
 mod map;
 mod span;
@@ -508,120 +509,6 @@ impl Slab {
         s.small_spare_spans = spares;
         s.small_span_bytes = span_bytes;
         s.small_free_bytes = span_bytes.saturating_sub(bytes);
-    }
-
-    /// Check the slab: when no other thread's heap is in use, every heap's span count adds up
-    /// to the slab's; the calling thread's heap
-    /// and every abandoned heap (whose owner is the lock holder) in full: each span is in the
-    /// page map, aligned, and its lists hold distinct objects of its own below `fresh`, `used`
-    /// counting the rest. Other threads' heaps are
-    /// theirs to change, so only their atomic counters are read.
-    pub(crate) fn check(&self) -> Result<(), String> {
-        let mine = table::own_heap(self);
-        let c = self.central.lock();
-        let mut spans = 0u64;
-        let mut all_checked = true;
-        for h in heaps(&c) {
-            spans += h.spans.get();
-            if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
-                self.check_heap(h)?;
-            } else {
-                all_checked = false;
-            }
-        }
-        // With another thread's heap in use, its count may be a step behind or ahead.
-        let total = self.spans.load(Relaxed);
-        if all_checked && spans != total {
-            return Err(format!("slab: heaps hold {spans} spans, the slab counts {total}"));
-        }
-        Ok(())
-    }
-
-    fn check_heap(&self, h: &ThreadHeap) -> Result<(), String> {
-        let mut n = 0u64;
-        let mut spares = 0u64;
-        let mut visit = |s: &Span, place: u8| -> Result<(), String> {
-            n += 1;
-            if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
-                return Err(format!("slab: span {:#x} place {} (expected {place}) or heap wrong", s.start.load(Relaxed), s.place.get()));
-            }
-            self.check_span(s)?;
-            Ok(())
-        };
-        for c in 0..CLASSES {
-            let mut p = h.head[c].get();
-            while !Span::is_empty_span(p) && !p.is_null() {
-                // SAFETY: a listed span of a heap the caller owns (its own, or abandoned under
-                // the lock held).
-                let s = unsafe { &*p };
-                visit(s, LISTED)?;
-                p = s.next.get();
-            }
-            let sp = h.spare[c].get();
-            if !sp.is_null() {
-                spares += 1;
-                // SAFETY: as above, the spare.
-                let s = unsafe { &*sp };
-                visit(s, SPARE)?;
-                if s.used() != 0 {
-                    return Err("slab: a spare span holds live objects".into());
-                }
-            }
-        }
-        let mut p = h.full.get();
-        while !p.is_null() {
-            // SAFETY: as above, a parked span.
-            let s = unsafe { &*p };
-            visit(s, FULL)?;
-            p = s.next.get();
-        }
-        if n != h.spans.get() || spares != h.spares.get() {
-            return Err(format!("slab: heap holds {n} spans ({spares} spare), counts {} ({})", h.spans.get(), h.spares.get()));
-        }
-        Ok(())
-    }
-
-    /// Check one span: map, alignment, lists; the objects it counts as used (handed out, or
-    /// freed by another thread and not yet collected).
-    fn check_span(&self, s: &Span) -> Result<u32, String> {
-        let start = s.start.load(Relaxed);
-        let c = s.class.get() as usize;
-        let (size, bytes) = (class_size(c), span_bytes(c));
-        if !start.is_multiple_of(bytes) || s.size.load(Relaxed) as usize != size {
-            return Err(format!("slab: span {start:#x} of class {size} not aligned to {bytes} or wrong size"));
-        }
-        match self.map_entries(start, bytes) {
-            Ok(mut entries) => {
-                if !entries.all(|e| e.load(Relaxed) == s as *const Span as usize) {
-                    return Err(format!("slab: span {start:#x} not in the page map"));
-                }
-            }
-            Err(e) => return Err(format!("slab: span {start:#x}: {e}")),
-        }
-        let fresh = s.fresh.load(Relaxed);
-        let handed = ((fresh - start) / size) as u32;
-        let mut seen = std::collections::HashSet::new();
-        let mut count = |head: usize, what: &str| -> Result<u32, String> {
-            let mut o = head & !PARKED;
-            let mut k = 0;
-            while o != 0 {
-                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || !seen.insert(o) {
-                    return Err(format!("slab: span {start:#x}: {what} holds {o:#x} (bad or twice)"));
-                }
-                k += 1;
-                // SAFETY: a free object of this span (just checked), its first word the link.
-                o = unsafe { *(o as *const usize) };
-            }
-            Ok(k)
-        };
-        let free = count(s.free.get(), "free")? + count(s.local_free.get(), "local_free")?;
-        // Other threads' frees are still counted in `used`; walking them is safe for a span
-        // whose owner is the caller (pushes only prepend).
-        let remote = count(s.thread_free.load(SeqCst), "thread_free")?;
-        if free + s.used() != handed || remote > s.used() {
-            return Err(format!("slab: span {start:#x}: {free} free + {} used != {handed} handed out ({remote} remote)", s.used()));
-        }
-        Ok(s.used())
     }
 
     /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back

@@ -1,0 +1,98 @@
+//! `FallowAlloc` with small objects on as the global allocator of this test binary: everything
+//! the test harness, std and the threads allocate (their thread-local tables' registration, their
+//! exit) goes through the slab layer, up to 16 KiB, and through fallow's pages above the
+//! threshold. Threads build, exchange and free boxes, strings and vectors, and exit with some of
+//! them live, which the main thread then frees.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::{mpsc, OnceLock};
+
+use fallow::{Config, FallowAlloc, Tunables};
+
+/// The process-wide `FallowAlloc`, made at the first request (its configuration is not a
+/// constant); making it allocates nothing.
+struct Global(OnceLock<FallowAlloc>);
+
+impl Global {
+    fn get(&self) -> &FallowAlloc {
+        self.0.get_or_init(|| {
+            let config = Config { arena_size: 1 << 30, tunables: Tunables::off(), small_objects: true, ..Config::default() };
+            FallowAlloc::with_config(256 << 10, config)
+        })
+    }
+}
+
+// SAFETY: every call is passed on unchanged to one `FallowAlloc`, itself a `GlobalAlloc`.
+unsafe impl GlobalAlloc for Global {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.get().alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: as above.
+        unsafe { self.get().alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: as above.
+        unsafe { self.get().dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        // SAFETY: as above.
+        unsafe { self.get().realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static A: Global = Global(OnceLock::new());
+
+#[test]
+fn threads_allocate_exchange_and_exit_through_the_slab() {
+    let (tx, rx) = mpsc::channel::<Vec<Box<[u8]>>>();
+    let handles: Vec<_> = (0..4u8)
+        .map(|t| {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut keep = Vec::new();
+                for i in 0..20_000usize {
+                    let size = 1 + (i * 131 + t as usize * 7) % 3000;
+                    let b = vec![t ^ i as u8; size].into_boxed_slice();
+                    let s = format!("{t}-{i}");
+                    assert!(s.starts_with(&t.to_string()));
+                    if i % 5 == 0 {
+                        keep.push(b);
+                    }
+                    if keep.len() >= 64 {
+                        tx.send(std::mem::take(&mut keep)).unwrap();
+                    }
+                }
+                // What it still holds is freed as the closure returns; what it sent, by the main
+                // thread after this one has exited (its heap abandoned meanwhile).
+                keep.len()
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut received = 0usize;
+    for batch in rx {
+        for b in batch {
+            let v = b[0];
+            assert!(b.iter().all(|&x| x == v));
+            received += 1;
+        }
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert!(received > 10_000);
+    let a = A.get().allocator().expect("made by the first request");
+    let s = a.stats();
+    assert!(s.small_spans > 0, "{s}");
+    a.check_invariants().unwrap();
+    // A large vector still comes from fallow's pages, a small one from its small objects.
+    let big = vec![1u8; 1 << 20];
+    assert!(a.owns(big.as_ptr()));
+    #[allow(clippy::useless_vec)] // a heap allocation through the global allocator is the point
+    let small = vec![2u8; 100];
+    assert!(a.owns(small.as_ptr()) && a.usable_size(small.as_ptr()) == Some(112));
+}
