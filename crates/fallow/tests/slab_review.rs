@@ -112,7 +112,6 @@ fn resize_in_place_of_a_small_object_is_refused() {
 /// path only tests `align <= 16`: the same call fails or succeeds depending on whether the
 /// current span has an object to pop.
 #[test]
-#[ignore = "fails: the hot path tests only align <= 16, so align 0/3/12 succeed once a span is current"]
 fn a_bad_alignment_is_refused_on_the_hot_path_too() {
     let a = Allocator::new(cfg()).unwrap();
     for align in [0usize, 3, 12] {

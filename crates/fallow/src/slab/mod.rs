@@ -69,6 +69,10 @@ pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Bit k set for each alignment k the hot path serves: the powers of two up to `MIN_ALIGN`.
+const NATURAL_ALIGNS: u32 = (1 << 1) | (1 << 2) | (1 << 4) | (1 << 8) | (1 << 16);
+const _: () = assert!(MIN_ALIGN == 16);
+
 /// What the slab lock guards: the free descriptors, the list of all heaps and the pool of
 /// abandoned ones, and the abandoned heaps themselves (their owner is the lock holder).
 pub(crate) struct Central {
@@ -140,7 +144,9 @@ impl Slab {
     /// thread used last has a free object: pop it.
     #[inline(always)]
     pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        if flags.0 == 0 && align <= MIN_ALIGN && size <= SMALL_MAX {
+        // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
+        // (0, not a power of two) goes to the slow path, which refuses it.
+        if flags.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
             // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
             // or `NO_HEAP`, whose heads are `EMPTY`.
             let h = unsafe { &*table::last(self) };
