@@ -1,6 +1,6 @@
 //! Instructions per malloc/free pair of small objects: a ring of 64 live objects of 16-4096
-//! bytes, each step freeing one and allocating one of another size (the shape of issue 31's
-//! count), for fallow's small objects (`Allocator::malloc` / `free_any`) and for glibc,
+//! bytes, each step freeing one and allocating one of another size (the field's ring count),
+//! for fallow's small objects (`Allocator::malloc` / `free_any`) and for glibc,
 //! jemalloc and mimalloc through their `GlobalAlloc`s, in one process.
 //!
 //! ```text
@@ -10,7 +10,7 @@
 //! ```
 //! Run for two values of N; the difference of the instruction totals over the difference of N
 //! is the cost of one pair with start-up left out (the loop's own work included, as in the
-//! issue's figures).
+//! field's figures).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

@@ -36,7 +36,7 @@
 //!
 //! Bad input: a free of a pointer inside an object (its offset not a multiple of the class
 //! size), of an object never handed out (at or above `fresh`), and the immediate double free
-//! (the object at the head of the list it would go on: `local_free` or `free` for the owner,
+//! (the object at the head of the list it would go on: `local_free` for the owner,
 //! `thread_free` for another thread, as glibc's fastbin check), and the owner's free into a span
 //! that counts no object as used, are errors found before anything changes; a pointer in no span goes to the page layer, which validates it.
 
