@@ -88,6 +88,15 @@ with ThreadPoolExecutor(4) as ex:
     parts = list(ex.map(build, range(8)))
 print(sum(len(p) for p in parts), sum(len(v) for p in parts for v in p.values()))'
 same sort_k sort -k2,2 -t' ' "$out/numbers.txt"
+
+step "fallow run with FALLOW_SMALL=1 says what the small objects hold"
+cargo build --release -q -p fallow-bench
+target/release/fallow run --preload "$so" -- python3 -c 'd = {i: str(i) * 40 for i in range(20000)}; print(len(d))' \
+    > /dev/null 2> "$out/run_small.err" || fail "fallow run failed: $(tail -3 "$out/run_small.err")"
+grep -q 'page blocks served.*(small objects on: every size)' "$out/run_small.err" || fail "fallow run: no page-block line: $(cat "$out/run_small.err")"
+grep -Eq '^  small objects \(FALLOW_SMALL=1\): [0-9]+ live \(.*\) at the end, in [1-9][0-9]* spans' "$out/run_small.err" \
+    || fail "fallow run: no small-object line: $(cat "$out/run_small.err")"
+echo "ok fallow run: $(grep 'small objects (' "$out/run_small.err")"
 cat > "$out/prog.c" <<'EOF'
 #include <stdio.h>
 #include <stdlib.h>

@@ -244,12 +244,11 @@ pub fn summarize(
     } else {
         let procs = if t.processes == 1 { String::new() } else { format!(" in {} processes", t.processes) };
         let n = get("alloc_calls");
-        lines.push(format!(
-            "  fallow: {n} large allocation{} served{procs} (requests of at least {}), {} live at the end",
-            if n == 1 { "" } else { "s" },
-            human(get("threshold") as f64),
-            human(get("in_use") as f64)
-        ));
+        let which = match get("threshold") {
+            0 => format!("page block{} served{procs} (small objects on: every size)", if n == 1 { "" } else { "s" }),
+            t => format!("large allocation{} served{procs} (requests of at least {})", if n == 1 { "" } else { "s" }, human(t as f64)),
+        };
+        lines.push(format!("  fallow: {n} {which}, {} live at the end", human(get("in_use") as f64)));
         if get("zero_skipped") + get("zeroed_on_alloc") == 0 {
             lines.push("  zeroed requests (calloc): none".into());
         } else {
@@ -281,6 +280,16 @@ pub fn summarize(
             human(get("free_zeroed") as f64),
             human(get("cached") as f64)
         ));
+        if get("small_spans") > 0 || get("small_live") > 0 {
+            lines.push(format!(
+                "  small objects (FALLOW_SMALL=1): {} live ({}) at the end, in {} spans ({}), {} of them free",
+                get("small_live"),
+                human(get("small_live_bytes") as f64),
+                get("small_spans"),
+                human(get("small_span_bytes") as f64),
+                human(get("small_free") as f64)
+            ));
+        }
         if t.from_samples > 0 {
             lines.push(format!(
                 "  ({} of {} processes left without a final record (a signal or _exit): their figures are \

@@ -193,6 +193,11 @@ fn write_record(kind: u8, a: &Allocator, s: Stats) {
         s.zeroing_wasted_bytes,
         s.cache_hits,
     );
+    let _ = write!(
+        b,
+        " small_live={} small_live_bytes={} small_spans={} small_span_bytes={} small_free={}",
+        s.small_live_objects, s.small_live_bytes, s.small_spans, s.small_span_bytes, s.small_free_bytes,
+    );
     let _ = writeln!(b);
     let bytes = b.as_bytes();
     // SAFETY: `PATH` is NUL-terminated and no longer written (`ENABLED` was seen set); `bytes` is
