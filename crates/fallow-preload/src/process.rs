@@ -139,12 +139,10 @@ pub fn small() -> Option<&'static Allocator> {
 }
 
 /// `small`, for a request of `size` bytes aligned to `align`: `None` above the largest block,
-/// which glibc serves as it does with small objects off (`for_request`): a request that large
-/// is mapped and unmapped by glibc, its memory back to the kernel at its `free`.
+/// which glibc serves as with small objects off (`within_largest_block`, as `for_request`).
 #[inline(always)]
 pub fn small_for(size: usize, align: usize) -> Option<&'static Allocator> {
-    let max = MAX_BLOCK.load(Ordering::Relaxed);
-    small().filter(|_| size <= max && align <= max)
+    small().filter(|_| within_largest_block(size, align))
 }
 
 #[cold]
@@ -203,11 +201,15 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
         Some(a) => a,
         None => ALLOC.get_or_create(create, publish)?,
     };
+    within_largest_block(size, align).then_some(a)
+}
+
+/// Whether a request of `size` bytes aligned to `align` is one fallow serves at all: at most its
+/// largest block (larger ones are glibc's, which maps them and unmaps them at their free).
+#[inline(always)]
+fn within_largest_block(size: usize, align: usize) -> bool {
     let max = MAX_BLOCK.load(Ordering::Relaxed);
-    if size > max || align > max {
-        return None;
-    }
-    Some(a)
+    size <= max && align <= max
 }
 
 /// The creating thread's first step: the allocator the settings configure; on failure, a

@@ -24,7 +24,7 @@
 //! larger page block goes through `realloc_owned` as above, with 16 KiB + 1 as its threshold,
 //! and what leaves it for a smaller size becomes a small object.
 
-use core::ptr;
+use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use fallow::binding_support::fatal;
@@ -90,7 +90,20 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: u
     // Leaving the page blocks (below the threshold, above the largest block, or fallow is
     // exhausted): a small object with small objects on, else (or if that fails) glibc's.
     let small_q = if small && size <= Allocator::SMALL_MAX { a.malloc(size, 16, Flags::NONE).ok() } else { None };
-    let q = match small_q {
+    // SAFETY: the caller's contract; `usable_size` vouched for `old`.
+    unsafe { copy_out(a, p, old, size, small_q) }
+}
+
+/// The end of a `realloc` that moves: the new block is `first` if there is one, else glibc's
+/// (`NULL` and `ENOMEM` if glibc has none either, `p` left as it was); `p`'s bytes are copied
+/// and `p` freed (`free_any`: an object or a page block).
+///
+/// # Safety
+/// `p` is the caller's live object or block of `a`, `old` bytes usable, that nobody else uses;
+/// `first`, if any, a new block of `a` of at least `size` bytes. Afterwards only the block
+/// returned is the caller's.
+unsafe fn copy_out(a: &Allocator, p: *mut u8, old: usize, size: usize, first: Option<NonNull<u8>>) -> *mut u8 {
+    let q = match first {
         Some(q) => q.as_ptr(),
         // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
         None => unsafe { __libc_malloc(size) as *mut u8 },
@@ -99,10 +112,10 @@ pub unsafe fn realloc_owned(a: &Allocator, p: *mut u8, size: usize, threshold: u
         fallow::binding_support::set_errno(libc::ENOMEM);
         return q;
     }
-    // SAFETY: `p` is the caller's live block of `old` bytes (`usable_size` vouched for it) and `q`
-    // a new block (a small object or glibc's) of `size` bytes; distinct.
+    // SAFETY: `p` is valid for `old` bytes and `q` for `size` (this function's contract, or
+    // glibc's block just made); distinct, as `p` is live until the free below.
     unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
-    if let Err(e) = a.free(p) {
+    if let Err(e) = a.free_any(p) {
         fatal("realloc", &e)
     }
     q
@@ -130,22 +143,13 @@ pub unsafe fn realloc_any(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
     if size <= old && size.max(16) * 2 > old {
         return p;
     }
-    let q = match a.malloc(size, 16, Flags::NONE) {
-        Ok(q) => q.as_ptr(),
-        // SAFETY: glibc's `malloc` takes any size; the new block becomes the caller's.
-        Err(_) => unsafe { __libc_malloc(size) as *mut u8 },
-    };
-    if q.is_null() {
-        fallow::binding_support::set_errno(libc::ENOMEM);
-        return q;
+    let first = a.malloc(size, 16, Flags::NONE).ok();
+    // SAFETY: the caller's contract; `usable_size` vouched for `old`; `first` is `a`'s new block
+    // of `size` bytes.
+    let q = unsafe { copy_out(a, p, old, size, first) };
+    if !q.is_null() {
+        COPIES.fetch_add(1, Ordering::Relaxed);
     }
-    // SAFETY: `p` is the caller's live object of `old` bytes (`usable_size` vouched for it) and
-    // `q` a new block of at least `size` bytes; distinct (`p` is live until the free below).
-    unsafe { ptr::copy_nonoverlapping(p, q, old.min(size)) };
-    if let Err(e) = a.free_any(p) {
-        fatal("realloc", &e)
-    }
-    COPIES.fetch_add(1, Ordering::Relaxed);
     q
 }
 
