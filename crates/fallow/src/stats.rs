@@ -182,6 +182,10 @@ macro_rules! stats_table {
         zeroing_ns: Ns,
         /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
         populated_bytes: Bytes,
+        /// Bytes of `ZERO` requests of 32 MiB or more whose dirty pages were cleared by giving
+        /// them back to the kernel (`MADV_DONTNEED`: they fault in zero where touched) instead
+        /// of a memset.
+        zero_released_bytes: Bytes,
         /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
         zero_demand_bytes: Bytes,
         /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see

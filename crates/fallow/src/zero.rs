@@ -151,7 +151,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let idle = |seen| if large_freed { Next::Nap(t.zero_delay_ms.max(1) as u64 * 1_000_000) } else { Next::Idle(seen) };
     // MEASURE
     let c = h.counters;
-    let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes;
+    let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes + c.zero_released_bytes;
     let dt = now_ns.saturating_sub(d.last_ns) as f64 / 1e9;
     d.bytes = d.bytes * (-dt / DEMAND_TAU_S).exp() + total.saturating_sub(d.last_total) as f64;
     d.last_total = total;

@@ -408,3 +408,36 @@ fn frees_before_any_zero_request_do_not_wake_the_worker() {
     ask_for_zeroed_memory(&a);
     wait_for("a look after the first ZERO request", || a.stats().zero_scans > looks);
 }
+
+/// A `ZERO` request of 32 MiB or more clears the dirty pages it reuses by giving them back to the
+/// kernel (they fault in zero where the program touches them, as glibc's fresh mappings of that
+/// size do); a smaller one memsets them. Workers off: nothing zeroes or reports in between.
+#[test]
+fn a_large_zero_request_clears_dirty_pages_by_release_and_a_smaller_one_by_memset() {
+    let off = Tunables { report: false, zeroing: false, ..Tunables::default() };
+    let a = Allocator::new(Config { max_order: 14, tunables: off, ..config(off) }).unwrap();
+    for (len, by_release) in [(32usize << 20, true), (16 << 20, false)] {
+        let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
+        unsafe { core::ptr::write_bytes(p, 0xcd, len) };
+        a.free(p).unwrap();
+        let before = a.stats();
+        let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+        assert_eq!(q, p, "{len}: the dirty block was not reused");
+        let s = a.stats();
+        let resident = os::resident_pages(q as usize, len).unwrap() * PAGE;
+        if by_release {
+            assert_eq!(s.zero_released_bytes - before.zero_released_bytes, len as u64, "{s}");
+            assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "{s}");
+            assert_eq!(resident, 0, "{len}: the dirty pages stayed resident");
+        } else {
+            assert_eq!(s.zeroed_on_alloc_bytes - before.zeroed_on_alloc_bytes, len as u64, "{s}");
+            assert_eq!(s.zero_released_bytes, before.zero_released_bytes, "{s}");
+            assert_eq!(resident, len, "{len}: the memset block lost pages");
+        }
+        // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+        assert!(unsafe { all_bytes(q, len, 0) }, "{len}: a ZERO block is not zero");
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+    }
+}

@@ -118,12 +118,12 @@ impl Shared {
                     let addr = p.addr + (((start - t.pfn) as usize) << PAGE_SHIFT);
                     // SAFETY: the run lies inside the block just taken, which the caller owns and nobody else
                     // touches until it is handed out.
-                    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, (n as usize) << PAGE_SHIFT) };
+                    unsafe { clear(addr, (n as usize) << PAGE_SHIFT, p.clear_by_release) };
                 }
             });
         }
         states.fill(t.pfn, t.npages, PageState::Allocated);
-        let not_resident = t.counts.reported + t.counts.lazy > 0;
+        let not_resident = t.counts.reported + t.counts.lazy > 0 || p.clear_by_release;
         if flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK) && not_resident {
             // SAFETY: the block just taken, mapped read-write, which the caller owns and nobody else
             // touches until it is handed out.
@@ -305,4 +305,24 @@ impl Shared {
         h.narenas += 1;
         Ok(())
     }
+}
+
+/// Runs shorter than this are memset even when the block clears by release: one system call
+/// each would cost more than their memset.
+const RELEASE_RUN_MIN_BYTES: usize = 64 << 10;
+
+/// Make `len` bytes at `addr` read zero: by `MADV_DONTNEED` (`by_release`, private anonymous
+/// memory where it zeroes: `heap::clears_by_release`) for a run of 64 KiB or more, else, or if the
+/// kernel refuses, by a memset.
+///
+/// # Safety
+/// The range is part of a block just taken, which the caller owns and nobody else touches until
+/// it is handed out; with `by_release`, in a private anonymous mapping.
+unsafe fn clear(addr: usize, len: usize, by_release: bool) {
+    // SAFETY: the caller's contract: the caller's own range, whose contents nothing relies on.
+    if by_release && len >= RELEASE_RUN_MIN_BYTES && unsafe { os::madvise(addr, len, os::Advice::DontNeed) }.is_ok() {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
 }
