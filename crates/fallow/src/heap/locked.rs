@@ -55,6 +55,9 @@ impl Shared {
         let zero = flags.contains(Flags::ZERO);
         // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
         let now = if zero { self.now_ms() } else { 0 };
+        // A request that makes every page resident anyway (`POPULATE`, `LOCK`) memsets: faulting
+        // released pages back in costs more.
+        let release_ok = !flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK);
         let mut waits = 0u32;
         let mut waiting = false;
         let mut reclaimable = true;
@@ -76,7 +79,7 @@ impl Shared {
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
             if !for_chunk {
-                if let Some(p) = h.take(npages, order, align_pages, zero, now) {
+                if let Some(p) = h.take(npages, order, align_pages, zero, release_ok, now) {
                     break p;
                 }
             }

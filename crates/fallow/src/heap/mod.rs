@@ -269,8 +269,9 @@ impl Heap {
     }
 
     /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
-    /// request that needs zeros or not.
-    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32) -> Option<Placed> {
+    /// request that needs zeros or not (and, for one that does, may clear its dirty pages by
+    /// release: `clears_by_release`).
+    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, release_ok: bool, now_ms: u32) -> Option<Placed> {
         // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
@@ -301,19 +302,19 @@ impl Heap {
                 a.take_run(npages)
             };
             if let Some(t) = got {
-                return Some(self.placed(ai, t, zero));
+                return Some(self.placed(ai, t, zero, release_ok));
             }
         }
         None
     }
 
     /// The block `t` just taken off arena `ai`'s lists, live.
-    fn placed(&mut self, ai: usize, t: Taken, zero: bool) -> Placed {
+    fn placed(&mut self, ai: usize, t: Taken, zero: bool, release_ok: bool) -> Placed {
         let a = self.arenas[ai].as_mut().unwrap();
         a.mark_live(t.pfn, t.npages, 0);
         a.mark_used(t.pfn + t.npages);
         let addr = a.addr(t.pfn);
-        let clear_by_release = clears_by_release(a, t.npages, zero);
+        let clear_by_release = release_ok && clears_by_release(a, t.npages, zero);
         self.account_taken(&t, zero, clear_by_release);
         Placed { arena: ai, taken: t, addr, clear_by_release }
     }
