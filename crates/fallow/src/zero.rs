@@ -11,7 +11,8 @@
 //!         (futex wake)--> GATE
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
 //!   an allocation waits for isolated memory -> NAP 1 ms (the block it waits for comes back whole)
-//!   MEASURE: under the lock, fold the ZERO bytes requested since last time into the demand
+//!   MEASURE: under the lock, fold the ZERO bytes requested since last time (served zeroed or
+//!            memset; not those cleared by release) into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
 //!            zeroed_reserve once any ZERO request was made, else 0 (and at least
 //!            populated_reserve).
@@ -151,7 +152,10 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let idle = |seen| if large_freed { Next::Nap(t.zero_delay_ms.max(1) as u64 * 1_000_000) } else { Next::Idle(seen) };
     // MEASURE
     let c = h.counters;
-    let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes + c.zero_released_bytes;
+    // Not `zero_released_bytes`: a request that clears by release pays no memset that zeroed
+    // pages would save, and zeroing with stores memory it may never have written would make
+    // that memory resident.
+    let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes;
     let dt = now_ns.saturating_sub(d.last_ns) as f64 / 1e9;
     d.bytes = d.bytes * (-dt / DEMAND_TAU_S).exp() + total.saturating_sub(d.last_total) as f64;
     d.last_total = total;
