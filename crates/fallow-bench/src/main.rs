@@ -116,7 +116,8 @@ struct BenchArgs {
     /// (instead of the sweep); exit: bytes the child touches and frees; pressure: W, what a
     /// guest works on in its turn (it keeps W/8 between turns); large: the largest buffer (default
     /// 25MiB; the smallest is a fifth); mixed: the largest block (default 4MiB; the smallest is a
-    /// 64th); burst: the bytes of small objects built (default 1GiB). Not small (each shape has the
+    /// 64th); sparse: the largest zeroed buffer (default 256MiB; the smallest is a quarter); burst:
+    /// the bytes of small objects built (default 1GiB). Not small (each shape has the
     /// sizes of the program it copies).
     #[arg(long, value_parser = measure::parse_size)]
     size: Option<usize>,
@@ -171,7 +172,8 @@ struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
     guests: Option<u64>,
     /// scale: alloc+free pairs per thread; stream: buffers per round; pressure: turns per guest;
-    /// large: steps (default 2000); mixed: operations per thread (default 10000); small: operations
+    /// large: steps (default 2000); mixed: operations per thread (default 10000); sparse: buffers
+    /// (default 40); small: operations
     /// per thread of every shape (default: churn 4000000, server 1000000, queue 2000000, random 1000000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     count: Option<u64>,
@@ -236,6 +238,7 @@ fn default_count(e: Experiment) -> usize {
         Experiment::Pressure => 3,
         Experiment::Large => experiments::large::STEPS,
         Experiment::Mixed => experiments::mixed::OPS,
+        Experiment::Sparse => experiments::sparse::STEPS,
         Experiment::Small => 0,
         _ => 1,
     }
@@ -288,7 +291,7 @@ fn unused_options(e: Experiment, a: &BenchArgs) -> Vec<&'static str> {
         ("--budget", a.budget.is_some(), &[Density, Pressure]),
         ("--chunk", a.chunk.is_some(), &[Density, Pressure]),
         ("--guests", a.guests.is_some(), &[Density, Pressure]),
-        ("--count", a.count.is_some(), &[Scale, Stream, Pressure, Large, Mixed, Small]),
+        ("--count", a.count.is_some(), &[Scale, Stream, Pressure, Large, Mixed, Sparse, Small]),
         ("--enforce", a.enforce.is_some(), &[Density, Pressure]),
         ("--sizes", a.sizes.is_some(), &[Reuse]),
         ("--modes", !a.modes.is_empty(), &[Reuse]),
@@ -412,6 +415,9 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         if e == Experiment::Mixed {
             (o.size, o.count, o.threads) = (2 << 20, 300, 2);
         }
+        if e == Experiment::Sparse {
+            (o.size, o.count) = (128 << 20, 20);
+        }
         // small: every shape at its default count; burst: 128 MiB, the peers at once, 3 s idle
         // (longer than fallow's 2 s reporting delay).
         if e == Experiment::Burst {
@@ -433,6 +439,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Pressure => 8 << 20,
                 Experiment::Large => 1 << 20,
                 Experiment::Mixed => 256 << 10,
+                Experiment::Sparse => 1 << 20,
                 Experiment::Small => 0,
                 Experiment::Burst => 4 << 20,
             };
@@ -443,6 +450,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
                 Experiment::Stream => 4,
                 Experiment::Pressure => 2,
                 Experiment::Large | Experiment::Mixed => 30,
+                Experiment::Sparse => 4,
                 Experiment::Small => 2000,
                 _ => 1,
             };
@@ -467,14 +475,14 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         p(Experiment::Realloc),
     );
     let (reuse, pressure, large, mixed) = (p(Experiment::Reuse), p(Experiment::Pressure), p(Experiment::Large), p(Experiment::Mixed));
-    let (small, burst) = (p(Experiment::Small), p(Experiment::Burst));
+    let (sparse, small, burst) = (p(Experiment::Sparse), p(Experiment::Small), p(Experiment::Burst));
     let list = |v: &serde_json::Value| {
         v.as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(",")).unwrap_or_default()
     };
     println!(
         "fallow demo: pin {} after {} ms idle; density G={} budget {} ({}, peers in parallel, settle wait {} ms); scale {} blocks; stream {} x{}; \
          interference churn {}; realloc 1MiB..{}; reuse {} for {} ms, 1 thread; pressure {} guests of {} in turns, \
-         {} each, under {} MiB ({}); large {} steps up to {}; mixed {} ops x{} up to {}; small {}; burst {} built, 90% freed, {} ms idle",
+         {} each, under {} MiB ({}); large {} steps up to {}; mixed {} ops x{} up to {}; sparse {} zeroed buffers up to {}; small {}; burst {} built, 90% freed, {} ms idle",
         pin["size_human"].as_str().unwrap_or("?"),
         pin["idle_ms"],
         density["guest_human"].as_str().unwrap_or("?"),
@@ -498,6 +506,8 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         mixed["ops_per_thread"],
         mixed["threads"],
         mixed["size_human"].as_str().unwrap_or("?"),
+        sparse["steps"],
+        sparse["size_human"].as_str().unwrap_or("?"),
         small["shapes_human"].as_str().unwrap_or("?"),
         burst["size_human"].as_str().unwrap_or("?"),
         burst["idle_ms"],
@@ -509,9 +519,9 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
          stream memset ceiling {} GiB/s; interference: foreground slowdown (x alone); reuse: calls per second \
          over glibc's (above 1 is faster), worst: the lowest over sizes and modes; pressure killed: guests \
          OOM-killed (without a cgroup: turns over budget), peak MiB: the guests' summed RSS; large: wall ms and \
-         peak RSS MiB, a child per peer; mixed and small's shapes: operations per CPU-second over glibc's; burst end \
+         peak RSS MiB, a child per peer; sparse: peak RSS MiB of zeroed buffers read whole and written one page in 64, a child per peer; mixed and small's shapes: operations per CPU-second over glibc's; burst end \
          MiB: resident after the idle time (live data {} MiB); medians over rounds (pin {}, density {}, scale {}, stream {}, \
-         interference {}, realloc {}, reuse {}, pressure {}, large {}, mixed {}, small {}, burst {}).",
+         interference {}, realloc {}, reuse {}, pressure {}, large {}, mixed {}, sparse {}, small {}, burst {}).",
         density["max_guests"],
         stream["memset_gib_per_s"],
         burst["live_mib"],
@@ -525,6 +535,7 @@ fn demo(out: PathBuf, peers: Option<PeerList>, threads: Option<usize>, tiny: boo
         pressure["rounds"],
         large["rounds"],
         mixed["rounds"],
+        sparse["rounds"],
         small["rounds"],
         burst["rounds"],
     );

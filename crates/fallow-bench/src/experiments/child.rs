@@ -25,7 +25,7 @@ use std::time::Instant;
 use serde_json::{json, Map, Value};
 
 use super::small::{self, Shape};
-use super::{large, mixed, preloaded, row, Experiment, Options};
+use super::{large, mixed, preloaded, row, sparse, Experiment, Options};
 use crate::launch::{self, Ending};
 use crate::measure::{median, monotonic_ns, num, summary, timeval_ms, Sample};
 use crate::peers::{Peer, PeerKind, Setup};
@@ -135,6 +135,7 @@ pub fn child_main(a: ChildArgs) -> Result<(), String> {
     let working_set = match a.experiment {
         Experiment::Large => large::working_set(a.size),
         Experiment::Mixed => mixed::working_set(a.size, a.threads),
+        Experiment::Sparse => sparse::working_set(a.size),
         Experiment::Small => 0,
         e => return Err(format!("{} does not run in children", e.name())),
     };
@@ -153,6 +154,7 @@ pub fn child_main(a: ChildArgs) -> Result<(), String> {
     let ops = match &work {
         Work::Small(shape) => small::workload(*shape, a.count, a.threads, a.seed)?,
         Work::Peer(p) if a.experiment == Experiment::Large => large::workload(p, a.size, a.count, a.seed)?,
+        Work::Peer(p) if a.experiment == Experiment::Sparse => sparse::workload(p, a.size, a.count, a.seed)?,
         Work::Peer(p) => mixed::workload(p, a.size, a.count, a.threads, a.seed)?,
     };
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;

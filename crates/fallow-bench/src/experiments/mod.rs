@@ -25,6 +25,7 @@ pub mod realloc;
 pub mod reuse;
 pub mod scale;
 pub mod small;
+pub mod sparse;
 pub mod stream;
 mod timeline;
 
@@ -45,6 +46,7 @@ pub enum Experiment {
     Pressure,
     Large,
     Mixed,
+    Sparse,
     Small,
     Burst,
 }
@@ -52,7 +54,7 @@ pub enum Experiment {
 impl Experiment {
     /// The demo's experiments, in its order. Not exit: with the CPUs loaded, a fallow child can
     /// take seconds to leave, far more than the demo can spend (`fallow bench exit` measures it).
-    pub const DEMO: [Experiment; 12] = [
+    pub const DEMO: [Experiment; 13] = [
         Experiment::Pin,
         Experiment::Density,
         Experiment::Scale,
@@ -63,6 +65,7 @@ impl Experiment {
         Experiment::Pressure,
         Experiment::Large,
         Experiment::Mixed,
+        Experiment::Sparse,
         Experiment::Small,
         Experiment::Burst,
     ];
@@ -80,6 +83,7 @@ impl Experiment {
             Experiment::Pressure => "pressure",
             Experiment::Large => "large",
             Experiment::Mixed => "mixed",
+            Experiment::Sparse => "sparse",
             Experiment::Small => "small",
             Experiment::Burst => "burst",
         }
@@ -89,7 +93,7 @@ impl Experiment {
     /// `burst_child.rs`): its peak RSS is the measurement's alone, and preloaded peers (tcmalloc,
     /// fallow-small) can run.
     pub fn in_children(self) -> bool {
-        matches!(self, Experiment::Large | Experiment::Mixed | Experiment::Small | Experiment::Burst)
+        matches!(self, Experiment::Large | Experiment::Mixed | Experiment::Sparse | Experiment::Small | Experiment::Burst)
     }
 
     /// Default sizes (reuse: what `--size` would be; its default is a sweep of sizes; small: none,
@@ -107,6 +111,7 @@ impl Experiment {
             Experiment::Pressure => 256 << 20,
             Experiment::Large => large::SIZE,
             Experiment::Mixed => mixed::SIZE,
+            Experiment::Sparse => sparse::SIZE,
             Experiment::Small => 0,
             Experiment::Burst => burst::SIZE,
         }
@@ -202,6 +207,7 @@ impl Experiment {
             Experiment::Exit => exit::run(o),
             Experiment::Pressure => pressure::run(o),
             Experiment::Large => large::run(o),
+            Experiment::Sparse => sparse::run(o),
             Experiment::Mixed => mixed::run(o),
             Experiment::Small => small::run(o),
             Experiment::Burst => burst::run(o),
