@@ -178,6 +178,9 @@ macro_rules! stats_table {
         cache_remote_drains: Count,
         /// Blocks whose report the kernel refused (put back unchanged).
         report_failures: Count,
+        /// Free dirty bytes the zeroing worker found never written (nothing behind them, or the
+        /// shared zero page, released) and listed `Reported` instead of zeroing them.
+        zeroing_unwritten_bytes: Bytes,
         /// Nanoseconds the zeroing worker spent zeroing.
         zeroing_ns: Ns,
         /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
@@ -309,6 +312,7 @@ pub(crate) struct ReclaimCounters {
     pub report_failures: u64,
     pub zeroed_then_reported_bytes: u64,
     pub zeroed_background_bytes: u64,
+    pub zeroing_unwritten_bytes: u64,
     pub zeroing_ns: u64,
     pub populated_bytes: u64,
     pub zero_demand_bytes: u64,
@@ -332,6 +336,7 @@ impl ReclaimCounters {
         s.report_ns = self.report_ns;
         s.report_failures = self.report_failures;
         s.zeroed_background_bytes = self.zeroed_background_bytes;
+        s.zeroing_unwritten_bytes = self.zeroing_unwritten_bytes;
         s.zeroing_ns = self.zeroing_ns;
         s.populated_bytes = self.populated_bytes;
         s.zero_demand_bytes = self.zero_demand_bytes;

@@ -21,8 +21,9 @@
 //!     block back at once)          -> NAP zero_delay instead of IDLE (see `run`)
 //!     a dirty block free for >= zero_delay (and < report_delay while reporting is on)
 //!                                  -> ISOLATE one chunk of it (the half holding dirty pages at
-//!                                     each split), unlock, ZERO its Dirty/LazyFree pages with
-//!                                     non-temporal stores, relock, RETURN them as Zeroed -> GATE
+//!                                     each split), unlock, ZERO its Dirty/LazyFree pages that
+//!                                     the program wrote with non-temporal stores, relock, RETURN
+//!                                     them as Zeroed (the unwritten ones as Reported) -> GATE
 //!     only dirty blocks younger than zero_delay -> NAP until the oldest is old enough -> GATE
 //!     populated_reserve unmet and no dirty block -> ISOLATE a reported chunk, POPULATE it
 //!                                     (MADV_POPULATE_WRITE), RETURN as Zeroed -> GATE
@@ -53,13 +54,25 @@
 //!   the reporter: limit.rs) nothing is zeroed or populated: the target is 0.
 //! - The thread zeroes only while a CPU is idle (`worker::IdleGate`), and is scheduled so that
 //!   it never holds up the process's exit.
+//!
+//! Unwritten pages. A page is `Dirty` once it was handed out and freed, whether or not the
+//! program wrote it: a large `calloc` read and hardly written (`np.zeros(n).any()`) leaves pages
+//! that map the kernel's shared zero page, or nothing at all, and a store into them makes them
+//! resident. So in private anonymous arenas without huge-page units the worker first reads the
+//! chunk's `/proc/self/pagemap` entries (`os::pagemap`, 8 bytes a page, opened by this thread):
+//! a page with nothing behind it reads zero as it is; a present page not mapped here alone (the
+//! zero page, or a page shared with a `fork` child, which pagemap does not tell apart without
+//! privileges) is read, and if it reads zero released with `MADV_DONTNEED`, which frees nothing
+//! the process holds alone (reading the zero page over and over stays in the CPU's cache). Both
+//! are returned `Reported` (not resident, reads zero: counted in `zeroing_unwritten_bytes`); the
+//! other pages are zeroed with stores. Where the file cannot be read, every page is.
 
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::cache::Scope;
 use crate::heap::{Shared, ZERO_SLOT};
-use crate::os::{self, PAGE_SHIFT};
+use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, PageState};
 
 /// Time constant of the demand estimate: a burst of `ZERO` requests keeps memory zeroed for
@@ -75,7 +88,9 @@ pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_voi
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let mut gate = shared.zeroer.on_thread_start();
-    run(&shared, &mut gate);
+    // Opened here, by this thread: after a `fork` the child's worker opens its own.
+    let pagemap = os::Pagemap::open();
+    run(&shared, &mut gate, pagemap.as_ref());
     core::ptr::null_mut()
 }
 
@@ -93,7 +108,7 @@ enum Next {
     Idle(u64),
 }
 
-fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
+fn run(s: &Shared, gate: &mut crate::worker::IdleGate, pagemap: Option<&os::Pagemap>) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
     // runs only on idle CPU time).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
@@ -104,7 +119,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.
         s.wait_for_idle_cpu(&s.zeroer, gate, u64::MAX);
-        match zero_one_chunk(s, &mut d, &mut asked) {
+        match zero_one_chunk(s, &mut d, &mut asked, pagemap) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
             Next::Idle(seen_frees) => {
@@ -131,7 +146,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     }
 }
 
-fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) -> Next {
+fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>, pagemap: Option<&os::Pagemap>) -> Next {
     let now_ms = s.now_ms();
     let now_ns = os::now_ns();
     let mut h = s.heap.lock();
@@ -249,6 +264,9 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let a = h.arena(ai);
     let states = a.states();
     let base = a.addr(rec.pfn);
+    // Pages of private anonymous memory that the program never wrote need no store (module
+    // doc, "Unwritten pages"); a memfd's pages are shared, and a release in a huge page splits it.
+    let unwritten_check = pagemap.filter(|_| !populate && a.fd < 0 && !a.huge_units);
     drop(h);
 
     // ZERO (or POPULATE), without the lock. The state bytes of an isolated block change only
@@ -256,15 +274,22 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let t0 = os::now_ns();
     let mut zeroed_pages = 0u64;
     let mut populated_pages = 0u64;
+    let mut unwritten = Unwritten::new();
     states.for_each_run(rec.pfn, 1 << rec.order, |start, n, st| {
         let addr = base + (((start - rec.pfn) as usize) << PAGE_SHIFT);
         let len = (n as usize) << PAGE_SHIFT;
         match st {
             PageState::Dirty | PageState::LazyFree => {
-                // SAFETY: the run lies inside the block this worker isolated (on no list, handed to nobody)
-                // until `unisolate` below, so no one else reads or writes it meanwhile.
-                unsafe { crate::nt::zero(addr, len) };
-                zeroed_pages += n as u64;
+                zeroed_pages += match unwritten_check {
+                    // SAFETY: as below.
+                    Some(pm) => unsafe { zero_written(pm, addr, start, n, &mut unwritten) },
+                    None => {
+                        // SAFETY: the run lies inside the block this worker isolated (on no list, handed to nobody)
+                        // until `unisolate` below, so no one else reads or writes it meanwhile.
+                        unsafe { crate::nt::zero(addr, len) };
+                        n as u64
+                    }
+                };
             }
             PageState::Reported if populate => {
                 // SAFETY: as the zeroing above: a run of the block this worker isolated, mapped
@@ -279,12 +304,13 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
 
     // RETURN
     let mut h = s.heap.lock();
-    h.unisolate(ZERO_SLOT, |st| match st {
+    h.unisolate_runs(ZERO_SLOT, unwritten.runs(), |st| match st {
         PageState::Dirty | PageState::LazyFree => PageState::Zeroed,
         PageState::Reported if populate => PageState::Zeroed,
         st => st,
     });
     h.reclaim.zeroed_background_bytes += zeroed_pages << PAGE_SHIFT;
+    h.reclaim.zeroing_unwritten_bytes += unwritten.pages << PAGE_SHIFT;
     h.reclaim.populated_bytes += populated_pages << PAGE_SHIFT;
     h.reclaim.zeroing_ns += ns;
     Next::Again
@@ -326,4 +352,125 @@ fn ask_caches(s: &Shared, asked: &mut Option<(u64, u32)>, held: u64, now_ms: u32
             Some(Next::Nap(ms(delay_ms)))
         }
     }
+}
+
+/// Runs of a chunk's pages found unwritten (`zero_written`): `(pfn, pages)`, in order, at most
+/// `MAX_UNWRITTEN_RUNS`; their pages become `Reported` when the chunk is returned.
+struct Unwritten {
+    runs: [(u32, u32); MAX_UNWRITTEN_RUNS],
+    len: usize,
+    pages: u64,
+}
+
+/// Most runs of unwritten pages noted per chunk: beyond them, pages are zeroed with stores.
+const MAX_UNWRITTEN_RUNS: usize = 32;
+/// Pagemap entries read at a time (4 KiB).
+const PAGEMAP_BATCH: usize = 512;
+
+impl Unwritten {
+    fn new() -> Self {
+        Unwritten { runs: [(0, 0); MAX_UNWRITTEN_RUNS], len: 0, pages: 0 }
+    }
+
+    fn runs(&self) -> &[(u32, u32)] {
+        &self.runs[..self.len]
+    }
+
+    /// Whether `note` can take a run that does not join the last one.
+    fn has_room(&self) -> bool {
+        self.len < MAX_UNWRITTEN_RUNS
+    }
+
+    /// Note `n` pages from `pfn`, joined to the last run if they follow it; false if full.
+    fn note(&mut self, pfn: u32, n: u32) -> bool {
+        match self.runs[..self.len].last_mut() {
+            Some(last) if last.0 + last.1 == pfn => last.1 += n,
+            _ if self.len == MAX_UNWRITTEN_RUNS => return false,
+            _ => {
+                self.runs[self.len] = (pfn, n);
+                self.len += 1;
+            }
+        }
+        self.pages += n as u64;
+        true
+    }
+}
+
+/// What the worker does with one page of a chunk (`zero_written`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Clear {
+    /// Written (or not known not to be): zero it with stores.
+    Store,
+    /// Nothing behind it: it reads zero as it is.
+    Nothing,
+    /// Present, not this process's alone, and reading zero (the shared zero page, or a zero page
+    /// shared with a `fork` child): release it.
+    Release,
+}
+
+/// Zero the written pages of the `n` free pages from `pfn` at `addr`, as `pagemap` tells them
+/// (`os::PageUse`): a page with nothing behind it is noted in `unwritten` as it is; a page not
+/// mapped here alone (the shared zero page, or a page shared with a `fork` child) is read, and if
+/// it reads zero released (`MADV_DONTNEED`, which frees nothing this process holds alone) and
+/// noted; either then reads zero without being resident. Anything else, or everything if the
+/// entries cannot be read or `unwritten` is full, is zeroed with stores. Returns the pages zeroed
+/// with stores.
+///
+/// # Safety
+/// The pages are part of a block this worker isolated (on no list, handed to nobody), in a
+/// private anonymous mapping, and no one else reads or writes them until it is returned.
+unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritten: &mut Unwritten) -> u64 {
+    let mut entries = [0u64; PAGEMAP_BATCH];
+    let mut clear = [Clear::Store; PAGEMAP_BATCH];
+    let mut stored = 0u64;
+    let mut done = 0u32;
+    while done < n {
+        let batch = (n - done).min(PAGEMAP_BATCH as u32) as usize;
+        let at = addr + ((done as usize) << PAGE_SHIFT);
+        let known = pm.read(at, &mut entries[..batch]);
+        for (k, c) in clear[..batch].iter_mut().enumerate() {
+            let page = at + (k << PAGE_SHIFT);
+            *c = match os::page_use(entries[k]) {
+                _ if !known => Clear::Store,
+                os::PageUse::Absent => Clear::Nothing,
+                // SAFETY: the caller's contract: a page of the isolated block, which nobody writes
+                // meanwhile (and present: reading it faults nothing in).
+                os::PageUse::Shared if unsafe { reads_zero(page) } => Clear::Release,
+                _ => Clear::Store,
+            };
+        }
+        let mut i = 0;
+        while i < batch {
+            let mut j = i + 1;
+            while j < batch && clear[j] == clear[i] {
+                j += 1;
+            }
+            let (p, len) = (at + (i << PAGE_SHIFT), (j - i) << PAGE_SHIFT);
+            let noted = match clear[i] {
+                Clear::Store => false,
+                Clear::Nothing => unwritten.note(pfn + done + i as u32, (j - i) as u32),
+                // SAFETY: the caller's contract: pages of the isolated block, in a private
+                // anonymous mapping, whose contents nobody relies on.
+                Clear::Release => unwritten.has_room() && unsafe { os::madvise(p, len, os::Advice::DontNeed) }.is_ok() && unwritten.note(pfn + done + i as u32, (j - i) as u32),
+            };
+            if !noted {
+                // SAFETY: as above.
+                unsafe { crate::nt::zero(p, len) };
+                stored += (j - i) as u64;
+            }
+            i = j;
+        }
+        done += batch as u32;
+    }
+    stored
+}
+
+/// Whether the page at `page` reads zero.
+///
+/// # Safety
+/// `page` is a page-aligned, mapped page that nobody writes during the call.
+unsafe fn reads_zero(page: usize) -> bool {
+    // SAFETY: the caller's contract; a page is 4096-byte aligned, so aligned for `u64`.
+    let words = unsafe { core::slice::from_raw_parts(page as *const u64, PAGE_SIZE / 8) };
+    words.iter().fold(0, |acc, &w| acc | w) == 0
 }

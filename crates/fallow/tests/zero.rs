@@ -441,3 +441,40 @@ fn a_large_zero_request_clears_dirty_pages_by_release_and_a_smaller_one_by_memse
         a.check_invariants().unwrap();
     }
 }
+
+/// The worker zeroes only the pages the program wrote: a page it only read (the kernel's shared
+/// zero page) or never touched reads zero already, and is listed `Reported` (not resident)
+/// instead of being made resident by a store.
+#[test]
+fn the_worker_zeroes_written_pages_and_lists_unwritten_ones_reported() {
+    let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
+    ask_for_zeroed_memory(&a);
+    let len = 8 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    let (half, quarter) = (len / 2, len / 4);
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone: the
+    // first half written, the third quarter read, the last quarter never touched.
+    unsafe {
+        core::ptr::write_bytes(p, 0xcd, half);
+        assert!(all_bytes(p.add(half), quarter, 0));
+    }
+    a.free(p).unwrap();
+    let settled = || bytes_in_state(&a, p as usize, len, PageState::Dirty) == 0;
+    wait_for("the freed block zeroed or listed reported", settled);
+    a.check_invariants().unwrap();
+    if std::fs::File::open("/proc/self/pagemap").is_err() {
+        // No pagemap to read here: every page was zeroed with stores.
+        assert_eq!(bytes_in_state(&a, p as usize, len, PageState::Zeroed), len);
+        return;
+    }
+    assert_eq!(bytes_in_state(&a, p as usize, half, PageState::Zeroed), half, "written pages not zeroed");
+    let rest = p as usize + half;
+    assert_eq!(bytes_in_state(&a, rest, half, PageState::Reported), half, "unwritten pages not listed reported");
+    assert_eq!(os::resident_pages(rest, half).unwrap(), 0, "unwritten pages made resident");
+    assert!(a.stats().zeroing_unwritten_bytes >= half as u64);
+    let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) }, "a ZERO block is not zero");
+    a.free(q).unwrap();
+    a.check_invariants().unwrap();
+}

@@ -259,7 +259,7 @@ impl Allocator {
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);
-        let given_back = (h.reclaim.reported_bytes >> PAGE_SHIFT) + c.freed_reported_pages;
+        let given_back = ((h.reclaim.reported_bytes + h.reclaim.zeroing_unwritten_bytes) >> PAGE_SHIFT) + c.freed_reported_pages;
         s.never_used_pages += below.saturating_sub(given_back);
         s
     }

@@ -142,12 +142,29 @@ impl Heap {
     /// (applied to maximal runs of equal state), merging with free buddies as usual. Returns the
     /// counts the pages had while isolated.
     pub(crate) fn unisolate(&mut self, slot: usize, new_state: impl Fn(PageState) -> PageState) -> StateCounts {
+        self.unisolate_runs(slot, &[], new_state)
+    }
+
+    /// `unisolate`, but the pages of `reported` (runs `(pfn, pages)` inside the block, of pages
+    /// now known to read zero and not to be resident) become `Reported` first, whatever
+    /// `new_state` makes of the rest.
+    pub(crate) fn unisolate_runs(
+        &mut self,
+        slot: usize,
+        reported: &[(u32, u32)],
+        new_state: impl Fn(PageState) -> PageState,
+    ) -> StateCounts {
         let rec = self.inflight[slot];
         debug_assert!(rec.used);
         self.inflight[slot].used = false;
         let a = self.arenas[rec.arena as usize].as_mut().unwrap();
         let n = 1u32 << rec.order;
-        let counts = match rec.counts.uniform_state(n) {
+        for &(pfn, len) in reported {
+            debug_assert!(pfn >= rec.pfn && pfn + len <= rec.pfn + n);
+            a.set_states(pfn, len, PageState::Reported);
+        }
+        let uniform = if reported.is_empty() { rec.counts.uniform_state(n) } else { None };
+        let counts = match uniform {
             // The common case (a whole dirty block reported, a dirty chunk zeroed): one state
             // before, one after, one fill of the state bytes and no scan under the lock.
             Some(s) => {

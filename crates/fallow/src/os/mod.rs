@@ -13,11 +13,13 @@
 //! `Err(errno)`.
 
 mod memory;
+mod pagemap;
 mod pressure;
 mod process;
 mod sync;
 
 pub use self::memory::*;
+pub use self::pagemap::*;
 pub use self::pressure::*;
 pub use self::process::*;
 pub use self::sync::*;
