@@ -451,7 +451,11 @@ unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritte
                 Clear::Nothing => unwritten.note(pfn + done + i as u32, (j - i) as u32),
                 // SAFETY: the caller's contract: pages of the isolated block, in a private
                 // anonymous mapping, whose contents nobody relies on.
-                Clear::Release => unwritten.has_room() && unsafe { os::madvise(p, len, os::Advice::DontNeed) }.is_ok() && unwritten.note(pfn + done + i as u32, (j - i) as u32),
+                Clear::Release => {
+                    unwritten.has_room()
+                        && unsafe { os::madvise(p, len, os::Advice::DontNeed) }.is_ok()
+                        && unwritten.note(pfn + done + i as u32, (j - i) as u32)
+                }
             };
             if !noted {
                 // SAFETY: as above.
