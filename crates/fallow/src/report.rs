@@ -31,8 +31,13 @@
 //!
 //! Invariants:
 //! - A block is reported only when it has been free for at least `report_delay` (`freed_at_ms`
-//!   is the age clock; a merge takes the younger age), and only if its order is >=
-//!   `report_order`: memory freed and reused within the delay stays resident.
+//!   is the age clock; a merge takes the younger age), a dirty block of 32 MiB or more
+//!   (`BIG_ORDER`) for a tenth of it, and only if its order is >= `report_order`: memory freed and
+//!   reused within the delay stays resident. Big blocks go sooner because glibc gives back every
+//!   block of that size at its `free`: a program that freed one and did not take it back within
+//!   200 ms (numpy's large temporaries, a phase's buffers) would otherwise hold it for two
+//!   seconds where glibc holds nothing; a loop on such a block takes it back within
+//!   milliseconds. Zeroed blocks keep the full delay: the zeroing worker made them for a demand.
 //! - The lock is never held across a system call. While a block is isolated it is on no list
 //!   and tagged `Isolated`: no allocation can take it, no free can merge with it, and an
 //!   allocation that finds other memory free never waits for the report.
@@ -63,6 +68,10 @@ const BUDGET_PAUSE_NS: u64 = 2_000_000;
 /// Under memory pressure a block goes back early once free this long (or a tenth of the delay,
 /// if less).
 const PRESSURE_IDLE_MS: u32 = 200;
+/// Dirty free blocks of this order (32 MiB) or more go back after a tenth of `report_delay`:
+/// glibc returns every block of that size at its `free` (its largest mmap threshold), and a
+/// program that has not taken such a block back within that time is not in a loop on it.
+const BIG_ORDER: u8 = 13;
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
 const SCAN_LIMIT: u32 = 256;
 
@@ -231,6 +240,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // again every few tens of ms would only be faulted back in, freeing nothing on average).
     let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
     let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
+    // A dirty block of BIG_ORDER or more is due after a tenth of the delay (module doc).
+    let big_ms = (t.report_delay_ms / 10).max(hot_ms);
     let batch = t.report_batch as usize;
     let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
     // Whether each block goes back before the delay (or past a floor) because of the squeeze.
@@ -255,9 +266,10 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let age = now.saturating_sub(m.freed_at_ms);
                     let need = sq.pressure || excess > 0;
                     let min_age = if excess > 0 { hot_ms } else { idle_ms };
-                    let due = age >= t.report_delay_ms;
+                    let delay = if class == Class::Dirty && order >= BIG_ORDER { big_ms } else { t.report_delay_ms };
+                    let due = age >= delay;
                     if !due && (!need || age < min_age) {
-                        let until = if need { min_age - age } else { t.report_delay_ms - age };
+                        let until = if need { min_age.min(delay) - age } else { delay - age };
                         wait_ms = wait_ms.min(until);
                         continue;
                     }

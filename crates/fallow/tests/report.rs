@@ -542,3 +542,29 @@ fn threads_that_pause_while_the_reporter_drains_their_caches_keep_their_data() {
     assert!(s.cache_remote_drains >= 4, "the reporter drained idle caches only {} times in 180 s", s.cache_remote_drains);
     assert_eq!((s.bytes_in_use, s.live_blocks), (0, 0));
 }
+
+/// A dirty block of 32 MiB or more goes back after a tenth of the delay; a smaller one waits for
+/// the whole delay, even if freed first (without the rule it would go first: by the delay the
+/// reporter takes the smallest order first, the oldest first).
+#[test]
+fn a_big_dirty_block_goes_back_after_a_tenth_of_the_delay() {
+    let a = Allocator::new(Config { max_order: 14, ..config(reporting(60_000)) }).unwrap();
+    let (small, big) = (8 << 20, 64 << 20);
+    // The small block, a live guard beside it (its buddy: the two never merge), the big block.
+    let q = a.alloc(small, PAGE, Flags::NONE).unwrap().as_ptr();
+    let guard = a.alloc(small, PAGE, Flags::NONE).unwrap().as_ptr();
+    let p = a.alloc(big, PAGE, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(guard as usize ^ q as usize, small, "the guard is not the small block's buddy");
+    // SAFETY: `q` and `p` are live blocks of `small` and `big` bytes from `alloc` above, this
+    // thread's alone.
+    unsafe {
+        fill(q, small, 1);
+        fill(p, big, 2);
+    }
+    a.free(q).unwrap();
+    a.free(p).unwrap();
+    wait_for("the big block reported", || resident_bytes(p, big) == 0);
+    assert_eq!(resident_bytes(q, small), small, "the small block went back before its delay");
+    a.check_invariants().unwrap();
+    a.free(guard).unwrap();
+}
