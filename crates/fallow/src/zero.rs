@@ -449,10 +449,10 @@ unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritte
             let noted = match clear[i] {
                 Clear::Store => false,
                 Clear::Nothing => unwritten.note(pfn + done + i as u32, (j - i) as u32),
-                // SAFETY: the caller's contract: pages of the isolated block, in a private
-                // anonymous mapping, whose contents nobody relies on.
                 Clear::Release => {
                     unwritten.has_room()
+                        // SAFETY: the caller's contract: pages of the isolated block, in a private
+                        // anonymous mapping, whose contents nobody relies on.
                         && unsafe { os::madvise(p, len, os::Advice::DontNeed) }.is_ok()
                         && unwritten.note(pfn + done + i as u32, (j - i) as u32)
                 }
