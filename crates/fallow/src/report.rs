@@ -37,7 +37,10 @@
 //!   block of that size at its `free`: a program that freed one and did not take it back within
 //!   200 ms (numpy's large temporaries, a phase's buffers) would otherwise hold it for two
 //!   seconds where glibc holds nothing; a loop on such a block takes it back within
-//!   milliseconds. Zeroed blocks keep the full delay: the zeroing worker made them for a demand.
+//!   milliseconds. So do all dirty blocks while the free dirty memory is piled up past
+//!   `pile_bound` (64 MiB, or a quarter of the memory in use if more), until it is back under
+//!   it: seed 001 reports once enough has piled up, and glibc trims its heap's top past its trim
+//!   threshold. Zeroed blocks keep the full delay: the zeroing worker made them for a demand.
 //! - The lock is never held across a system call. While a block is isolated it is on no list
 //!   and tagged `Isolated`: no allocation can take it, no free can merge with it, and an
 //!   allocation that finds other memory free never waits for the report.
@@ -72,6 +75,17 @@ const PRESSURE_IDLE_MS: u32 = 200;
 /// glibc returns every block of that size at its `free` (its largest mmap threshold), and a
 /// program that has not taken such a block back within that time is not in a loop on it.
 const BIG_ORDER: u8 = 13;
+/// Free dirty memory a process keeps for its reuse before the reporter hurries (`pile_bound`):
+/// 64 MiB, the most glibc leaves at the top of a heap before trimming it (`M_TRIM_THRESHOLD`
+/// with its dynamic thresholds, twice the largest mmap threshold).
+const PILE_MIN_PAGES: u64 = (64 << 20) >> PAGE_SHIFT;
+
+/// The free dirty pages beyond which dirty blocks go back after a tenth of the delay: 64 MiB, or
+/// a quarter of the pages in use if more (a program's own reuse scales with what it holds).
+fn pile_bound(in_use_pages: u64) -> u64 {
+    PILE_MIN_PAGES.max(in_use_pages / 4)
+}
+
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
 const SCAN_LIMIT: u32 = 256;
 
@@ -240,8 +254,11 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // again every few tens of ms would only be faulted back in, freeing nothing on average).
     let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
     let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
-    // A dirty block of BIG_ORDER or more is due after a tenth of the delay (module doc).
+    // A dirty block of BIG_ORDER or more, and dirty blocks while dirty memory is piled up past
+    // `pile_bound`, are due after a tenth of the delay (module doc).
     let big_ms = (t.report_delay_ms / 10).max(hot_ms);
+    let in_use = (h.counters.in_use_pages as i64).max(0) as u64;
+    let mut pile = resident.saturating_sub(zeroed).saturating_sub(pile_bound(in_use));
     let batch = t.report_batch as usize;
     let mut targets = [Target::default(); crate::config::MAX_REPORT_BATCH as usize];
     // Whether each block goes back before the delay (or past a floor) because of the squeeze.
@@ -266,7 +283,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let age = now.saturating_sub(m.freed_at_ms);
                     let need = sq.pressure || excess > 0;
                     let min_age = if excess > 0 { hot_ms } else { idle_ms };
-                    let delay = if class == Class::Dirty && order >= BIG_ORDER { big_ms } else { t.report_delay_ms };
+                    let sooner = class == Class::Dirty && (order >= BIG_ORDER || pile > 0);
+                    let delay = if sooner { big_ms } else { t.report_delay_ms };
                     let due = age >= delay;
                     if !due && (!need || age < min_age) {
                         let until = if need { min_age.min(delay) - age } else { delay - age };
@@ -294,6 +312,9 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     };
                     resident = resident.saturating_sub(res);
                     zeroed = zeroed.saturating_sub(z);
+                    if class == Class::Dirty {
+                        pile = pile.saturating_sub(res);
+                    }
                     if need {
                         excess = excess.saturating_sub(res);
                     }
