@@ -119,11 +119,20 @@ impl Allocator {
     /// path); anything else, and everything with small objects off, is a page block as `alloc`
     /// serves it. `size` 0 is served as 1. Free it with `free_any`. What `FallowAlloc`, the C
     /// library's and the preload's malloc-like functions call.
+    ///
+    /// Only the slab's hot path is inline (no call, so the caller saves no register for it);
+    /// a page block is one call (`alloc` keeps the page layer's hit path inline).
     #[inline(always)]
     pub fn malloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if size <= SMALL_OBJECT_MAX && self.slab.on {
             return self.slab.malloc(size, align, flags);
         }
+        self.malloc_pages(size, align, flags)
+    }
+
+    /// `malloc` of a page block.
+    #[inline(never)]
+    fn malloc_pages(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         self.alloc(size.max(1), align, flags)
     }
 
@@ -131,14 +140,31 @@ impl Allocator {
     /// block as by `free`. A pointer inside an object, one never handed out, and an object freed
     /// twice in a row (at least, as glibc's immediate double free) are `InteriorPointer`,
     /// `InvalidPointer` and `DoubleFree`, found before anything changes.
+    ///
+    ///
+    /// Only the owner's plain free of an object is inline (no call, so the caller saves no
+    /// register for it): every other case, page blocks included, is one call (`free` keeps the
+    /// page layer's hit path inline, for callers that know small objects are off).
     #[inline(always)]
     pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
         let addr = ptr as usize;
+        if let Some(s) = self.slab.find_in_first(addr) {
+            if self.slab.free_local(s, addr) {
+                return Ok(());
+            }
+        }
+        self.free_any_slow(addr)
+    }
+
+    /// `free_any` but for the owner's plain free of an object.
+    #[inline(never)]
+    fn free_any_slow(&self, addr: usize) -> Result<(), Error> {
         match self.slab.find(addr) {
             Found::Span(s) => self.slab.free_in(s, addr),
             _ => cache::free_pages(&self.shared, addr, None),
         }
     }
+
 
     /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
     /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero

@@ -84,6 +84,16 @@ pub(crate) const fn reciprocal(size: usize) -> u64 {
     (1u64 << 32).div_ceil(size as u64)
 }
 
+/// Whether offset `off` in a span is at an object's start, with `recip` the class's
+/// `reciprocal`: `off * recip` is `idx * 2^32 + idx * e + r * recip` for `off = idx * size + r`
+/// and `e = recip * size - 2^32 < size`; `idx * e < span <= 2^32 / size <= recip` (the bound
+/// below), so its low 32 bits are below `recip` exactly when `r` is 0. One multiplication and a
+/// compare on `free`'s path, no division and no load of the size.
+#[inline(always)]
+pub(crate) fn at_object(off: usize, recip: u64) -> bool {
+    ((off as u64).wrapping_mul(recip) as u32) < recip as u32
+}
+
 const _: () = {
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX && SPAN_MAX >= PAGE_SIZE);
@@ -114,6 +124,9 @@ mod tests {
             let r = reciprocal(s);
             for off in (0..span).step_by(16) {
                 assert_eq!(((off as u64 * r) >> 32) as usize, off / s, "class {s} offset {off}");
+            }
+            for off in 0..span {
+                assert_eq!(at_object(off, r), off % s == 0, "class {s} offset {off}");
             }
         }
     }

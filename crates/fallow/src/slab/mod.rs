@@ -59,7 +59,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -309,15 +309,50 @@ impl Slab {
 
     // ---- Free ----
 
-    /// Free the object at `addr` in span `s` (found by `find`).
+    /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free into a
+    /// listed span that keeps a live object or is its class's current one, with every check of
+    /// `free_in` made first. `false`: nothing was changed, `free_in` answers (bad input,
+    /// another thread's free, a span that moves). No call, so no frame for the caller.
     #[inline(always)]
+    pub(crate) fn free_local(&self, s: &Span, addr: usize) -> bool {
+        let start = s.start.load(Relaxed);
+        let off = addr.wrapping_sub(start);
+        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
+            return false;
+        }
+        let h = table::last(self);
+        if !ptr::eq(s.heap.load(Relaxed), h) {
+            return false;
+        }
+        let used = s.used();
+        let local = s.local_free.get();
+        // `local_free`'s head and `used` 0 are `free_in`'s double-free checks; `used` 1 empties
+        // the span, which stays only as its class's current one.
+        if addr == local || s.place.get() != LISTED {
+            return false;
+        }
+        if used <= 1 {
+            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
+            // long as the slab; a span's class is below `CLASSES`.
+            if used == 0 || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s) {
+                return false;
+            }
+        }
+        // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
+        // heap, handed out and now freed: its first word becomes the link of `local_free`.
+        unsafe { *(addr as *mut usize) = local };
+        s.local_free.set(addr);
+        s.set_used(used - 1);
+        true
+    }
+
+    /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
+    #[inline(never)]
     pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
         let start = s.start.load(Relaxed);
         let off = addr.wrapping_sub(start);
-        let size = s.size.load(Relaxed) as usize;
-        let idx = ((off as u64).wrapping_mul(s.recip.load(Relaxed)) >> 32) as usize;
-        // Below `fresh` (handed out at some time) and at an object's start.
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || idx * size != off {
+        // Below `fresh` (handed out at some time) and at an object's start (`at_object`).
+        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
             return Err(self.bad_free(s, addr));
         }
         // `NO_HEAP` (no heap of this slab used last) owns no span.
@@ -340,16 +375,30 @@ impl Slab {
         // Not 0 (tested above): no wrap.
         let used = used - 1;
         s.set_used(used);
-        if used == 0 || s.place.get() != LISTED {
-            // SAFETY: this thread's own heap (`last`), live as long as the slab.
-            let h = unsafe { &*h };
-            if let Some(e) = h.after_local_free(s) {
-                e.next.set(ptr::null_mut());
-                self.count_span(e, false);
-                self.give_back(e as *const Span as *mut Span);
-            }
+        // SAFETY: this thread's own heap (`last`), live as long as the slab.
+        let heap = unsafe { &*h };
+        // Nothing more for a listed span that still has live objects or is its class's current
+        // one (an empty current span stays: the next request of its class pops from it).
+        if s.place.get() != LISTED
+            // SAFETY: a span's class is below `CLASSES`.
+            || (used == 0 && !ptr::eq(unsafe { heap.head.get_unchecked(s.class.get() as usize) }.get(), s))
+        {
+            self.after_local_free(heap, s);
         }
         Ok(())
+    }
+
+    /// A local free that emptied a span other than its class's current one, or freed into a
+    /// parked span: the heap moves it (`ThreadHeap::after_local_free`), and an empty span it
+    /// lets go goes back to the page layer.
+    #[cold]
+    #[inline(never)]
+    fn after_local_free(&self, h: &ThreadHeap, s: &Span) {
+        if let Some(e) = h.after_local_free(s) {
+            e.next.set(ptr::null_mut());
+            self.count_span(e, false);
+            self.give_back(e as *const Span as *mut Span);
+        }
     }
 
     /// Another thread's free (or the free of a thread without a heap, or into an abandoned
