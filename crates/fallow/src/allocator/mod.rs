@@ -130,6 +130,30 @@ impl Allocator {
         self.malloc_pages(size, align, flags)
     }
 
+    /// The hot path of `malloc` alone, for bindings that keep everything else out of line
+    /// (the preload library): with small objects on, a request of at most `SMALL_MAX` bytes of
+    /// the natural alignment (16) popped off the calling thread's current span of its class,
+    /// zeroed whole for `zero`; `None` when that is not all it takes (then call `malloc`, which
+    /// answers every case). Inline, with no call but a memset for `zero`.
+    #[inline(always)]
+    pub fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc_hot(size, zero);
+        }
+        None
+    }
+
+    /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first
+    /// arena that the calling thread owns, freed with `free_any`'s checks (the object's start,
+    /// handed out, not the one freed last, a span with live objects) and nothing else to do;
+    /// `false`: nothing was done, call `free_any` (or `owns` first), which answers every case.
+    /// Inline, with no call.
+    #[inline(always)]
+    pub fn free_hot(&self, ptr: *mut u8) -> bool {
+        let addr = ptr as usize;
+        matches!(self.slab.find_in_first(addr), Some(s) if self.slab.free_local(s, addr))
+    }
+
     /// `malloc` of a page block.
     #[inline(never)]
     fn malloc_pages(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
@@ -147,13 +171,10 @@ impl Allocator {
     /// page layer's hit path inline, for callers that know small objects are off).
     #[inline(always)]
     pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
-        let addr = ptr as usize;
-        if let Some(s) = self.slab.find_in_first(addr) {
-            if self.slab.free_local(s, addr) {
-                return Ok(());
-            }
+        if self.free_hot(ptr) {
+            return Ok(());
         }
-        self.free_any_slow(addr)
+        self.free_any_slow(ptr as usize)
     }
 
     /// `free_any` but for the owner's plain free of an object.

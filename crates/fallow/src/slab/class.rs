@@ -56,6 +56,28 @@ static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
     t
 };
 
+/// `class_size` of every class, for the hot path (a load rather than `class_size`'s branches).
+static OBJECT_SIZE: [u32; CLASSES] = {
+    let mut t = [0u32; CLASSES];
+    let mut c = 0;
+    while c < CLASSES {
+        t[c] = class_size(c) as u32;
+        c += 1;
+    }
+    t
+};
+
+/// `class_size(c)` from a table.
+///
+/// # Safety
+/// `c < CLASSES` (read without a bounds check).
+#[inline(always)]
+pub(crate) unsafe fn object_size(c: usize) -> usize {
+    debug_assert!(c < CLASSES);
+    // SAFETY: `c < CLASSES` (the caller's contract), the table's length.
+    unsafe { *OBJECT_SIZE.get_unchecked(c) as usize }
+}
+
 /// The class of a request of `size` bytes (0 is the smallest class's).
 ///
 /// # Safety

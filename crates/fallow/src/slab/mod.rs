@@ -59,7 +59,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, at_object, class_of, class_size, object_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -146,20 +146,36 @@ impl Slab {
     pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
         // (0, not a power of two) goes to the slow path, which refuses it.
-        if flags.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
-            // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
-            // or `NO_HEAP`, whose heads are `EMPTY`.
-            let h = unsafe { &*table::last(self) };
-            // SAFETY: `size <= SMALL_MAX`, tested above.
-            let c = unsafe { class_of(size) };
-            // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and
-            // `local_free` are 0, so `pop` writes nothing) or a listed span of this heap.
-            if let Some(o) = unsafe { &*h.head.get_unchecked(c).get() }.pop() {
-                // SAFETY: an object address is never 0.
-                return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
+        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
+            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
+                return Ok(p);
             }
         }
         self.malloc_slow(size, align, flags)
+    }
+
+    /// The hot path alone, for a request of `size` bytes (at most `SMALL_MAX`) of the natural
+    /// alignment: pop an object off the current span of its class in the heap this thread used
+    /// last; `zero` (`calloc`): memset it whole (an object on a free list reads anything).
+    /// `None`: nothing to pop, `malloc_slow` answers. No call but the memset.
+    #[inline(always)]
+    pub(crate) fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
+        debug_assert!(size <= SMALL_MAX);
+        // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
+        // `NO_HEAP`, whose heads are `EMPTY`.
+        let h = unsafe { &*table::last(self) };
+        // SAFETY: `size <= SMALL_MAX` (the caller's, and debug-asserted).
+        let c = unsafe { class_of(size) };
+        // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
+        // are 0, so `pop` writes nothing) or a listed span of this heap.
+        let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
+        if zero {
+            // SAFETY: `c < CLASSES` (`class_of`); `o` is an object of class `c` just handed out
+            // to this caller.
+            unsafe { ptr::write_bytes(o as *mut u8, 0, object_size(c)) };
+        }
+        // SAFETY: an object address is never 0.
+        Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
 
     #[inline(never)]
