@@ -148,7 +148,7 @@ fn malloc_large(size: usize) -> *mut c_void {
 #[inline(never)]
 fn malloc_small(a: &'static Allocator, size: usize) -> *mut c_void {
     if process::within_largest_block(size, MIN_ALIGN) {
-        if let Ok(p) = a.malloc(size, MIN_ALIGN, Flags::NONE) {
+        if let Ok(p) = a.malloc_cold(size, MIN_ALIGN, Flags::NONE) {
             return p.as_ptr() as *mut c_void;
         }
     }
@@ -206,7 +206,7 @@ fn calloc_large(n: usize, size: usize) -> *mut c_void {
 fn calloc_small(a: &'static Allocator, n: usize, size: usize, total: usize) -> *mut c_void {
     if process::within_largest_block(total, MIN_ALIGN) {
         // A span made for a zeroed request reads zero where it never handed an object out.
-        if let Ok(p) = a.malloc(total, MIN_ALIGN, Flags::ZERO) {
+        if let Ok(p) = a.malloc_cold(total, MIN_ALIGN, Flags::ZERO) {
             return p.as_ptr() as *mut c_void;
         }
     }
@@ -272,14 +272,13 @@ unsafe fn free_in_span(p: *mut c_void) {
 /// As `free`.
 #[inline(never)]
 unsafe fn free_small(a: &'static Allocator, p: *mut c_void) {
-    if a.owns(p as *const u8) {
-        if let Err(e) = a.free_any(p as *mut u8) {
-            fatal("free", &e)
-        }
-        return;
+    match a.free_cold(p as *mut u8) {
+        Ok(true) => {}
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released
+        // once.
+        Ok(false) => unsafe { __libc_free(p) },
+        Err(e) => fatal("free", &e),
     }
-    // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
-    unsafe { __libc_free(p) }
 }
 
 /// `free` of a pointer in the span of the arenas with no allocator published for small

@@ -154,6 +154,31 @@ impl Allocator {
         matches!(self.slab.find_in_first(addr), Some(s) if self.slab.free_local(s, addr))
     }
 
+    /// `malloc` past its hot path, for a binding whose own call of `malloc_hot` found nothing:
+    /// every case, as `malloc`, without trying the hot path again.
+    #[inline(never)]
+    pub fn malloc_cold(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc_slow(size, align, flags);
+        }
+        self.alloc(size.max(1), align, flags)
+    }
+
+    /// `free_any` past its hot path, for a binding whose own call of `free_hot` returned
+    /// `false`, with a pointer that may not be this allocator's: `Ok(false)` if it lies in none
+    /// of its arenas (nothing done: the caller's other allocator owns it), else what `free_any`
+    /// answers (`Ok(true)`: freed). One lookup of the pointer answers both, where `owns` and
+    /// then `free_any` would make two.
+    #[inline(never)]
+    pub fn free_cold(&self, ptr: *mut u8) -> Result<bool, Error> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.free_in(s, addr).map(|()| true),
+            Found::Pages => cache::free_pages(&self.shared, addr, None).map(|()| true),
+            Found::Foreign => Ok(false),
+        }
+    }
+
     /// `malloc` of a page block.
     #[inline(never)]
     fn malloc_pages(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {

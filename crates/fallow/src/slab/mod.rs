@@ -178,8 +178,9 @@ impl Slab {
         Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
 
+    /// Every request but the hot path's: aligned, flagged, a page block, or nothing to pop.
     #[inline(never)]
-    fn malloc_slow(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+    pub(crate) fn malloc_slow(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if !align.is_power_of_two() {
             return Err(Error::BadAlignment { align, max: self.shared.max_block() });
         }
