@@ -146,7 +146,7 @@ impl Allocator {
     /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first
     /// arena that the calling thread owns, freed with `free_any`'s checks (the object's start,
     /// handed out, not the one freed last, a span with live objects) and nothing else to do;
-    /// `false`: nothing was done, call `free_any` (or `owns` first), which answers every case.
+    /// `false`: nothing was done, call `free_any` (or `free_cold`), which answers every case.
     /// Inline, with no call.
     #[inline(always)]
     pub fn free_hot(&self, ptr: *mut u8) -> bool {
@@ -190,7 +190,6 @@ impl Allocator {
     /// twice in a row (at least, as glibc's immediate double free) are `InteriorPointer`,
     /// `InvalidPointer` and `DoubleFree`, found before anything changes.
     ///
-    ///
     /// Only the owner's plain free of an object is inline (no call, so the caller saves no
     /// register for it): every other case, page blocks included, is one call (`free` keeps the
     /// page layer's hit path inline, for callers that know small objects are off).
@@ -210,7 +209,6 @@ impl Allocator {
             _ => cache::free_pages(&self.shared, addr, None),
         }
     }
-
 
     /// Free the live block at `ptr` whose pages the caller has already taken from the kernel's
     /// page tables (moved away by `mremap(MREMAP_DONTUNMAP)`, or `MADV_DONTNEED`): they read zero

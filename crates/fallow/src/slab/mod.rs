@@ -2,8 +2,9 @@
 //! caches (docs/design.md, "Small objects (slab layer)").
 //!
 //! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
-//! `usable_size`), the making and giving back of spans, thread exit, `fork` and the statistics;
-//! `check` the checks of `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
+//! `usable_size`) and slow paths, the making and giving back of spans, thread exit, `fork` and
+//! the statistics; `hot` the two hot paths (pop, the owner's free); `check` the checks of
+//! `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
 //! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
 //! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
@@ -43,6 +44,7 @@
 pub(crate) mod class;
 mod check;
 mod heap;
+mod hot;
 mod map;
 mod span;
 mod table;
@@ -59,7 +61,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, at_object, class_of, class_size, object_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -152,30 +154,6 @@ impl Slab {
             }
         }
         self.malloc_slow(size, align, flags)
-    }
-
-    /// The hot path alone, for a request of `size` bytes (at most `SMALL_MAX`) of the natural
-    /// alignment: pop an object off the current span of its class in the heap this thread used
-    /// last; `zero` (`calloc`): memset it whole (an object on a free list reads anything).
-    /// `None`: nothing to pop, `malloc_slow` answers. No call but the memset.
-    #[inline(always)]
-    pub(crate) fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
-        debug_assert!(size <= SMALL_MAX);
-        // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
-        // `NO_HEAP`, whose heads are `EMPTY`.
-        let h = unsafe { &*table::last(self) };
-        // SAFETY: `size <= SMALL_MAX` (the caller's, and debug-asserted).
-        let c = unsafe { class_of(size) };
-        // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
-        // are 0, so `pop` writes nothing) or a listed span of this heap.
-        let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
-        if zero {
-            // SAFETY: `c < CLASSES` (`class_of`); `o` is an object of class `c` just handed out
-            // to this caller.
-            unsafe { ptr::write_bytes(o as *mut u8, 0, object_size(c)) };
-        }
-        // SAFETY: an object address is never 0.
-        Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
 
     /// Every request but the hot path's: aligned, flagged, a page block, or nothing to pop.
@@ -325,43 +303,6 @@ impl Slab {
     }
 
     // ---- Free ----
-
-    /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free into a
-    /// listed span that keeps a live object or is its class's current one, with every check of
-    /// `free_in` made first. `false`: nothing was changed, `free_in` answers (bad input,
-    /// another thread's free, a span that moves). No call, so no frame for the caller.
-    #[inline(always)]
-    pub(crate) fn free_local(&self, s: &Span, addr: usize) -> bool {
-        let start = s.start.load(Relaxed);
-        let off = addr.wrapping_sub(start);
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
-            return false;
-        }
-        let h = table::last(self);
-        if !ptr::eq(s.heap.load(Relaxed), h) {
-            return false;
-        }
-        let used = s.used();
-        let local = s.local_free.get();
-        // `local_free`'s head and `used` 0 are `free_in`'s double-free checks; `used` 1 empties
-        // the span, which stays only as its class's current one.
-        if addr == local || s.place.get() != LISTED {
-            return false;
-        }
-        if used <= 1 {
-            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
-            // long as the slab; a span's class is below `CLASSES`.
-            if used == 0 || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s) {
-                return false;
-            }
-        }
-        // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
-        // heap, handed out and now freed: its first word becomes the link of `local_free`.
-        unsafe { *(addr as *mut usize) = local };
-        s.local_free.set(addr);
-        s.set_used(used - 1);
-        true
-    }
 
     /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
     #[inline(never)]
