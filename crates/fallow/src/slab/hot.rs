@@ -38,10 +38,11 @@ impl Slab {
         Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
 
-    /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free into a
-    /// listed span that keeps a live object or is its class's current one, with every check of
-    /// `free_in` made first. `false`: nothing was changed, `free_in` answers (bad input,
-    /// another thread's free, a span that moves). No call, so no frame for the caller.
+    /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free, with
+    /// every check of `free_in` made first. `false`: nothing was changed, `free_in` answers (bad
+    /// input, another thread's free). A free that empties a span other than its class's current
+    /// one, or frees into a parked span, is done here too and then the span moves (one cold
+    /// call, `after_local_free`); otherwise no call, so no frame for the caller.
     #[inline(always)]
     pub(crate) fn free_local(&self, s: &Span, addr: usize) -> bool {
         let start = s.start.load(Relaxed);
@@ -55,23 +56,24 @@ impl Slab {
         }
         let used = s.used();
         let local = s.local_free.get();
-        // `local_free`'s head and `used` 0 are `free_in`'s double-free checks; `used` 1 empties
-        // the span, which stays only as its class's current one.
-        if addr == local || s.place.get() != LISTED {
+        // `free_in`'s double-free checks: `local_free`'s head, a span that counts none used.
+        if addr == local || used == 0 {
             return false;
-        }
-        if used <= 1 {
-            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
-            // long as the slab; a span's class is below `CLASSES`.
-            if used == 0 || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s) {
-                return false;
-            }
         }
         // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
         // heap, handed out and now freed: its first word becomes the link of `local_free`.
         unsafe { *(addr as *mut usize) = local };
         s.local_free.set(addr);
         s.set_used(used - 1);
+        // An emptied span stays only as its class's current one; a parked span comes back.
+        if s.place.get() != LISTED
+            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
+            // long as the slab; a span's class is below `CLASSES`.
+            || (used == 1 && !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s))
+        {
+            // SAFETY: as above.
+            self.after_local_free(unsafe { &*h }, s);
+        }
         true
     }
 }

@@ -351,7 +351,7 @@ impl Slab {
     /// lets go goes back to the page layer.
     #[cold]
     #[inline(never)]
-    fn after_local_free(&self, h: &ThreadHeap, s: &Span) {
+    pub(crate) fn after_local_free(&self, h: &ThreadHeap, s: &Span) {
         if let Some(e) = h.after_local_free(s) {
             e.next.set(ptr::null_mut());
             self.count_span(e, false);
