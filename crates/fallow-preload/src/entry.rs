@@ -131,6 +131,7 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 
 /// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
 /// parsed): out of line, so that the small requests' path sets up no frame.
+///
 /// With small objects on and the allocator published, its hot path inline (`malloc_hot`: no
 /// call, so no frame here) and everything else one tail call.
 #[inline(never)]
@@ -186,6 +187,7 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 }
 
 /// `calloc` of a request that may be fallow's: out of line, as `malloc_large`.
+///
 /// With small objects on, the hot path inline (a reused object, memset) and everything else
 /// one tail call, as `malloc_large`.
 #[inline(never)]
