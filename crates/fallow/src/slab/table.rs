@@ -51,7 +51,9 @@ thread_local! {
 }
 
 /// The heap this thread used last and its slab's id (0: none): one static TLS block of two
-/// words (id, heap), zero in a new thread.
+/// words (id, heap), zero in a new thread. The symbol is global (the crate's code units all
+/// refer to it) and hidden (not exported from a shared object); two versions of this crate
+/// linked into one program would clash on it at link time, not at run time.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod last_used {
     use super::ThreadHeap;
