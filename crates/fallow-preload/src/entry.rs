@@ -131,16 +131,36 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 
 /// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
 /// parsed): out of line, so that the small requests' path sets up no frame.
+///
+/// With small objects on and the allocator published, its hot path inline (`malloc_hot`: no
+/// call, so no frame here) and everything else one tail call.
 #[inline(never)]
 fn malloc_large(size: usize) -> *mut c_void {
-    // Small objects on and the allocator published: straight to it.
-    if let Some(a) = process::small_for(size, MIN_ALIGN) {
-        if let Ok(p) = a.malloc(size, MIN_ALIGN, Flags::NONE) {
+    if let Some(a) = process::small() {
+        if let Some(p) = a.malloc_hot(size, false) {
             return p.as_ptr() as *mut c_void;
         }
-        // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
-        return unsafe { __libc_malloc(size) };
+        return malloc_small(a, size);
     }
+    malloc_lazy(size)
+}
+
+/// `malloc` with small objects on and the allocator published, past the hot path.
+#[inline(never)]
+fn malloc_small(a: &'static Allocator, size: usize) -> *mut c_void {
+    if process::within_largest_block(size, MIN_ALIGN) {
+        if let Ok(p) = a.malloc_cold(size, MIN_ALIGN, Flags::NONE) {
+            return p.as_ptr() as *mut c_void;
+        }
+    }
+    // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
+    unsafe { __libc_malloc(size) }
+}
+
+/// `malloc` of a request that may be fallow's, with no allocator published for small objects:
+/// the lazy path (settings, creation).
+#[inline(never)]
+fn malloc_lazy(size: usize) -> *mut c_void {
     if let Some(a) = for_request(size, MIN_ALIGN) {
         if let Some(p) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
             return p;
@@ -167,17 +187,39 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 }
 
 /// `calloc` of a request that may be fallow's: out of line, as `malloc_large`.
+///
+/// With small objects on, the hot path inline (a reused object, memset) and everything else
+/// one tail call, as `malloc_large`.
 #[inline(never)]
 fn calloc_large(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
-    if let Some(a) = process::small_for(total, MIN_ALIGN) {
-        // A span made for a zeroed request reads zero where it never handed an object out.
-        if let Ok(p) = a.malloc(total, MIN_ALIGN, Flags::ZERO) {
+    if let Some(a) = process::small() {
+        if let Some(p) = a.malloc_hot(total, true) {
             return p.as_ptr() as *mut c_void;
         }
-        // SAFETY: glibc's `calloc` takes any `n` and `size`.
-        return unsafe { __libc_calloc(n, size) };
+        return calloc_small(a, n, size, total);
     }
+    calloc_lazy(n, size, total)
+}
+
+/// `calloc` of `total` bytes (`n` times `size`) with small objects on and the allocator
+/// published, past the hot path.
+#[inline(never)]
+fn calloc_small(a: &'static Allocator, n: usize, size: usize, total: usize) -> *mut c_void {
+    if process::within_largest_block(total, MIN_ALIGN) {
+        // A span made for a zeroed request reads zero where it never handed an object out.
+        if let Ok(p) = a.malloc_cold(total, MIN_ALIGN, Flags::ZERO) {
+            return p.as_ptr() as *mut c_void;
+        }
+    }
+    // SAFETY: glibc's `calloc` takes any `n` and `size`.
+    unsafe { __libc_calloc(n, size) }
+}
+
+/// `calloc` of `total` bytes (`n` times `size`) that may be fallow's, with no allocator
+/// published for small objects: the lazy path.
+#[inline(never)]
+fn calloc_lazy(n: usize, size: usize, total: usize) -> *mut c_void {
     if let Some(a) = for_request(total, MIN_ALIGN) {
         // No memset for pages that are zeroed or reported: the core knows each page's state.
         if let Some(p) = from_fallow(a, total, MIN_ALIGN, Flags::ZERO) {
@@ -214,15 +256,41 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[inline(never)]
 unsafe fn free_in_span(p: *mut c_void) {
     if let Some(a) = process::small() {
-        if a.owns(p as *const u8) {
-            if let Err(e) = a.free_any(p as *mut u8) {
-                fatal("free", &e)
-            }
+        // The hot path inline (no call, so no frame here), everything else one tail call.
+        if a.free_hot(p as *mut u8) {
             return;
         }
-        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
-        return unsafe { __libc_free(p) };
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { free_small(a, p) };
     }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { free_lazy(p) }
+}
+
+/// `free` with small objects on and the allocator published, past the hot path.
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_small(a: &'static Allocator, p: *mut c_void) {
+    match a.free_cold(p as *mut u8) {
+        Ok(true) => {}
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released
+        // once.
+        Ok(false) => unsafe { __libc_free(p) },
+        Err(e) => fatal("free", &e),
+    }
+}
+
+/// `free` of a pointer in the span of the arenas with no allocator published for small
+/// objects.
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_lazy(p: *mut c_void) {
     match owner(p as *const u8) {
         Some(a) => {
             // Small objects on (the allocator published, `SMALL` not yet set): `free_any`, which

@@ -207,7 +207,7 @@ pub fn for_request(size: usize, align: usize) -> Option<&'static Allocator> {
 /// Whether a request of `size` bytes aligned to `align` is one fallow serves at all: at most its
 /// largest block (larger ones are glibc's, which maps them and unmaps them at their free).
 #[inline(always)]
-fn within_largest_block(size: usize, align: usize) -> bool {
+pub(crate) fn within_largest_block(size: usize, align: usize) -> bool {
     let max = MAX_BLOCK.load(Ordering::Relaxed);
     size <= max && align <= max
 }

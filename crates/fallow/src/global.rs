@@ -247,7 +247,9 @@ unsafe impl GlobalAlloc for FallowAlloc {
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         match self.owner(p) {
             Some(a) => {
-                if let Err(e) = a.free_any(p) {
+                // With small objects off, `free` keeps the page layer's hit path inline.
+                let r = if self.small() { a.free_any(p) } else { a.free(p) };
+                if let Err(e) = r {
                     fatal("dealloc", &e);
                 }
             }

@@ -119,11 +119,69 @@ impl Allocator {
     /// path); anything else, and everything with small objects off, is a page block as `alloc`
     /// serves it. `size` 0 is served as 1. Free it with `free_any`. What `FallowAlloc`, the C
     /// library's and the preload's malloc-like functions call.
+    ///
+    /// Only the slab's hot path is inline (no call, so the caller saves no register for it);
+    /// a page block is one call (`alloc` keeps the page layer's hit path inline).
     #[inline(always)]
     pub fn malloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if size <= SMALL_OBJECT_MAX && self.slab.on {
             return self.slab.malloc(size, align, flags);
         }
+        self.malloc_pages(size, align, flags)
+    }
+
+    /// The hot path of `malloc` alone, for bindings that keep everything else out of line
+    /// (the preload library): with small objects on, a request of at most `SMALL_MAX` bytes of
+    /// the natural alignment (16) popped off the calling thread's current span of its class,
+    /// zeroed whole for `zero`; `None` when that is not all it takes (then call `malloc`, which
+    /// answers every case). Inline, with no call but a memset for `zero`.
+    #[inline(always)]
+    pub fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc_hot(size, zero);
+        }
+        None
+    }
+
+    /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first
+    /// arena that the calling thread owns, freed with `free_any`'s checks (the object's start,
+    /// handed out, not the one freed last, a span with live objects) and nothing else to do;
+    /// `false`: nothing was done, call `free_any` (or `free_cold`), which answers every case.
+    /// Inline, with no call.
+    #[inline(always)]
+    pub fn free_hot(&self, ptr: *mut u8) -> bool {
+        let addr = ptr as usize;
+        matches!(self.slab.find_in_first(addr), Some(s) if self.slab.free_local(s, addr))
+    }
+
+    /// `malloc` past its hot path, for a binding whose own call of `malloc_hot` found nothing:
+    /// every case, as `malloc`, without trying the hot path again.
+    #[inline(never)]
+    pub fn malloc_cold(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        if size <= SMALL_OBJECT_MAX && self.slab.on {
+            return self.slab.malloc_slow(size, align, flags);
+        }
+        self.alloc(size.max(1), align, flags)
+    }
+
+    /// `free_any` past its hot path, for a binding whose own call of `free_hot` returned
+    /// `false`, with a pointer that may not be this allocator's: `Ok(false)` if it lies in none
+    /// of its arenas (nothing done: the caller's other allocator owns it), else what `free_any`
+    /// answers (`Ok(true)`: freed). One lookup of the pointer answers both, where `owns` and
+    /// then `free_any` would make two.
+    #[inline(never)]
+    pub fn free_cold(&self, ptr: *mut u8) -> Result<bool, Error> {
+        let addr = ptr as usize;
+        match self.slab.find(addr) {
+            Found::Span(s) => self.slab.free_in(s, addr).map(|()| true),
+            Found::Pages => cache::free_pages(&self.shared, addr, None).map(|()| true),
+            Found::Foreign => Ok(false),
+        }
+    }
+
+    /// `malloc` of a page block.
+    #[inline(never)]
+    fn malloc_pages(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         self.alloc(size.max(1), align, flags)
     }
 
@@ -131,9 +189,21 @@ impl Allocator {
     /// block as by `free`. A pointer inside an object, one never handed out, and an object freed
     /// twice in a row (at least, as glibc's immediate double free) are `InteriorPointer`,
     /// `InvalidPointer` and `DoubleFree`, found before anything changes.
+    ///
+    /// Only the owner's plain free of an object is inline (no call, so the caller saves no
+    /// register for it): every other case, page blocks included, is one call (`free` keeps the
+    /// page layer's hit path inline, for callers that know small objects are off).
     #[inline(always)]
     pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
-        let addr = ptr as usize;
+        if self.free_hot(ptr) {
+            return Ok(());
+        }
+        self.free_any_slow(ptr as usize)
+    }
+
+    /// `free_any` but for the owner's plain free of an object.
+    #[inline(never)]
+    fn free_any_slow(&self, addr: usize) -> Result<(), Error> {
         match self.slab.find(addr) {
             Found::Span(s) => self.slab.free_in(s, addr),
             _ => cache::free_pages(&self.shared, addr, None),

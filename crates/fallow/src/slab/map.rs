@@ -108,6 +108,25 @@ impl Slab {
         Found::Span(unsafe { &*(s as *const Span) })
     }
 
+    /// The span of `addr` if it lies in one of the first arena's (the hot path of a free: one
+    /// range test and one map word, no call); `None` for any other address, including spans of
+    /// the other arenas (`find` answers for those).
+    #[inline(always)]
+    pub(crate) fn find_in_first(&self, addr: usize) -> Option<&Span> {
+        let off = addr.wrapping_sub(self.arena0.0);
+        if off >= self.arena0.1 {
+            return None;
+        }
+        // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word per
+        // granule.
+        let e = unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
+        // Acquire: the descriptor was set up before it was published here.
+        let s = e.load(Acquire);
+        // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
+        // the slab (recycled, never unmapped); its shared fields are atomics.
+        (s != 0).then(|| unsafe { &*(s as *const Span) })
+    }
+
     /// The map entry of `addr` in an arena after the first (none: no such arena, or no map).
     #[inline(never)]
     fn find_other(&self, addr: usize) -> Option<&AtomicUsize> {

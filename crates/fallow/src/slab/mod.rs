@@ -2,8 +2,9 @@
 //! caches (docs/design.md, "Small objects (slab layer)").
 //!
 //! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
-//! `usable_size`), the making and giving back of spans, thread exit, `fork` and the statistics;
-//! `check` the checks of `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
+//! `usable_size`) and slow paths, the making and giving back of spans, thread exit, `fork` and
+//! the statistics; `hot` the two hot paths (pop, the owner's free); `check` the checks of
+//! `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
 //! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
 //! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
@@ -43,6 +44,7 @@
 pub(crate) mod class;
 mod check;
 mod heap;
+mod hot;
 mod map;
 mod span;
 mod table;
@@ -59,7 +61,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -146,24 +148,17 @@ impl Slab {
     pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
         // (0, not a power of two) goes to the slow path, which refuses it.
-        if flags.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
-            // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab,
-            // or `NO_HEAP`, whose heads are `EMPTY`.
-            let h = unsafe { &*table::last(self) };
-            // SAFETY: `size <= SMALL_MAX`, tested above.
-            let c = unsafe { class_of(size) };
-            // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and
-            // `local_free` are 0, so `pop` writes nothing) or a listed span of this heap.
-            if let Some(o) = unsafe { &*h.head.get_unchecked(c).get() }.pop() {
-                // SAFETY: an object address is never 0.
-                return Ok(unsafe { NonNull::new_unchecked(o as *mut u8) });
+        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
+            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
+                return Ok(p);
             }
         }
         self.malloc_slow(size, align, flags)
     }
 
+    /// Every request but the hot path's: aligned, flagged, a page block, or nothing to pop.
     #[inline(never)]
-    fn malloc_slow(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+    pub(crate) fn malloc_slow(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if !align.is_power_of_two() {
             return Err(Error::BadAlignment { align, max: self.shared.max_block() });
         }
@@ -309,15 +304,13 @@ impl Slab {
 
     // ---- Free ----
 
-    /// Free the object at `addr` in span `s` (found by `find`).
-    #[inline(always)]
+    /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
+    #[inline(never)]
     pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
         let start = s.start.load(Relaxed);
         let off = addr.wrapping_sub(start);
-        let size = s.size.load(Relaxed) as usize;
-        let idx = ((off as u64).wrapping_mul(s.recip.load(Relaxed)) >> 32) as usize;
-        // Below `fresh` (handed out at some time) and at an object's start.
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || idx * size != off {
+        // Below `fresh` (handed out at some time) and at an object's start (`at_object`).
+        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
             return Err(self.bad_free(s, addr));
         }
         // `NO_HEAP` (no heap of this slab used last) owns no span.
@@ -340,16 +333,30 @@ impl Slab {
         // Not 0 (tested above): no wrap.
         let used = used - 1;
         s.set_used(used);
-        if used == 0 || s.place.get() != LISTED {
-            // SAFETY: this thread's own heap (`last`), live as long as the slab.
-            let h = unsafe { &*h };
-            if let Some(e) = h.after_local_free(s) {
-                e.next.set(ptr::null_mut());
-                self.count_span(e, false);
-                self.give_back(e as *const Span as *mut Span);
-            }
+        // SAFETY: this thread's own heap (`last`), live as long as the slab.
+        let heap = unsafe { &*h };
+        // Nothing more for a listed span that still has live objects or is its class's current
+        // one (an empty current span stays: the next request of its class pops from it).
+        if s.place.get() != LISTED
+            // SAFETY: a span's class is below `CLASSES`.
+            || (used == 0 && !ptr::eq(unsafe { heap.head.get_unchecked(s.class.get() as usize) }.get(), s))
+        {
+            self.after_local_free(heap, s);
         }
         Ok(())
+    }
+
+    /// A local free that emptied a span other than its class's current one, or freed into a
+    /// parked span: the heap moves it (`ThreadHeap::after_local_free`), and an empty span it
+    /// lets go goes back to the page layer.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn after_local_free(&self, h: &ThreadHeap, s: &Span) {
+        if let Some(e) = h.after_local_free(s) {
+            e.next.set(ptr::null_mut());
+            self.count_span(e, false);
+            self.give_back(e as *const Span as *mut Span);
+        }
     }
 
     /// Another thread's free (or the free of a thread without a heap, or into an abandoned

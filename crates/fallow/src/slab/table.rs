@@ -5,6 +5,17 @@
 //! registering the table's destructor may call `malloc`, and a call that comes back here
 //! meanwhile (the thread's state `BUSY`), or after the destructor ran (`DEAD`), gets no heap: the
 //! slab serves it from its locked heap.
+//!
+//! The heap used last (`last`) is what every hot path asks first, so on x86-64 Linux it is a
+//! block of static TLS of its own (`fallow_slab_last`, defined in `global_asm!`) read with the
+//! initial-exec model: one load of its offset from the thread pointer (a GOT word the dynamic
+//! loader fills in at load time), then `fs:`-relative loads. Rust's `thread_local!` in a shared
+//! object (the preload library) goes through the general-dynamic model, a `__tls_get_addr` call
+//! per access, which `#[thread_local]` / `-Z tls-model` would avoid only on nightly. A shared
+//! object with initial-exec TLS is marked `DF_STATIC_TLS`: loaded at start (LD_PRELOAD, a
+//! dependency) its block is in every thread's static TLS; `dlopen`ed, the loader places it in
+//! the static TLS surplus or refuses the load, never a wrong address. Elsewhere it is a
+//! `thread_local!`.
 
 use core::cell::{Cell, RefCell};
 use core::ptr;
@@ -34,22 +45,101 @@ struct Slots {
     clock: Cell<u64>,
 }
 
-struct Last {
-    id: Cell<u64>,
-    heap: Cell<*mut ThreadHeap>,
-}
-
 thread_local! {
     static STATE: Cell<u8> = const { Cell::new(FRESH) };
-    static LAST: Last = const { Last { id: Cell::new(0), heap: Cell::new(ptr::null_mut()) } };
     static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
+}
+
+/// The heap this thread used last and its slab's id (0: none): one static TLS block of two
+/// words (id, heap), zero in a new thread. The symbol is global (the crate's code units all
+/// refer to it) and hidden (not exported from a shared object); two versions of this crate
+/// linked into one program would clash on it at link time, not at run time.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod last_used {
+    use super::ThreadHeap;
+
+    core::arch::global_asm!(
+        ".pushsection .tbss,\"awT\",@nobits",
+        ".p2align 4",
+        ".globl fallow_slab_last",
+        ".hidden fallow_slab_last",
+        ".type fallow_slab_last,@object",
+        ".size fallow_slab_last,16",
+        "fallow_slab_last:",
+        ".zero 16",
+        ".popsection",
+    );
+
+    /// (slab id, heap) of this thread.
+    #[inline(always)]
+    pub(super) fn get() -> (u64, *mut ThreadHeap) {
+        let (id, heap): (u64, usize);
+        // SAFETY: two aligned loads from this thread's own block of `fallow_slab_last` (the
+        // thread pointer plus the block's offset, which the loader wrote in the GOT word);
+        // only this thread writes the block (`set`), so there is no race.
+        unsafe {
+            core::arch::asm!(
+                "mov {t}, qword ptr [rip + fallow_slab_last@GOTTPOFF]",
+                "mov {id}, qword ptr fs:[{t}]",
+                "mov {h}, qword ptr fs:[{t} + 8]",
+                t = out(reg) _,
+                id = out(reg) id,
+                h = out(reg) heap,
+                options(nostack, readonly, preserves_flags, pure),
+            )
+        };
+        (id, heap as *mut ThreadHeap)
+    }
+
+    /// Set this thread's (slab id, heap).
+    #[inline]
+    pub(super) fn set(id: u64, heap: *mut ThreadHeap) {
+        // SAFETY: two aligned stores to this thread's own block (as in `get`).
+        unsafe {
+            core::arch::asm!(
+                "mov {t}, qword ptr [rip + fallow_slab_last@GOTTPOFF]",
+                "mov qword ptr fs:[{t}], {id}",
+                "mov qword ptr fs:[{t} + 8], {h}",
+                t = out(reg) _,
+                id = in(reg) id,
+                h = in(reg) heap as usize,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
+}
+
+/// Elsewhere: a `thread_local!` of the same two words.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod last_used {
+    use super::ThreadHeap;
+    use core::cell::Cell;
+
+    thread_local! {
+        static LAST: Cell<(u64, *mut ThreadHeap)> = const { Cell::new((0, core::ptr::null_mut())) };
+    }
+
+    #[inline(always)]
+    pub(super) fn get() -> (u64, *mut ThreadHeap) {
+        LAST.with(Cell::get)
+    }
+
+    #[inline]
+    pub(super) fn set(id: u64, heap: *mut ThreadHeap) {
+        LAST.with(|l| l.set((id, heap)))
+    }
 }
 
 /// The calling thread's heap of `slab` if it is the one this thread used last, else
 /// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
 #[inline(always)]
 pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
-    LAST.with(|l| if l.id.get() == slab.id { l.heap.get() } else { ThreadHeap::none() })
+    let (id, heap) = last_used::get();
+    if id == slab.id {
+        heap
+    } else {
+        ThreadHeap::none()
+    }
 }
 
 /// The calling thread's heap of `slab`, made or adopted at first use; null while the thread is
@@ -97,18 +187,13 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
     });
     let Ok((heap, old)) = found else { return ptr::null_mut() };
     if let Some(old) = old {
-        LAST.with(|l| {
-            if l.heap.get() == old.heap {
-                l.id.set(0)
-            }
-        });
+        if last_used::get().1 == old.heap {
+            last_used::set(0, ptr::null_mut());
+        }
         give_up(old);
     }
     if !heap.is_null() {
-        LAST.with(|l| {
-            l.heap.set(heap);
-            l.id.set(slab.id);
-        });
+        last_used::set(slab.id, heap);
     }
     heap
 }
@@ -123,7 +208,7 @@ fn give_up(s: Slot) {
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        LAST.with(|l| l.id.set(0));
+        last_used::set(0, ptr::null_mut());
         let slots = core::mem::replace(&mut *self.slots.borrow_mut(), [const { None }; SLOTS]);
         for s in slots.into_iter().flatten() {
             give_up(s);
