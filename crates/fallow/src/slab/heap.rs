@@ -34,6 +34,8 @@ pub(crate) struct ThreadHeap {
     /// Spans held, of which spares (the statistics).
     pub(crate) spans: Owned,
     pub(crate) spares: Owned,
+    /// New spans taken since the owner's last sweep (sweep.rs).
+    pub(crate) since_sweep: Cell<u32>,
     /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
     pub(crate) next_heap: Cell<*mut ThreadHeap>,
     pub(crate) next_pooled: Cell<*mut ThreadHeap>,
@@ -59,6 +61,7 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     abandoned: AtomicBool::new(false),
     spans: Owned::new(),
     spares: Owned::new(),
+    since_sweep: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
     next_pooled: Cell::new(ptr::null_mut()),
 };

@@ -4,8 +4,9 @@
 //! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
 //! `usable_size`), the making and giving back of spans, thread exit, `fork` and the statistics;
 //! `check` the checks of `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
-//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
-//! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
+//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `sweep` the owner's
+//! sweep before new spans; `map` the side metadata (page map, descriptors); `table` the
+//! thread-local table that finds a thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
 //! `cache::alloc_pages` / `free_pages`, as `Allocator::alloc` / `free` serve them) and nothing
 //! above it.
@@ -45,6 +46,7 @@ mod check;
 mod heap;
 mod map;
 mod span;
+mod sweep;
 mod table;
 
 use core::ptr::{self, NonNull};
@@ -194,6 +196,7 @@ impl Slab {
                 Got::Object(o, z) => return Ok((o, z)),
                 // No list or lock is held here: the page layer may call `malloc` (a cache's
                 // first use), which may come back to this heap; the loop looks again after.
+                Got::NeedSpan if h.sweep_due() => self.sweep(h),
                 Got::NeedSpan => {
                     let s = self.new_span(c, zero, h)?;
                     h.install(s);
