@@ -25,9 +25,8 @@
 //! Span states: listed (on its class list; the head is the current span), full (parked off the
 //! list; the first push after parking hands it back), spare (empty, one kept per class, 4 a
 //! heap at most), or back in the page layer. An empty span that is not its class's current one
-//! goes to the spare slot or back to the page layer at once (or at the owner's next sweep, if
-//! other threads emptied it), where the zeroing and reporting workers treat it as any free
-//! block.
+//! goes to the spare slot or back to the page layer at once (at the owner's next sweep if other
+//! threads emptied it), where the zeroing and reporting workers treat it as any free block.
 //!
 //! Thread exit: the table's destructor gives each heap up (`abandon`): under the slab lock, its
 //! empty spans go back, its spans with live objects stay, and the heap waits in the slab's pool
