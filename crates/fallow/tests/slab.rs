@@ -265,3 +265,58 @@ fn small_objects_off_serves_page_blocks() {
     assert_eq!(a.stats().small_spans, 0);
     all_returned(&a);
 }
+
+#[test]
+fn spans_other_threads_emptied_go_back_before_the_owner_takes_new_ones() {
+    let a = Allocator::new(cfg()).unwrap();
+    // 64 spans of 1 KiB objects (64 a span), all freed by another thread: every object is on a
+    // span's `thread_free`, which this thread does not look at while it asks for another class.
+    let ps: Vec<usize> = (0..64 * 64).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    let before = a.stats().small_spans;
+    assert!(before >= 64, "{}", a.stats());
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for &p in &ps {
+                a.free_any(p as *mut u8).unwrap();
+            }
+        });
+    });
+    // 16 spans' worth of 2 KiB objects (32 a span): the sweep before the new spans gives the
+    // emptied 1 KiB spans back (all but the class's current one).
+    let qs: Vec<usize> = (0..16 * 32).map(|_| a.malloc(2048, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.small_live_objects, qs.len() as u64, "{s}");
+    assert!(s.small_spans <= 1 + 16 + 2, "{} spans held, {before} before the frees: {s}", s.small_spans);
+    for q in qs {
+        a.free_any(q as *mut u8).unwrap();
+    }
+    all_returned(&a);
+}
+
+#[test]
+fn a_heap_keeps_a_few_spare_spans_over_all_classes() {
+    let a = Allocator::new(cfg()).unwrap();
+    // In each of 20 classes (sizes of a class each), two spans' worth of objects; then, with no new span taken after
+    // (no sweep), the first span's objects of each class are freed: that span is empty and
+    // not its class's current one.
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for size in [64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792] {
+        let per_span = (64 << 10) / size;
+        let ps: Vec<usize> = (0..2 * per_span).map(|_| a.malloc(size, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+        first.extend_from_slice(&ps[..per_span]);
+        rest.extend_from_slice(&ps[per_span..]);
+    }
+    let spans = a.stats().small_spans;
+    for p in first {
+        a.free_any(p as *mut u8).unwrap();
+    }
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.small_spare_spans, 4, "{s}");
+    assert_eq!(s.small_spans, spans - 16, "{s}");
+    for p in rest {
+        a.free_any(p as *mut u8).unwrap();
+    }
+    all_returned(&a);
+}

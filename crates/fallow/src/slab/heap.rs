@@ -1,6 +1,7 @@
 //! A thread heap (`ThreadHeap`): one thread's spans of one allocator, per class a list whose
 //! head is the span the hot path pops from, a list of full (parked) spans, one spare empty span
-//! per class, and the `returned` stack through which other threads hand parked spans back.
+//! per class (`SPARES_MAX` over all), and the `returned` stack through which other threads hand
+//! parked spans back.
 //! Here the owner's slow paths: finding an object when the current span has none, a local free
 //! that emptied a span or freed into a parked one, and giving the heap up (thread exit).
 //!
@@ -19,6 +20,11 @@ use super::class::CLASSES;
 use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
+/// Spare spans a heap keeps at most, over all classes: a spare is memory no other class can use,
+/// and a heap that touched every class and went idle would otherwise keep 36 of them (2.25 MiB)
+/// beside its 36 current spans.
+const SPARES_MAX: u64 = 4;
+
 #[repr(C, align(64))]
 pub(crate) struct ThreadHeap {
     /// Per class, the head of the list of spans with room (the current span), `EMPTY` if none.
@@ -34,6 +40,8 @@ pub(crate) struct ThreadHeap {
     /// Spans held, of which spares (the statistics).
     pub(crate) spans: Owned,
     pub(crate) spares: Owned,
+    /// New spans taken since the owner's last sweep (sweep.rs).
+    pub(crate) since_sweep: Cell<u32>,
     /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
     pub(crate) next_heap: Cell<*mut ThreadHeap>,
     pub(crate) next_pooled: Cell<*mut ThreadHeap>,
@@ -59,6 +67,7 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     abandoned: AtomicBool::new(false),
     spans: Owned::new(),
     spares: Owned::new(),
+    since_sweep: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
     next_pooled: Cell::new(ptr::null_mut()),
 };
@@ -250,11 +259,12 @@ impl ThreadHeap {
         None
     }
 
-    /// An empty listed span leaves its list: into the spare slot if free, else to the caller.
+    /// An empty listed span leaves its list: into the spare slot if free (and the heap keeps
+    /// fewer than `SPARES_MAX` spares), else to the caller.
     fn retire_empty<'s>(&self, s: &'s Span) -> Option<&'s Span> {
         self.unlink(s);
         let c = s.class.get() as usize;
-        if self.spare[c].get().is_null() {
+        if self.spare[c].get().is_null() && self.spares.get() < SPARES_MAX {
             s.place.set(SPARE);
             self.spare[c].set(s as *const Span as *mut Span);
             self.spares.add(1);

@@ -5,14 +5,15 @@
 //! `usable_size`) and slow paths, the making and giving back of spans, thread exit, `fork` and
 //! the statistics; `hot` the two hot paths (pop, the owner's free); `check` the checks of
 //! `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
-//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `map` the side
-//! metadata (page map, descriptors); `table` the thread-local table that finds a thread's heap.
+//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `sweep` the owner's
+//! sweep before new spans; `map` the side metadata (page map, descriptors); `table` the
+//! thread-local table that finds a thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
 //! `cache::alloc_pages` / `free_pages`, as `Allocator::alloc` / `free` serve them) and nothing
 //! above it.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live
-//! page block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread
+//! page block of 64 KiB, aligned to its size, cut into objects of one class. Each thread
 //! has a heap per allocator; a span belongs to one heap. The owner pops objects off the span's
 //! `free` list and pushes its frees on `local_free` (plain memory: no atomic read-modify-write,
 //! no lock); another thread's free is a compare-and-swap push on the span's `thread_free`,
@@ -23,10 +24,10 @@
 //! zero, so `calloc` from them needs no memset; an object handed out before is memset.
 //!
 //! Span states: listed (on its class list; the head is the current span), full (parked off the
-//! list; the first push after parking hands it back), spare (empty, one kept per class), or back
-//! in the page layer. An empty span that is not its class's current one goes to the spare slot
-//! or back to the page layer at once, where the zeroing and reporting workers treat it as any
-//! free block.
+//! list; the first push after parking hands it back), spare (empty, one kept per class, 4 a
+//! heap at most), or back in the page layer. An empty span that is not its class's current one
+//! goes to the spare slot or back to the page layer at once (at the owner's next sweep if other
+//! threads emptied it), where the zeroing and reporting workers treat it as any free block.
 //!
 //! Thread exit: the table's destructor gives each heap up (`abandon`): under the slab lock, its
 //! empty spans go back, its spans with live objects stay, and the heap waits in the slab's pool
@@ -47,6 +48,7 @@ mod heap;
 mod hot;
 mod map;
 mod span;
+mod sweep;
 mod table;
 
 use core::ptr::{self, NonNull};
@@ -189,6 +191,7 @@ impl Slab {
                 Got::Object(o, z) => return Ok((o, z)),
                 // No list or lock is held here: the page layer may call `malloc` (a cache's
                 // first use), which may come back to this heap; the loop looks again after.
+                Got::NeedSpan if h.sweep_due() => self.sweep(h),
                 Got::NeedSpan => {
                     let s = self.new_span(c, zero, h)?;
                     h.install(s);
