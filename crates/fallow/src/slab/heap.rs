@@ -321,14 +321,23 @@ impl ThreadHeap {
                     give(e);
                 }
             }
-            let spare = self.spare[c].replace(ptr::null_mut());
-            if !spare.is_null() {
-                self.spares.sub(1);
-                self.spans.sub(1);
-                // SAFETY: the spare, this heap's, on no list.
-                unsafe { (*spare).place.set(LEAVING) };
+            if let Some(spare) = self.take_spare(c) {
                 give(spare);
             }
         }
+    }
+
+    /// Take class `c`'s spare span off the heap (`LEAVING`, on no list), for the caller to give
+    /// back: a spare is memory no other class can use.
+    pub(crate) fn take_spare(&self, c: usize) -> Option<*mut Span> {
+        let spare = self.spare[c].replace(ptr::null_mut());
+        if spare.is_null() {
+            return None;
+        }
+        self.spares.sub(1);
+        self.spans.sub(1);
+        // SAFETY: the spare, this heap's, on no list.
+        unsafe { (*spare).place.set(LEAVING) };
+        Some(spare)
     }
 }

@@ -20,7 +20,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use super::class::CLASSES;
 use super::heap::ThreadHeap;
-use super::span::{Span, LEAVING, PARKED};
+use super::span::{Span, PARKED};
 
 /// New spans between two sweeps, at least.
 const SWEEP_MIN_NEW: u32 = 4;
@@ -61,13 +61,8 @@ impl ThreadHeap {
                     give(e);
                 }
             }
-            // A spare is memory no other class can use: back to the page layer too.
-            let spare = self.spare[c].replace(ptr::null_mut());
-            if !spare.is_null() {
-                self.spares.sub(1);
-                self.spans.sub(1);
-                // SAFETY: the spare, this heap's, on no list.
-                unsafe { (*spare).place.set(LEAVING) };
+            // The spare: back to the page layer too.
+            if let Some(spare) = self.take_spare(c) {
                 give(spare);
             }
         }
