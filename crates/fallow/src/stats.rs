@@ -185,10 +185,10 @@ macro_rules! stats_table {
         zeroing_ns: Ns,
         /// Bytes made resident and zero by the zeroing worker for `populated_reserve`.
         populated_bytes: Bytes,
-        /// Bytes of `ZERO` requests of 32 MiB or more whose dirty pages were cleared by giving
-        /// them back to the kernel (`MADV_DONTNEED`: they fault in zero where touched) instead
-        /// of a memset.
-        zero_released_bytes: Bytes,
+        /// Bytes of dirty pages of `ZERO` requests of 32 MiB or more that were left without a
+        /// memset because the program never wrote them (nothing behind them, or the shared zero
+        /// page: `/proc/self/pagemap`), so they read zero already.
+        zero_unwritten_bytes: Bytes,
         /// The zeroing worker's current estimate of `ZERO` demand (bytes wanted zeroed soon).
         zero_demand_bytes: Bytes,
         /// Naps the workers took because no CPU was idle (each 10 ms to 100 ms; see

@@ -12,7 +12,7 @@
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
 //!   an allocation waits for isolated memory -> NAP 1 ms (the block it waits for comes back whole)
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time (served zeroed or
-//!            memset; not those cleared by release) into the demand
+//!            memset; not those found unwritten) into the demand
 //!            (an exponentially decayed sum, time constant DEMAND_TAU_S); target = demand +
 //!            zeroed_reserve once any ZERO request was made, else 0 (and at least
 //!            populated_reserve).
@@ -72,7 +72,7 @@ use std::sync::Arc;
 
 use crate::cache::Scope;
 use crate::heap::{Shared, ZERO_SLOT};
-use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::os::{self, PAGE_SHIFT};
 use crate::page::{Class, PageState};
 
 /// Time constant of the demand estimate: a burst of `ZERO` requests keeps memory zeroed for
@@ -167,9 +167,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>, pa
     let idle = |seen| if large_freed { Next::Nap(t.zero_delay_ms.max(1) as u64 * 1_000_000) } else { Next::Idle(seen) };
     // MEASURE
     let c = h.counters;
-    // Not `zero_released_bytes`: a request that clears by release pays no memset that zeroed
-    // pages would save, and zeroing with stores memory it may never have written would make
-    // that memory resident.
+    // Not `zero_unwritten_bytes`: those pages needed no memset that zeroed pages would save.
     let total = c.zero_skipped_bytes + c.zeroed_on_alloc_bytes;
     let dt = now_ns.saturating_sub(d.last_ns) as f64 / 1e9;
     d.bytes = d.bytes * (-dt / DEMAND_TAU_S).exp() + total.saturating_sub(d.last_total) as f64;
@@ -364,8 +362,6 @@ struct Unwritten {
 
 /// Most runs of unwritten pages noted per chunk: beyond them, pages are zeroed with stores.
 const MAX_UNWRITTEN_RUNS: usize = 32;
-/// Pagemap entries read at a time (4 KiB).
-const PAGEMAP_BATCH: usize = 512;
 
 impl Unwritten {
     fn new() -> Self {
@@ -396,85 +392,39 @@ impl Unwritten {
     }
 }
 
-/// What the worker does with one page of a chunk (`zero_written`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Clear {
-    /// Written (or not known not to be): zero it with stores.
-    Store,
-    /// Nothing behind it: it reads zero as it is.
-    Nothing,
-    /// Present, not this process's alone, and reading zero (the shared zero page, or a zero page
-    /// shared with a `fork` child): release it.
-    Release,
-}
-
 /// Zero the written pages of the `n` free pages from `pfn` at `addr`, as `pagemap` tells them
-/// (`os::PageUse`): a page with nothing behind it is noted in `unwritten` as it is; a page not
-/// mapped here alone (the shared zero page, or a page shared with a `fork` child) is read, and if
-/// it reads zero released (`MADV_DONTNEED`, which frees nothing this process holds alone) and
-/// noted; either then reads zero without being resident. Anything else, or everything if the
-/// entries cannot be read or `unwritten` is full, is zeroed with stores. Returns the pages zeroed
-/// with stores.
+/// (`os::for_each_clearing_run`): a page with nothing behind it is noted in `unwritten` as it is;
+/// a page that maps the shared zero page (or a zero page shared with a `fork` child) is released
+/// (`MADV_DONTNEED`, which frees nothing this process holds alone) and noted; either then reads
+/// zero without being resident. Anything else, or everything if `unwritten` is full, is zeroed
+/// with stores. Returns the pages zeroed with stores.
 ///
 /// # Safety
 /// The pages are part of a block this worker isolated (on no list, handed to nobody), in a
 /// private anonymous mapping, and no one else reads or writes them until it is returned.
 unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritten: &mut Unwritten) -> u64 {
-    let mut entries = [0u64; PAGEMAP_BATCH];
-    let mut clear = [Clear::Store; PAGEMAP_BATCH];
     let mut stored = 0u64;
-    let mut done = 0u32;
-    while done < n {
-        let batch = (n - done).min(PAGEMAP_BATCH as u32) as usize;
-        let at = addr + ((done as usize) << PAGE_SHIFT);
-        let known = pm.read(at, &mut entries[..batch]);
-        for (k, c) in clear[..batch].iter_mut().enumerate() {
-            let page = at + (k << PAGE_SHIFT);
-            *c = match os::page_use(entries[k]) {
-                _ if !known => Clear::Store,
-                os::PageUse::Absent => Clear::Nothing,
-                // SAFETY: the caller's contract: a page of the isolated block, which nobody writes
-                // meanwhile (and present: reading it faults nothing in).
-                os::PageUse::Shared if unsafe { reads_zero(page) } => Clear::Release,
-                _ => Clear::Store,
-            };
-        }
-        let mut i = 0;
-        while i < batch {
-            let mut j = i + 1;
-            while j < batch && clear[j] == clear[i] {
-                j += 1;
+    let at = |p: usize| pfn + ((p - addr) >> PAGE_SHIFT) as u32;
+    let clear = |p: usize, pages: usize, c: os::Clearing| {
+        let noted = match c {
+            os::Clearing::Store => false,
+            os::Clearing::Absent => unwritten.note(at(p), pages as u32),
+            os::Clearing::SharedZero => {
+                unwritten.has_room()
+                    // SAFETY: the caller's contract: pages of the isolated block, in a private
+                    // anonymous mapping, whose contents nobody relies on.
+                    && unsafe { os::madvise(p, pages << PAGE_SHIFT, os::Advice::DontNeed) }.is_ok()
+                    && unwritten.note(at(p), pages as u32)
             }
-            let (p, len) = (at + (i << PAGE_SHIFT), (j - i) << PAGE_SHIFT);
-            let noted = match clear[i] {
-                Clear::Store => false,
-                Clear::Nothing => unwritten.note(pfn + done + i as u32, (j - i) as u32),
-                Clear::Release => {
-                    unwritten.has_room()
-                        // SAFETY: the caller's contract: pages of the isolated block, in a private
-                        // anonymous mapping, whose contents nobody relies on.
-                        && unsafe { os::madvise(p, len, os::Advice::DontNeed) }.is_ok()
-                        && unwritten.note(pfn + done + i as u32, (j - i) as u32)
-                }
-            };
-            if !noted {
-                // SAFETY: as above.
-                unsafe { crate::nt::zero(p, len) };
-                stored += (j - i) as u64;
-            }
-            i = j;
+        };
+        if !noted {
+            // SAFETY: as above: pages of the isolated block that no one else touches.
+            unsafe { crate::nt::zero(p, pages << PAGE_SHIFT) };
+            stored += pages as u64;
         }
-        done += batch as u32;
-    }
+    };
+    // SAFETY: the caller's contract: the worker's isolated pages, mapped, which nobody writes
+    // meanwhile.
+    unsafe { os::for_each_clearing_run(Some(pm), addr, n as usize, clear) };
     stored
-}
-
-/// Whether the page at `page` reads zero.
-///
-/// # Safety
-/// `page` is a page-aligned, mapped page that nobody writes during the call.
-unsafe fn reads_zero(page: usize) -> bool {
-    // SAFETY: the caller's contract; a page is 4096-byte aligned, so aligned for `u64`.
-    let words = unsafe { core::slice::from_raw_parts(page as *const u64, PAGE_SIZE / 8) };
-    words.iter().fold(0, |acc, &w| acc | w) == 0
 }

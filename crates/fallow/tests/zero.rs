@@ -409,31 +409,38 @@ fn frees_before_any_zero_request_do_not_wake_the_worker() {
     wait_for("a look after the first ZERO request", || a.stats().zero_scans > looks);
 }
 
-/// A `ZERO` request of 32 MiB or more clears the dirty pages it reuses by giving them back to the
-/// kernel (they fault in zero where the program touches them, as glibc's fresh mappings of that
-/// size do); a smaller one memsets them. Workers off: nothing zeroes or reports in between.
+/// A `ZERO` request of 32 MiB or more memsets only the dirty pages the program wrote: those it
+/// only read (the shared zero page) or never touched read zero already, and a memset would make
+/// them resident. A smaller one memsets every dirty page. Workers off: nothing zeroes or reports
+/// in between.
 #[test]
-fn a_large_zero_request_clears_dirty_pages_by_release_and_a_smaller_one_by_memset() {
+fn a_large_zero_request_memsets_only_the_written_pages_and_a_smaller_one_all() {
     let off = Tunables { report: false, zeroing: false, ..Tunables::default() };
     let a = Allocator::new(Config { max_order: 14, tunables: off, ..config(off) }).unwrap();
-    for (len, by_release) in [(32usize << 20, true), (16 << 20, false)] {
+    let pagemap = std::fs::File::open("/proc/self/pagemap").is_ok();
+    for (len, written_only) in [(32usize << 20, pagemap), (16 << 20, false)] {
         let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, not yet freed.
-        unsafe { core::ptr::write_bytes(p, 0xcd, len) };
+        let (half, quarter) = (len / 2, len / 4);
+        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone: the
+        // first half written, the third quarter read, the last quarter never touched.
+        unsafe {
+            core::ptr::write_bytes(p, 0xcd, half);
+            assert!(all_bytes(p.add(half), quarter, 0));
+        }
         a.free(p).unwrap();
         let before = a.stats();
         let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
         assert_eq!(q, p, "{len}: the dirty block was not reused");
         let s = a.stats();
-        let resident = os::resident_pages(q as usize, len).unwrap() * PAGE;
-        if by_release {
-            assert_eq!(s.zero_released_bytes - before.zero_released_bytes, len as u64, "{s}");
-            assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "{s}");
-            assert_eq!(resident, 0, "{len}: the dirty pages stayed resident");
+        let (memset, unwritten) =
+            (s.zeroed_on_alloc_bytes - before.zeroed_on_alloc_bytes, s.zero_unwritten_bytes - before.zero_unwritten_bytes);
+        let untouched = os::resident_pages(q as usize + half + quarter, quarter).unwrap() * PAGE;
+        if written_only {
+            assert_eq!((memset, unwritten), (half as u64, half as u64), "{s}");
+            assert_eq!(untouched, 0, "{len}: the untouched pages were made resident");
         } else {
-            assert_eq!(s.zeroed_on_alloc_bytes - before.zeroed_on_alloc_bytes, len as u64, "{s}");
-            assert_eq!(s.zero_released_bytes, before.zero_released_bytes, "{s}");
-            assert_eq!(resident, len, "{len}: the memset block lost pages");
+            assert_eq!((memset, unwritten), (len as u64, 0), "{s}");
+            assert_eq!(untouched, quarter, "{len}: the memset block lost pages");
         }
         // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
         assert!(unsafe { all_bytes(q, len, 0) }, "{len}: a ZERO block is not zero");
@@ -477,4 +484,38 @@ fn the_worker_zeroes_written_pages_and_lists_unwritten_ones_reported() {
     assert!(unsafe { all_bytes(q, len, 0) }, "a ZERO block is not zero");
     a.free(q).unwrap();
     a.check_invariants().unwrap();
+}
+
+/// Pages shared with a `fork` child are not this process's alone, as the zero page is not: a
+/// large `ZERO` request reads them before leaving one without a memset, so written pages shared
+/// with a living child are still memset.
+#[test]
+fn a_large_zero_request_memsets_written_pages_shared_with_a_fork_child() {
+    let off = Tunables { report: false, zeroing: false, ..Tunables::default() };
+    let a = Allocator::new(Config { max_order: 14, tunables: off, ..config(off) }).unwrap();
+    let len = 32 << 20;
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone.
+    unsafe { core::ptr::write_bytes(p, 0xab, len) };
+    a.free(p).unwrap();
+    // SAFETY: the child only sleeps (async-signal-safe) and leaves by `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: as above: the child of the fork, which touches nothing.
+        unsafe {
+            libc::sleep(5);
+            libc::_exit(0)
+        }
+    }
+    let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    let zero = unsafe { all_bytes(q, len, 0) };
+    // SAFETY: `pid` is the child forked above, not yet waited for.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, core::ptr::null_mut(), 0);
+    }
+    assert!(zero, "a ZERO block over pages shared with a child is not zero");
+    a.free(q).unwrap();
 }

@@ -8,9 +8,9 @@
 //! What it shows: an allocator that reuses the pages a previous buffer left (most of them never
 //! written, only read) must make them read zero again. A memset writes every page and makes the
 //! whole buffer resident (and costs a pass over it); glibc maps fresh pages at these sizes, so its
-//! reads map the shared zero page and only the written pages count; fallow gives such pages back
-//! with `MADV_DONTNEED` from 32 MiB (docs/design.md, "Clearing large `ZERO` requests by
-//! release"). Each measurement runs in a child process of its own (`child.rs`): wall, user and
+//! reads map the shared zero page and only the written pages count; fallow, from 32 MiB,
+//! memsets only the pages `/proc/self/pagemap` shows written (docs/design.md, "Large `ZERO`
+//! requests memset only written pages"). Each measurement runs in a child process of its own (`child.rs`): wall, user and
 //! system time, minor faults and peak RSS are the measurement's alone.
 
 use serde_json::json;

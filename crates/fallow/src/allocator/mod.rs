@@ -315,7 +315,7 @@ impl Allocator {
         s.free_calls = c.free_calls;
         s.zero_skipped_bytes = c.zero_skipped_bytes;
         s.zeroed_on_alloc_bytes = c.zeroed_on_alloc_bytes;
-        s.zero_released_bytes = c.zero_released_bytes;
+        s.zero_unwritten_bytes = c.zero_unwritten_bytes;
         s.reused_reported_bytes = c.reused_reported_bytes;
         s.locked_bytes = c.locked_bytes;
         s.reported_blocks_reused = c.reported_blocks_reused;

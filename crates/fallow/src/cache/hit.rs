@@ -143,7 +143,7 @@ impl Entries<'_> {
             ev.zeroed_on_alloc_bytes.add(memset << PAGE_SHIFT);
             ev.zero_skipped_bytes.add((n as u64 - memset) << PAGE_SHIFT);
         }
-        let p = Placed { arena: e.arena(), taken: Taken { pfn, npages: n, counts }, addr: e.addr(), clear_by_release: false };
+        let p = Placed { arena: e.arena(), taken: Taken { pfn, npages: n, counts }, addr: e.addr(), clear_written_only: false };
         // Without LOCK, `prepare` cannot fail.
         let _ = a.prepare(&p, flags);
         e.addr()

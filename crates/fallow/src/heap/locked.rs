@@ -55,9 +55,6 @@ impl Shared {
         let zero = flags.contains(Flags::ZERO);
         // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
         let now = if zero { self.now_ms() } else { 0 };
-        // A request that makes every page resident anyway (`POPULATE`, `LOCK`) memsets: faulting
-        // released pages back in costs more.
-        let release_ok = !flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK);
         let mut waits = 0u32;
         let mut waiting = false;
         let mut reclaimable = true;
@@ -79,7 +76,7 @@ impl Shared {
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
             if !for_chunk {
-                if let Some(p) = h.take(npages, order, align_pages, zero, release_ok, now) {
+                if let Some(p) = h.take(npages, order, align_pages, zero, now) {
                     break p;
                 }
             }
@@ -116,17 +113,36 @@ impl Shared {
         let zero = flags.contains(Flags::ZERO);
         let len = (t.npages as usize) << PAGE_SHIFT;
         if zero && t.counts.needs_zeroing(t.npages) > 0 {
+            // Opened for this request: a descriptor kept across a `fork` would describe the parent.
+            let pagemap = if p.clear_written_only { os::Pagemap::open() } else { None };
+            let (mut stored, mut unwritten) = (0u64, 0u64);
             states.for_each_run(t.pfn, t.npages, |start, n, s| {
                 if !s.reads_zero() {
                     let addr = p.addr + (((start - t.pfn) as usize) << PAGE_SHIFT);
-                    // SAFETY: the run lies inside the block just taken, which the caller owns and nobody else
-                    // touches until it is handed out.
-                    unsafe { clear(addr, (n as usize) << PAGE_SHIFT, p.clear_by_release) };
+                    let clear = |at: usize, pages: usize, c: os::Clearing| {
+                        if c == os::Clearing::Store {
+                            // SAFETY: pages of the run below, inside the block just taken, which the
+                            // caller owns and nobody else touches until it is handed out.
+                            unsafe { core::ptr::write_bytes(at as *mut u8, 0, pages << PAGE_SHIFT) };
+                            stored += pages as u64;
+                        } else {
+                            unwritten += pages as u64;
+                        }
+                    };
+                    // SAFETY: the run lies inside the block just taken, mapped, which the caller owns
+                    // and nobody else touches until it is handed out (private anonymous memory
+                    // when `pagemap` is open).
+                    unsafe { os::for_each_clearing_run(pagemap.as_ref(), addr, n as usize, clear) };
                 }
             });
+            if p.clear_written_only {
+                let mut h = self.heap.lock();
+                h.counters.zeroed_on_alloc_bytes += stored << PAGE_SHIFT;
+                h.counters.zero_unwritten_bytes += unwritten << PAGE_SHIFT;
+            }
         }
         states.fill(t.pfn, t.npages, PageState::Allocated);
-        let not_resident = t.counts.reported + t.counts.lazy > 0 || p.clear_by_release;
+        let not_resident = t.counts.reported + t.counts.lazy > 0;
         if flags.contains(Flags::POPULATE) && !flags.contains(Flags::LOCK) && not_resident {
             // SAFETY: the block just taken, mapped read-write, which the caller owns and nobody else
             // touches until it is handed out.
@@ -308,24 +324,4 @@ impl Shared {
         h.narenas += 1;
         Ok(())
     }
-}
-
-/// Runs shorter than this are memset even when the block clears by release: one system call
-/// each would cost more than their memset.
-const RELEASE_RUN_MIN_BYTES: usize = 64 << 10;
-
-/// Make `len` bytes at `addr` read zero: by `MADV_DONTNEED` (`by_release`, private anonymous
-/// memory where it zeroes: `heap::clears_by_release`) for a run of 64 KiB or more, else, or if the
-/// kernel refuses, by a memset.
-///
-/// # Safety
-/// The range is part of a block just taken, which the caller owns and nobody else touches until
-/// it is handed out; with `by_release`, in a private anonymous mapping.
-unsafe fn clear(addr: usize, len: usize, by_release: bool) {
-    // SAFETY: the caller's contract: the caller's own range, whose contents nothing relies on.
-    if by_release && len >= RELEASE_RUN_MIN_BYTES && unsafe { os::madvise(addr, len, os::Advice::DontNeed) }.is_ok() {
-        return;
-    }
-    // SAFETY: as above.
-    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len) };
 }

@@ -51,7 +51,7 @@ pub(crate) struct Counters {
     pub free_calls: u64,
     pub zero_skipped_bytes: u64,
     pub zeroed_on_alloc_bytes: u64,
-    pub zero_released_bytes: u64,
+    pub zero_unwritten_bytes: u64,
     pub reused_reported_bytes: u64,
     pub locked_bytes: u64,
     /// Wrapping (read as signed): a block served by a per-thread cache and freed on the locked
@@ -240,27 +240,24 @@ pub(crate) struct Placed {
     pub arena: usize,
     pub taken: Taken,
     pub addr: usize,
-    /// A `ZERO` request that clears its dirty pages by giving them back to the kernel instead
-    /// of a memset (`clears_by_release`).
-    pub clear_by_release: bool,
+    /// A `ZERO` request that memsets only the dirty pages the program wrote
+    /// (`clears_written_only`); its memset is counted after it, by `Shared::prepare`.
+    pub clear_written_only: bool,
 }
 
-/// Fewest pages of a `ZERO` request whose dirty pages are cleared by `MADV_DONTNEED` rather
-/// than a memset: 32 MiB, glibc's largest mmap threshold (`DEFAULT_MMAP_THRESHOLD_MAX`), from
-/// which glibc's `calloc` always maps fresh pages. A memset makes every page resident and costs
-/// ~115 ms/GiB here whether or not the program touches the block; giving the pages back costs
-/// ~38 ms/GiB and leaves them to fault in, zero, where the program touches them, as glibc's fresh
-/// mapping does (and as jemalloc zeroes a reused extent). A block the program writes whole is
-/// faster memset (fault and kernel zeroing: ~440 ms/GiB), but a block it only reads (an
-/// `np.zeros` whose result is tested, a sparse table) stays off the resident set and costs the
-/// reads of the shared zero page. Pre-zeroed pages still serve such a request with neither.
-pub(crate) const CLEAR_BY_RELEASE_MIN_PAGES: u32 = 8192;
+/// Fewest pages of a `ZERO` request whose dirty pages are memset only where the program wrote
+/// them (`os::for_each_clearing_run`, from `/proc/self/pagemap`): 32 MiB, glibc's largest mmap
+/// threshold (`DEFAULT_MMAP_THRESHOLD_MAX`), from which glibc's `calloc` always maps fresh pages.
+/// A page is `Dirty` once handed out and freed, written or not; a memset of one never written
+/// (nothing behind it, or the shared zero page: an `np.zeros` whose result was only tested, a
+/// sparse table) makes it resident and costs ~115 ms/GiB here for nothing. Reading the entries
+/// costs 8 bytes a page; below this size a block's memset is short and its pages mostly written.
+pub(crate) const CLEAR_WRITTEN_MIN_PAGES: u32 = 8192;
 
-/// Whether a `ZERO` request of `npages` in arena `a` clears its dirty pages by release: large
-/// enough, private anonymous memory (a memfd arena's pages are shared) without huge-page units
-/// (which a release in their middle would split), where `MADV_DONTNEED` is seen to zero.
-fn clears_by_release(a: &Buddy, npages: u32, zero: bool) -> bool {
-    zero && npages >= CLEAR_BY_RELEASE_MIN_PAGES && a.fd < 0 && !a.huge_units && os::dontneed_zeroes()
+/// Whether a `ZERO` request of `npages` in arena `a` memsets only its written dirty pages:
+/// large enough, and private anonymous memory (a memfd arena's pages are shared).
+fn clears_written_only(a: &Buddy, npages: u32, zero: bool) -> bool {
+    zero && npages >= CLEAR_WRITTEN_MIN_PAGES && a.fd < 0
 }
 
 impl Heap {
@@ -269,9 +266,8 @@ impl Heap {
     }
 
     /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
-    /// request that needs zeros or not (and, for one that does, may clear its dirty pages by
-    /// release: `clears_by_release`).
-    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, release_ok: bool, now_ms: u32) -> Option<Placed> {
+    /// request that needs zeros or not.
+    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32) -> Option<Placed> {
         // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
@@ -302,24 +298,24 @@ impl Heap {
                 a.take_run(npages)
             };
             if let Some(t) = got {
-                return Some(self.placed(ai, t, zero, release_ok));
+                return Some(self.placed(ai, t, zero));
             }
         }
         None
     }
 
     /// The block `t` just taken off arena `ai`'s lists, live.
-    fn placed(&mut self, ai: usize, t: Taken, zero: bool, release_ok: bool) -> Placed {
+    fn placed(&mut self, ai: usize, t: Taken, zero: bool) -> Placed {
         let a = self.arenas[ai].as_mut().unwrap();
         a.mark_live(t.pfn, t.npages, 0);
         a.mark_used(t.pfn + t.npages);
         let addr = a.addr(t.pfn);
-        let clear_by_release = release_ok && clears_by_release(a, t.npages, zero);
-        self.account_taken(&t, zero, clear_by_release);
-        Placed { arena: ai, taken: t, addr, clear_by_release }
+        let clear_written_only = clears_written_only(a, t.npages, zero);
+        self.account_taken(&t, zero, clear_written_only);
+        Placed { arena: ai, taken: t, addr, clear_written_only }
     }
 
-    fn account_taken(&mut self, t: &Taken, zero: bool, clear_by_release: bool) {
+    fn account_taken(&mut self, t: &Taken, zero: bool, clear_written_only: bool) {
         let c = &mut self.counters;
         c.alloc_calls += 1;
         c.in_use_pages = c.in_use_pages.wrapping_add(t.npages as u64);
@@ -327,9 +323,8 @@ impl Heap {
         c.reused_reported_bytes += ((t.counts.reported + t.counts.lazy) as u64) << PAGE_SHIFT;
         if zero {
             let dirty = t.counts.needs_zeroing(t.npages) as u64;
-            if clear_by_release {
-                c.zero_released_bytes += dirty << PAGE_SHIFT;
-            } else {
+            // Memset or found unwritten: counted once known (`Shared::prepare`).
+            if !clear_written_only {
                 c.zeroed_on_alloc_bytes += dirty << PAGE_SHIFT;
             }
             c.zero_skipped_bytes += (t.npages as u64 - dirty) << PAGE_SHIFT;
