@@ -3,16 +3,16 @@
 //!
 //! 16-byte steps up to 128 bytes, then four classes per doubling (160, 192, 224, 256, 320, ...)
 //! up to `SMALL_MAX` (16 KiB): 36 classes, a request wasting at most 25% of its object (129 bytes
-//! in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes. Every span is
-//! 64 KiB, one page-layer order, so that a span one class gave back is what any class's next span
-//! takes (mixed 64 and 256 KiB spans held about 15% more at their peak in
-//! `examples/slab_cross.rs`: a freed 64 KiB block served no 256 KiB span until the page layer
-//! merged it). A span's tail past its last whole object is at most 2.3% of it up to 4 KiB
-//! objects (a 2,560-byte class: 25 objects and 1,536 bytes); above, it is whole pages the span
-//! never writes (4 KiB for the 5, 6, 10 and 12 KiB classes, 8 KiB for 14 KiB: 4 objects), as
-//! mimalloc's 64 KiB pages of objects up to 16 KiB. Every class size is a multiple of 16, and a
-//! power-of-two class size (16 to 16 KiB) divides the span's size: an object of such a class is
-//! aligned to its size, which serves aligned requests (`aligned_class`).
+//! in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes. Spans are 64 KiB
+//! for objects up to 4 KiB and 256 KiB above, so that a span's tail past its last whole object
+//! is at most 2.3% of it (a 2,560-byte class: 25 objects and 1,536 bytes). One 64 KiB size for
+//! every class (4 objects of 14 KiB a span) held 15% fewer span bytes at the peak of
+//! `examples/slab_cross.rs`, where a 64 KiB block one class gave back served no 256 KiB span,
+//! but halved `fallow bench small`'s random shape (sizes up to 16 KiB in two threads: 2.1-2.4x
+//! glibc's operations per CPU-second against 4.1x) for no change in the benchmarks' max RSS.
+//! Every class size is a multiple of 16, and a power-of-two class size (16 to 16 KiB) divides its
+//! span's size: an object of such a class is aligned to its size, which serves aligned requests
+//! (`aligned_class`).
 
 /// The largest small object; larger requests are page blocks.
 pub(crate) const SMALL_MAX: usize = 16 << 10;
@@ -20,10 +20,10 @@ pub(crate) const SMALL_MAX: usize = 16 << 10;
 pub(crate) const MIN_ALIGN: usize = 16;
 /// Number of size classes.
 pub(crate) const CLASSES: usize = 36;
-/// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, a span).
+/// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
-/// A span, in bytes.
-pub(crate) const SPAN_MAX: usize = 64 << 10;
+/// The largest span, in bytes.
+pub(crate) const SPAN_MAX: usize = 256 << 10;
 
 /// The object size of class `c`.
 pub(crate) const fn class_size(c: usize) -> usize {
@@ -35,10 +35,13 @@ pub(crate) const fn class_size(c: usize) -> usize {
     }
 }
 
-/// The span size of class `c`, in bytes (a power of two, at least one granule): one size for
-/// every class.
-pub(crate) const fn span_bytes(_c: usize) -> usize {
-    SPAN_MAX
+/// The span size of class `c`, in bytes (a power of two, at least one granule).
+pub(crate) const fn span_bytes(c: usize) -> usize {
+    if class_size(c) <= 4096 {
+        1 << GRANULE_SHIFT
+    } else {
+        SPAN_MAX
+    }
 }
 
 /// `CLASS_OF[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
@@ -100,7 +103,7 @@ pub(crate) fn aligned_class(size: usize, align: usize) -> Option<usize> {
 }
 
 /// `ceil(2^32 / size)`: `(off * recip) >> 32` is `off / size` for every offset in a span
-/// (`off * size < 2^32`: offsets below 64 KiB, objects up to 16 KiB), one multiplication instead
+/// (`off * size <= 2^32`: offsets below 64 KiB for objects up to 4 KiB, below 256 KiB up to 16 KiB), one multiplication instead
 /// of a division on `free`'s path.
 pub(crate) const fn reciprocal(size: usize) -> u64 {
     (1u64 << 32).div_ceil(size as u64)
@@ -118,7 +121,7 @@ pub(crate) fn at_object(off: usize, recip: u64) -> bool {
 
 const _: () = {
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
-    assert!(span_bytes(CLASSES - 1) == SPAN_MAX && SPAN_MAX == 1 << GRANULE_SHIFT);
+    assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));

@@ -13,7 +13,7 @@
 //! above it.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live
-//! page block of 64 KiB, aligned to its size, cut into objects of one class. Each thread
+//! page block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread
 //! has a heap per allocator; a span belongs to one heap. The owner pops objects off the span's
 //! `free` list and pushes its frees on `local_free` (plain memory: no atomic read-modify-write,
 //! no lock); another thread's free is a compare-and-swap push on the span's `thread_free`,
