@@ -409,6 +409,20 @@ fn frees_before_any_zero_request_do_not_wake_the_worker() {
     wait_for("a look after the first ZERO request", || a.stats().zero_scans > looks);
 }
 
+/// Allocate a block of `len` bytes, write its first half, read its third quarter (the shared zero
+/// page), leave its last quarter untouched, and free it; its address.
+fn free_a_half_written_block(a: &Allocator, len: usize) -> *mut u8 {
+    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone until the
+    // free below.
+    unsafe {
+        core::ptr::write_bytes(p, 0xcd, len / 2);
+        assert!(all_bytes(p.add(len / 2), len / 4, 0));
+    }
+    a.free(p).unwrap();
+    p
+}
+
 /// A `ZERO` request of 32 MiB or more memsets only the dirty pages the program wrote: those it
 /// only read (the shared zero page) or never touched read zero already, and a memset would make
 /// them resident. A smaller one memsets every dirty page. Workers off: nothing zeroes or reports
@@ -419,15 +433,8 @@ fn a_large_zero_request_memsets_only_the_written_pages_and_a_smaller_one_all() {
     let a = Allocator::new(Config { max_order: 14, tunables: off, ..config(off) }).unwrap();
     let pagemap = std::fs::File::open("/proc/self/pagemap").is_ok();
     for (len, written_only) in [(32usize << 20, pagemap), (16 << 20, false)] {
-        let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+        let p = free_a_half_written_block(&a, len);
         let (half, quarter) = (len / 2, len / 4);
-        // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone: the
-        // first half written, the third quarter read, the last quarter never touched.
-        unsafe {
-            core::ptr::write_bytes(p, 0xcd, half);
-            assert!(all_bytes(p.add(half), quarter, 0));
-        }
-        a.free(p).unwrap();
         let before = a.stats();
         let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
         assert_eq!(q, p, "{len}: the dirty block was not reused");
@@ -457,15 +464,8 @@ fn the_worker_zeroes_written_pages_and_lists_unwritten_ones_reported() {
     let a = Allocator::new(config(zeroing(64 << 20))).unwrap();
     ask_for_zeroed_memory(&a);
     let len = 8 << 20;
-    let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
-    let (half, quarter) = (len / 2, len / 4);
-    // SAFETY: `p` is a live block of `len` bytes from `alloc` above, this thread's alone: the
-    // first half written, the third quarter read, the last quarter never touched.
-    unsafe {
-        core::ptr::write_bytes(p, 0xcd, half);
-        assert!(all_bytes(p.add(half), quarter, 0));
-    }
-    a.free(p).unwrap();
+    let p = free_a_half_written_block(&a, len);
+    let half = len / 2;
     let settled = || bytes_in_state(&a, p as usize, len, PageState::Dirty) == 0;
     wait_for("the freed block zeroed or listed reported", settled);
     a.check_invariants().unwrap();
