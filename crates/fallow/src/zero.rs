@@ -59,7 +59,8 @@
 //! program wrote it: a large `calloc` read and hardly written (`np.zeros(n).any()`) leaves pages
 //! that map the kernel's shared zero page, or nothing at all, and a store into them makes them
 //! resident. So in private anonymous arenas without huge-page units the worker first reads the
-//! chunk's `/proc/self/pagemap` entries (`os::pagemap`, 8 bytes a page, opened by this thread):
+//! chunk's `/proc/self/pagemap` entries (`os::pagemap`, 8 bytes a page, the file opened for the
+//! chunk and closed after it):
 //! a page with nothing behind it reads zero as it is; a present page not mapped here alone (the
 //! zero page, or a page shared with a `fork` child, which pagemap does not tell apart without
 //! privileges) is read, and if it reads zero released with `MADV_DONTNEED`, which frees nothing
@@ -88,9 +89,7 @@ pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_voi
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let mut gate = shared.zeroer.on_thread_start();
-    // Opened here, by this thread: after a `fork` the child's worker opens its own.
-    let pagemap = os::Pagemap::open();
-    run(&shared, &mut gate, pagemap.as_ref());
+    run(&shared, &mut gate);
     core::ptr::null_mut()
 }
 
@@ -108,7 +107,7 @@ enum Next {
     Idle(u64),
 }
 
-fn run(s: &Shared, gate: &mut crate::worker::IdleGate, pagemap: Option<&os::Pagemap>) {
+fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
     // Every ZERO request since the allocator began counts once (the thread may start late: it
     // runs only on idle CPU time).
     let mut d = Demand { last_total: 0, last_ns: os::now_ns(), bytes: 0.0 };
@@ -119,7 +118,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate, pagemap: Option<&os::Page
     while !s.zeroer.stopping() {
         // Unbounded: zeroing ahead is worth only the idle time it uses.
         s.wait_for_idle_cpu(&s.zeroer, gate, u64::MAX);
-        match zero_one_chunk(s, &mut d, &mut asked, pagemap) {
+        match zero_one_chunk(s, &mut d, &mut asked) {
             Next::Again => {}
             Next::Nap(ns) => s.zeroer.nap(ns),
             Next::Idle(seen_frees) => {
@@ -146,7 +145,7 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate, pagemap: Option<&os::Page
     }
 }
 
-fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>, pagemap: Option<&os::Pagemap>) -> Next {
+fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) -> Next {
     let now_ms = s.now_ms();
     let now_ns = os::now_ns();
     let mut h = s.heap.lock();
@@ -264,8 +263,11 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>, pa
     let base = a.addr(rec.pfn);
     // Pages of private anonymous memory that the program never wrote need no store (module
     // doc, "Unwritten pages"); a memfd's pages are shared, and a release in a huge page splits it.
-    let unwritten_check = pagemap.filter(|_| !populate && a.fd < 0 && !a.huge_units);
+    let unwritten_check = !populate && a.fd < 0 && !a.huge_units;
     drop(h);
+    // Opened for this chunk and closed after it: no descriptor is held between chunks (a
+    // program may count or close its descriptors), and none is kept across a `fork`.
+    let pagemap = if unwritten_check { os::Pagemap::open() } else { None };
 
     // ZERO (or POPULATE), without the lock. The state bytes of an isolated block change only
     // under the lock when it is returned, so reading them here is safe.
@@ -278,7 +280,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>, pa
         let len = (n as usize) << PAGE_SHIFT;
         match st {
             PageState::Dirty | PageState::LazyFree => {
-                zeroed_pages += match unwritten_check {
+                zeroed_pages += match pagemap.as_ref() {
                     // SAFETY: as below.
                     Some(pm) => unsafe { zero_written(pm, addr, start, n, &mut unwritten) },
                     None => {
