@@ -23,7 +23,7 @@ const EXCLUSIVE: u64 = 1 << 56;
 
 /// What a page of private anonymous memory holds, as far as the kernel says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PageUse {
+enum PageUse {
     /// Data the program may have written: a page of its own (present and mapped only here), a
     /// swapped-out page, or anything the entry does not make clear.
     Written,
@@ -37,7 +37,7 @@ pub enum PageUse {
 
 /// The use that pagemap entry `e` of private anonymous memory says. A present page not mapped
 /// here alone is `Shared` whatever its file bit: the huge zero page shows as a file page.
-pub fn page_use(e: u64) -> PageUse {
+fn page_use(e: u64) -> PageUse {
     if e & SWAPPED != 0 {
         PageUse::Written
     } else if e & PRESENT == 0 {
