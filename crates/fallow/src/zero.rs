@@ -263,11 +263,11 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let base = a.addr(rec.pfn);
     // Pages of private anonymous memory that the program never wrote need no store (module
     // doc, "Unwritten pages"); a memfd's pages are shared, and a release in a huge page splits it.
-    let unwritten_check = !populate && a.fd < 0 && !a.huge_units;
+    let check_unwritten = !populate && a.fd < 0 && !a.huge_units;
     drop(h);
     // Opened for this chunk and closed after it: no descriptor is held between chunks (a
     // program may count or close its descriptors), and none is kept across a `fork`.
-    let pagemap = if unwritten_check { os::Pagemap::open() } else { None };
+    let pagemap = if check_unwritten { os::Pagemap::open() } else { None };
 
     // ZERO (or POPULATE), without the lock. The state bytes of an isolated block change only
     // under the lock when it is returned, so reading them here is safe.
@@ -280,16 +280,9 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
         let len = (n as usize) << PAGE_SHIFT;
         match st {
             PageState::Dirty | PageState::LazyFree => {
-                zeroed_pages += match pagemap.as_ref() {
-                    // SAFETY: as below.
-                    Some(pm) => unsafe { zero_written(pm, addr, start, n, &mut unwritten) },
-                    None => {
-                        // SAFETY: the run lies inside the block this worker isolated (on no list, handed to nobody)
-                        // until `unisolate` below, so no one else reads or writes it meanwhile.
-                        unsafe { crate::nt::zero(addr, len) };
-                        n as u64
-                    }
-                };
+                // SAFETY: the run lies inside the block this worker isolated (on no list, handed to nobody)
+                // until `unisolate` below, so no one else reads or writes it meanwhile.
+                zeroed_pages += unsafe { zero_written(pagemap.as_ref(), addr, start, n, &mut unwritten) };
             }
             PageState::Reported if populate => {
                 // SAFETY: as the zeroing above: a run of the block this worker isolated, mapped
@@ -398,13 +391,14 @@ impl Unwritten {
 /// (`os::for_each_clearing_run`): a page with nothing behind it is noted in `unwritten` as it is;
 /// a page that maps the shared zero page (or a zero page shared with a `fork` child) is released
 /// (`MADV_DONTNEED`, which frees nothing this process holds alone) and noted; either then reads
-/// zero without being resident. Anything else, or everything if `unwritten` is full, is zeroed
-/// with stores. Returns the pages zeroed with stores.
+/// zero without being resident. Anything else, everything without `pm`, and everything once
+/// `unwritten` is full, is zeroed with stores. Returns the pages zeroed with stores.
 ///
 /// # Safety
 /// The pages are part of a block this worker isolated (on no list, handed to nobody), in a
-/// private anonymous mapping, and no one else reads or writes them until it is returned.
-unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritten: &mut Unwritten) -> u64 {
+/// private anonymous mapping when `pm` is given, and no one else reads or writes them until it
+/// is returned.
+unsafe fn zero_written(pm: Option<&os::Pagemap>, addr: usize, pfn: u32, n: u32, unwritten: &mut Unwritten) -> u64 {
     let mut stored = 0u64;
     let at = |p: usize| pfn + ((p - addr) >> PAGE_SHIFT) as u32;
     let clear = |p: usize, pages: usize, c: os::Clearing| {
@@ -427,6 +421,6 @@ unsafe fn zero_written(pm: &os::Pagemap, addr: usize, pfn: u32, n: u32, unwritte
     };
     // SAFETY: the caller's contract: the worker's isolated pages, mapped, which nobody writes
     // meanwhile.
-    unsafe { os::for_each_clearing_run(Some(pm), addr, n as usize, clear) };
+    unsafe { os::for_each_clearing_run(pm, addr, n as usize, clear) };
     stored
 }
