@@ -101,6 +101,89 @@ fn a_zeroed_request_without_zeroed_pages_takes_the_best_run_not_a_larger_aligned
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
+/// An allocator whose reporter gives back every free block of 64 KiB or more at once (and
+/// nothing else runs): `set_tunables(..calm())` stops it giving back more.
+fn reporting_allocator(cache: bool) -> Allocator {
+    let t = Tunables { report: true, report_delay_ms: 0, report_order: 4, ..Tunables::off() };
+    let c = Config { arena_size: 64 << 20, max_order: 12, thp: false, tunables: t, cache, ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+/// The reporter's tunables, with a delay no test outlives.
+fn calm(a: &Allocator) -> Tunables {
+    Tunables { report_delay_ms: 3_600_000, ..a.tunables() }
+}
+
+/// Wait until the reporter has given back at least `pages` pages.
+fn wait_reported(a: &Allocator, pages: usize) {
+    wait_for("the reporter to give the freed blocks back", || a.stats().reported_bytes as usize >= pages * PAGE);
+}
+
+#[test]
+fn a_run_covers_the_resident_part_of_a_free_block_merged_with_reported_memory() {
+    let a = reporting_allocator(false);
+    // Five 256 KiB blocks side by side (pages 0..320), written.
+    let blocks: Vec<*mut u8> = (0..5).map(|i| take_written(&a, 64 * PAGE, false, i + 1)).collect();
+    for w in blocks.windows(2) {
+        assert_eq!(w[1] as usize - w[0] as usize, 64 * PAGE, "the fresh arena was not carved in order");
+    }
+    // Pages 0..128 freed and given back; then pages 128..320 freed dirty. Pages 0..256 merge
+    // into one free block, listed `Dirty`, whose first half is reported (the last block freed
+    // stays unmerged, buddy/deferred.rs, and keeps it from merging further).
+    a.free(blocks[0]).unwrap();
+    a.free(blocks[1]).unwrap();
+    wait_reported(&a, 128);
+    a.set_tunables(calm(&a)).unwrap();
+    for &q in &blocks[2..] {
+        a.free(q).unwrap();
+    }
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().free_blocks[0][8], 1, "pages 0..256 did not merge: {:?}", a.stats().free_blocks);
+    // 48 pages: placed at that block's start, where the run around it starts too, they would
+    // fault reported pages in.
+    let before = a.stats();
+    let p = a.alloc(48 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    assert!(p as usize >= blocks[2] as usize, "the request was placed on reported pages: {p:?}, arena at {:?}", blocks[0]);
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted reported memory in");
+    a.check_invariants().unwrap();
+    // SAFETY: `check_invariants` passed; no other thread uses `a`.
+    unsafe { check_free_states(&a) }.unwrap();
+    a.free(p).unwrap();
+    assert!(merged_to_top(&a.stats(), 12));
+}
+
+#[test]
+fn a_cache_refill_leaves_a_mostly_reported_block_for_a_run_of_resident_pages() {
+    let a = reporting_allocator(true);
+    // Five 256 KiB blocks side by side (pages 0..320), written; every request below is a power
+    // of two of pages of a cached order, so it goes through the thread's cache.
+    let blocks: Vec<*mut u8> = (0..5).map(|i| take_written(&a, 64 * PAGE, false, i + 1)).collect();
+    for w in blocks.windows(2) {
+        assert_eq!(w[1] as usize - w[0] as usize, 64 * PAGE, "the fresh arena was not carved in order");
+    }
+    a.set_tunables(calm(&a)).unwrap();
+    // A run of 128 dirty pages that no aligned 128-page block holds (pages 64..192), and a block
+    // of 256 pages (256..512) listed `Dirty` for its first 64 pages, the rest never used.
+    for i in [1, 2, 4] {
+        a.free(blocks[i]).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let before = a.stats();
+    // 128 pages: splitting the 256-page block would keep its half with the dirty pages, half of
+    // which were never used.
+    let p = a.alloc(128 * PAGE, 4096, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, blocks[1], "the request was not placed on the run of resident pages");
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
+    a.check_invariants().unwrap();
+    for q in [p, blocks[0], blocks[3]] {
+        a.free(q).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
 /// A live block of the model: `len` bytes at `addr`, every byte `fill`.
 struct Live {
     addr: usize,

@@ -13,12 +13,17 @@
 //! shortest run of adjacent free blocks that holds the request and a resident block (a listed
 //! block of one of the classes asked for), as TCMalloc's page heap takes the best-fitting span.
 //! A run's length counts its pages below `used_end` only (the never-used rest of the arena is no
-//! fit, as glibc's top chunk is not), and the run taking the fewest never-used pages wins first.
+//! fit, as glibc's top chunk is not), and the placement taking the fewest pages that are not
+//! resident (reported, or never used) wins first.
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, one per possible
 //! order for the block before it), and a seed inside a run already measured is skipped. The request is placed at one end of the
-//! run when that covers the seed (the rest of the run stays whole), else at the seed.
+//! run when that covers the seed (the rest of the run stays whole), else at the seed. A seed
+//! larger than the request whose pages are in several states (merged from resident and reported
+//! parts: the class of a block is `Dirty` as soon as one page is) is first narrowed, by its half
+//! records, to its part of the request's order with the most resident pages, so that covering
+//! the seed covers resident pages.
 //!
 //! The pages taken are unlinked block by block and the parts of those blocks outside the request
 //! go back as the largest aligned pieces with their own counts (`take_range`, which growing in
@@ -45,12 +50,13 @@ impl Buddy {
     /// Take `npages` pages starting at a multiple of `align` pages (a power of two) from the
     /// best-fitting run of adjacent free blocks that holds them and a listed block of one of
     /// `classes` of order at least `order - 2` (`order`: the one `npages` rounds up to), placed
-    /// to cover that block where it can: fewest never-used pages, then the shortest run (its
-    /// used part), then the lowest place. `None` when no such run exists (see the top).
+    /// to cover that block (its best part, `best_part`) where it can: fewest pages not resident,
+    /// then the shortest run (its used part), then the lowest place. `None` when no such run exists (see the top).
     pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class]) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
-        // (never-used pages taken, run length, start of the request)
+        let zero = classes.first() == Some(&Class::Zeroed);
+        // (non-resident pages taken, run length, start of the request)
         let mut best: Option<(u32, u32, u32)> = None;
         // The runs already measured: a seed inside one of them gives the same run.
         let mut seen = [(0u32, 0u32); SEED_LIMIT as usize];
@@ -72,18 +78,24 @@ impl Buddy {
                         seen[looked as usize] = (start, end);
                         looked += 1;
                     }
-                    // A run's length counts its pages below `used_end` only: the never-used rest of
-                    // the arena (the wilderness) is no fit, and a run that reaches it is as long as
-                    // its used part, as glibc's top chunk. Fewest never-used pages taken first,
-                    // then the shortest run, then the lowest place (every seed of a run places
-                    // the request its own way).
-                    if let Some(at) = place(start, end, seed, 1 << o, npages, align) {
+                    // A seed larger than the request that mixes states (a block merged from
+                    // resident and reported parts) is narrowed to its best part of the
+                    // request's order: covering the seed then means covering resident pages.
+                    let (part, part_len) = self.best_part(seed, o, order, zero);
+                    // Non-resident pages taken first (reported or never used: each costs a
+                    // fault, the kernel's zeroing, and resident memory while resident free
+                    // pages idle), then the shortest run, counting its pages below `used_end`
+                    // only (the never-used rest of the arena is no fit, as glibc's top chunk
+                    // is not), then the lowest place (every seed of a run places the request
+                    // its own way).
+                    if let Some(at) = place(start, end, part, part_len, npages, align) {
                         let len = end.min(self.used_end).saturating_sub(start);
-                        let fresh = (at + npages).saturating_sub(self.used_end.max(at));
-                        if best.is_none_or(|b| (fresh, len, at) < b) {
-                            best = Some((fresh, len, at));
+                        let c = self.count_states(at, npages);
+                        let absent = c.reported + c.lazy;
+                        if best.is_none_or(|b| (absent, len, at) < b) {
+                            best = Some((absent, len, at));
                             // A run that the request fills to within an eighth: good enough.
-                            if fresh == 0 && len.saturating_sub(npages) <= npages / 8 {
+                            if absent == 0 && len.saturating_sub(npages) <= npages / 8 {
                                 break 'seeds;
                             }
                         }
@@ -95,6 +107,48 @@ impl Buddy {
         let (_, _, at) = best?;
         let counts = self.take_range(at, at + npages)?;
         Some(Taken { pfn: at, npages, counts })
+    }
+
+    /// `take_preferring_hot` without the hot choice, for a request that wants resident memory:
+    /// the first listed block of `classes` that fits, only if the part a split would keep holds
+    /// at most an eighth of `npages` in pages that are not resident. A block of a resident class
+    /// is one with a resident page at least: merged from resident and reported parts, a large
+    /// one is listed `Dirty` while most of it is reported, and a split of it would fault memory
+    /// in while resident pages lay free elsewhere, in a run the locked path can take
+    /// (`take_best_run`). `None` when no such block is listed.
+    pub fn take_resident(&mut self, npages: u32, order: u8, classes: &[Class], zero: bool) -> Option<Taken> {
+        debug_assert!(npages <= 1 << order && order <= self.max_order);
+        self.merge_deferred_below(order);
+        let pfn = classes.iter().find_map(|&c| self.first_fit(c, order))?;
+        let (part, len) = self.best_part(pfn, self.meta(pfn).word().order(), order, zero);
+        let c = self.count_states(part, len.min(npages));
+        if c.reported + c.lazy > npages / 8 {
+            return None;
+        }
+        Some(self.carve(pfn, order, npages, zero))
+    }
+
+    /// The part of the free block `(pfn, from)` a request of `order` should cover: the block
+    /// itself if it is no larger or holds one state, else the aligned block of `order` inside it
+    /// reached by keeping, at each halving, the half with more of the pages the request prefers
+    /// (as `carve` splits: zeroed ones for a `ZERO` request, dirty ones otherwise, resident ones
+    /// before reported ones). Reads the half records only; changes nothing.
+    fn best_part(&self, mut pfn: u32, from: u8, order: u8, zero: bool) -> (u32, u32) {
+        let mut counts = self.meta(pfn).counts();
+        let mut cur = from;
+        let score = |c: StateCounts, n: u32| if zero { 2 * c.zeroed + c.dirty(n) } else { 2 * c.dirty(n) + c.zeroed };
+        while cur > order && counts.uniform_state(1 << cur).is_none() && counts.dirty(1 << cur) != 1 << cur {
+            let (low, high) = self.halves(pfn, cur, counts);
+            cur -= 1;
+            let half = 1u32 << cur;
+            if score(high, half) > score(low, half) {
+                pfn += half;
+                counts = high;
+            } else {
+                counts = low;
+            }
+        }
+        (pfn, 1 << cur)
     }
 
     /// The run of adjacent free blocks around the listed block `(pfn, order)`, as `[start, end)`

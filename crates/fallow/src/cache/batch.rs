@@ -94,7 +94,10 @@ impl Entries<'_> {
             // cache would fault in a whole aligned block while resident memory lay free beside
             // it, unaligned. A block freed on the locked path is listed whole, of its order, when
             // the rest of its aligned block is free (the deferred merge), for the next refill.
-            let classes = if order >= GROUP_ORDER && ar.listed().resident_pages() >= n as u64 { &resident[..] } else { &prefs[..] };
+            // "Resident" means mostly resident (`take_resident`): a block listed `Dirty` may be
+            // a large one merged from a few dirty pages and much reported memory.
+            let resident_only = order >= GROUP_ORDER && ar.listed().resident_pages() >= n as u64;
+            let classes = if resident_only { &resident[..] } else { &prefs[..] };
             while got < want {
                 // Small orders: a whole aligned group of 64 pages at a time when the batch has
                 // room for it, so that two threads' blocks do not share a line of state bytes
@@ -119,7 +122,12 @@ impl Entries<'_> {
                         continue;
                     }
                 }
-                let Some(t) = ar.take_preferring_hot(n, order, classes, zero, None) else { break };
+                let t = if resident_only {
+                    ar.take_resident(n, order, classes, zero)
+                } else {
+                    ar.take_preferring_hot(n, order, classes, zero, None)
+                };
+                let Some(t) = t else { break };
                 ar.mark_used(t.pfn + n);
                 ar.meta(t.pfn).set_tag(Tag::Cached);
                 self.push(o, ar.addr(t.pfn), ai, t.counts);
