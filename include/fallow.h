@@ -84,6 +84,14 @@ typedef struct fallow_stats {
     uint64_t pressure_signal; /* 0 off, 1 PSI cgroup, 2 PSI /proc/pressure/memory, 3 MemAvailable polling, 4 none */
     uint64_t pressure_events; /* times memory pressure was signalled */
     uint64_t pressure_reported_bytes; /* bytes given back before their delay because of pressure */
+    /* From here on: small objects (all 0 with small objects off), filled by fallow_stats_read_size
+     * given a struct this large. */
+    uint64_t small_live_objects; /* small objects live (one another thread freed counts until its span's owner collects it) */
+    uint64_t small_live_bytes; /* their bytes (class sizes) */
+    uint64_t small_spans; /* spans: page blocks cut into small objects (live blocks, in bytes_in_use) */
+    uint64_t small_span_bytes;
+    uint64_t small_spare_spans; /* empty spans kept, one at most per class and thread */
+    uint64_t small_free_bytes; /* span bytes in no live small object */
 } fallow_stats;
 
 /* The default configuration. */
@@ -138,8 +146,10 @@ size_t fallow_usable_size(fallow_allocator *a, const void *p);
 int fallow_owns(const fallow_allocator *a, const void *p);
 
 /* A snapshot of the statistics. fallow_stats_read fills the fields up to free_blocks (the struct
- * of earlier versions, so programs built against them keep working); fallow_stats_read_size fills
- * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats). */
+ * of the first version, so programs built against it keep working); fallow_stats_read_size fills
+ * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats) (a program built against an
+ * earlier header passes the size its struct had, up to pressure_reported_bytes or free_blocks,
+ * and gets that much). */
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 
