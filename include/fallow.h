@@ -84,6 +84,14 @@ typedef struct fallow_stats {
     uint64_t pressure_signal; /* 0 off, 1 PSI cgroup, 2 PSI /proc/pressure/memory, 3 MemAvailable polling, 4 none */
     uint64_t pressure_events; /* times memory pressure was signalled */
     uint64_t pressure_reported_bytes; /* bytes given back before their delay because of pressure */
+    /* From here on: small objects (an allocator made with FALLOW_CREATE_SMALL_OBJECTS; all 0
+     * without), filled by fallow_stats_read_size given a struct this large. */
+    uint64_t small_live_objects; /* small objects live (one another thread freed counts until its span's owner collects it) */
+    uint64_t small_live_bytes; /* their bytes (class sizes) */
+    uint64_t small_spans; /* spans: page blocks cut into small objects (live blocks, in bytes_in_use) */
+    uint64_t small_span_bytes;
+    uint64_t small_spare_spans; /* empty spans kept, one at most per class and thread */
+    uint64_t small_free_bytes; /* span bytes in no live small object */
 } fallow_stats;
 
 /* The default configuration. */
@@ -94,7 +102,8 @@ int fallow_create(const fallow_config *config, fallow_allocator **out);
 
 /* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
  * config (NULL: the default): FALLOW_ARENA_SIZE, FALLOW_THP and FALLOW_CACHE,
- * FALLOW_CACHE_MAX_ORDER, FALLOW_CACHE_BATCH_PAGES, FALLOW_CACHE_HIGH_PAGES set the configuration,
+ * FALLOW_CACHE_MAX_ORDER, FALLOW_CACHE_BATCH_PAGES, FALLOW_CACHE_HIGH_PAGES and FALLOW_SMALL (1: small
+ * objects, as FALLOW_CREATE_SMALL_OBJECTS) set the configuration,
  * FALLOW_REPORT (dontneed, free, off), FALLOW_REPORT_DELAY_MS, FALLOW_ZEROING (idle, off),
  * FALLOW_MEMORY_LIMIT (auto, off, or a size such as 2GiB) and FALLOW_PRESSURE (auto, off) the
  * tunables; FALLOW_THRESHOLD and FALLOW_STATS, the preload's own, are only checked. A bad value
@@ -111,6 +120,16 @@ void fallow_cache_config_init(fallow_cache_config *cache);
 int fallow_create_with_cache(const fallow_config *config, const fallow_cache_config *cache, int from_env,
                              fallow_allocator **out);
 
+/* Options of fallow_create_with_options (may be or-ed). */
+#define FALLOW_CREATE_FROM_ENV      1u /* the FALLOW_* variables over the settings, as from_env above */
+#define FALLOW_CREATE_SMALL_OBJECTS 2u /* small objects: requests of up to 16 KiB are objects of
+                                        * size classes in spans of pages (see fallow_alloc) */
+
+/* fallow_create_with_cache with options instead of from_env (unknown bits: EINVAL). With
+ * FALLOW_CREATE_FROM_ENV, FALLOW_SMALL (0 or 1), when set, decides over FALLOW_CREATE_SMALL_OBJECTS. */
+int fallow_create_with_options(const fallow_config *config, const fallow_cache_config *cache, unsigned options,
+                               fallow_allocator **out);
+
 /* The cache settings an allocator was created with. */
 int fallow_cache_config_read(fallow_allocator *a, fallow_cache_config *out);
 
@@ -118,28 +137,39 @@ int fallow_cache_config_read(fallow_allocator *a, fallow_cache_config *out);
 void fallow_destroy(fallow_allocator *a);
 
 /* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
- * with FALLOW_* flags; *out receives the block. */
+ * with FALLOW_* flags; *out receives the block. With small objects on (FALLOW_CREATE_SMALL_OBJECTS,
+ * or FALLOW_SMALL=1 from the environment), a request of up to 16 KiB is a small object of the
+ * size class that fits it (16-byte steps to 128 bytes, then four classes per doubling), aligned to
+ * 16 bytes (align 0), or to align and its size (a power-of-two class), and FALLOW_ZERO zeroes it
+ * as calloc does; FALLOW_POPULATE and FALLOW_LOCK, or an alignment above 16 KiB, make it a page
+ * block. Larger requests are page blocks, page-aligned whatever align asks. */
 int fallow_alloc(fallow_allocator *a, size_t size, size_t align, unsigned flags, void **out);
 
-/* Free a block (EINVAL for an address that is not a live block, or a double free). */
+/* Free a block or small object (EINVAL for an address that is not a live block, one inside a
+ * small object or never handed out, or a double free: for small objects, the immediate one). */
 int fallow_free(fallow_allocator *a, void *p);
 
-/* Free a block, checking its size (EINVAL when it does not match the block's pages). */
+/* Free a block, checking its size (EINVAL when it does not match the block's pages; for a small
+ * object, when it is 0 or above its class size). */
 int fallow_free_sized(fallow_allocator *a, void *p, size_t size);
 
 /* Resize in place: *resized is 1 when done (shrinking always succeeds; growing needs the pages
- * after the block to be free), 0 when the caller must move the block. */
+ * after the block to be free), 0 when the caller must move the block. A small object is
+ * resized when new_size fits its class size (it stays where it is, nothing is given back). */
 int fallow_resize_in_place(fallow_allocator *a, void *p, size_t new_size, int *resized);
 
-/* Usable bytes of the live block at p (page-rounded), 0 if p is not one. */
+/* Usable bytes of the live block at p (page-rounded), or of the small object (its class size), 0
+ * if p is neither. */
 size_t fallow_usable_size(fallow_allocator *a, const void *p);
 
 /* 1 if p lies in a's reservation (a lock-free range check), else 0. */
 int fallow_owns(const fallow_allocator *a, const void *p);
 
 /* A snapshot of the statistics. fallow_stats_read fills the fields up to free_blocks (the struct
- * of earlier versions, so programs built against them keep working); fallow_stats_read_size fills
- * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats). */
+ * of the first version, so programs built against it keep working); fallow_stats_read_size fills
+ * min(size, sizeof(fallow_stats)) bytes: pass sizeof(fallow_stats) (a program built against an
+ * earlier header passes the size its struct had, up to pressure_reported_bytes or free_blocks,
+ * and gets that much). */
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 

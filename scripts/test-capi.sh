@@ -43,6 +43,13 @@ gcc -O2 -Wall -Werror -o "$out/capi_test_static" tests/c/capi_test.c -Iinclude t
 "$out/capi_test_static" > "$out/capi_static.log" || { cat "$out/capi_static.log"; fail "static C API test"; }
 echo "static: $(grep -c '^ok' "$out/capi_static.log") ok"
 
+step "C API test with small objects on (shared and static library)"
+gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_small_test" tests/c/capi_small_test.c $(pkg-config --cflags --libs fallow) -lpthread
+gcc -O2 -Wall -Werror -o "$out/capi_small_test_static" tests/c/capi_small_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
+"$out/capi_small_test"
+"$out/capi_small_test_static" > "$out/capi_small_static.log" || { cat "$out/capi_small_static.log"; fail "static C API small-object test"; }
+echo "static: $(grep -c '^ok' "$out/capi_small_static.log") ok"
+
 step "preload tests"
 so=$root/target/release/libfallow_preload.so
 gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl

@@ -3,7 +3,7 @@
 //! the same offsets. A figure added to the table's C part and not to the header (or the other way
 //! round), a field moved or an array resized fails here.
 
-use core_fallow::binding_support::{CField, C_FIELDS};
+use core_fallow::binding_support::{CField, C_FIELDS, C_STATS_V1_SIZE, C_STATS_V2_SIZE};
 
 use crate::FallowStats;
 
@@ -106,4 +106,20 @@ fn the_check_sees_a_field_on_one_side_only() {
         .replacen(&decl, &format!("uint64_t live_blocks;\n    {decl}"), 1);
     assert_ne!(declared(&moved), rust);
     assert_eq!(declared(HEADER), rust);
+}
+
+/// The older structs end where the header's fields of each later version begin: the memory
+/// limit's (`C_STATS_V1_SIZE`, what `fallow_stats_read` writes) and the small objects'
+/// (`C_STATS_V2_SIZE`), which sit after every figure of the versions before them.
+#[test]
+fn older_struct_sizes_end_where_the_header_adds_fields() {
+    let c = declared(HEADER);
+    let offset = |name: &str| c.iter().find(|f| f.name == name).unwrap_or_else(|| panic!("no {name} in fallow.h")).offset;
+    assert_eq!(C_STATS_V1_SIZE, offset("memory_limit_bytes"));
+    assert_eq!(C_STATS_V2_SIZE, offset("small_live_objects"));
+    let v2: Vec<&str> = c.iter().filter(|f| f.offset >= C_STATS_V2_SIZE && f.name != "(end)").map(|f| f.name.as_str()).collect();
+    let small =
+        ["small_live_objects", "small_live_bytes", "small_spans", "small_span_bytes", "small_spare_spans", "small_free_bytes"];
+    assert_eq!(v2, small, "the fields after the second version's struct");
+    assert!(C_STATS_V1_SIZE < C_STATS_V2_SIZE && C_STATS_V2_SIZE < core::mem::size_of::<FallowStats>());
 }

@@ -7,18 +7,23 @@
 //!   fixed thread-local buffer (`LAST_ERROR`, NUL-terminated, truncated to fit): no allocation on
 //!   the error path either.
 //! - Nothing here allocates on the alloc/free paths (the core does not either).
+//! - With small objects on (`Config::small_objects`: `FALLOW_CREATE_SMALL_OBJECTS`, or
+//!   `FALLOW_SMALL=1` from the environment) the allocation functions are the core's malloc-like
+//!   entry points (`Allocator::malloc`, `free_any`), as the preload's; off, `alloc` and `free`.
+//!
+//! `tunables`: the workers' tunables by name.
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
 
 use core::cell::UnsafeCell;
-use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::fmt::Write;
 use core::ptr;
 
 use core_fallow::binding_support::StackBuf;
-use core_fallow::{Allocator, Backing, Config, Error, Flags, MemoryLimit, ReportMode, Tunables};
+use core_fallow::{Allocator, Backing, Config, Error, Flags};
 
 #[cfg(test)]
 mod header_test;
@@ -28,6 +33,16 @@ pub const FALLOW_POPULATE: c_uint = 2;
 pub const FALLOW_LOCK: c_uint = 4;
 const ALL_FLAGS: c_uint = FALLOW_ZERO | FALLOW_POPULATE | FALLOW_LOCK;
 
+/// Options of `fallow_create_with_options` (may be or-ed): the `FALLOW_*` environment variables
+/// applied over the settings, and small objects on (`Config::small_objects`).
+pub const FALLOW_CREATE_FROM_ENV: c_uint = 1;
+pub const FALLOW_CREATE_SMALL_OBJECTS: c_uint = 2;
+const ALL_OPTIONS: c_uint = FALLOW_CREATE_FROM_ENV | FALLOW_CREATE_SMALL_OBJECTS;
+
+/// The alignment `fallow_alloc` gives for `align` 0 to an allocator with small objects on: every
+/// small object's (a page block is page-aligned whatever it is asked).
+const SMALL_NATURAL_ALIGN: usize = 16;
+
 const MSG_LEN: usize = 512;
 
 thread_local! {
@@ -35,7 +50,7 @@ thread_local! {
 }
 
 /// Record a failure: message into the thread-local buffer, `errno`, and the return code.
-fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
+pub(crate) fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
     let mut b = StackBuf::<MSG_LEN>::new();
     let _ = b.write_fmt(msg);
     LAST_ERROR.with(|cell| {
@@ -51,7 +66,7 @@ fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
     code
 }
 
-fn fail_with(e: Error) -> c_int {
+pub(crate) fn fail_with(e: Error) -> c_int {
     fail(e.errno(), format_args!("{e}"))
 }
 
@@ -214,8 +229,50 @@ pub unsafe extern "C" fn fallow_create_with_cache(
     from_env: c_int,
     out: *mut *mut Allocator,
 ) -> c_int {
+    let options = if from_env != 0 { FALLOW_CREATE_FROM_ENV } else { 0 };
+    // SAFETY: this function's contract is `create_with`'s.
+    unsafe { create_with(c, cache, options, out, "fallow_create_with_cache") }
+}
+
+/// `fallow_create_with_cache` with options instead of its `from_env`: `FALLOW_CREATE_FROM_ENV`
+/// (the environment over everything else, as `from_env`), `FALLOW_CREATE_SMALL_OBJECTS` (small
+/// objects on: `fallow_alloc` serves requests of up to 16 KiB as objects of the slab layer).
+/// Unknown bits are EINVAL. A flag word rather than a field of `fallow_config`, whose layout
+/// programs built against an older header rely on.
+///
+/// # Safety
+///
+/// As `fallow_create_with_cache`.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_create_with_options(
+    c: *const FallowConfig,
+    cache: *const FallowCacheConfig,
+    options: c_uint,
+    out: *mut *mut Allocator,
+) -> c_int {
+    // SAFETY: this function's contract is `create_with`'s.
+    unsafe { create_with(c, cache, options, out, "fallow_create_with_options") }
+}
+
+/// The two functions above.
+///
+/// # Safety
+///
+/// `c` and `cache` are null or point to readable, initialised structs of their types; `out` is
+/// null or points to a writable `fallow_allocator *`; with `FALLOW_CREATE_FROM_ENV`, no other
+/// thread changes the environment during the call.
+unsafe fn create_with(
+    c: *const FallowConfig,
+    cache: *const FallowCacheConfig,
+    options: c_uint,
+    out: *mut *mut Allocator,
+    func: &str,
+) -> c_int {
     if out.is_null() {
-        return fail(libc::EINVAL, format_args!("fallow_create_with_cache: out is NULL"));
+        return fail(libc::EINVAL, format_args!("{func}: out is NULL"));
+    }
+    if options & !ALL_OPTIONS != 0 {
+        return fail(libc::EINVAL, format_args!("{func}: unknown option bits {:#x}", options & !ALL_OPTIONS));
     }
     // SAFETY: `c` is null or a readable, initialised `FallowConfig` (this function's contract).
     let mut config = match unsafe { config_from_c(c) } {
@@ -228,7 +285,8 @@ pub unsafe extern "C" fn fallow_create_with_cache(
             return code;
         }
     }
-    if from_env != 0 {
+    config.small_objects = options & FALLOW_CREATE_SMALL_OBJECTS != 0;
+    if options & FALLOW_CREATE_FROM_ENV != 0 {
         config = core_fallow::binding_support::env::from_environment(config).config;
     }
     // SAFETY: `out` is not null (checked above) and writable (the contract).
@@ -237,8 +295,8 @@ pub unsafe extern "C" fn fallow_create_with_cache(
 
 /// `fallow_create` with the `FALLOW_*` environment variables applied over `c`: the preload
 /// library's parser (`binding_support::env`), so the same names, ranges and warnings on stderr
-/// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE`, `FALLOW_THP` and the
-/// `FALLOW_CACHE*` variables set the configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`,
+/// (one per bad value, naming the value used). `FALLOW_ARENA_SIZE`, `FALLOW_THP`, the
+/// `FALLOW_CACHE*` variables and `FALLOW_SMALL` set the configuration, `FALLOW_REPORT`, `FALLOW_REPORT_DELAY_MS`,
 /// `FALLOW_ZEROING`, `FALLOW_MEMORY_LIMIT` and `FALLOW_PRESSURE` the tunables; `FALLOW_THRESHOLD`
 /// and `FALLOW_STATS` concern the preload only and are just checked.
 ///
@@ -286,6 +344,10 @@ macro_rules! handle {
     };
 }
 
+// After `handle!`, which it uses.
+mod tunables;
+pub use tunables::{fallow_get_tunable, fallow_set_tunable};
+
 /// # Safety
 ///
 /// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
@@ -305,8 +367,18 @@ pub unsafe extern "C" fn fallow_alloc(
     if flags & !ALL_FLAGS != 0 {
         return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
     }
-    let align = if align == 0 { core_fallow::binding_support::PAGE_SIZE } else { align };
-    match a.alloc(size, align, Flags(flags)) {
+    // With small objects on, `Allocator::malloc`: up to 16 KiB an object of the slab layer
+    // (`POPULATE` and `LOCK` make it a page block), above a page block. Zero bytes stay an
+    // error, as without (`malloc` would serve them as one byte).
+    let r = if !a.config().small_objects {
+        let align = if align == 0 { core_fallow::binding_support::PAGE_SIZE } else { align };
+        a.alloc(size, align, Flags(flags))
+    } else if size == 0 {
+        Err(Error::ZeroSize)
+    } else {
+        a.malloc(size, if align == 0 { SMALL_NATURAL_ALIGN } else { align }, Flags(flags))
+    };
+    match r {
         Ok(p) => {
             // SAFETY: `out` is not null (checked above) and writable (the contract).
             unsafe { *out = p.as_ptr() as *mut c_void };
@@ -327,7 +399,10 @@ pub unsafe extern "C" fn fallow_alloc(
 #[no_mangle]
 pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int {
     let a = handle!(a, "fallow_free");
-    match a.free(p as *mut u8) {
+    // With small objects on, either kind (`free_any`); without, `free` keeps the page layer's
+    // hit path inline.
+    let r = if a.config().small_objects { a.free_any(p as *mut u8) } else { a.free(p as *mut u8) };
+    match r {
         Ok(()) => 0,
         Err(e) => fail_with(e),
     }
@@ -340,9 +415,26 @@ pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int
 #[no_mangle]
 pub unsafe extern "C" fn fallow_free_sized(a: *mut Allocator, p: *mut c_void, size: usize) -> c_int {
     let a = handle!(a, "fallow_free_sized");
-    match a.free_sized(p as *mut u8, size) {
+    let r = match small_object_size(a, p) {
+        // A small object holds its class size; any size from 1 to it may have asked for it.
+        Some(actual) if size == 0 || size > actual => Err(Error::SizeMismatch { addr: p as usize, given: size, actual }),
+        Some(_) => a.free_any(p as *mut u8),
+        None => a.free_sized(p as *mut u8, size),
+    };
+    match r {
         Ok(()) => 0,
         Err(e) => fail_with(e),
+    }
+}
+
+/// The class size of the small object at `p`, if small objects are on and `p` is the start of
+/// one (handed out once: whether it is live is not known here, as for `usable_size`); `None`
+/// sends `p` to the page calls, which check it.
+fn small_object_size(a: &Allocator, p: *const c_void) -> Option<usize> {
+    if a.config().small_objects {
+        a.small_usable_size(p as *const u8)
+    } else {
+        None
     }
 }
 
@@ -359,7 +451,14 @@ pub unsafe extern "C" fn fallow_resize_in_place(
     resized: *mut c_int,
 ) -> c_int {
     let a = handle!(a, "fallow_resize_in_place");
-    match a.resize_in_place(p as *mut u8, new_size) {
+    let r = match small_object_size(a, p) {
+        // A small object stays in its class: in place iff the new size fits it (nothing moves
+        // and nothing is given back).
+        Some(_) if new_size == 0 => Err(Error::ZeroSize),
+        Some(class) => Ok(new_size <= class),
+        None => a.resize_in_place(p as *mut u8, new_size),
+    };
+    match r {
         Ok(done) => {
             if !resized.is_null() {
                 // SAFETY: not null (just checked) and writable (the contract).
@@ -463,164 +562,6 @@ pub unsafe extern "C" fn fallow_cache_config_read(a: *mut Allocator, out: *mut F
     };
     *out = FallowCacheConfig::of(a.config());
     0
-}
-
-/// The tunables of the background workers, by their C name.
-const TUNABLES: [&str; 14] = [
-    "report",
-    "report_order",
-    "report_delay_ms",
-    "report_batch",
-    "resident_free_min",
-    "report_mode",
-    "zeroing",
-    "zero_order",
-    "zero_chunk",
-    "zero_delay_ms",
-    "zeroed_reserve",
-    "populated_reserve",
-    "memory_limit",
-    "pressure",
-];
-
-/// `memory_limit` as a `uint64_t`: 0 off, `UINT64_MAX` auto (the cgroup's), else bytes.
-const LIMIT_OFF: u64 = 0;
-const LIMIT_AUTO: u64 = u64::MAX;
-
-/// The tunable `name` names, or the error (EINVAL, message set) for `func` to return.
-///
-/// # Safety
-/// `name` is null or a NUL-terminated string readable up to its NUL (the contract of the C
-/// functions that call this).
-unsafe fn tunable_name(name: *const c_char, func: &str) -> Result<&'static str, c_int> {
-    if name.is_null() {
-        return Err(fail(libc::EINVAL, format_args!("{func}: name is NULL")));
-    }
-    // SAFETY: not null (checked above), and NUL-terminated and readable by this function's
-    // contract; the bytes are only used within this call.
-    let n = unsafe { CStr::from_ptr(name) }.to_bytes();
-    match TUNABLES.iter().find(|t| t.as_bytes() == n) {
-        Some(t) => Ok(t),
-        None => Err(fail(
-            libc::EINVAL,
-            format_args!("{func}: unknown tunable {:?}", core::str::from_utf8(n).unwrap_or("<not utf-8>")),
-        )),
-    }
-}
-
-/// Read one tunable as the C API's `uint64_t`.
-fn get_field(t: &Tunables, name: &str) -> u64 {
-    match name {
-        "report" => t.report as u64,
-        "report_order" => t.report_order as u64,
-        "report_delay_ms" => t.report_delay_ms as u64,
-        "report_batch" => t.report_batch as u64,
-        "resident_free_min" => t.resident_free_min as u64,
-        "report_mode" => match t.report_mode {
-            ReportMode::Auto => 0,
-            ReportMode::DontNeed => 1,
-            ReportMode::Free => 2,
-            ReportMode::Punch => 3,
-        },
-        "zeroing" => t.zeroing as u64,
-        "zero_order" => t.zero_order as u64,
-        "zero_chunk" => t.zero_chunk as u64,
-        "zero_delay_ms" => t.zero_delay_ms as u64,
-        "zeroed_reserve" => t.zeroed_reserve as u64,
-        "memory_limit" => match t.memory_limit {
-            MemoryLimit::Off => LIMIT_OFF,
-            MemoryLimit::Auto => LIMIT_AUTO,
-            MemoryLimit::Bytes(n) => n,
-        },
-        "pressure" => t.pressure as u64,
-        _ => t.populated_reserve as u64, // "populated_reserve" (names are checked before)
-    }
-}
-
-/// Write one tunable from a `uint64_t`; values that do not fit the field are out of range.
-fn set_field(t: &mut Tunables, name: &'static str, v: u64) -> Result<(), Error> {
-    let range = |message| Error::Config { setting: name, message };
-    let flag = |v: u64| match v {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(range("must be 0 (off) or 1 (on)")),
-    };
-    let small = |v: u64| u8::try_from(v).map_err(|_| range("must be between 0 and 30"));
-    let size = |v: u64| usize::try_from(v).map_err(|_| range("too large"));
-    match name {
-        "report" => t.report = flag(v)?,
-        "report_order" => t.report_order = small(v)?,
-        "report_delay_ms" => t.report_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
-        "report_batch" => t.report_batch = u32::try_from(v).map_err(|_| range("must be between 1 and 256 blocks"))?,
-        "resident_free_min" => t.resident_free_min = size(v)?,
-        "report_mode" => {
-            t.report_mode = match v {
-                0 => ReportMode::Auto,
-                1 => ReportMode::DontNeed,
-                2 => ReportMode::Free,
-                3 => ReportMode::Punch,
-                _ => return Err(range("must be 0 (auto), 1 (dontneed), 2 (free) or 3 (punch)")),
-            }
-        }
-        "zeroing" => t.zeroing = flag(v)?,
-        "zero_order" => t.zero_order = small(v)?,
-        "zero_chunk" => t.zero_chunk = size(v)?,
-        "zero_delay_ms" => t.zero_delay_ms = u32::try_from(v).map_err(|_| range("must be between 0 and 3600 s"))?,
-        "zeroed_reserve" => t.zeroed_reserve = size(v)?,
-        "memory_limit" => {
-            t.memory_limit = match v {
-                LIMIT_OFF => MemoryLimit::Off,
-                LIMIT_AUTO => MemoryLimit::Auto,
-                n => MemoryLimit::Bytes(n),
-            }
-        }
-        "pressure" => t.pressure = flag(v)?,
-        _ => t.populated_reserve = size(v)?,
-    }
-    Ok(())
-}
-
-/// # Safety
-///
-/// `a` is null or a live handle from `fallow_create`; `name` is null or a NUL-terminated
-/// string readable up to its NUL.
-#[no_mangle]
-pub unsafe extern "C" fn fallow_set_tunable(a: *mut Allocator, name: *const c_char, value: u64) -> c_int {
-    let a = handle!(a, "fallow_set_tunable");
-    // SAFETY: `name` is null or a readable NUL-terminated string (this function's contract), as
-    // `tunable_name` requires.
-    let name = match unsafe { tunable_name(name, "fallow_set_tunable") } {
-        Ok(t) => t,
-        Err(code) => return code,
-    };
-    let mut t = a.tunables();
-    match set_field(&mut t, name, value).and_then(|()| a.set_tunables(t)) {
-        Ok(()) => 0,
-        Err(e) => fail_with(e),
-    }
-}
-
-/// # Safety
-///
-/// `a` is null or a live handle from `fallow_create`; `name` is null or a NUL-terminated
-/// string readable up to its NUL; `value` is null or points to a writable `uint64_t`.
-#[no_mangle]
-pub unsafe extern "C" fn fallow_get_tunable(a: *mut Allocator, name: *const c_char, value: *mut u64) -> c_int {
-    let a = handle!(a, "fallow_get_tunable");
-    if value.is_null() {
-        return fail(libc::EINVAL, format_args!("fallow_get_tunable: value is NULL"));
-    }
-    // SAFETY: `name` is null or a readable NUL-terminated string (this function's contract), as
-    // `tunable_name` requires.
-    match unsafe { tunable_name(name, "fallow_get_tunable") } {
-        Ok(t) => {
-            let v = get_field(&a.tunables(), t);
-            // SAFETY: `value` is not null (checked above) and writable (the contract).
-            unsafe { *value = v };
-            0
-        }
-        Err(code) => code,
-    }
 }
 
 #[no_mangle]

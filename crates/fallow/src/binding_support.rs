@@ -64,4 +64,4 @@ pub use crate::nt::{calibrate as calibrate_nt, threshold as nt_threshold};
 
 /// The C mirror of `Stats` (`struct fallow_stats`), its layout field by field, and the list of
 /// every figure with its unit: all from the one table in `stats.rs`.
-pub use crate::stats::{CField, CStats, Unit, C_FIELDS, C_STATS_V1_SIZE, FIELDS};
+pub use crate::stats::{CField, CStats, Unit, C_FIELDS, C_STATS_V1_SIZE, C_STATS_V2_SIZE, FIELDS};

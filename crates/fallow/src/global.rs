@@ -22,6 +22,10 @@
 //! - Requests above the largest fallow block, or with an alignment above it, go to the system.
 //! - A bad pointer given to `dealloc` or `realloc` aborts through `message::fatal`, the
 //!   preload's path too.
+//! - `fork`: the allocator is registered, before it is published, with the process's `fork`
+//!   handlers (`fork.rs`: registered with `pthread_atfork` at load time), which lock it around
+//!   every `fork` and reset it in the child, so that a threaded program can `fork` and allocate
+//!   in the child.
 //!
 //! `FallowAlloc` reads no environment variable: its threshold and configuration are the
 //! program's (`with_config`).
@@ -38,6 +42,8 @@ use crate::flags::Flags;
 use crate::message::fatal;
 use crate::os::PAGE_SIZE;
 use crate::start::{Entry, StartGate};
+
+mod fork;
 
 /// A process-wide allocator created on first use: a [`StartGate`] and the slot it guards, the one
 /// start-up of `FallowAlloc` and of the preload library's `malloc`. Nothing here allocates but
@@ -167,7 +173,10 @@ impl FallowAlloc {
             Some(a) => Some(a),
             None => {
                 let make = || Allocator::new(self.config.clone().unwrap_or_default()).ok();
-                self.lazy.get_or_create(make, |_, _| {})
+                // Locked around `fork` from before any other thread can use it.
+                self.lazy.get_or_create(make, |a, _| {
+                    fork::register(a);
+                })
             }
         }
     }

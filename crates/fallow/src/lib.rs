@@ -28,7 +28,8 @@
 //! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
 //! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls;
 //! - `global`: `LazyAllocator` (a process-wide allocator created on first use) and `FallowAlloc`,
-//!   a `GlobalAlloc` (large requests to fallow, small to the system);
+//!   a `GlobalAlloc` (large requests to fallow, small to the system, or to the slab layer), with
+//!   the `fork` handlers that lock its allocators;
 //!   `binding_support`: the few internals that fallow's other crates and examples use.
 //!
 //! ```

@@ -10,8 +10,8 @@
 //! The table has two parts. `c`: the figures of `struct fallow_stats`, in its order, which is
 //! ABI (a program built against an older header passes a struct of that size, so a figure added
 //! there goes at its end, read by `fallow_stats_read_size`, which takes the caller's size;
-//! `fallow_stats_read` fills the struct up to `C_STATS_V1_SIZE` bytes only). `rust`: the
-//! figures only `Stats` has.
+//! `fallow_stats_read` fills the struct up to `C_STATS_V1_SIZE` bytes only; `C_STATS_V2_SIZE` is
+//! the struct before the small objects' figures). `rust`: the figures only `Stats` has.
 
 use core::fmt::{self, Write};
 
@@ -164,6 +164,22 @@ macro_rules! stats_table {
         pressure_events: Count,
         /// Bytes given back before their reporting delay because of memory pressure.
         pressure_reported_bytes: Bytes,
+        // From here on: the small objects' figures, filled by `fallow_stats_read_size` given a
+        // struct of this size (a smaller one, `C_STATS_V2_SIZE` bytes, is the struct as it was
+        // before them).
+        /// Small objects (the slab layer, `Allocator::malloc`) live, and their bytes (class
+        /// sizes): handed out and not yet back with their span's owner (one another thread
+        /// freed counts until the owner collects it, at its next look at that span).
+        small_live_objects: Count,
+        small_live_bytes: Bytes,
+        /// Spans (page blocks cut into small objects; counted in `bytes_in_use` as live
+        /// blocks) held by the slab layer, and their bytes; of them, spare ones (empty, one kept
+        /// per class and thread heap).
+        small_spans: Count,
+        small_span_bytes: Bytes,
+        small_spare_spans: Count,
+        /// Bytes of spans in no live small object: free objects, never-used ones, span tails.
+        small_free_bytes: Bytes,
     }
     rust {
         /// Reserved address space never used: free pages never touched (a lower bound: those
@@ -196,19 +212,6 @@ macro_rules! stats_table {
         busy_cpu_naps: Count,
         /// Times the zeroing worker looked for work under the lock (its MEASURE step).
         zero_scans: Count,
-        /// Small objects (the slab layer, `Allocator::malloc`) live, and their bytes (class
-        /// sizes): handed out and not yet back with their span's owner (one another thread
-        /// freed counts until the owner collects it, at its next look at that span).
-        small_live_objects: Count,
-        small_live_bytes: Bytes,
-        /// Spans (page blocks cut into small objects; counted in `bytes_in_use` as live
-        /// blocks) held by the slab layer, and their bytes; of them, spare ones (empty, one kept
-        /// per class and thread heap).
-        small_spans: Count,
-        small_span_bytes: Bytes,
-        small_spare_spans: Count,
-        /// Bytes of spans in no live small object: free objects, never-used ones, span tails.
-        small_free_bytes: Bytes,
     }
     } };
 }
@@ -272,6 +275,10 @@ stats_table!(define_stats);
 /// The size of `struct fallow_stats` before the memory limit's figures were added: what
 /// `fallow_stats_read` writes (a program built against that header passes a struct this large).
 pub const C_STATS_V1_SIZE: usize = core::mem::offset_of!(CStats, memory_limit_bytes);
+/// The size of `struct fallow_stats` with the memory limit's figures and before the small
+/// objects' were added (a program built against that header passes it to
+/// `fallow_stats_read_size`, which fills that much).
+pub const C_STATS_V2_SIZE: usize = core::mem::offset_of!(CStats, small_live_objects);
 
 /// How a field of `Stats` is printed on its line (the tables are printed apart, by
 /// `write_buddyinfo`).

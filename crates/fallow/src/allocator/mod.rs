@@ -224,9 +224,12 @@ impl Allocator {
         unsafe { self.shared.free_reported(ptr as usize) }
     }
 
-    /// A small object's class size, if `ptr` is the start of a small object (`FallowAlloc`'s
-    /// `realloc` keeps such an object in place while the new size fits its class).
-    pub(crate) fn small_usable_size(&self, ptr: *const u8) -> Option<usize> {
+    /// A small object's class size, if `ptr` is the start of a small object handed out at some
+    /// time (whether it is still live is not checked, as for `usable_size`); `None` for anything
+    /// else, page blocks included. `FallowAlloc`'s `realloc` keeps such an object in place while
+    /// the new size fits its class; the C library's `fallow_free_sized` and
+    /// `fallow_resize_in_place` answer for small objects by it.
+    pub fn small_usable_size(&self, ptr: *const u8) -> Option<usize> {
         let addr = ptr as usize;
         match self.slab.find(addr) {
             Found::Span(s) => self.slab.usable_size_in(s, addr),
