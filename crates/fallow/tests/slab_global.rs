@@ -5,46 +5,13 @@
 //! them live, which the main thread then frees.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use std::alloc::{GlobalAlloc, Layout};
-use std::sync::{mpsc, OnceLock};
+mod global_shim;
 
-use fallow::{Config, FallowAlloc, Tunables};
+use std::sync::mpsc;
 
-/// The process-wide `FallowAlloc`, made at the first request (its configuration is not a
-/// constant); making it allocates nothing.
-struct Global(OnceLock<FallowAlloc>);
+use fallow::{Config, Tunables};
 
-impl Global {
-    fn get(&self) -> &FallowAlloc {
-        self.0.get_or_init(|| {
-            let config = Config { arena_size: 1 << 30, tunables: Tunables::off(), small_objects: true, ..Config::default() };
-            FallowAlloc::with_config(256 << 10, config)
-        })
-    }
-}
-
-// SAFETY: every call is passed on unchanged to one `FallowAlloc`, itself a `GlobalAlloc`.
-unsafe impl GlobalAlloc for Global {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.get().alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as above.
-        unsafe { self.get().alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: as above.
-        unsafe { self.get().dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        // SAFETY: as above.
-        unsafe { self.get().realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static A: Global = Global(OnceLock::new());
+fallow_global!(Config { arena_size: 1 << 30, tunables: Tunables::off(), small_objects: true, ..Config::default() });
 
 #[test]
 fn threads_allocate_exchange_and_exit_through_the_slab() {

@@ -7,46 +7,14 @@
 //! while another thread held one of those locks waits for it forever.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use std::alloc::{GlobalAlloc, Layout};
+mod global_shim;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use fallow::{Config, FallowAlloc};
+use fallow::Config;
 
-/// The process-wide `FallowAlloc`, made at the first request (its configuration is not a
-/// constant); making it allocates nothing.
-struct Global(OnceLock<FallowAlloc>);
-
-impl Global {
-    fn get(&self) -> &FallowAlloc {
-        self.0.get_or_init(|| {
-            FallowAlloc::with_config(256 << 10, Config { arena_size: 1 << 30, small_objects: true, ..Config::default() })
-        })
-    }
-}
-
-// SAFETY: every call is passed on unchanged to one `FallowAlloc`, itself a `GlobalAlloc`.
-unsafe impl GlobalAlloc for Global {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.get().alloc(l) }
-    }
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as above.
-        unsafe { self.get().alloc_zeroed(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: as above.
-        unsafe { self.get().dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        // SAFETY: as above.
-        unsafe { self.get().realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static A: Global = Global(OnceLock::new());
+fallow_global!(Config { arena_size: 1 << 30, small_objects: true, ..Config::default() });
 
 const FORKS: usize = 150;
 /// How long the parent waits for a child before it calls it stuck (a child's work takes
