@@ -228,6 +228,25 @@ fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
 }
 
 #[test]
+fn a_refill_judges_a_block_by_its_live_pages_not_its_slack() {
+    let a = small_high_mark();
+    // 300 KiB requests freed by another thread, with no other free memory: each next request's
+    // block is the last one's, whose slack (pages 75..128) was never touched and still reads as
+    // never used. Judged whole it would be a block mostly not resident, left to the locked path;
+    // its live pages are all resident, so the cache serves it again, with its slack.
+    let len = 300 * KIB;
+    for i in 0..(4 * online_cpus() + 8) {
+        let p = take_written(&a, len, false, i as u8 + 1) as usize;
+        let s = a.stats();
+        assert!(s.slack_bytes > 0, "block {i} was served without slack: {s}");
+        std::thread::scope(|t| {
+            t.spawn(|| a.free(p as *mut u8).unwrap());
+        });
+    }
+    check(&a);
+}
+
+#[test]
 fn small_requests_after_a_large_free_stay_in_the_cache() {
     let a = allocator();
     take_and_free(&a, 5 * MIB, false, 1);

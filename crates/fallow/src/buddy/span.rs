@@ -14,7 +14,7 @@
 //! block of one of the classes asked for), as TCMalloc's page heap takes the best-fitting span.
 //! A run's length counts its pages below `used_end` only (the never-used rest of the arena is no
 //! fit, as glibc's top chunk is not), and the placement taking the fewest pages that are not
-//! resident (reported, or never used) wins first.
+//! resident (reported, lazily freed or never used) wins first.
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, one per possible
@@ -36,7 +36,7 @@
 //! side (one record read a step forward, one per possible order backward), and at most
 //! `SEEDS_WALKED` seeds looked at.
 
-use super::{Buddy, Taken};
+use super::{suits, Buddy, Taken};
 use crate::page::{Class, StateCounts, NIL};
 
 /// Runs measured per take.
@@ -52,10 +52,9 @@ impl Buddy {
     /// `classes` of order at least `order - 2` (`order`: the one `npages` rounds up to), placed
     /// to cover that block (its best part, `best_part`) where it can: fewest pages not resident,
     /// then the shortest run (its used part), then the lowest place. `None` when no such run exists (see the top).
-    pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class]) -> Option<Taken> {
+    pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class], zero: bool) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
-        let zero = classes.first() == Some(&Class::Zeroed);
         // (non-resident pages taken, run length, start of the request)
         let mut best: Option<(u32, u32, u32)> = None;
         // The runs already measured: a seed inside one of them gives the same run.
@@ -90,6 +89,12 @@ impl Buddy {
                     // its own way).
                     if let Some(at) = place(start, end, part, part_len, npages, align) {
                         let len = end.min(self.used_end).saturating_sub(start);
+                        // A placement no better than the best even with every page resident
+                        // (another seed of a run already measured, mostly) is not counted.
+                        if best.is_some_and(|b| (0, len, at) >= b) {
+                            seed = self.meta(seed).next();
+                            continue;
+                        }
                         let c = self.count_states(at, npages);
                         let absent = c.reported + c.lazy;
                         if best.is_none_or(|b| (absent, len, at) < b) {
@@ -109,39 +114,53 @@ impl Buddy {
         Some(Taken { pfn: at, npages, counts })
     }
 
-    /// `take_preferring_hot` without the hot choice, for a request that wants resident memory:
-    /// the first listed block of `classes` that fits, only if the part a split would keep holds
-    /// at most an eighth of `npages` in pages that are not resident. A block of a resident class
-    /// is one with a resident page at least: merged from resident and reported parts, a large
-    /// one is listed `Dirty` while most of it is reported, and a split of it would fault memory
-    /// in while resident pages lay free elsewhere, in a run the locked path can take
-    /// (`take_best_run`). `None` when no such block is listed.
-    pub fn take_resident(&mut self, npages: u32, order: u8, classes: &[Class], zero: bool) -> Option<Taken> {
-        debug_assert!(npages <= 1 << order && order <= self.max_order);
+    /// `take_preferring_hot` without the hot choice, for a request of `live` pages (the rest of
+    /// the block of `order` is slack) that wants resident memory, from a cache refill: the first
+    /// listed block of `classes` that fits, class by class, whose part a split would keep has at
+    /// most an eighth of `live` in pages that are not resident. A block of a resident class is
+    /// one with a resident page at least: merged from resident and reported parts, a large one is
+    /// listed `Dirty` while most of it is reported, and a split of it would fault memory in while
+    /// resident pages lay free elsewhere, in a run the locked path can take (`take_best_run`).
+    /// When no other block could hold the request's resident pages (the arena lists fewer than
+    /// `live` resident pages beside the first block found), that block is taken anyway: the
+    /// locked path would find nothing better. `None`: a refill leaves the request to the locked
+    /// path.
+    pub fn take_resident(&mut self, live: u32, order: u8, classes: &[Class], zero: bool) -> Option<Taken> {
+        let n = 1u32 << order;
+        debug_assert!(live <= n && order <= self.max_order);
         self.merge_deferred_below(order);
-        let pfn = classes.iter().find_map(|&c| self.first_fit(c, order))?;
-        let (part, len) = self.best_part(pfn, self.meta(pfn).word().order(), order, zero);
-        let c = self.count_states(part, len.min(npages));
-        if c.reported + c.lazy > npages / 8 {
-            return None;
+        let mut first = None;
+        for &class in classes {
+            let Some(pfn) = self.first_fit(class, order) else { continue };
+            let from = self.meta(pfn).word().order();
+            let (part, _) = self.best_part(pfn, from, order, zero);
+            let c = self.count_states(part, live);
+            if c.reported + c.lazy <= live / 8 {
+                return Some(self.carve(pfn, order, n, zero));
+            }
+            first.get_or_insert((pfn, from));
         }
-        Some(self.carve(pfn, order, npages, zero))
+        let (pfn, from) = first?;
+        let c = self.meta(pfn).counts();
+        let resident = (1u64 << from) - (c.reported + c.lazy) as u64;
+        if self.listed().resident_pages() - resident < live as u64 {
+            return Some(self.carve(pfn, order, n, zero));
+        }
+        None
     }
 
     /// The part of the free block `(pfn, from)` a request of `order` should cover: the block
     /// itself if it is no larger or holds one state, else the aligned block of `order` inside it
-    /// reached by keeping, at each halving, the half with more of the pages the request prefers
-    /// (as `carve` splits: zeroed ones for a `ZERO` request, dirty ones otherwise, resident ones
-    /// before reported ones). Reads the half records only; changes nothing.
+    /// that a split keeps (`carve`: at each halving, the half that `suits` the request better).
+    /// Reads the half records only; changes nothing.
     fn best_part(&self, mut pfn: u32, from: u8, order: u8, zero: bool) -> (u32, u32) {
         let mut counts = self.meta(pfn).counts();
         let mut cur = from;
-        let score = |c: StateCounts, n: u32| if zero { 2 * c.zeroed + c.dirty(n) } else { 2 * c.dirty(n) + c.zeroed };
-        while cur > order && counts.uniform_state(1 << cur).is_none() && counts.dirty(1 << cur) != 1 << cur {
+        while cur > order && counts.uniform_state(1 << cur).is_none() {
             let (low, high) = self.halves(pfn, cur, counts);
             cur -= 1;
             let half = 1u32 << cur;
-            if score(high, half) > score(low, half) {
+            if suits(high, half, zero) > suits(low, half, zero) {
                 pfn += half;
                 counts = high;
             } else {

@@ -59,9 +59,10 @@ impl Entries<'_> {
 
     /// Move up to a batch of blocks of `order` from the free lists into the cache, under one hold
     /// of the lock (first obeying a drain request, and draining the cache to half its high mark
-    /// if the batch has no room).
+    /// if the batch has no room). `live`: the pages of the request that the first block will
+    /// serve (the rest of it is slack, whose pages do not count in how resident it is).
     #[cold]
-    pub(super) fn refill(&self, a: &Arc<Shared>, order: u8, zero: bool) {
+    pub(super) fn refill(&self, a: &Arc<Shared>, order: u8, live: u32, zero: bool) {
         let o = order as usize;
         let n = 1u32 << order;
         let now = a.now_ms();
@@ -123,7 +124,7 @@ impl Entries<'_> {
                     }
                 }
                 let t = if resident_only {
-                    ar.take_resident(n, order, classes, zero)
+                    ar.take_resident(if got == 0 { live } else { n }, order, classes, zero)
                 } else {
                     ar.take_preferring_hot(n, order, classes, zero, None)
                 };

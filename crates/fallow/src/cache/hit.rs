@@ -82,7 +82,7 @@ impl Entries<'_> {
         loop {
             let (e, mixed) = match self.pop(o, zero) {
                 Some(x) => x,
-                None => self.alloc_slow(a, order, zero)?,
+                None => self.alloc_slow(a, order, live, zero)?,
             };
             let v = a.view(e.arena());
             let (pfn, m) = v.record(e.addr());
@@ -152,8 +152,8 @@ impl Entries<'_> {
     /// Empty stacks: refill (obeying a drain request first), pop again.
     #[cold]
     #[inline(never)]
-    pub(super) fn alloc_slow(&self, a: &Arc<Shared>, order: u8, zero: bool) -> Option<(Entry, Mixed)> {
-        self.refill(a, order, zero);
+    pub(super) fn alloc_slow(&self, a: &Arc<Shared>, order: u8, live: u32, zero: bool) -> Option<(Entry, Mixed)> {
+        self.refill(a, order, live, zero);
         self.pop(order as usize, zero)
     }
 

@@ -287,10 +287,10 @@ impl Heap {
                 let size_order = npages.next_power_of_two().trailing_zeros() as u8;
                 if zero && a.listed().counts.zeroed >= npages {
                     a.take_preferring_hot(npages, order, &[Class::Zeroed], zero, hot_since)
-                        .or_else(|| a.take_best_run(npages, size_order, align, resident))
+                        .or_else(|| a.take_best_run(npages, size_order, align, resident, zero))
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 } else {
-                    a.take_best_run(npages, size_order, align, resident)
+                    a.take_best_run(npages, size_order, align, resident, zero)
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 }
                 .or_else(|| a.take_preferring_hot(npages, order, reported, zero, None))
