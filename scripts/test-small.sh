@@ -55,6 +55,7 @@ expect_abort() {
     echo "ok abort $kind: $(head -1 "$out/abort_$kind.log")"
 }
 expect_abort double '^fallow: free(): double free 0x'
+expect_abort remote_double '^fallow: free(): double free 0x'
 expect_abort interior '^fallow: free(): invalid pointer 0x.* (inside the live block at 0x'
 expect_abort never '^fallow: free(): invalid pointer 0x.* (not a live block)'
 expect_abort realloc_interior '^fallow: realloc(): invalid pointer 0x'
