@@ -223,17 +223,29 @@ impl ThreadHeap {
             }
             // SAFETY: a head other than `EMPTY` is a listed span of this heap.
             let s = unsafe { &*sp };
-            if let Some(o) = s.pop() {
-                return Got::Object(o, false);
-            }
-            s.collect();
-            if let Some(o) = s.pop() {
-                return Got::Object(o, false);
-            }
-            if let Some((o, reads_zero)) = s.take_fresh(zero) {
+            let got = match s.pop() {
+                Some(o) => Some((o, false)),
+                None => {
+                    s.collect();
+                    s.pop().map(|o| (o, false)).or_else(|| s.take_fresh(zero))
+                }
+            };
+            if let Some((o, reads_zero)) = got {
+                s.skipped.set(false);
                 return Got::Object(o, reads_zero);
             }
-            // Full: park it (or, if a push came first, collect that at the next turn).
+            // Full. Found full for the first time since it last gave an object, with another
+            // span listed: to the tail, still listed, so that the owner's frees into it meanwhile
+            // take the hot path (a parked span's first one costs an unpark) and it needs no park.
+            // Found full again: park it (or, if a push came first, collect that at the next
+            // turn). A span is so looked at, full, at most twice before it is parked.
+            if !s.skipped.get() && !s.next.get().is_null() {
+                s.skipped.set(true);
+                self.unlink(s);
+                self.push_tail(s);
+                continue;
+            }
+            s.skipped.set(false);
             if s.try_park() {
                 self.park(s);
             }

@@ -65,6 +65,9 @@ pub(crate) struct Span {
     pub(crate) place: Cell<u8>,
     /// Objects from `fresh` up were never handed out; with `zeroed` they read zero.
     pub(crate) zeroed: Cell<bool>,
+    /// The owner's slow path found the span full and moved it to the tail of its class list
+    /// instead of parking it, and has taken no object from it since (heap.rs, `alloc`).
+    pub(crate) skipped: Cell<bool>,
     /// End of the last whole object.
     pub(crate) end: Cell<usize>,
     /// Links of the owner's list this span is on (class list or full list).
@@ -115,6 +118,7 @@ impl Span {
             class: Cell::new(0),
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
+            skipped: Cell::new(false),
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
@@ -151,6 +155,7 @@ impl Span {
         // On no list until `ThreadHeap::install` lists it.
         self.place.set(LEAVING);
         self.zeroed.set(zeroed);
+        self.skipped.set(false);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());
