@@ -33,8 +33,8 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use fallow::binding_support::fatal;
-use fallow::{Allocator, Error, Flags, FreeHot, RemoteFree};
+use fallow::binding_support::{fatal, FreeHot, RemoteFree};
+use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
 use crate::process::{self, for_request, owner};

@@ -83,7 +83,7 @@ pub mod loom_support {
 pub use config::{Backing, Config, MemoryLimit, ReportMode, Tunables};
 pub use error::Error;
 pub use global::FallowAlloc;
-pub use allocator::{Allocator, FreeHot, RemoteFree};
+pub use allocator::Allocator;
 pub use flags::Flags;
 pub use page::PageState;
 pub use stats::Stats;
