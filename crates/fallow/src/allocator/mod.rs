@@ -185,6 +185,7 @@ impl Allocator {
     /// and `RemoteFree::finish` (one call) pushes it, without the second lookup and checks of
     /// `free_cold`. A binding keeps its hot path without a frame by making each outcome's next
     /// step its last (a return, or a call in tail position). Inline, with no call.
+    ///
     /// For bindings (`binding_support::FreeHot`), hidden from the documentation as that module.
     #[doc(hidden)]
     #[inline(always)]

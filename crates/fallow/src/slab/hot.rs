@@ -57,7 +57,7 @@ impl Slab {
     /// checks, nothing changed: the caller's next step is `free_remote_out`, in tail position
     /// (a call whose result the caller still had to test would give it a frame, and the owner's
     /// path with it), without `free_in`'s second lookup and checks (about 150 instructions a
-    /// remote free from the preload's `free` with them, 75 without).
+    /// remote free from the preload's `free` with them, 83 without).
     #[inline(always)]
     pub(crate) fn free_local(&self, s: &Span, addr: usize) -> Freed {
         let start = s.start.load(Relaxed);
