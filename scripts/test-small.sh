@@ -3,7 +3,7 @@
 # again (tests/c/preload_test.c), the small-object tests (tests/preload/small_test.c), the bad
 # frees that must abort with fallow's message, real programs whose output must match their run
 # without the preload, and numpy's numpy._core part as test-capi runs it (with the .venv that
-# test-capi makes). About a minute, three more with numpy. Run from anywhere; needs gcc and python3.
+# test-capi makes). About a minute, three more with numpy. Run from anywhere; needs gcc, g++ and python3.
 #   SKIP_NUMPY=1 scripts/test-small.sh   without the numpy part
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ cargo build --release -p fallow-preload
 so=$root/target/release/libfallow_preload.so
 gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
 gcc -O2 -g -Wall -Werror -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/small_test" tests/preload/small_test.c -lpthread -ldl
+g++ -O2 -g -Wall -Werror -o "$out/cxx_test" tests/preload/cxx_test.cpp
 
 step "the preload's C tests with FALLOW_SMALL=1"
 export FALLOW_SMALL=1
@@ -39,6 +40,10 @@ tests/preload/redis_check.sh "$so" "$out/redis"
 step "small objects"
 LD_PRELOAD=$so "$out/small_test"
 
+step "C++ operator new / delete (the preload's), std::bad_alloc thrown through them"
+LD_PRELOAD=$so "$out/cxx_test"
+FALLOW_SMALL=0 LD_PRELOAD=$so "$out/cxx_test"
+
 step "bad frees of small objects abort with fallow's message"
 # `small_test abort KIND` in a child: killed by SIGABRT (status 134 through the shell), and the
 # message on stderr names the call and the fault.
@@ -50,6 +55,7 @@ expect_abort() {
     echo "ok abort $kind: $(head -1 "$out/abort_$kind.log")"
 }
 expect_abort double '^fallow: free(): double free 0x'
+expect_abort remote_double '^fallow: free(): double free 0x'
 expect_abort interior '^fallow: free(): invalid pointer 0x.* (inside the live block at 0x'
 expect_abort never '^fallow: free(): invalid pointer 0x.* (not a live block)'
 expect_abort realloc_interior '^fallow: realloc(): invalid pointer 0x'

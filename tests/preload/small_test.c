@@ -1,6 +1,6 @@
 /* Small objects through libfallow_preload.so with FALLOW_SMALL=1, run by scripts/test-small.sh:
  *   small_test [name...]     (no name: every test but the aborting ones)
- *   small_test abort KIND    (KIND: double, interior, never; aborts, for the script's children)
+ *   small_test abort KIND    (KIND: double, remote_double, interior, never; aborts, for the script's children)
  * Each test prints "ok <name>" or "FAIL <name>" after its reasons on stderr; the exit status is
  * the number of failures. Whether an object is fallow's is read from fallow_preload_stats (small
  * live objects), so the tests fail if the library is not preloaded or small objects are off. */
@@ -401,6 +401,13 @@ static int test_fork(void) {
     return 0;
 }
 
+/* The frees of `small_test abort remote_double`: another thread frees the object twice. */
+static void *free_twice(void *p) {
+    free(p);
+    free(p);
+    return NULL;
+}
+
 /* `small_test abort KIND`: the bad free the script expects to abort with fallow's message. */
 static int bad_free(const char *kind) {
     unsigned char *p = malloc(64), *q = malloc(64);
@@ -412,6 +419,11 @@ static int bad_free(const char *kind) {
         unsigned char *r = malloc(3000);
         free(r + 3072 * 8);
     } else if (!strcmp(kind, "realloc_interior")) { void *r = realloc(p + 32, 100); (void)r; }
+    else if (!strcmp(kind, "remote_double")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, free_twice, p)) return 2;
+        pthread_join(t, NULL);
+    }
     else return 2;
     return 0; /* not reached if fallow caught it */
 }

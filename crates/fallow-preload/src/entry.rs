@@ -33,7 +33,7 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use fallow::binding_support::fatal;
+use fallow::binding_support::{fatal, FreeHot, RemoteFree};
 use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
@@ -256,15 +256,25 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[inline(never)]
 unsafe fn free_in_span(p: *mut c_void) {
     if let Some(a) = process::small() {
-        // The hot path inline (no call, so no frame here), everything else one tail call.
-        if a.free_hot(p as *mut u8) {
-            return;
-        }
-        // SAFETY: the caller's contract, passed on.
-        return unsafe { free_small(a, p) };
+        // The hot path inline (no call, so no frame here), everything else one tail call: a
+        // remote free `free_remote`, the rest `free_small`.
+        return match a.free_hot_step(p as *mut u8) {
+            FreeHot::Done => {}
+            FreeHot::Remote(r) => free_remote(a, r),
+            // SAFETY: the caller's contract, passed on.
+            FreeHot::Cold => unsafe { free_small(a, p) },
+        };
     }
     // SAFETY: the caller's contract, passed on.
     unsafe { free_lazy(p) }
+}
+
+/// `free` of another thread's small object, checked by the hot path (`FreeHot::Remote`).
+#[inline(never)]
+fn free_remote(a: &'static Allocator, r: RemoteFree<'static>) {
+    if let Err(e) = r.finish(a) {
+        fatal("free", &e);
+    }
 }
 
 /// `free` with small objects on and the allocator published, past the hot path.

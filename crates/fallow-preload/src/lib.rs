@@ -3,6 +3,7 @@
 //! from glibc. See docs/design.md, "C API and preload".
 //!
 //! - `entry`: the exported `malloc` family and the routing rules;
+//! - `cxx`: C++'s `operator new` / `operator delete` on that `malloc` and `free` (x86-64);
 //! - `remap`: `realloc` of fallow blocks (in place, by moving pages, across the threshold);
 //! - `process`: lazy settings and allocator, `fork` handlers, statistics at exit; the settings
 //!   parser (`FALLOW_*`), the start-up (`LazyAllocator`) and the abort on a bad pointer
@@ -17,6 +18,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
 
+#[cfg(target_arch = "x86_64")]
+pub mod cxx;
 pub mod entry;
 pub mod libc_heap;
 pub mod process;

@@ -37,6 +37,10 @@ pub use crate::heap::{SPAN_END, SPAN_START};
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::message::StackBuf;
 
+/// What `Allocator::free_hot_step` did with a pointer, and another thread's small object it
+/// checked, for the binding to push with one call of its own (the preload's `free`).
+pub use crate::allocator::{FreeHot, RemoteFree};
+
 /// The one fatal-error path of a process-wide allocator: `fallow: {op}(): double free 0x...` (or
 /// `invalid pointer 0x...`) on stderr, formatted on the stack, then `abort`.
 pub use crate::message::fatal;

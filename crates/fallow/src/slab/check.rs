@@ -54,12 +54,17 @@ impl Slab {
         };
         for c in 0..CLASSES {
             let mut p = h.head[c].get();
+            let mut last: *mut Span = ptr::null_mut();
             while !Span::is_empty_span(p) && !p.is_null() {
                 // SAFETY: a listed span of a heap the caller owns (its own, or abandoned under
                 // the lock held).
                 let s = unsafe { &*p };
                 visit(s, LISTED)?;
+                last = p;
                 p = s.next.get();
+            }
+            if !ptr::eq(h.tail[c].get(), last) {
+                return Err(Bad("a class list's tail is not its last span (class, tail)", c, h.tail[c].get() as usize));
             }
             let sp = h.spare[c].get();
             if !sp.is_null() {

@@ -29,6 +29,10 @@ const SPARES_MAX: u64 = 4;
 pub(crate) struct ThreadHeap {
     /// Per class, the head of the list of spans with room (the current span), `EMPTY` if none.
     pub(crate) head: [Cell<*mut Span>; CLASSES],
+    /// Per class, the last span of that list (null if the list is empty): spans coming back
+    /// from the full list join there, so that each has gathered more frees by the time the
+    /// allocations reach it.
+    pub(crate) tail: [Cell<*mut Span>; CLASSES],
     /// Per class, one empty span kept (null if none).
     pub(crate) spare: [Cell<*mut Span>; CLASSES],
     /// Full spans, parked (`Span::place == FULL`), linked through `next` / `prev`.
@@ -61,6 +65,7 @@ const _: () = assert!(core::mem::size_of::<ThreadHeap>() <= crate::os::PAGE_SIZE
 /// `table::current`, which never gives it.
 pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     head: [const { Cell::new(&EMPTY as *const Span as *mut Span) }; CLASSES],
+    tail: [const { Cell::new(ptr::null_mut()) }; CLASSES],
     spare: [const { Cell::new(ptr::null_mut()) }; CLASSES],
     full: Cell::new(ptr::null_mut()),
     returned: AtomicPtr::new(ptr::null_mut()),
@@ -111,8 +116,11 @@ impl ThreadHeap {
         let old = self.head[c].get();
         let me = s as *const Span as *mut Span;
         s.prev.set(ptr::null_mut());
-        s.next.set(if Span::is_empty_span(old) { ptr::null_mut() } else { old });
-        if !Span::is_empty_span(old) {
+        if Span::is_empty_span(old) {
+            s.next.set(ptr::null_mut());
+            self.tail[c].set(me);
+        } else {
+            s.next.set(old);
             // SAFETY: `old` is a listed span of this heap (owner's).
             unsafe { (*old).prev.set(me) };
         }
@@ -120,24 +128,23 @@ impl ThreadHeap {
         s.place.set(LISTED);
     }
 
-    /// Put a span back on its class list behind the head (it has room, but the current span
-    /// stays current).
-    fn push_behind_head(&self, s: &Span) {
+    /// Put a span back on its class list at the tail (it has room, but the spans ahead of it
+    /// are used first: by the time the allocations reach it, it has gathered more frees; put
+    /// right behind the head, a span relisted by one free went full again after one
+    /// allocation, a park and an unpark per object in a program that frees at random, as
+    /// mimalloc's comment on `mi_page_queue_enqueue_from_full` says of alloc-test).
+    fn push_tail(&self, s: &Span) {
         let c = s.class.get() as usize;
-        let head = self.head[c].get();
-        if Span::is_empty_span(head) {
+        let last = self.tail[c].get();
+        if last.is_null() {
             return self.push_head(s);
         }
-        // SAFETY: `head` is a listed span of this heap, and its `next` too when not null.
-        unsafe {
-            let next = (*head).next.get();
-            s.prev.set(head);
-            s.next.set(next);
-            if !next.is_null() {
-                (*next).prev.set(s as *const Span as *mut Span);
-            }
-            (*head).next.set(s as *const Span as *mut Span);
-        }
+        let me = s as *const Span as *mut Span;
+        s.prev.set(last);
+        s.next.set(ptr::null_mut());
+        // SAFETY: `last` is a listed span of this heap (owner's).
+        unsafe { (*last).next.set(me) };
+        self.tail[c].set(me);
         s.place.set(LISTED);
     }
 
@@ -147,6 +154,8 @@ impl ThreadHeap {
         unsafe {
             if !n.is_null() {
                 (*n).prev.set(p);
+            } else if s.place.get() == LISTED {
+                self.tail[s.class.get() as usize].set(p);
             }
             if !p.is_null() {
                 (*p).next.set(n);
@@ -185,7 +194,7 @@ impl ThreadHeap {
             s = r.returned_next.load(Relaxed);
             debug_assert!(r.place.get() == FULL);
             self.unlink(r);
-            self.push_behind_head(r);
+            self.push_tail(r);
         }
         any
     }
@@ -214,17 +223,29 @@ impl ThreadHeap {
             }
             // SAFETY: a head other than `EMPTY` is a listed span of this heap.
             let s = unsafe { &*sp };
-            if let Some(o) = s.pop() {
-                return Got::Object(o, false);
-            }
-            s.collect();
-            if let Some(o) = s.pop() {
-                return Got::Object(o, false);
-            }
-            if let Some((o, reads_zero)) = s.take_fresh(zero) {
+            let got = match s.pop() {
+                Some(o) => Some((o, false)),
+                None => {
+                    s.collect();
+                    s.pop().map(|o| (o, false)).or_else(|| s.take_fresh(zero))
+                }
+            };
+            if let Some((o, reads_zero)) = got {
+                s.skipped.set(false);
                 return Got::Object(o, reads_zero);
             }
-            // Full: park it (or, if a push came first, collect that at the next turn).
+            // Full. Found full for the first time since it last gave an object, with another
+            // span listed: to the tail, still listed, so that the owner's frees into it meanwhile
+            // take the hot path (a parked span's first one costs an unpark) and it needs no park.
+            // Found full again: park it (or, if a push came first, collect that at the next
+            // turn). A span is so looked at, full, at most twice before it is parked.
+            if !s.skipped.get() && !s.next.get().is_null() {
+                s.skipped.set(true);
+                self.unlink(s);
+                self.push_tail(s);
+                continue;
+            }
+            s.skipped.set(false);
             if s.try_park() {
                 self.park(s);
             }
@@ -251,7 +272,7 @@ impl ThreadHeap {
                 return None;
             }
             self.unlink(s);
-            self.push_behind_head(s);
+            self.push_tail(s);
         }
         if s.used() == 0 && !ptr::eq(self.head[s.class.get() as usize].get(), s) {
             return self.retire_empty(s);
@@ -307,7 +328,7 @@ impl ThreadHeap {
             f = s.next.get();
             if s.unpark() {
                 self.unlink(s);
-                self.push_behind_head(s);
+                self.push_tail(s);
             }
         }
         self.take_returned();

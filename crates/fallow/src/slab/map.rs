@@ -17,10 +17,10 @@ use crate::error::Error;
 use crate::heap::MAX_ARENAS;
 use crate::os::{self, PAGE_SIZE};
 
-/// Descriptors per chunk (64 KiB of 128-byte descriptors; the first slot holds the chunk link).
+/// Descriptors per chunk (64 KiB of 192-byte descriptors; the first slot holds the chunk link).
 const CHUNK_BYTES: usize = 64 << 10;
 const PER_CHUNK: usize = CHUNK_BYTES / core::mem::size_of::<Span>();
-const _: () = assert!(core::mem::size_of::<Span>() == 128);
+const _: () = assert!(core::mem::size_of::<Span>() == 192);
 
 /// The maps of the arenas (an address per arena, 0 until its first span) and their lengths.
 pub(crate) struct PageMaps {

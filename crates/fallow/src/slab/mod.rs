@@ -5,9 +5,10 @@
 //! `usable_size`) and slow paths, the making and giving back of spans, thread exit, `fork` and
 //! the statistics; `hot` the two hot paths (pop, the owner's free); `check` the checks of
 //! `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
-//! remote-free protocol; `heap` a thread's heap and the owner's slow paths; `sweep` the owner's
-//! sweep before new spans; `map` the side metadata (page map, descriptors); `table` the
-//! thread-local table that finds a thread's heap.
+//! remote-free protocol; `remote` other threads' frees (the push, abandoned heaps); `heap` a
+//! thread's heap and the owner's slow paths; `sweep` the owner's sweep before new spans; `map`
+//! the side metadata (page map, descriptors); `table` the thread-local table that finds a
+//! thread's heap.
 //! It sits on `cache` (its spans are page blocks taken and given back through
 //! `cache::alloc_pages` / `free_pages`, as `Allocator::alloc` / `free` serve them) and nothing
 //! above it.
@@ -46,7 +47,10 @@ pub(crate) mod class;
 mod check;
 mod heap;
 mod hot;
+pub(crate) use hot::Freed;
+pub(crate) use span::Span;
 mod map;
+mod remote;
 mod span;
 mod sweep;
 mod table;
@@ -67,7 +71,7 @@ use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES,
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
-use span::{push_returned, Span, FULL, LISTED, PARKED, SPARE};
+use span::{FULL, LISTED, PARKED, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 
@@ -363,56 +367,6 @@ impl Slab {
     }
 
     /// Another thread's free (or the free of a thread without a heap, or into an abandoned
-    /// heap's span): the remote-free protocol (span.rs).
-    #[inline(never)]
-    fn free_remote(&self, s: &Span, addr: usize) -> Result<(), Error> {
-        // Read before the push: while the object is live the span stays with this heap (a
-        // span is given back only once empty, and a heap is never unmapped before the slab).
-        let h = s.heap.load(Relaxed);
-        if h.is_null() {
-            return Err(Error::InvalidPointer { addr });
-        }
-        let handed_back = s.push_remote(addr).map_err(|()| Error::DoubleFree { addr })?;
-        // SAFETY: heaps live as long as the slab; `returned` and `abandoned` are atomics.
-        let heap = unsafe { &*h };
-        if handed_back {
-            push_returned(&heap.returned, s);
-        }
-        // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
-        // collects under the lock; either it saw the push or this load sees the flag
-        // (tests/loom/slab_abandon.rs).
-        if heap.abandoned.load(SeqCst) {
-            self.collect_abandoned(h, s);
-        }
-        Ok(())
-    }
-
-    /// A free pushed into span `s` of heap `h` that is abandoned: collect the span under the
-    /// lock (the lock holder owns an abandoned heap), giving it back if it is empty.
-    #[cold]
-    fn collect_abandoned(&self, h: *mut ThreadHeap, s: &Span) {
-        let mut out: *mut Span = ptr::null_mut();
-        {
-            let _g = self.central.lock();
-            // SAFETY: heaps live as long as the slab.
-            let heap = unsafe { &*h };
-            // Adopted meanwhile (its new thread collects), or the span changed hands: nothing.
-            if !heap.abandoned.load(SeqCst) || !ptr::eq(s.heap.load(Relaxed), h) {
-                return;
-            }
-            heap.take_returned();
-            if s.place.get() == LISTED {
-                if let Some(e) = heap.collect_or_drop(s) {
-                    // SAFETY: a span just taken off the heap, the lock holder's.
-                    unsafe { (*e).next.set(out) };
-                    out = e;
-                }
-            }
-            self.uncount(out);
-        }
-        self.give_back(out);
-    }
-
     /// What is wrong with freeing `addr` in `s` (it failed the checks of `free_in`).
     #[cold]
     fn bad_free(&self, s: &Span, addr: usize) -> Error {

@@ -41,6 +41,14 @@ pub(crate) const SPARE: u8 = 3;
 /// abandoned heap's span finds it so and leaves it alone).
 pub(crate) const LEAVING: u8 = 4;
 
+/// Three cache lines, by who writes them: the owner's (its lists and counts, written on every
+/// allocation and free of the span), the line every freeing thread reads (written when the span
+/// is set up, and `fresh` a page's worth of objects at a time), and the pushers' (`thread_free`,
+/// `returned_next`). A push then reads a line the owner does not write on its hot paths and
+/// writes one the owner reads only when it collects: with `thread_free` beside the freeing
+/// threads' fields and those beside the owner's counts (two lines, as first laid out), every
+/// remote free took the line of the owner's counts from its cache and gave the owner a miss on
+/// its next free into the span.
 #[repr(C, align(64))]
 pub(crate) struct Span {
     // The owner's line: what its allocations and frees touch.
@@ -57,12 +65,16 @@ pub(crate) struct Span {
     pub(crate) place: Cell<u8>,
     /// Objects from `fresh` up were never handed out; with `zeroed` they read zero.
     pub(crate) zeroed: Cell<bool>,
+    /// The owner's slow path found the span full and moved it to the tail of its class list
+    /// instead of parking it, and has taken no object from it since (heap.rs, `alloc`).
+    pub(crate) skipped: Cell<bool>,
     /// End of the last whole object.
     pub(crate) end: Cell<usize>,
     /// Links of the owner's list this span is on (class list or full list).
     pub(crate) next: Cell<*mut Span>,
     pub(crate) prev: Cell<*mut Span>,
-    // Read by any thread freeing into the span.
+    _owner_end: [u8; 16],
+    // Read by any thread freeing into the span (its own line).
     /// First never-handed-out object (written by the owner only; a free at or above it is of a
     /// pointer the slab never handed out).
     pub(crate) fresh: AtomicUsize,
@@ -73,11 +85,17 @@ pub(crate) struct Span {
     pub(crate) recip: AtomicU64,
     /// The heap that owns the span (null while the descriptor is free).
     pub(crate) heap: AtomicPtr<ThreadHeap>,
+    _readers_end: [u8; 24],
+    // Written by the pushers (its own line).
     /// Other threads' frees, and `PARKED` (above).
     pub(crate) thread_free: AtomicUsize,
     /// Link of the owner heap's `returned` stack.
     pub(crate) returned_next: AtomicPtr<Span>,
 }
+
+// The three lines (above): each group starts a line of its own.
+const _: () = assert!(core::mem::offset_of!(Span, fresh) == 64 && core::mem::offset_of!(Span, heap) < 128);
+const _: () = assert!(core::mem::offset_of!(Span, thread_free) == 128 && core::mem::size_of::<Span>() == 192);
 
 // SAFETY: the `Cell` fields are touched only by the span's owner: the thread its heap is bound
 // to, or the holder of the slab lock while the heap is bound to no thread (`ThreadHeap`'s
@@ -100,15 +118,18 @@ impl Span {
             class: Cell::new(0),
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
+            skipped: Cell::new(false),
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
+            _owner_end: [0; 16],
             fresh: AtomicUsize::new(0),
             start: AtomicUsize::new(0),
             size: AtomicU32::new(0),
             class_id: AtomicU8::new(0),
             recip: AtomicU64::new(0),
             heap: AtomicPtr::new(ptr::null_mut()),
+            _readers_end: [0; 24],
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
         }
@@ -134,6 +155,7 @@ impl Span {
         // On no list until `ThreadHeap::install` lists it.
         self.place.set(LEAVING);
         self.zeroed.set(zeroed);
+        self.skipped.set(false);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());

@@ -1,0 +1,140 @@
+//! C++'s `operator new` and `operator delete` (the plain and array forms, and the sized
+//! deletes), so that a C++ program's objects reach this library's `malloc` and `free` in one
+//! call. The C++ runtime's own (libstdc++'s) are each a call of `malloc` or `free` through the
+//! PLT, `operator new[]` a call of `operator new`: about 20 instructions and four calls per
+//! `new[]` / `delete[]` pair before `malloc` or `free` starts (mimalloc and TCMalloc replace them
+//! too). The other forms (aligned, `nothrow`) stay the runtime's: they end in this library's
+//! `malloc`, `aligned_alloc` or `free` anyway.
+//!
+//! `operator new` must not return null: when `malloc` fails, the runtime's `operator new` is
+//! called in its place (it asks `malloc` again, calls the new-handler, throws `std::bad_alloc`).
+//! It is reached by a jump from a routine in assembly (`fallow_cxx_new_failed`), which
+//! `operator new` calls in tail position, so that no frame of this library lies between the
+//! program and the exception (Rust code may not be unwound through).
+
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::entry::{free, malloc};
+
+/// `operator new(size_t)`.
+///
+/// # Safety
+///
+/// As `malloc`; the block is released with `operator delete` (or `free`).
+#[no_mangle]
+pub unsafe extern "C" fn _Znwm(size: usize) -> *mut c_void {
+    // SAFETY: `malloc` takes any size.
+    let p = unsafe { malloc(size) };
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: the runtime's `operator new` takes any size; in tail position (see the module).
+    unsafe { fallow_cxx_new_failed(size) }
+}
+
+/// `operator new[](size_t)`: as `operator new` (the runtime's calls it).
+///
+/// # Safety
+///
+/// As `_Znwm`.
+#[no_mangle]
+pub unsafe extern "C" fn _Znam(size: usize) -> *mut c_void {
+    // SAFETY: as `_Znwm`.
+    unsafe { _Znwm(size) }
+}
+
+/// `operator delete(void*)`.
+///
+/// # Safety
+///
+/// As `free`.
+#[no_mangle]
+pub unsafe extern "C" fn _ZdlPv(p: *mut c_void) {
+    // SAFETY: the caller's contract, `free`'s.
+    unsafe { free(p) }
+}
+
+/// `operator delete[](void*)`.
+///
+/// # Safety
+///
+/// As `free`.
+#[no_mangle]
+pub unsafe extern "C" fn _ZdaPv(p: *mut c_void) {
+    // SAFETY: the caller's contract, `free`'s.
+    unsafe { free(p) }
+}
+
+/// `operator delete(void*, size_t)` (the size is not needed).
+///
+/// # Safety
+///
+/// As `free`.
+#[no_mangle]
+pub unsafe extern "C" fn _ZdlPvm(p: *mut c_void, _size: usize) {
+    // SAFETY: the caller's contract, `free`'s.
+    unsafe { free(p) }
+}
+
+/// `operator delete[](void*, size_t)`.
+///
+/// # Safety
+///
+/// As `free`.
+#[no_mangle]
+pub unsafe extern "C" fn _ZdaPvm(p: *mut c_void, _size: usize) {
+    // SAFETY: the caller's contract, `free`'s.
+    unsafe { free(p) }
+}
+
+/// The runtime's `operator new(size_t)`, found on the first failure (0: not yet).
+static NEXT_NEW: AtomicUsize = AtomicUsize::new(0);
+
+/// The address of the C++ runtime's `operator new`: libstdc++'s if it is loaded (its `operator
+/// new` calls `malloc`, this library's), else the next definition after this library's.
+extern "C" fn cxx_next_new() -> usize {
+    let mut f = NEXT_NEW.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: dlopen and dlsym get NUL-terminated literals; RTLD_NOLOAD only looks up a
+        // library already mapped; a null handle is checked before dlsym.
+        unsafe {
+            let h = libc::dlopen(c"libstdc++.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+            if !h.is_null() {
+                f = libc::dlsym(h, c"_Znwm".as_ptr()) as usize;
+            }
+            if f == 0 {
+                f = libc::dlsym(libc::RTLD_NEXT, c"_Znwm".as_ptr()) as usize;
+            }
+        }
+        if f == 0 {
+            // No C++ runtime to throw `std::bad_alloc`: out of memory, and nothing else to do.
+            fallow::binding_support::fatal("operator new", &fallow::Error::OutOfMemory { size: 0, tried: 0, errno: libc::ENOMEM });
+        }
+        NEXT_NEW.store(f, Ordering::Release);
+    }
+    f
+}
+
+extern "C" {
+    /// Jumps to the runtime's `operator new` with the same size (see the module).
+    fn fallow_cxx_new_failed(size: usize) -> *mut c_void;
+}
+
+#[cfg(target_arch = "x86_64")]
+core::arch::global_asm!(
+    ".pushsection .text.fallow_cxx_new_failed,\"ax\",@progbits",
+    ".p2align 4",
+    ".hidden fallow_cxx_new_failed",
+    ".type fallow_cxx_new_failed,@function",
+    "fallow_cxx_new_failed:",
+    // Entered by a jump from `operator new` (its caller's return address on top): one push
+    // keeps the size and aligns the stack for the call.
+    "push rdi",
+    "call {next}",
+    "pop rdi",
+    "jmp rax",
+    ".size fallow_cxx_new_failed, .-fallow_cxx_new_failed",
+    ".popsection",
+    next = sym cxx_next_new,
+);

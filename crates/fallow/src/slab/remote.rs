@@ -1,0 +1,72 @@
+//! Other threads' frees (docs/design.md, "Small objects", "Free lists: who touches which"): the
+//! push of the remote-free protocol (span.rs) as the freeing thread makes it, and the free into
+//! an abandoned heap's span, which the freeing thread then collects under the slab lock.
+
+use core::ptr;
+use core::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+use super::heap::ThreadHeap;
+use super::span::{push_returned, Span, LISTED};
+use super::Slab;
+use crate::error::Error;
+
+impl Slab {
+    /// `free_remote` for a free whose hot path found another thread's object (`free_local`'s
+    /// `Freed::Remote`: checked, nothing changed), out of line.
+    #[inline(never)]
+    pub(crate) fn free_remote_out(&self, s: &Span, addr: usize) -> Result<(), Error> {
+        self.free_remote(s, addr)
+    }
+
+    /// Another thread's free (or the free of a thread without a heap, or into an abandoned
+    /// heap's span): the remote-free protocol (span.rs). Inline in its two callers, `free_in`
+    /// and `free_remote_out`.
+    #[inline(always)]
+    pub(super) fn free_remote(&self, s: &Span, addr: usize) -> Result<(), Error> {
+        // Read before the push: while the object is live the span stays with this heap (a
+        // span is given back only once empty, and a heap is never unmapped before the slab).
+        let h = s.heap.load(Relaxed);
+        if h.is_null() {
+            return Err(Error::InvalidPointer { addr });
+        }
+        let handed_back = s.push_remote(addr).map_err(|()| Error::DoubleFree { addr })?;
+        // SAFETY: heaps live as long as the slab; `returned` and `abandoned` are atomics.
+        let heap = unsafe { &*h };
+        if handed_back {
+            push_returned(&heap.returned, s);
+        }
+        // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
+        // collects under the lock; either it saw the push or this load sees the flag
+        // (tests/loom/slab_abandon.rs).
+        if heap.abandoned.load(SeqCst) {
+            self.collect_abandoned(h, s);
+        }
+        Ok(())
+    }
+
+    /// A free pushed into span `s` of heap `h` that is abandoned: collect the span under the
+    /// lock (the lock holder owns an abandoned heap), giving it back if it is empty.
+    #[cold]
+    fn collect_abandoned(&self, h: *mut ThreadHeap, s: &Span) {
+        let mut out: *mut Span = ptr::null_mut();
+        {
+            let _g = self.central.lock();
+            // SAFETY: heaps live as long as the slab.
+            let heap = unsafe { &*h };
+            // Adopted meanwhile (its new thread collects), or the span changed hands: nothing.
+            if !heap.abandoned.load(SeqCst) || !ptr::eq(s.heap.load(Relaxed), h) {
+                return;
+            }
+            heap.take_returned();
+            if s.place.get() == LISTED {
+                if let Some(e) = heap.collect_or_drop(s) {
+                    // SAFETY: a span just taken off the heap, the lock holder's.
+                    unsafe { (*e).next.set(out) };
+                    out = e;
+                }
+            }
+            self.uncount(out);
+        }
+        self.give_back(out);
+    }
+}
