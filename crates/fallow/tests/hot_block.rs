@@ -211,29 +211,9 @@ fn the_process_holds_at_most_its_bound_of_slack() {
 fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
     let a = small_high_mark();
     // One live block at a time, each freed by another thread: the slack is given back each
-    // time, so every block keeps getting it. 4 MiB written and freed first: resident memory in
-    // aligned blocks for every refill (a refill leaves a block that is mostly not resident to a
-    // run of resident pages on the locked path, served at its real size).
-    let len = 300 * KIB;
-    a.free(take_written(&a, 4 * MIB, false, 0xee)).unwrap();
-    for i in 0..(4 * online_cpus() + 8) {
-        let p = take_written(&a, len, false, i as u8 + 1) as usize;
-        let s = a.stats();
-        assert!(s.slack_bytes > 0, "block {i} was served without slack: {s}");
-        std::thread::scope(|t| {
-            t.spawn(|| a.free(p as *mut u8).unwrap());
-        });
-    }
-    check(&a);
-}
-
-#[test]
-fn a_refill_judges_a_block_by_its_live_pages_not_its_slack() {
-    let a = small_high_mark();
-    // 300 KiB requests freed by another thread, with no other free memory: each next request's
+    // time, so every block keeps getting it. There is no other free memory: each next request's
     // block is the last one's, whose slack (pages 75..128) was never touched and still reads as
-    // never used. Judged whole it would be a block mostly not resident, left to the locked path;
-    // its live pages are all resident, so the cache serves it again, with its slack.
+    // never used, so a refill must judge the block by the request's live pages, all resident.
     let len = 300 * KIB;
     for i in 0..(4 * online_cpus() + 8) {
         let p = take_written(&a, len, false, i as u8 + 1) as usize;
