@@ -39,7 +39,7 @@ typedef struct fallow_config {
  * keeps free blocks of 4 KiB up to 4 KiB << max_order and serves them without a lock. */
 typedef struct fallow_cache_config {
     int cache;            /* 1: per-thread caches (default), 0: none */
-    uint32_t max_order;   /* largest cached order, 0..11 (4 KiB to 8 MiB); default 10 (4 MiB) */
+    uint32_t max_order;   /* largest cached order, 0..11 (4 KiB to 8 MiB); default 11 (8 MiB) */
     uint32_t batch_pages; /* pages moved per refill or drain, 1..high_pages; default 64 */
     uint32_t high_pages;  /* most pages one thread holds, 2..65536, plus one block of each
                            * cached order above half of it; default 1024 (4 MiB) */

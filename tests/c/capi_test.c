@@ -249,7 +249,7 @@ static int test_from_env(void) {
 static int test_cache_settings(void) {
     fallow_cache_config k, got;
     fallow_cache_config_init(&k);
-    CHECK(k.cache == 1 && k.max_order == 10 && k.batch_pages == 64 && k.high_pages == 1024, "defaults");
+    CHECK(k.cache == 1 && k.max_order == 11 && k.batch_pages == 64 && k.high_pages == 1024, "defaults");
     fallow_allocator *a = NULL;
     fallow_stats s;
     void *p;

@@ -243,8 +243,8 @@ fn small_requests_after_a_large_free_stay_in_the_cache() {
 #[test]
 fn a_request_the_block_freed_last_on_the_locked_path_could_hold_goes_there() {
     let a = allocator();
-    // 5 MiB is above the caches: freed on the locked path, it is the locked hot block.
-    take_and_free(&a, 5 * MIB, false, 1);
+    // 9 MiB is above the caches (8 MiB): freed on the locked path, it is the locked hot block.
+    take_and_free(&a, 9 * MIB, false, 1);
     // 3 MiB would be a cached 4 MiB block with 1 MiB of slack; it takes the locked path
     // instead, at its real size.
     let p = take_written(&a, 3 * MIB, false, 2);
