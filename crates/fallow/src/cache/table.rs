@@ -6,6 +6,7 @@ use super::*;
 use core::mem::MaybeUninit;
 
 use crate::heap::{CACHE_LINE, LINE};
+use crate::os::tls;
 
 /// The allocator's list of its threads' caches (`Heap::caches`; intrusive: registering allocates
 /// nothing). The heap keeps its head as an untyped pointer (it sits below this layer); every
@@ -85,29 +86,22 @@ thread_local! {
     /// it or allocating a cache (a re-entrant call takes the locked path), READY, DEAD after the
     /// destructor ran.
     static STATE: Cell<u8> = const { Cell::new(FRESH) };
-    /// The cache used last and its allocator's id: checked first, with no destructor and no
-    /// registration on access; one thread-local, so that the hit path finds both from one
-    /// address.
-    static LAST: Last = const { Last { id: Cell::new(0), cache: Cell::new(ptr::null()) } };
     static TABLE: Slots = const { Slots { ids: [NO_ID; SLOTS], caches: [NO_CACHE; SLOTS], used: [NO_ID; SLOTS], clock: Cell::new(0) } };
 }
 
-struct Last {
-    id: Cell<u64>,
-    cache: Cell<*const ThreadCache>,
-}
-
-/// The cache this thread used last, if it is `id`'s.
+/// The cache this thread used last, if it is `id`'s: two words of `os::tls` (checked first, with
+/// no destructor and no registration on access, and read without a call).
 #[inline(always)]
 pub(super) fn last_of(id: u64) -> Option<*const ThreadCache> {
-    LAST.with(|l| (l.id.get() == id).then(|| l.cache.get()))
+    let (last, c) = tls::cache();
+    (last == id).then_some(c as *const ThreadCache)
 }
 
 /// The calling thread's cache of `a` if it is the one this thread used last (the hit paths: no
 /// call, no registration).
 #[inline(always)]
 pub(crate) fn last(a: &Arc<Shared>) -> Option<&ThreadCache> {
-    // SAFETY: `LAST` holds a live cache of this thread whenever its id is an allocator's (ids
+    // SAFETY: `os::tls::cache` holds a live cache of this thread whenever its id is an allocator's (ids
     // start at 1; it is reset to 0 before its cache is retired).
     last_of(a.hit.cache_id).map(|c| unsafe { &*c })
 }
@@ -167,8 +161,8 @@ impl Slots {
         let old = self.caches[pick].replace(ptr::null_mut());
         self.ids[pick].set(0);
         if !old.is_null() {
-            if ptr::eq(LAST.with(|l| l.cache.get()), old) {
-                LAST.with(|l| l.id.set(0));
+            if tls::cache().1 == old as usize {
+                tls::set_cache(0, 0);
             }
             retire(old);
         }
@@ -194,17 +188,14 @@ impl Slots {
 }
 
 pub(super) fn select(id: u64, c: *mut ThreadCache) -> *const ThreadCache {
-    LAST.with(|l| {
-        l.cache.set(c);
-        l.id.set(id);
-    });
+    tls::set_cache(id, c as usize);
     c
 }
 
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        LAST.with(|l| l.id.set(0));
+        tls::set_cache(0, 0);
         for i in 0..SLOTS {
             let c = self.caches[i].replace(ptr::null_mut());
             if !c.is_null() {
@@ -216,7 +207,7 @@ impl Drop for Slots {
 
 /// Drain a cache back into its allocator if that still exists, unlink it, and free it.
 pub(super) fn retire(c: *mut ThreadCache) {
-    // SAFETY: `c` was just taken out of this thread's table (slot cleared, `LAST` reset), so it is
+    // SAFETY: `c` was just taken out of this thread's table (slot cleared, `os::tls::cache` reset), so it is
     // a live cache that this thread alone still reaches through the table.
     let tc = unsafe { &*c };
     debug_assert!(tc.id != 0);

@@ -1,6 +1,6 @@
 //! The operating system: every system call fallow makes goes through this module, in three parts:
 //! `memory` (mappings, advice, locking, the memfd), `sync` (futex, membarrier), `process`
-//! (ids, threads, scheduling, limits, clocks) and `pressure` (memory cgroup limits and usage, PSI
+//! (ids, threads, scheduling, limits, clocks), `tls` (the hot paths' per-thread words) and `pressure` (memory cgroup limits and usage, PSI
 //! stall totals, `MemAvailable`).
 //!
 //! `rustix` makes the calls where it has them: inline system calls that neither allocate nor touch
@@ -17,6 +17,7 @@ mod pagemap;
 mod pressure;
 mod process;
 mod sync;
+pub(crate) mod tls;
 
 pub use self::memory::*;
 pub use self::pagemap::*;

@@ -6,16 +6,8 @@
 //! meanwhile (the thread's state `BUSY`), or after the destructor ran (`DEAD`), gets no heap: the
 //! slab serves it from its locked heap.
 //!
-//! The heap used last (`last`) is what every hot path asks first, so on x86-64 Linux it is a
-//! block of static TLS of its own (`fallow_slab_last`, defined in `global_asm!`) read with the
-//! initial-exec model: one load of its offset from the thread pointer (a GOT word the dynamic
-//! loader fills in at load time), then `fs:`-relative loads. Rust's `thread_local!` in a shared
-//! object (the preload library) goes through the general-dynamic model, a `__tls_get_addr` call
-//! per access, which `#[thread_local]` / `-Z tls-model` would avoid only on nightly. A shared
-//! object with initial-exec TLS is marked `DF_STATIC_TLS`: loaded at start (LD_PRELOAD, a
-//! dependency) its block is in every thread's static TLS; `dlopen`ed, the loader places it in
-//! the static TLS surplus or refuses the load, never a wrong address. Elsewhere it is a
-//! `thread_local!`.
+//! The heap used last (`last`) is what every hot path asks first: two words of `os::tls`, read
+//! without a call (static TLS with the initial-exec model on x86-64 Linux).
 
 use core::cell::{Cell, RefCell};
 use core::ptr;
@@ -50,83 +42,20 @@ thread_local! {
     static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
 }
 
-/// The heap this thread used last and its slab's id (0: none): one static TLS block of two
-/// words (id, heap), zero in a new thread. The symbol is global (the crate's code units all
-/// refer to it) and hidden (not exported from a shared object); two versions of this crate
-/// linked into one program would clash on it at link time, not at run time.
-#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+/// The heap this thread used last and its slab's id (0: none), in `os::tls`.
 mod last_used {
     use super::ThreadHeap;
+    use crate::os::tls;
 
-    core::arch::global_asm!(
-        ".pushsection .tbss,\"awT\",@nobits",
-        ".p2align 4",
-        ".globl fallow_slab_last",
-        ".hidden fallow_slab_last",
-        ".type fallow_slab_last,@object",
-        ".size fallow_slab_last,16",
-        "fallow_slab_last:",
-        ".zero 16",
-        ".popsection",
-    );
-
-    /// (slab id, heap) of this thread.
     #[inline(always)]
     pub(super) fn get() -> (u64, *mut ThreadHeap) {
-        let (id, heap): (u64, usize);
-        // SAFETY: two aligned loads from this thread's own block of `fallow_slab_last` (the
-        // thread pointer plus the block's offset, which the loader wrote in the GOT word);
-        // only this thread writes the block (`set`), so there is no race.
-        unsafe {
-            core::arch::asm!(
-                "mov {t}, qword ptr [rip + fallow_slab_last@GOTTPOFF]",
-                "mov {id}, qword ptr fs:[{t}]",
-                "mov {h}, qword ptr fs:[{t} + 8]",
-                t = out(reg) _,
-                id = out(reg) id,
-                h = out(reg) heap,
-                options(nostack, readonly, preserves_flags, pure),
-            )
-        };
+        let (id, heap) = tls::slab();
         (id, heap as *mut ThreadHeap)
     }
 
-    /// Set this thread's (slab id, heap).
     #[inline]
     pub(super) fn set(id: u64, heap: *mut ThreadHeap) {
-        // SAFETY: two aligned stores to this thread's own block (as in `get`).
-        unsafe {
-            core::arch::asm!(
-                "mov {t}, qword ptr [rip + fallow_slab_last@GOTTPOFF]",
-                "mov qword ptr fs:[{t}], {id}",
-                "mov qword ptr fs:[{t} + 8], {h}",
-                t = out(reg) _,
-                id = in(reg) id,
-                h = in(reg) heap as usize,
-                options(nostack, preserves_flags),
-            )
-        };
-    }
-}
-
-/// Elsewhere: a `thread_local!` of the same two words.
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-mod last_used {
-    use super::ThreadHeap;
-    use core::cell::Cell;
-
-    thread_local! {
-        static LAST: Cell<(u64, *mut ThreadHeap)> = const { Cell::new((0, core::ptr::null_mut())) };
-    }
-
-    #[inline(always)]
-    pub(super) fn get() -> (u64, *mut ThreadHeap) {
-        LAST.with(Cell::get)
-    }
-
-    #[inline]
-    pub(super) fn set(id: u64, heap: *mut ThreadHeap) {
-        LAST.with(|l| l.set((id, heap)))
+        tls::set_slab(id, heap as usize)
     }
 }
 
