@@ -19,14 +19,21 @@ fn allocator() -> Allocator {
     Allocator::new(c).unwrap()
 }
 
+/// `n` blocks of `pages` pages each, written (block `i` with `i + 1`), checked to lie side by
+/// side in the order taken (a fresh arena is carved in order).
+fn side_by_side(a: &Allocator, n: u8, pages: usize) -> Vec<*mut u8> {
+    let blocks: Vec<*mut u8> = (0..n).map(|i| take_written(a, pages * PAGE, false, i + 1)).collect();
+    for w in blocks.windows(2) {
+        assert_eq!(w[1] as usize - w[0] as usize, pages * PAGE, "the fresh arena was not carved in order");
+    }
+    blocks
+}
+
 #[test]
 fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
     let a = allocator();
     // Four 64 KiB blocks side by side at the start of a fresh arena, written (dirty).
-    let blocks: Vec<*mut u8> = (0..4).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
-    for w in blocks.windows(2) {
-        assert_eq!(w[1] as usize - w[0] as usize, 16 * PAGE, "the fresh arena was not carved in order");
-    }
+    let blocks = side_by_side(&a, 4, 16);
     // Free the middle two: 32 dirty pages that no aligned 32-page block holds (pages 16..48).
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
@@ -52,7 +59,7 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
 #[test]
 fn an_aligned_request_in_a_run_keeps_its_alignment() {
     let a = allocator();
-    let blocks: Vec<*mut u8> = (0..4).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
+    let blocks = side_by_side(&a, 4, 16);
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
     // 20 pages aligned to 32 KiB (8 pages): pages 16..36 of the run qualify.
@@ -76,10 +83,7 @@ fn an_aligned_request_in_a_run_keeps_its_alignment() {
 fn a_zeroed_request_without_zeroed_pages_takes_the_best_run_not_a_larger_aligned_block() {
     let a = allocator();
     // Eight 64 KiB blocks side by side (pages 0..128), written (dirty).
-    let blocks: Vec<*mut u8> = (0..8).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
-    for w in blocks.windows(2) {
-        assert_eq!(w[1] as usize - w[0] as usize, 16 * PAGE, "the fresh arena was not carved in order");
-    }
+    let blocks = side_by_side(&a, 8, 16);
     // A run of 32 dirty pages that no aligned 32-page block holds (pages 16..48), and an aligned
     // dirty block of 64 pages (pages 64..128), both just freed.
     for i in [1, 2, 4, 5, 6, 7] {
@@ -123,10 +127,7 @@ fn wait_reported(a: &Allocator, pages: usize) {
 fn a_run_covers_the_resident_part_of_a_free_block_merged_with_reported_memory() {
     let a = reporting_allocator(false);
     // Five 256 KiB blocks side by side (pages 0..320), written.
-    let blocks: Vec<*mut u8> = (0..5).map(|i| take_written(&a, 64 * PAGE, false, i + 1)).collect();
-    for w in blocks.windows(2) {
-        assert_eq!(w[1] as usize - w[0] as usize, 64 * PAGE, "the fresh arena was not carved in order");
-    }
+    let blocks = side_by_side(&a, 5, 64);
     // Pages 0..128 freed and given back; then pages 128..320 freed dirty.
     a.free(blocks[0]).unwrap();
     a.free(blocks[1]).unwrap();
@@ -159,7 +160,7 @@ fn a_split_keeps_the_resident_half_before_the_one_with_more_preferred_pages() {
     let c = Config { arena_size: 64 << 20, max_order: 12, thp: false, tunables: t, cache: false, ..Config::default() };
     let a = Allocator::new(c).unwrap();
     // Pages 0..64 as four blocks of 16, pages 64..128 as one of 64, a live guard at 128..256.
-    let mut blocks: Vec<*mut u8> = (0..4).map(|i| take_written(&a, 16 * PAGE, false, i + 1)).collect();
+    let mut blocks = side_by_side(&a, 4, 16);
     blocks.push(take_written(&a, 64 * PAGE, false, 5));
     let guard = take_written(&a, 128 * PAGE, false, 6);
     assert_eq!(guard as usize - blocks[0] as usize, 128 * PAGE, "the fresh arena was not carved in order");
@@ -195,10 +196,7 @@ fn a_cache_refill_leaves_a_mostly_reported_block_for_a_run_of_resident_pages() {
     let a = reporting_allocator(true);
     // Five 256 KiB blocks side by side (pages 0..320), written; every request below is a power
     // of two of pages of a cached order, so it goes through the thread's cache.
-    let blocks: Vec<*mut u8> = (0..5).map(|i| take_written(&a, 64 * PAGE, false, i + 1)).collect();
-    for w in blocks.windows(2) {
-        assert_eq!(w[1] as usize - w[0] as usize, 64 * PAGE, "the fresh arena was not carved in order");
-    }
+    let blocks = side_by_side(&a, 5, 64);
     a.set_tunables(calm(&a)).unwrap();
     // A run of 128 dirty pages that no aligned 128-page block holds (pages 64..192), and a block
     // of 256 pages (256..512) listed `Dirty` for its first 64 pages, the rest never used.

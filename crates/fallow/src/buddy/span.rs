@@ -87,14 +87,12 @@ impl Buddy {
                     // only (the never-used rest of the arena is no fit, as glibc's top chunk
                     // is not), then the lowest place (every seed of a run places the request
                     // its own way).
-                    if let Some(at) = place(start, end, part, part_len, npages, align) {
-                        let len = end.min(self.used_end).saturating_sub(start);
-                        // A placement no better than the best even with every page resident
-                        // (another seed of a run already measured, mostly) is not counted.
-                        if best.is_some_and(|b| (0, len, at) >= b) {
-                            seed = self.meta(seed).next();
-                            continue;
-                        }
+                    // A placement no better than the best even with every page resident (another
+                    // seed of a run already measured, mostly) is not counted.
+                    let placed = place(start, end, part, part_len, npages, align)
+                        .map(|at| (at, end.min(self.used_end).saturating_sub(start)))
+                        .filter(|&(at, len)| best.is_none_or(|b| (0, len, at) < b));
+                    if let Some((at, len)) = placed {
                         let c = self.count_states(at, npages);
                         let absent = c.reported + c.lazy;
                         if best.is_none_or(|b| (absent, len, at) < b) {

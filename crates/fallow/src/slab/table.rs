@@ -15,6 +15,7 @@ use std::sync::{Arc, Weak};
 
 use super::heap::ThreadHeap;
 use super::Slab;
+use crate::os::tls;
 
 const FRESH: u8 = 0;
 const BUSY: u8 = 1;
@@ -42,30 +43,14 @@ thread_local! {
     static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
 }
 
-/// The heap this thread used last and its slab's id (0: none), in `os::tls`.
-mod last_used {
-    use super::ThreadHeap;
-    use crate::os::tls;
-
-    #[inline(always)]
-    pub(super) fn get() -> (u64, *mut ThreadHeap) {
-        let (id, heap) = tls::slab();
-        (id, heap as *mut ThreadHeap)
-    }
-
-    #[inline]
-    pub(super) fn set(id: u64, heap: *mut ThreadHeap) {
-        tls::set_slab(id, heap as usize)
-    }
-}
-
 /// The calling thread's heap of `slab` if it is the one this thread used last, else
 /// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
 #[inline(always)]
 pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
-    let (id, heap) = last_used::get();
+    // The heap this thread used last and its slab's id (0: none), in `os::tls`.
+    let (id, heap) = tls::slab();
     if id == slab.id {
-        heap
+        heap as *mut ThreadHeap
     } else {
         ThreadHeap::none()
     }
@@ -116,13 +101,13 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
     });
     let Ok((heap, old)) = found else { return ptr::null_mut() };
     if let Some(old) = old {
-        if last_used::get().1 == old.heap {
-            last_used::set(0, ptr::null_mut());
+        if tls::slab().1 == old.heap as usize {
+            tls::set_slab(0, 0);
         }
         give_up(old);
     }
     if !heap.is_null() {
-        last_used::set(slab.id, heap);
+        tls::set_slab(slab.id, heap as usize);
     }
     heap
 }
@@ -137,7 +122,7 @@ fn give_up(s: Slot) {
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        last_used::set(0, ptr::null_mut());
+        tls::set_slab(0, 0);
         let slots = core::mem::replace(&mut *self.slots.borrow_mut(), [const { None }; SLOTS]);
         for s in slots.into_iter().flatten() {
             give_up(s);
