@@ -220,6 +220,60 @@ fn a_cache_refill_leaves_a_mostly_reported_block_for_a_run_of_resident_pages() {
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
+/// An allocator with the per-thread caches on (their defaults: 8 MiB blocks and smaller) and
+/// nothing else running.
+fn caching_allocator() -> Allocator {
+    let c = Config { arena_size: 64 << 20, max_order: 12, thp: false, tunables: Tunables::off(), cache: true, ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+#[test]
+fn a_request_above_the_caches_takes_the_threads_cached_blocks_before_fresh_memory() {
+    let a = caching_allocator();
+    // An 8 MiB block and a 4 MiB one side by side, written, then freed into this thread's cache
+    // (one block of each of its large orders).
+    let big = take_written(&a, 8 << 20, false, 1);
+    let next = take_written(&a, 4 << 20, false, 2);
+    assert_eq!(next as usize - big as usize, 8 << 20, "the fresh arena was not carved in order");
+    a.free(big).unwrap();
+    a.free(next).unwrap();
+    assert_eq!(a.stats().cached_pages, 3 << 10, "the blocks were not cached");
+    let before = a.stats();
+    // 9 MiB, above the caches: no listed memory is resident, but the cache holds more than
+    // the request, side by side.
+    let p = a.alloc(9 << 20, 4096, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, big, "the request was not placed on the cache's blocks, given back");
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
+    a.check_invariants().unwrap();
+    a.free(p).unwrap();
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
+#[test]
+fn a_cache_refill_takes_the_threads_other_cached_blocks_before_fresh_memory() {
+    let a = caching_allocator();
+    // Four 256 KiB blocks side by side (pages 0..256), written, then freed into this thread's
+    // cache: the only resident memory, none of it listed.
+    let blocks = side_by_side(&a, 4, 64);
+    for &b in &blocks {
+        a.free(b).unwrap();
+    }
+    assert_eq!(a.stats().cached_pages, 256, "the blocks were not cached");
+    let before = a.stats();
+    // 1 MiB, a cached order the cache holds no block of: its refill gives the other blocks back
+    // first, where they merge into the block it takes.
+    let p = a.alloc(1 << 20, 4096, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, blocks[0], "the refill did not take the cache's blocks, given back and merged");
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the refill faulted fresh memory in");
+    a.check_invariants().unwrap();
+    a.free(p).unwrap();
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
 /// A live block of the model: `len` bytes at `addr`, every byte `fill`.
 struct Live {
     addr: usize,

@@ -74,6 +74,16 @@ impl Entries<'_> {
             self.drain_to_half(&mut h, o, now);
             drained = true;
         }
+        // Resident memory first: when no arena lists a block's worth of resident pages, the
+        // blocks of the other orders this cache holds go back to the lists before the refill
+        // would fault memory in, where they may merge into what it needs.
+        let lists_resident = |h: &Heap| {
+            (0..h.narenas).any(|ai| order <= h.arena(ai).max_order && h.arena(ai).listed().resident_pages() >= n as u64)
+        };
+        if order >= GROUP_ORDER && self.pages.get() >= n as u64 && !lists_resident(&h) {
+            self.drain_all_locked(&mut h, now);
+            drained = true;
+        }
         let s = &self.stacks[o];
         // A large order's room is its stack (one block); a stacked order's, the high mark's.
         let room = if large { s.cap } else { ((self.high - self.stacked_pages()) >> order) as u32 };

@@ -66,8 +66,21 @@ pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags
     if let Some(p) = alloc_cached(s, size, align, flags) {
         return Ok(p);
     }
-    // Before the heap grows, this thread's own cache gives back what it holds.
-    s.alloc_locked(size, align, flags, &mut || drain_current(s))
+    // Before memory is faulted in or the heap grows, this thread's own cache gives back what it
+    // holds.
+    s.alloc_locked(size, align, flags, &mut OwnCache(s))
+}
+
+/// The calling thread's cache, as the locked path may ask it back (`heap::Reclaim`).
+struct OwnCache<'a>(&'a Arc<Shared>);
+
+impl crate::heap::Reclaim for OwnCache<'_> {
+    fn held_pages(&mut self) -> u64 {
+        held_by_current(self.0)
+    }
+    fn give_back(&mut self) -> bool {
+        drain_current(self.0)
+    }
 }
 
 /// The block the caches would serve for `size` and `align`, as `(order, pages)`: the

@@ -24,6 +24,15 @@ const ISOLATION_WAITS: u32 = 20;
 #[cfg(test)]
 const ISOLATION_WAITS: u32 = 20_000;
 
+/// What the calling thread holds that the locked path may ask back before it faults memory in
+/// or grows the heap (its page cache, `cache/`).
+pub(crate) trait Reclaim {
+    /// Pages held.
+    fn held_pages(&mut self) -> u64;
+    /// Give them back to the lists; `true` if there were any.
+    fn give_back(&mut self) -> bool;
+}
+
 impl Shared {
     /// Pages and order for a request, or the reason it can never be served.
     pub(crate) fn shape(&self, size: usize, align: usize) -> Result<(u32, u8), Error> {
@@ -46,10 +55,11 @@ impl Shared {
 
     /// Allocate on the locked path: take a block from the lists (waiting a little for blocks a
     /// worker isolated, then giving back what `reclaim` can, then growing the heap), then
-    /// `prepare` it outside the lock. `reclaim` is called without the lock, at most once; `true`:
-    /// it listed blocks (the calling thread's cache), so the take is tried again.
+    /// `prepare` it outside the lock. `reclaim` gives back without the lock, at most once: before
+    /// a take would fault memory in when it holds at least the request's pages, else before the
+    /// heap grows; then the take is tried again.
     #[inline(never)]
-    pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn FnMut() -> bool) -> Result<NonNull<u8>, Error> {
+    pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn Reclaim) -> Result<NonNull<u8>, Error> {
         let (npages, order) = self.shape(size, align)?;
         let align_pages = (align.max(PAGE_SIZE) >> PAGE_SHIFT) as u32;
         let zero = flags.contains(Flags::ZERO);
@@ -58,6 +68,9 @@ impl Shared {
         let mut waits = 0u32;
         let mut waiting = false;
         let mut reclaimable = true;
+        // Resident memory first: while this thread's cache holds at least the request's pages,
+        // a take that would fault memory in gives the cache back first, and is tried again.
+        let mut fault_in = reclaim.held_pages() < npages as u64;
         let placed = loop {
             let mut h = self.heap.lock();
             if core::mem::take(&mut waiting) {
@@ -76,8 +89,16 @@ impl Shared {
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
             if !for_chunk {
-                if let Some(p) = h.take(npages, order, align_pages, zero, now) {
+                if let Some(p) = h.take(npages, order, align_pages, zero, now, fault_in) {
                     break p;
+                }
+                if !fault_in {
+                    fault_in = true;
+                    drop(h);
+                    if core::mem::take(&mut reclaimable) {
+                        reclaim.give_back();
+                    }
+                    continue;
                 }
             }
             // The arena count as this thread found the heap full: `grow` installs nothing if
@@ -96,7 +117,7 @@ impl Shared {
                 continue;
             }
             drop(h);
-            if core::mem::take(&mut reclaimable) && reclaim() {
+            if core::mem::take(&mut reclaimable) && reclaim.give_back() {
                 continue;
             }
             self.grow(npages as usize, seen)?;

@@ -35,6 +35,7 @@ use crate::stats::ReclaimCounters;
 use crate::worker::{self, Worker};
 
 pub(crate) use isolate::{Inflight, INFLIGHT, ZERO_SLOT};
+pub(crate) use locked::Reclaim;
 pub(crate) use view::{ArenaView, HitPath, CACHE_LINE, LINE};
 pub use view::{SPAN_END, SPAN_START};
 #[cfg(test)]
@@ -266,8 +267,9 @@ impl Heap {
     }
 
     /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
-    /// request that needs zeros or not.
-    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32) -> Option<Placed> {
+    /// request that needs zeros or not. Without `fault_in`, only the placements that look for
+    /// resident memory are tried (the caller has resident memory to give back first).
+    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32, fault_in: bool) -> Option<Placed> {
         // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
@@ -293,7 +295,7 @@ impl Heap {
                     a.take_best_run(npages, size_order, align, resident, zero)
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 }
-                .or_else(|| a.take_preferring_hot(npages, order, reported, zero, None))
+                .or_else(|| if fault_in { a.take_preferring_hot(npages, order, reported, zero, None) } else { None })
             } else {
                 a.take_run(npages)
             };
