@@ -205,6 +205,9 @@ pub const META_LOCKED: u8 = 2; // the live block was `mlock`ed
 /// (`2^order`, the order byte): its pages past `npages` are its slack, on no list, their state
 /// bytes keeping their free states until the block is freed (cache/mod.rs, "Slack").
 pub const META_SLACK: u8 = 4;
+/// With `META_SLACK`: some of the slack's pages are not `Dirty` (their counts are read when the
+/// block comes back into a cache). Without it the slack is all `Dirty`, and nothing is read.
+pub const META_SLACK_MIXED: u8 = 8;
 
 pub const NIL: u32 = u32::MAX;
 
@@ -433,10 +436,12 @@ impl HitWord {
         HitWord(Tag::Cached as u64 | (order as u64) << 8 | (META_FREED_START as u64) << 16 | 1u64 << (32 + order as u32))
     }
     /// A cached block handed out for a request of `npages` pages, fewer than its `2^order`: tag
-    /// `Alloc`, order `order`, `META_SLACK` added and `META_FREED_START` cleared (class kept).
+    /// `Alloc`, order `order`, `META_SLACK` added (and `META_SLACK_MIXED` when `slack_mixed`: some
+    /// slack page is not `Dirty`) and `META_FREED_START` cleared (class kept).
     #[inline(always)]
-    pub(crate) fn handed_out_with_slack(self, order: u8, npages: u32) -> HitWord {
-        let flags = (self.flags() & !META_FREED_START) | META_SLACK;
+    pub(crate) fn handed_out_with_slack(self, order: u8, npages: u32, slack_mixed: bool) -> HitWord {
+        let mixed = if slack_mixed { META_SLACK_MIXED } else { 0 };
+        let flags = (self.flags() & !(META_FREED_START | META_SLACK_MIXED)) | META_SLACK | mixed;
         HitWord((self.0 & 0xff00_0000) | Tag::Alloc as u64 | (order as u64) << 8 | (flags as u64) << 16 | (npages as u64) << 32)
     }
     /// The same word with a new tag, flags and page count (order and class kept).

@@ -274,6 +274,33 @@ fn a_cache_refill_takes_the_threads_other_cached_blocks_before_fresh_memory() {
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
+#[test]
+fn slack_that_is_not_all_dirty_comes_back_with_its_counts() {
+    let a = caching_allocator();
+    // 64 dirty pages at the start of a fresh arena, merged back with the never-used pages
+    // beside them.
+    let p = take_written(&a, 64 * PAGE, false, 1);
+    a.free(p).unwrap();
+    a.drain_thread_cache();
+    // 150 pages (order 8) from the only resident memory: the 256-page block, mixed, whose slack
+    // (pages 150..256) was never used. Freed, the block comes back into the cache whole, and
+    // its entry must count the slack's pages as they are (`check_invariants` compares them with
+    // the state bytes).
+    let q = take_written(&a, 150 * PAGE, false, 2);
+    assert_eq!(q, p, "the request did not take the block of resident pages");
+    assert_eq!(a.stats().slack_bytes, 106 * PAGE as u64, "the request was not served with slack");
+    a.check_invariants().unwrap();
+    a.free(q).unwrap();
+    assert_eq!(a.stats().cached_pages, 256, "the block did not come back into the cache");
+    a.check_invariants().unwrap();
+    // Served again whole (a power of two of pages), it reads as written where it was written.
+    let r = take_written(&a, 256 * PAGE, true, 3);
+    assert_eq!(r, p);
+    a.free(r).unwrap();
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+}
+
 /// A live block of the model: `len` bytes at `addr`, every byte `fill`.
 struct Live {
     addr: usize,

@@ -24,7 +24,7 @@ use core::ops::{Deref, DerefMut};
 
 use crate::arena::Arena;
 use crate::config::ORDERS;
-use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK, NIL};
+use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREED_START, META_SLACK, META_SLACK_MIXED, NIL};
 
 mod check;
 mod deferred;
@@ -522,7 +522,7 @@ impl Buddy {
     pub fn mark_live(&mut self, pfn: u32, npages: u32, flags: u8) {
         let m = self.meta(pfn);
         let w = m.word();
-        m.set_word(w.with(Tag::Alloc, (w.flags() & !(META_FREED_START | META_SLACK)) | flags, npages));
+        m.set_word(w.with(Tag::Alloc, (w.flags() & !(META_FREED_START | META_SLACK | META_SLACK_MIXED)) | flags, npages));
     }
 
     /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`
@@ -551,7 +551,7 @@ impl Buddy {
         }
         let (live, size) = (w.npages(), 1u32 << w.order());
         debug_assert!(live < size && pfn & (size - 1) == 0);
-        m.set_flags(w.flags() & !META_SLACK);
+        m.set_flags(w.flags() & !(META_SLACK | META_SLACK_MIXED));
         self.free_by_runs(pfn + live, size - live, now_ms);
         size - live
     }

@@ -4,6 +4,7 @@
 
 use super::*;
 use core::num::NonZeroUsize;
+use crate::page::META_SLACK_MIXED;
 
 
 impl Entries<'_> {
@@ -117,13 +118,16 @@ impl Entries<'_> {
     #[inline(never)]
     pub(super) fn hand_out_with_slack(&self, a: &Arc<Shared>, e: Entry, mixed: Mixed, m: *mut BlockMeta, w: HitWord, order: u8, live: u32, flags: Flags) -> usize {
         let n = 1u32 << order;
-        self.hand_out(m, w.handed_out_with_slack(order, live), order as usize);
-        a.slack_held.fetch_add((n - live) as u64, Relaxed);
         let v = a.view(e.arena());
         let (pfn, _) = v.record(e.addr());
-        // The live part's counts: the block's, less the slack's (this thread owns the block's
-        // state bytes now).
-        let counts = if e.mixed() { mixed.counts().minus(v.states().count(pfn + live, n - live)) } else { StateCounts::default() };
+        // The slack's counts (this thread owns the block's state bytes now): none but `Dirty`
+        // pages in a block that is not mixed; the record says whether there are others, so that
+        // the free reads them only then.
+        let slack = if e.mixed() { v.states().count(pfn + live, n - live) } else { StateCounts::default() };
+        self.hand_out(m, w.handed_out_with_slack(order, live, slack != StateCounts::default()), order as usize);
+        a.slack_held.fetch_add((n - live) as u64, Relaxed);
+        // The live part's counts: the block's, less the slack's.
+        let counts = if e.mixed() { mixed.counts().minus(slack) } else { StateCounts::default() };
         if flags.0 == 0 && counts == StateCounts::default() {
             v.states().fill(pfn, live, PageState::Allocated);
             return e.addr();
@@ -216,8 +220,9 @@ impl Entries<'_> {
         let (pfn, _) = v.record(addr);
         let states = v.states();
         // The slack's pages kept their free states while the block was live; this thread owns
-        // the block, so the counts are read without the lock. The live pages become `Dirty`.
-        let slack = states.count(pfn + live, n - live);
+        // the block, so the counts are read without the lock (only when some are not `Dirty`,
+        // `META_SLACK_MIXED`). The live pages become `Dirty`.
+        let slack = if w.flags() & META_SLACK_MIXED != 0 { states.count(pfn + live, n - live) } else { StateCounts::default() };
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);
