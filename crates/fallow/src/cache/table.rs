@@ -239,21 +239,10 @@ struct CachePage {
 
 const _: () = assert!(core::mem::size_of::<CachePage>() == 1 << PAGE_SHIFT);
 
-/// Pages in the calling thread's cache of `a` (0 if it has none).
+/// Pages in the calling thread's cache of `a`, if it is the one this thread used last (else 0:
+/// the locked path then does not ask it back before faulting memory in).
 pub(crate) fn held_by_current(a: &Arc<Shared>) -> u64 {
-    if a.hit.cache_orders == 0 || STATE.with(|s| s.get()) != READY {
-        return 0;
-    }
-    TABLE
-        .try_with(|t| {
-            (0..SLOTS)
-                .filter(|&i| t.ids[i].get() == a.hit.cache_id)
-                // SAFETY: a slot whose id is set holds a live cache of this thread (id and cache
-                // are set and cleared together).
-                .map(|i| unsafe { &*t.caches[i].get() }.pages.get())
-                .sum()
-        })
-        .unwrap_or(0)
+    last(a).map_or(0, |c| c.pages.get())
 }
 
 /// `Allocator::drain_thread_cache`, and before the heap grows: `true` if the cache held pages.
