@@ -162,12 +162,13 @@ impl Allocator {
     /// the natural alignment (16) popped off the calling thread's current span of its class,
     /// zeroed whole for `zero`; `None` when that is not all it takes (then call `malloc`, which
     /// answers every case). Inline, with no call but a memset for `zero`.
+    ///
+    /// With small objects off it always answers `None`, without a test of the setting: only the
+    /// slab's slow path, which `malloc` reaches with small objects on alone, gives a thread a
+    /// heap, and with none the pop finds nothing.
     #[inline(always)]
     pub fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
-        if size <= SMALL_OBJECT_MAX && self.slab.on {
-            return self.slab.malloc_hot(size, zero);
-        }
-        None
+        self.slab.malloc_hot(size, zero)
     }
 
     /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first

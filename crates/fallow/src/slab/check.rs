@@ -4,6 +4,7 @@
 //! lock is held (the slab may be the program's allocator): a finding is formatted after.
 
 use super::*;
+use super::span::UNLISTED;
 
 /// What `check` found wrong: what, and two numbers (formatted once the lock is released).
 pub(super) struct Bad(&'static str, usize, usize);
@@ -47,8 +48,8 @@ impl Slab {
         let mut spares = 0u64;
         let mut visit = |s: &Span, place: u8| -> Result<(), Bad> {
             n += 1;
-            if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
-                return Err(Bad("a span's place or heap is wrong (span, place)", s.start.load(Relaxed), s.place.get() as usize));
+            if s.place() != place || !ptr::eq(s.heap.load(Relaxed), h) {
+                return Err(Bad("a span's place or heap is wrong (span, place)", s.start.load(Relaxed), s.place() as usize));
             }
             self.check_span(s)
         };
@@ -104,8 +105,11 @@ impl Slab {
                 return Err(Bad("a span is not in the page map (span, granule)", start, g));
             }
         }
-        let fresh = s.fresh.load(Relaxed);
-        let handed = ((fresh - start) / size) as u32;
+        let fresh = s.fresh_at();
+        let handed = s.fresh.load(Relaxed) as u32;
+        if s.mask.load(Relaxed) != bytes - 1 || fresh > s.end.get() || (s.used.load(Relaxed) & UNLISTED != 0) != (s.place() != LISTED) {
+            return Err(Bad("a span's mask, fresh or listed bit is wrong (span, used word)", start, s.used.load(Relaxed) as usize));
+        }
         // One bit per object (at most 4,096 in a span), on the stack.
         let mut seen = [0u64; 64];
         let mut count = |head: usize| -> Result<u32, Bad> {

@@ -6,9 +6,11 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{at_object, class_of, object_size, SMALL_MAX};
-use super::span::{Span, LISTED};
+use super::class::{class_of, object_index, object_size, SMALL_MAX};
+use super::heap::ThreadHeap;
+use super::span::{Span, UNLISTED};
 use super::{table, Slab};
+use crate::os::tls;
 
 /// What the hot path of a free did (`Slab::free_local`).
 pub(crate) enum Freed {
@@ -58,35 +60,59 @@ impl Slab {
     /// (a call whose result the caller still had to test would give it a frame, and the owner's
     /// path with it), without `free_in`'s second lookup and checks (about 150 instructions a
     /// remote free from the preload's `free` with them, 83 without).
+    ///
+    /// Each check is one compare of a word the free needs anyway: the object's index
+    /// (`object_index`) against `fresh` (an object's start, handed out), the thread's heap id
+    /// against the span's `owner`, the head of `local_free` (its link) against `addr`, and
+    /// `used` (counted down) against 1, which also covers an emptied span and one off its class
+    /// list (`UNLISTED`), both rare.
     #[inline(always)]
     pub(crate) fn free_local(&self, s: &Span, addr: usize) -> Freed {
-        let start = s.start.load(Relaxed);
-        let off = addr.wrapping_sub(start);
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
+        // `addr` is in the span (`find` found it there).
+        let off = addr & s.mask.load(Relaxed);
+        if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Freed::Not;
         }
-        let h = table::last(self);
-        if !ptr::eq(s.heap.load(Relaxed), h) {
+        let (id, h) = tls::slab();
+        if id != s.owner.load(Relaxed) {
             // Another thread's free (or a thread with no heap of this slab): the caller's one
             // call, `free_remote_out`.
             return Freed::Remote;
         }
-        let used = s.used();
+        // The owner: `id` is that of a heap of this slab (ids are never reused), so `h` is
+        // this thread's heap of it.
+        let h = h as *const ThreadHeap;
+        let used = s.used.load(Relaxed);
         let local = s.local_free.get();
-        // `free_in`'s double-free checks: `local_free`'s head, a span that counts none used.
-        if addr == local || used == 0 {
+        // `free_in`'s double-free checks: the object at the head of `local_free`, and (below)
+        // a span that counts none used.
+        if addr == local {
             return Freed::Not;
         }
-        // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
-        // heap, handed out and now freed: its first word becomes the link of `local_free`.
+        if (used as i32) >= 2 {
+            // Listed, at least 2 used: the push, one fewer used, still listed.
+            // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
+            // heap, handed out and now freed: its first word becomes the link of `local_free`.
+            unsafe { *(addr as *mut usize) = local };
+            s.local_free.set(addr);
+            s.used.store(used - 1, Relaxed);
+            return Freed::Done;
+        }
+        // Rare: the free empties the span (one used, listed), or the span is off its class list
+        // (`UNLISTED`), or it counts none used (a double free, nothing changed).
+        if used & !UNLISTED == 0 {
+            return Freed::Not;
+        }
+        // SAFETY: as above.
         unsafe { *(addr as *mut usize) = local };
         s.local_free.set(addr);
-        s.set_used(used - 1);
+        // Not 0 (tested above): no wrap, `UNLISTED` kept.
+        s.used.store(used - 1, Relaxed);
         // An emptied span stays only as its class's current one; a parked span comes back.
-        if s.place.get() != LISTED
-            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
-            // long as the slab; a span's class is below `CLASSES`.
-            || (used == 1 && !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s))
+        if used != 1
+            // SAFETY: this thread's own heap (its id is the span's owner), live as long as the
+            // slab; a span's class is below `CLASSES`.
+            || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s)
         {
             // SAFETY: as above.
             self.after_local_free(unsafe { &*h }, s);

@@ -211,8 +211,8 @@ impl Descriptors {
 
     /// Give back a descriptor no span uses and no list holds.
     pub(crate) fn give(&mut self, s: &Span) {
-        debug_assert!(s.place.get() != FREE_DESCRIPTOR, "a descriptor given back twice");
-        s.place.set(FREE_DESCRIPTOR);
+        debug_assert!(s.place() != FREE_DESCRIPTOR, "a descriptor given back twice");
+        s.set_place(FREE_DESCRIPTOR);
         s.next.set(self.free);
         self.free = s as *const Span as *mut Span;
     }

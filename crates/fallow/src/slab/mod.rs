@@ -67,11 +67,11 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
-use span::{FULL, LISTED, PARKED, SPARE};
+use span::{FULL, LISTED, NO_OWNER, PARKED, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 
@@ -89,6 +89,9 @@ pub(crate) struct Central {
     /// thread (through `next_pooled`).
     heaps: *mut ThreadHeap,
     pool: *mut ThreadHeap,
+    /// This slab's id, and the heaps it made (the low bits of the next heap's id).
+    slab_id: u64,
+    made: u64,
 }
 
 // SAFETY: reached only under the slab lock; the pointers are to the slab's own heaps and chunks.
@@ -123,7 +126,12 @@ unsafe impl Send for Slab {}
 impl Slab {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<Slab, Error> {
         let on = shared.config.small_objects;
-        let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        // Heap ids (the slab's id above `HEAP_BITS` bits) stay below 2^63, never `NO_OWNER`.
+        if id >= 1 << (63 - table::HEAP_BITS) {
+            return Err(Error::Os { op: "slab id", errno: libc::ENOMEM });
+        }
+        let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut(), slab_id: id, made: 0 };
         let v = shared.view(0);
         let arena0 = (v.base(), v.len());
         let maps = PageMaps::new();
@@ -133,7 +141,7 @@ impl Slab {
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
             shared,
-            id: NEXT_ID.fetch_add(1, Relaxed),
+            id,
             on,
             maps,
             arena0,
@@ -255,7 +263,8 @@ impl Slab {
         // SAFETY: a free descriptor just taken under the lock: this thread's alone until it is
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
-        s.init(c_class, start, zero, h as *mut ThreadHeap);
+        // SAFETY: `h` is a heap of this slab (the caller's), live as long as the slab.
+        s.init(c_class, start, zero, h as *mut ThreadHeap, unsafe { (*h).id.get() });
         for e in entries {
             span::publish(e, s);
         }
@@ -302,6 +311,7 @@ impl Slab {
                     e.store(0, Relaxed);
                 }
             }
+            s.owner.store(NO_OWNER, Relaxed);
             s.heap.store(ptr::null_mut(), Relaxed);
             let r = cache::free_pages(&self.shared, start, None);
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
@@ -314,15 +324,15 @@ impl Slab {
     /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
     #[inline(never)]
     pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
-        let start = s.start.load(Relaxed);
-        let off = addr.wrapping_sub(start);
-        // Below `fresh` (handed out at some time) and at an object's start (`at_object`).
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
+        let off = addr.wrapping_sub(s.start.load(Relaxed));
+        // At an object's start, below `fresh` (handed out at some time): `object_index`.
+        if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Err(self.bad_free(s, addr));
         }
         // `NO_HEAP` (no heap of this slab used last) owns no span.
         let h = table::last(self);
-        if !ptr::eq(s.heap.load(Relaxed), h) {
+        // SAFETY: `last` gives a heap of this slab or `NO_HEAP`, both live as long as the slab.
+        if s.owner.load(Relaxed) != unsafe { (*h).id.get() } {
             return self.free_remote(s, addr);
         }
         // The owner: push on `local_free`; the object at its head is one this thread freed
@@ -344,7 +354,7 @@ impl Slab {
         let heap = unsafe { &*h };
         // Nothing more for a listed span that still has live objects or is its class's current
         // one (an empty current span stays: the next request of its class pops from it).
-        if s.place.get() != LISTED
+        if s.place() != LISTED
             // SAFETY: a span's class is below `CLASSES`.
             || (used == 0 && !ptr::eq(unsafe { heap.head.get_unchecked(s.class.get() as usize) }.get(), s))
         {
@@ -373,7 +383,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        if size == 0 || off >= s.fresh.load(Relaxed).wrapping_sub(start) {
+        if size == 0 || off >= s.fresh_at().wrapping_sub(start) {
             return Error::InvalidPointer { addr };
         }
         Error::InteriorPointer { addr, block: start + off / size * size }
@@ -385,7 +395,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
+        (size != 0 && off < s.fresh_at().wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----
@@ -521,11 +531,15 @@ impl Slab {
     }
 }
 
-/// A new heap on a page of its own, registered.
+/// A new heap on a page of its own, registered, with the next id of the slab.
 fn new_heap(c: &mut Central) -> Result<*mut ThreadHeap, Error> {
+    if c.made + 1 >= 1 << table::HEAP_BITS {
+        return Err(Error::Os { op: "slab heap id", errno: libc::ENOMEM });
+    }
     let page = os::scratch(PAGE_SIZE).map_err(|errno| Error::Os { op: "mmap (slab heap)", errno })?;
+    c.made += 1;
     // SAFETY: a fresh page just mapped, used by nothing else.
-    let h = unsafe { ThreadHeap::init(page) };
+    let h = unsafe { ThreadHeap::init(page, c.slab_id << table::HEAP_BITS | c.made) };
     // SAFETY: the heap just made; the list is the lock holder's (`&mut Central`).
     unsafe { (*h).next_heap.set(c.heaps) };
     c.heaps = h;
