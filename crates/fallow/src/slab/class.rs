@@ -44,8 +44,14 @@ pub(crate) const fn span_bytes(c: usize) -> usize {
     }
 }
 
-/// `CLASS_OF[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
-static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
+/// Entries of `CLASS_TABLE`: one per 16 bytes of request, 0 to `SMALL_MAX`.
+pub(crate) const SIZE_SLOTS: usize = SMALL_MAX / 16 + 1;
+
+/// `CLASS_TABLE[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
+/// Every thread heap has a copy (`ThreadHeap::class_of`), which the hot path of `malloc` reads
+/// beside the heap's heads: in a shared object a static's address is one more load (its GOT
+/// word).
+pub(crate) const CLASS_TABLE: [u8; SIZE_SLOTS] = {
     let mut t = [0u8; SMALL_MAX / 16 + 1];
     let mut i = 0;
     let mut c = 0;
@@ -58,6 +64,9 @@ static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
     }
     t
 };
+
+/// `CLASS_TABLE` for the slow paths.
+static CLASS_OF: [u8; SIZE_SLOTS] = CLASS_TABLE;
 
 /// `class_size` of every class, for the hot path (a load rather than `class_size`'s branches).
 static OBJECT_SIZE: [u32; CLASSES] = {

@@ -16,7 +16,7 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::class::CLASSES;
+use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
 use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
@@ -53,6 +53,8 @@ pub(crate) struct ThreadHeap {
     /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
     pub(crate) next_heap: Cell<*mut ThreadHeap>,
     pub(crate) next_pooled: Cell<*mut ThreadHeap>,
+    /// `class::CLASS_TABLE` (written when the heap is set up, then only read).
+    pub(crate) class_of: [u8; SIZE_SLOTS],
 }
 
 // SAFETY: the `Cell`s are the owner's (its bound thread, or the slab lock holder while it is
@@ -81,6 +83,7 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     id: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
     next_pooled: Cell::new(ptr::null_mut()),
+    class_of: CLASS_TABLE,
 };
 
 impl ThreadHeap {
@@ -113,6 +116,8 @@ impl ThreadHeap {
             c.set(Span::empty());
         }
         r.id.set(id);
+        // SAFETY: as above; no reference to the field is live.
+        unsafe { ptr::addr_of_mut!((*h).class_of).write(CLASS_TABLE) };
         h
     }
 

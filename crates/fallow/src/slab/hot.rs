@@ -6,10 +6,11 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{class_of, object_index, object_size, SMALL_MAX};
+use super::class::{object_index, object_size, SMALL_MAX};
 use super::heap::ThreadHeap;
 use super::span::{Span, UNLISTED};
-use super::{table, Slab};
+use super::{table, Keys, Slab};
+use std::sync::Arc;
 use crate::os::tls;
 
 /// What the hot path of a free did (`Slab::free_local`).
@@ -22,7 +23,7 @@ pub(crate) enum Freed {
     Not,
 }
 
-impl Slab {
+impl Keys {
     /// The hot path alone, for a request of `size` bytes (at most `SMALL_MAX`) of the natural
     /// alignment: pop an object off the current span of its class in the heap this thread used
     /// last; `zero` (`calloc`): memset it whole (an object on a free list reads anything).
@@ -36,8 +37,9 @@ impl Slab {
         // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
         // `NO_HEAP`, whose heads are `EMPTY`.
         let h = unsafe { &*table::last(self) };
-        // SAFETY: `size <= SMALL_MAX`, tested above.
-        let c = unsafe { class_of(size) };
+        // SAFETY: `size <= SMALL_MAX`, tested above, so the index is at most `SMALL_MAX / 16`,
+        // the table's last (`class_of`, from the heap's copy of the table).
+        let c = unsafe { *h.class_of.get_unchecked((size + 15) >> 4) } as usize;
         // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
         // are 0, so `pop` writes nothing) or a listed span of this heap.
         let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
@@ -49,7 +51,9 @@ impl Slab {
         // SAFETY: an object address is never 0.
         Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
+}
 
+impl Slab {
     /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free, with
     /// every check of `free_in` made first. `Not`: nothing was changed, `free_in` answers (bad
     /// input). A free that empties a span other than its class's current one, or frees into a
@@ -67,7 +71,11 @@ impl Slab {
     /// `used` (counted down) against 1, which also covers an emptied span and one off its class
     /// list (`UNLISTED`), both rare.
     #[inline(always)]
-    pub(crate) fn free_local(&self, s: &Span, addr: usize) -> Freed {
+    ///
+    /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
+    /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
+    /// handle on every free (the compiler hoisted that load above the branches).
+    pub(crate) fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
         // `addr` is in the span (`find` found it there).
         let off = addr & s.mask.load(Relaxed);
         if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
@@ -115,7 +123,7 @@ impl Slab {
             || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s)
         {
             // SAFETY: as above.
-            self.after_local_free(unsafe { &*h }, s);
+            Slab::after_local_free_arc(slab, unsafe { &*h }, s);
         }
         Freed::Done
     }

@@ -97,18 +97,29 @@ pub(crate) struct Central {
 // SAFETY: reached only under the slab lock; the pointers are to the slab's own heaps and chunks.
 unsafe impl Send for Central {}
 
+/// What the hot paths read of a slab, fixed when it is made: copied into every `Allocator`
+/// handle too, so that the hot paths read them from the handle the caller holds rather than
+/// through its pointer to the slab (one load fewer on each). A `Keys` lives only in its slab
+/// or in a handle that keeps the slab (it is not `Copy`): what its methods return lives as long
+/// as the borrow of it.
+#[derive(Clone)]
+pub(crate) struct Keys {
+    /// Identity for the thread-local table (never reused in a process; the high bits of its
+    /// heaps' ids).
+    pub(crate) id: u64,
+    /// The first arena's base and length (installed before the slab, never replaced) and its
+    /// page map (reserved with the slab, so `find` needs no test of it).
+    pub(crate) arena0: (usize, usize),
+    pub(crate) map0: usize,
+    /// Small objects on (`Config::small_objects`).
+    pub(crate) on: bool,
+}
+
 /// The slab of one allocator.
 pub(crate) struct Slab {
     pub(crate) shared: Arc<Shared>,
-    /// Identity for the thread-local table (never reused in a process).
-    pub(crate) id: u64,
-    /// Small objects on (`Config::small_objects`).
-    pub(crate) on: bool,
+    pub(crate) keys: Keys,
     maps: PageMaps,
-    /// The first arena's base and length (installed before the slab, never replaced) and its
-    /// page map (reserved with the slab, so `find` needs no test of it).
-    arena0: (usize, usize),
-    map0: usize,
     central: Locked<Central>,
     /// The heap of threads that have none (always abandoned, so used under the lock).
     locked_heap: *mut ThreadHeap,
@@ -141,11 +152,8 @@ impl Slab {
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
             shared,
-            id,
-            on,
+            keys: Keys { id, arena0, map0, on },
             maps,
-            arena0,
-            map0,
             central: Locked::new(central),
             locked_heap,
             spans: AtomicU64::new(0),
@@ -154,21 +162,6 @@ impl Slab {
     }
 
     // ---- Allocation ----
-
-    /// An object of `size` bytes (at most `SMALL_MAX`) aligned to `align`. The hot path: a
-    /// plain request of the natural alignment, the current span of its class in the heap this
-    /// thread used last has a free object: pop it.
-    #[inline(always)]
-    pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
-        // (0, not a power of two) goes to the slow path, which refuses it.
-        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
-            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
-                return Ok(p);
-            }
-        }
-        self.malloc_slow(size, align, flags)
-    }
 
     /// Every request but the hot path's: aligned, flagged, a page block, or nothing to pop.
     #[inline(never)]
@@ -330,7 +323,7 @@ impl Slab {
             return Err(self.bad_free(s, addr));
         }
         // `NO_HEAP` (no heap of this slab used last) owns no span.
-        let h = table::last(self);
+        let h = table::last(&self.keys);
         // SAFETY: `last` gives a heap of this slab or `NO_HEAP`, both live as long as the slab.
         if s.owner.load(Relaxed) != unsafe { (*h).id.get() } {
             return self.free_remote(s, addr);
@@ -361,6 +354,13 @@ impl Slab {
             self.after_local_free(heap, s);
         }
         Ok(())
+    }
+
+    /// `after_local_free` from the hot path, which has the slab's handle (`free_local`).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn after_local_free_arc(slab: &Arc<Slab>, h: &ThreadHeap, s: &Span) {
+        slab.after_local_free(h, s)
     }
 
     /// A local free that emptied a span other than its class's current one, or freed into a
@@ -571,5 +571,22 @@ impl Central {
             p = next;
         }
         self.heaps = ptr::null_mut();
+    }
+}
+
+impl Keys {
+    /// An object of `size` bytes (at most `SMALL_MAX`) aligned to `align` from `slab`, whose
+    /// keys these are. The hot path: a plain request of the natural alignment, the current span
+    /// of its class in the heap this thread used last has a free object: pop it.
+    #[inline(always)]
+    pub(crate) fn malloc(&self, slab: &Arc<Slab>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
+        // (0, not a power of two) goes to the slow path, which refuses it.
+        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
+            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
+                return Ok(p);
+            }
+        }
+        slab.malloc_slow(size, align, flags)
     }
 }

@@ -18,7 +18,7 @@ use core::ptr;
 use std::sync::{Arc, Weak};
 
 use super::heap::ThreadHeap;
-use super::Slab;
+use super::{Keys, Slab};
 use crate::os::tls;
 
 const FRESH: u8 = 0;
@@ -52,13 +52,13 @@ thread_local! {
 /// once, not those started); a thread that finds none gets the locked heap.
 pub(crate) const HEAP_BITS: u32 = 20;
 
-/// The calling thread's heap of `slab` if it is the one this thread used last, else
-/// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
+/// The calling thread's heap of the slab of `keys` if it is the one this thread used last,
+/// else `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
 #[inline(always)]
-pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
+pub(crate) fn last(keys: &Keys) -> *mut ThreadHeap {
     // The heap this thread used last and its id (0: none), in `os::tls`.
     let (id, heap) = tls::slab();
-    if id >> HEAP_BITS == slab.id {
+    if id >> HEAP_BITS == keys.id {
         heap as *mut ThreadHeap
     } else {
         ThreadHeap::none()
@@ -68,7 +68,7 @@ pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
 /// The calling thread's heap of `slab`, made or adopted at first use; null while the thread is
 /// setting its table up or after its destructor ran.
 pub(crate) fn current(slab: &Arc<Slab>) -> *mut ThreadHeap {
-    let h = last(slab);
+    let h = last(&slab.keys);
     if !ptr::eq(h, ThreadHeap::none()) {
         return h;
     }
@@ -94,7 +94,7 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
         let now = t.clock.get() + 1;
         t.clock.set(now);
         let mut slots = t.slots.borrow_mut();
-        if let Some(s) = slots.iter_mut().flatten().find(|s| s.id == slab.id) {
+        if let Some(s) = slots.iter_mut().flatten().find(|s| s.id == slab.keys.id) {
             s.used = now;
             return (s.heap, None);
         }
@@ -104,7 +104,7 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
         let old = slots[pick].take();
         let heap = slab.heap_for_thread();
         if !heap.is_null() {
-            slots[pick] = Some(Slot { id: slab.id, heap, slab: Arc::downgrade(slab), used: now });
+            slots[pick] = Some(Slot { id: slab.keys.id, heap, slab: Arc::downgrade(slab), used: now });
         }
         (heap, old)
     });
@@ -147,7 +147,7 @@ pub(crate) fn own_heap(slab: &Slab) -> *mut ThreadHeap {
         return ptr::null_mut();
     }
     TABLE
-        .try_with(|t| t.slots.try_borrow().ok().and_then(|s| s.iter().flatten().find(|s| s.id == slab.id).map(|s| s.heap)))
+        .try_with(|t| t.slots.try_borrow().ok().and_then(|s| s.iter().flatten().find(|s| s.id == slab.keys.id).map(|s| s.heap)))
         .ok()
         .flatten()
         .unwrap_or(ptr::null_mut())
