@@ -136,8 +136,13 @@ impl ThreadHeap {
             // SAFETY: `old` is a listed span of this heap (owner's).
             unsafe { (*old).prev.set(me) };
         }
+        if !Span::is_empty_span(old) {
+            // SAFETY: as above.
+            unsafe { (*old).set_current(false) };
+        }
         self.head[c].set(me);
         s.set_place(LISTED);
+        s.set_current(true);
     }
 
     /// Put a span back on its class list at the tail (it has room, but the spans ahead of it
@@ -174,6 +179,11 @@ impl ThreadHeap {
             } else if s.place() == FULL {
                 self.full.set(n);
             } else {
+                // The head: the next span becomes its class's current one.
+                s.set_current(false);
+                if !n.is_null() {
+                    (*n).set_current(true);
+                }
                 self.head[s.class.get() as usize].set(if n.is_null() { Span::empty() } else { n });
             }
         }

@@ -98,7 +98,8 @@ impl Slab {
             return Freed::Not;
         }
         if (used as i32) >= 2 {
-            // Listed, at least 2 used: the push, one fewer used, still listed.
+            // Listed, with an object still used after this free, or the current span (which
+            // stays where it is emptied): the push, one fewer used (`UNLISTED`).
             // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
             // heap, handed out and now freed: its first word becomes the link of `local_free`.
             unsafe { *(addr as *mut usize) = local };
@@ -106,9 +107,10 @@ impl Slab {
             s.used.store(used - 1, Relaxed);
             return Freed::Done;
         }
-        // Rare: the free empties the span (one used, listed), or the span is off its class list
-        // (`UNLISTED`), or it counts none used (a double free, nothing changed).
-        if used & !UNLISTED == 0 {
+        // Rare: the free empties a span other than the current one (1, listed), or the span is
+        // off its class list (`UNLISTED`), or it counts none used (0, or 1 for the current
+        // span: a double free, nothing changed).
+        if used & !UNLISTED == 0 || (used == 1 && s.current.load(Relaxed)) {
             return Freed::Not;
         }
         // SAFETY: as above.
@@ -116,15 +118,9 @@ impl Slab {
         s.local_free.set(addr);
         // Not 0 (tested above): no wrap, `UNLISTED` kept.
         s.used.store(used - 1, Relaxed);
-        // An emptied span stays only as its class's current one; a parked span comes back.
-        if used != 1
-            // SAFETY: this thread's own heap (its id is the span's owner), live as long as the
-            // slab; a span's class is below `CLASSES`.
-            || !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s)
-        {
-            // SAFETY: as above.
-            Slab::after_local_free_arc(slab, unsafe { &*h }, s);
-        }
+        // The emptied span leaves its list; a parked span comes back.
+        // SAFETY: this thread's own heap (its id is the span's owner), live as long as the slab.
+        Slab::after_local_free_arc(slab, unsafe { &*h }, s);
         Freed::Done
     }
 }

@@ -19,7 +19,7 @@
 
 use core::cell::Cell;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
 
 use super::class::{class_size, divider, span_bytes};
 use super::heap::ThreadHeap;
@@ -27,10 +27,13 @@ use super::heap::ThreadHeap;
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
 pub(crate) const PARKED: usize = 1;
 
-/// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). The owner's
-/// free reads `used` anyway (to count down), so one signed compare of that word (at most 1:
-/// none used, a double free; one used, the free empties the span; or not listed) tells it
-/// whether it has anything more to do than the push.
+/// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). Below it,
+/// `used` holds the count of objects used plus 1 for its class's current span (`current`). The
+/// owner's free reads the word anyway (to count down), so one signed compare of it tells
+/// whether the free has anything more to do than the push: at least 2 is a listed span that
+/// keeps an object used after the free, or the current span with one used at least (an emptied
+/// current span stays where it is); at most 1 is a listed span the free empties (1, not
+/// current), a double free (0, or 1 for the current span), or a span off its list (negative).
 pub(crate) const UNLISTED: u32 = 1 << 31;
 
 /// `owner` of a span on its way back or of a free descriptor: no heap has it (heap ids are
@@ -67,10 +70,13 @@ pub(crate) struct Span {
     /// Head of the owner's frees (0: empty), moved to `free` when that runs out.
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
-    /// still count: the owner subtracts them when it collects them), and `UNLISTED` (bit 31).
-    /// Written by the owner only (a load and a store, no read-modify-write); the statistics
-    /// read it from any thread (`used()`, the count alone).
+    /// still count: the owner subtracts them when it collects them), plus 1 while `current`,
+    /// and `UNLISTED` (bit 31). Written by the owner only (a load and a store, no
+    /// read-modify-write); the statistics read it from any thread (`used()`, the count alone).
     pub(crate) used: AtomicU32,
+    /// The span is its class's current one (the head of its class list; owner's, read by the
+    /// statistics with `used`).
+    pub(crate) current: AtomicBool,
     /// The class and `place` (owner's; `place` changes through `set_place`, which keeps
     /// `UNLISTED` in `used` in step).
     pub(crate) class: Cell<u8>,
@@ -85,7 +91,7 @@ pub(crate) struct Span {
     /// Links of the owner's list this span is on (class list or full list).
     pub(crate) next: Cell<*mut Span>,
     pub(crate) prev: Cell<*mut Span>,
-    _owner_end: [u8; 16],
+    _owner_end: [u8; 8],
     // Read by any thread freeing into the span (its own line).
     /// Index of the first never-handed-out object: objects `fresh..` were never handed out, a
     /// free of one is of a pointer the slab never handed out (written by the owner only).
@@ -135,6 +141,7 @@ impl Span {
             free: Cell::new(0),
             local_free: Cell::new(0),
             used: AtomicU32::new(UNLISTED),
+            current: AtomicBool::new(false),
             class: Cell::new(0),
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
@@ -142,7 +149,7 @@ impl Span {
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
-            _owner_end: [0; 16],
+            _owner_end: [0; 8],
             fresh: AtomicUsize::new(0),
             start: AtomicUsize::new(0),
             mask: AtomicUsize::new(0),
@@ -175,6 +182,7 @@ impl Span {
         self.free.set(0);
         self.local_free.set(0);
         self.used.store(0, Relaxed);
+        self.current.store(false, Relaxed);
         self.class.set(c as u8);
         // On no list until `ThreadHeap::install` lists it.
         self.set_place(LEAVING);
@@ -198,14 +206,28 @@ impl Span {
     /// Objects counted as used (the owner's count; any thread may read it).
     #[inline(always)]
     pub(crate) fn used(&self) -> u32 {
-        self.used.load(Relaxed) & !UNLISTED
+        // Another thread may see `current` and `used` of two different moments: never below 0.
+        (self.used.load(Relaxed) & !UNLISTED).saturating_sub(self.current.load(Relaxed) as u32)
     }
 
-    /// The owner's new count, `UNLISTED` kept (a plain store: it is the only writer).
+    /// The owner's new count, `current`'s 1 and `UNLISTED` kept (a plain store: it is the only
+    /// writer).
     #[inline(always)]
     pub(crate) fn set_used(&self, n: u32) {
-        debug_assert!(n < UNLISTED);
-        self.used.store(n | (self.used.load(Relaxed) & UNLISTED), Relaxed)
+        debug_assert!(n < UNLISTED - 1);
+        let w = self.used.load(Relaxed);
+        self.used.store((n + self.current.load(Relaxed) as u32) | (w & UNLISTED), Relaxed)
+    }
+
+    /// The owner makes the span its class's current one or not (`ThreadHeap`, as the head of
+    /// the class list changes), its 1 in `used` with it.
+    pub(crate) fn set_current(&self, current: bool) {
+        if self.current.load(Relaxed) == current {
+            return;
+        }
+        self.current.store(current, Relaxed);
+        let w = self.used.load(Relaxed);
+        self.used.store(if current { w + 1 } else { w - 1 }, Relaxed);
     }
 
     /// Which of its heap's lists holds the span (owner's).
