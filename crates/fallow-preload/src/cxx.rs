@@ -58,14 +58,14 @@ fn new_large(size: usize) -> *mut c_void {
     if let Some(p) = a.malloc_hot(size, false) {
         return p.as_ptr() as *mut c_void;
     }
-    new_small(a, size)
+    new_small(size, a)
 }
 
 /// `operator new` past the hot path: `malloc`'s out-of-line half, then the runtime's
 /// `operator new` if that failed.
 #[inline(never)]
-fn new_small(a: &'static Allocator, size: usize) -> *mut c_void {
-    new_or_runtime(malloc_small(a, size), size)
+fn new_small(size: usize, a: &'static Allocator) -> *mut c_void {
+    new_or_runtime(malloc_small(size, a), size)
 }
 
 /// `operator new` with no allocator published for small objects: `malloc`'s lazy path.

@@ -140,14 +140,15 @@ fn malloc_large(size: usize) -> *mut c_void {
         if let Some(p) = a.malloc_hot(size, false) {
             return p.as_ptr() as *mut c_void;
         }
-        return malloc_small(a, size);
+        return malloc_small(size, a);
     }
     malloc_lazy(size)
 }
 
-/// `malloc` with small objects on and the allocator published, past the hot path.
+/// `malloc` with small objects on and the allocator published, past the hot path. The size
+/// first, where the caller has it (the first argument's register): no move before the jump.
 #[inline(never)]
-pub(crate) fn malloc_small(a: &'static Allocator, size: usize) -> *mut c_void {
+pub(crate) fn malloc_small(size: usize, a: &'static Allocator) -> *mut c_void {
     if process::within_largest_block(size, MIN_ALIGN) {
         if let Ok(p) = a.malloc_cold(size, MIN_ALIGN, Flags::NONE) {
             return p.as_ptr() as *mut c_void;
@@ -262,7 +263,7 @@ unsafe fn free_in_span(p: *mut c_void) {
             FreeHot::Done => {}
             FreeHot::Remote(r) => free_remote(r),
             // SAFETY: the caller's contract, passed on.
-            FreeHot::Cold => unsafe { free_small(a, p) },
+            FreeHot::Cold => unsafe { free_small(p, a) },
         };
     }
     // SAFETY: the caller's contract, passed on.
@@ -282,13 +283,14 @@ fn free_remote(r: RemoteFree<'static>) {
     }
 }
 
-/// `free` with small objects on and the allocator published, past the hot path.
+/// `free` with small objects on and the allocator published, past the hot path (the pointer
+/// first, as for `malloc_small`).
 ///
 /// # Safety
 ///
 /// As `free`.
 #[inline(never)]
-unsafe fn free_small(a: &'static Allocator, p: *mut c_void) {
+unsafe fn free_small(p: *mut c_void, a: &'static Allocator) {
     match a.free_cold(p as *mut u8) {
         Ok(true) => {}
         // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released
