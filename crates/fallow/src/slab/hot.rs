@@ -68,13 +68,13 @@ impl Slab {
     /// Each check is one compare of a word the free needs anyway: the object's index
     /// (`object_index`) against `fresh` (an object's start, handed out), the thread's heap id
     /// against the span's `owner`, the head of `local_free` (its link) against `addr`, and
-    /// `used` (counted down) against 1, which also covers an emptied span and one off its class
-    /// list (`UNLISTED`), both rare.
-    #[inline(always)]
+    /// `used` (counted down) against 2, which also covers a span with none used, an emptied
+    /// span other than the current one and one off its class list (`UNLISTED`), all rare.
     ///
     /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
     /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
     /// handle on every free (the compiler hoisted that load above the branches).
+    #[inline(always)]
     pub(crate) fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
         // `addr` is in the span (`find` found it there).
         let off = addr & s.mask.load(Relaxed);

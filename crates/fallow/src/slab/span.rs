@@ -6,8 +6,9 @@
 //!
 //! Who touches what (docs/design.md, "Access rules"): the fields in `Cell`s are the owner's, the
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
-//! atomics are read by any thread that frees an object of the span (`start`, `inv`, `shift`,
-//! `fresh`, `owner`, `heap`) or pushes to it (`thread_free`, `returned_next`).
+//! atomics are read by any thread that frees an object of the span (`start`, `mask`, `inv`,
+//! `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or by a thread
+//! that pushes to it (`thread_free`, `returned_next`).
 //!
 //! The remote-free protocol (model-checked: tests/loom/slab_remote.rs). `thread_free` holds the
 //! head of the list and, in bit 0, `PARKED`: the owner found the span full and took it off its
