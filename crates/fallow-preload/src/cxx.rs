@@ -15,21 +15,72 @@
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::entry::{free, malloc};
+use fallow::Allocator;
 
-/// `operator new(size_t)`.
+use crate::entry::{free, malloc_lazy, malloc_small, reaches_threshold};
+use crate::libc_heap::__libc_malloc;
+use crate::process;
+
+/// `operator new(size_t)`: `malloc`'s routing, each side one tail call, so that neither sets
+/// up a frame here. A request that may be fallow's takes `new_large`, whose hot path returns
+/// the object with no frame of its own, as `malloc`'s does (through `malloc`, whose result must
+/// be tested here, it took a frame and a call); the rest takes `new_libc`.
 ///
 /// # Safety
 ///
 /// As `malloc`; the block is released with `operator delete` (or `free`).
 #[no_mangle]
 pub unsafe extern "C" fn _Znwm(size: usize) -> *mut c_void {
-    // SAFETY: `malloc` takes any size.
-    let p = unsafe { malloc(size) };
+    if reaches_threshold(size) {
+        return new_large(size);
+    }
+    new_libc(size)
+}
+
+/// `operator new` from glibc's `malloc`.
+#[inline(never)]
+fn new_libc(size: usize) -> *mut c_void {
+    // SAFETY: glibc's `malloc` takes any size.
+    let p = unsafe { __libc_malloc(size) };
     if !p.is_null() {
         return p;
     }
     // SAFETY: the runtime's `operator new` takes any size; in tail position (see the module).
+    unsafe { fallow_cxx_new_failed(size) }
+}
+
+/// `operator new` of a request that may be fallow's: with small objects on and the allocator
+/// published, the slab's hot path inline (no call, so no frame here), everything else one
+/// tail call.
+#[inline(never)]
+fn new_large(size: usize) -> *mut c_void {
+    let Some(a) = process::small() else { return new_lazy(size) };
+    if let Some(p) = a.malloc_hot(size, false) {
+        return p.as_ptr() as *mut c_void;
+    }
+    new_small(size, a)
+}
+
+/// `operator new` past the hot path: `malloc`'s out-of-line half, then the runtime's
+/// `operator new` if that failed.
+#[inline(never)]
+fn new_small(size: usize, a: &'static Allocator) -> *mut c_void {
+    new_or_runtime(malloc_small(size, a), size)
+}
+
+/// `operator new` with no allocator published for small objects: `malloc`'s lazy path.
+#[inline(never)]
+fn new_lazy(size: usize) -> *mut c_void {
+    new_or_runtime(malloc_lazy(size), size)
+}
+
+/// `p`, or the runtime's `operator new` of `size` bytes if `p` is null (in tail position).
+#[inline(always)]
+fn new_or_runtime(p: *mut c_void, size: usize) -> *mut c_void {
+    if !p.is_null() {
+        return p;
+    }
+    // SAFETY: as in `_Znwm`.
     unsafe { fallow_cxx_new_failed(size) }
 }
 

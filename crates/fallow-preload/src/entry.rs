@@ -60,7 +60,7 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
 /// are parsed (so the first request takes the path that parses them, `for_request`). One
 /// compare that reads the threshold itself.
 #[inline(always)]
-fn reaches_threshold(size: usize) -> bool {
+pub(crate) fn reaches_threshold(size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: one aligned 8-byte read of `THRESHOLD`, an `AtomicUsize` (on x86-64 a plain `mov`
     // or memory operand is an atomic load, here as `Relaxed`: the threshold is one word, written
@@ -140,14 +140,15 @@ fn malloc_large(size: usize) -> *mut c_void {
         if let Some(p) = a.malloc_hot(size, false) {
             return p.as_ptr() as *mut c_void;
         }
-        return malloc_small(a, size);
+        return malloc_small(size, a);
     }
     malloc_lazy(size)
 }
 
-/// `malloc` with small objects on and the allocator published, past the hot path.
+/// `malloc` with small objects on and the allocator published, past the hot path. The size
+/// first, where the caller has it (the first argument's register): no move before the jump.
 #[inline(never)]
-fn malloc_small(a: &'static Allocator, size: usize) -> *mut c_void {
+pub(crate) fn malloc_small(size: usize, a: &'static Allocator) -> *mut c_void {
     if process::within_largest_block(size, MIN_ALIGN) {
         if let Ok(p) = a.malloc_cold(size, MIN_ALIGN, Flags::NONE) {
             return p.as_ptr() as *mut c_void;
@@ -160,7 +161,7 @@ fn malloc_small(a: &'static Allocator, size: usize) -> *mut c_void {
 /// `malloc` of a request that may be fallow's, with no allocator published for small objects:
 /// the lazy path (settings, creation).
 #[inline(never)]
-fn malloc_lazy(size: usize) -> *mut c_void {
+pub(crate) fn malloc_lazy(size: usize) -> *mut c_void {
     if let Some(a) = for_request(size, MIN_ALIGN) {
         if let Some(p) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
             return p;
@@ -260,30 +261,36 @@ unsafe fn free_in_span(p: *mut c_void) {
         // remote free `free_remote`, the rest `free_small`.
         return match a.free_hot_step(p as *mut u8) {
             FreeHot::Done => {}
-            FreeHot::Remote(r) => free_remote(a, r),
+            FreeHot::Remote(r) => free_remote(r),
             // SAFETY: the caller's contract, passed on.
-            FreeHot::Cold => unsafe { free_small(a, p) },
+            FreeHot::Cold => unsafe { free_small(p, a) },
         };
     }
     // SAFETY: the caller's contract, passed on.
     unsafe { free_lazy(p) }
 }
 
-/// `free` of another thread's small object, checked by the hot path (`FreeHot::Remote`).
+/// `free` of another thread's small object, checked by the hot path (`FreeHot::Remote`). The
+/// allocator is read again from `SMALL` here rather than passed: passed, the compiler loaded its
+/// slab's address for this call in the owner's path too (one instruction on every free).
 #[inline(never)]
-fn free_remote(a: &'static Allocator, r: RemoteFree<'static>) {
+fn free_remote(r: RemoteFree<'static>) {
+    // SAFETY: the hot path that found `r` loaded `SMALL` non-null; it is stored once and never
+    // cleared.
+    let a = unsafe { process::small().unwrap_unchecked() };
     if let Err(e) = r.finish(a) {
         fatal("free", &e);
     }
 }
 
-/// `free` with small objects on and the allocator published, past the hot path.
+/// `free` with small objects on and the allocator published, past the hot path (the pointer
+/// first, as for `malloc_small`).
 ///
 /// # Safety
 ///
 /// As `free`.
 #[inline(never)]
-unsafe fn free_small(a: &'static Allocator, p: *mut c_void) {
+unsafe fn free_small(p: *mut c_void, a: &'static Allocator) {
     match a.free_cold(p as *mut u8) {
         Ok(true) => {}
         // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released

@@ -26,6 +26,28 @@ fn owner_double_free_into_an_emptied_span_is_detected() {
     assert_eq!(a.stats().small_live_objects, 0);
 }
 
+/// The same double free into a span that is no longer its class's current one: a span filled
+/// (the next object comes from a new span) and emptied again becomes a spare, off its class
+/// list. The owner's free tells a span that counts none used by the same word whether the span
+/// is the current one, another listed one or off its list (`used`, with its `current` and
+/// `UNLISTED` parts): each must still see the double free.
+#[test]
+fn owner_double_free_into_a_spare_span_is_detected() {
+    let a = Allocator::new(cfg()).unwrap();
+    let per_span = (64 << 10) / 1024;
+    let first: Vec<*mut u8> = (0..per_span).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();
+    let next = a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr();
+    for &p in &first {
+        a.free_any(p).unwrap();
+    }
+    assert_eq!(a.stats().small_spare_spans, 1, "the first span, emptied, is a spare");
+    let p = first[0];
+    assert_eq!(a.free_any(p), Err(Error::DoubleFree { addr: p as usize }), "a free into a spare span");
+    a.check_invariants().unwrap();
+    a.free_any(next).unwrap();
+    assert_eq!(a.stats().small_live_objects, 0);
+}
+
 /// Another thread frees `a`, `b`, then `a` again (glibc's fastbins miss this pattern too): the
 /// head check sees `b`, so `a` is pushed a second time and `thread_free` becomes the cycle
 /// a -> b -> a. When the owner runs out of objects it collects the list, walking it to its

@@ -4,6 +4,7 @@
 //! lock is held (the slab may be the program's allocator): a finding is formatted after.
 
 use super::*;
+use super::span::UNLISTED;
 
 /// What `check` found wrong: what, and two numbers (formatted once the lock is released).
 pub(super) struct Bad(&'static str, usize, usize);
@@ -45,10 +46,14 @@ impl Slab {
     fn check_heap(&self, h: &ThreadHeap) -> Result<(), Bad> {
         let mut n = 0u64;
         let mut spares = 0u64;
-        let mut visit = |s: &Span, place: u8| -> Result<(), Bad> {
+        // `current`: the span is the head of its class list.
+        let mut visit = |s: &Span, place: u8, current: bool| -> Result<(), Bad> {
             n += 1;
-            if s.place.get() != place || !ptr::eq(s.heap.load(Relaxed), h) {
-                return Err(Bad("a span's place or heap is wrong (span, place)", s.start.load(Relaxed), s.place.get() as usize));
+            if s.place() != place || !ptr::eq(s.heap.load(Relaxed), h) || s.owner.load(Relaxed) != h.id.get() {
+                return Err(Bad("a span's place, heap or owner is wrong (span, place)", s.start.load(Relaxed), s.place() as usize));
+            }
+            if s.current.load(Relaxed) != current {
+                return Err(Bad("a span's current flag is wrong (span, flag)", s.start.load(Relaxed), current as usize));
             }
             self.check_span(s)
         };
@@ -59,7 +64,7 @@ impl Slab {
                 // SAFETY: a listed span of a heap the caller owns (its own, or abandoned under
                 // the lock held).
                 let s = unsafe { &*p };
-                visit(s, LISTED)?;
+                visit(s, LISTED, last.is_null())?;
                 last = p;
                 p = s.next.get();
             }
@@ -71,7 +76,7 @@ impl Slab {
                 spares += 1;
                 // SAFETY: as above, the spare.
                 let s = unsafe { &*sp };
-                visit(s, SPARE)?;
+                visit(s, SPARE, false)?;
                 if s.used() != 0 {
                     return Err(Bad("a spare span holds live objects (span, used)", s.start.load(Relaxed), s.used() as usize));
                 }
@@ -81,7 +86,7 @@ impl Slab {
         while !p.is_null() {
             // SAFETY: as above, a parked span.
             let s = unsafe { &*p };
-            visit(s, FULL)?;
+            visit(s, FULL, false)?;
             p = s.next.get();
         }
         if n != h.spans.get() || spares != h.spares.get() {
@@ -104,8 +109,11 @@ impl Slab {
                 return Err(Bad("a span is not in the page map (span, granule)", start, g));
             }
         }
-        let fresh = s.fresh.load(Relaxed);
-        let handed = ((fresh - start) / size) as u32;
+        let fresh = s.fresh_at();
+        let handed = s.fresh.load(Relaxed) as u32;
+        if s.mask.load(Relaxed) != bytes - 1 || fresh > s.end.get() || (s.used.load(Relaxed) & UNLISTED != 0) != (s.place() != LISTED) {
+            return Err(Bad("a span's mask, fresh or listed bit is wrong (span, used word)", start, s.used.load(Relaxed) as usize));
+        }
         // One bit per object (at most 4,096 in a span), on the stack.
         let mut seen = [0u64; 64];
         let mut count = |head: usize| -> Result<u32, Bad> {

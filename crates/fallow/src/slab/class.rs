@@ -44,8 +44,14 @@ pub(crate) const fn span_bytes(c: usize) -> usize {
     }
 }
 
-/// `CLASS_OF[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
-static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
+/// Entries of `CLASS_TABLE`: one per 16 bytes of request, 0 to `SMALL_MAX`.
+pub(crate) const SIZE_SLOTS: usize = SMALL_MAX / 16 + 1;
+
+/// `CLASS_TABLE[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
+/// Every thread heap has a copy (`ThreadHeap::class_of`), which the hot path of `malloc` reads
+/// beside the heap's heads: in a shared object a static's address is one more load (its GOT
+/// word).
+pub(crate) const CLASS_TABLE: [u8; SIZE_SLOTS] = {
     let mut t = [0u8; SMALL_MAX / 16 + 1];
     let mut i = 0;
     let mut c = 0;
@@ -58,6 +64,9 @@ static CLASS_OF: [u8; SMALL_MAX / 16 + 1] = {
     }
     t
 };
+
+/// `CLASS_TABLE` for the slow paths.
+static CLASS_OF: [u8; SIZE_SLOTS] = CLASS_TABLE;
 
 /// `class_size` of every class, for the hot path (a load rather than `class_size`'s branches).
 static OBJECT_SIZE: [u32; CLASSES] = {
@@ -102,21 +111,37 @@ pub(crate) fn aligned_class(size: usize, align: usize) -> Option<usize> {
     (s <= SMALL_MAX).then(|| unsafe { class_of(s) })
 }
 
-/// `ceil(2^32 / size)`: `(off * recip) >> 32` is `off / size` for every offset in a span
-/// (`off * size <= 2^32`: offsets below 64 KiB for objects up to 4 KiB, below 256 KiB up to 16 KiB), one multiplication instead
-/// of a division on `free`'s path.
-pub(crate) const fn reciprocal(size: usize) -> u64 {
-    (1u64 << 32).div_ceil(size as u64)
+/// `(inv, shift)` for a class size: `size = 2^shift * odd`, `inv * odd = 1` modulo 2^64 (the
+/// odd factor's inverse, by Newton's iteration: each step doubles the bits that are right, and
+/// an odd number is its own inverse modulo 8).
+pub(crate) const fn divider(size: usize) -> (u64, u32) {
+    let shift = size.trailing_zeros();
+    let odd = (size >> shift) as u64;
+    let mut inv = odd;
+    let mut i = 0;
+    while i < 5 {
+        inv = inv.wrapping_mul(2u64.wrapping_sub(odd.wrapping_mul(inv)));
+        i += 1;
+    }
+    (inv, shift)
 }
 
-/// Whether offset `off` in a span is at an object's start, with `recip` the class's
-/// `reciprocal`: `off * recip` is `idx * 2^32 + idx * e + r * recip` for `off = idx * size + r`
-/// and `e = recip * size - 2^32 < size`; `idx * e < span <= 2^32 / size <= recip` (the bound
-/// below), so its low 32 bits are below `recip` exactly when `r` is 0. One multiplication and a
-/// compare on `free`'s path, no division and no load of the size.
+/// The index of the object that starts at offset `off` of a span, with `(inv, shift)` its
+/// class's `divider`; for an offset that is not an object's start, a number of at least
+/// `2^64 / size`, above every index (the divisibility test by a modular inverse, as compilers
+/// test `x % d == 0`). For `off = idx * size`, `off * inv = idx * 2^shift` modulo 2^64, which
+/// the rotation turns into `idx`. Otherwise: if `off` is not a multiple of `2^shift`, neither
+/// is the product (`inv` is odd), and the rotation moves its low set bits to the top (the
+/// result is at least `2^(64 - shift)`); if it is, `off = m * 2^shift` with `odd` not dividing
+/// `m`, and the result `y` has `y * odd = m` modulo `2^(64 - shift)`, which for `y` below
+/// `2^(64 - shift) / odd` would hold without the modulo, and `odd` would divide `m`. So one
+/// compare of the result against the index of the first never-handed-out object (`fresh`)
+/// tells both that `off` is an object's start and that the object was handed out: one
+/// multiplication, a rotation and a compare on `free`'s path, no division. Exact for every
+/// `off` (wrapped differences included).
 #[inline(always)]
-pub(crate) fn at_object(off: usize, recip: u64) -> bool {
-    ((off as u64).wrapping_mul(recip) as u32) < recip as u32
+pub(crate) fn object_index(off: usize, inv: u64, shift: u32) -> u64 {
+    (off as u64).wrapping_mul(inv).rotate_right(shift)
 }
 
 const _: () = {
@@ -125,7 +150,6 @@ const _: () = {
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));
-        assert!((span_bytes(c) as u64) * (class_size(c) as u64) <= 1u64 << 32);
         c += 1;
     }
 };
@@ -150,12 +174,19 @@ mod tests {
             // an eighth.
             let tail = span % s;
             assert!(tail <= span * 3 / 128 || (s > 4096 && tail.is_multiple_of(PAGE_SIZE) && tail <= span / 8), "class {s}: tail {tail} of {span}");
-            let r = reciprocal(s);
-            for off in (0..span).step_by(16) {
-                assert_eq!(((off as u64 * r) >> 32) as usize, off / s, "class {s} offset {off}");
-            }
-            for off in 0..span {
-                assert_eq!(at_object(off, r), off % s == 0, "class {s} offset {off}");
+            let (inv, shift) = divider(s);
+            assert_eq!((inv.wrapping_mul((s >> shift) as u64), s >> shift & 1), (1, 1), "class {s}");
+            // Every offset in the span and around it, and wrapped ones (a pointer below the
+            // span's start): an object's index for an object's start, above any index else.
+            let bound = (span / s) as u64;
+            let offs = (0..span + 2 * s).chain((1..4 * s).map(|k| 0usize.wrapping_sub(k)));
+            for off in offs {
+                let i = object_index(off, inv, shift);
+                if off.is_multiple_of(s) && off < span + 2 * s {
+                    assert_eq!(i, (off / s) as u64, "class {s} offset {off}");
+                } else {
+                    assert!(i > bound, "class {s} offset {off:#x}: {i}");
+                }
             }
         }
     }

@@ -16,7 +16,7 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::class::CLASSES;
+use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
 use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
@@ -46,14 +46,21 @@ pub(crate) struct ThreadHeap {
     pub(crate) spares: Owned,
     /// New spans taken since the owner's last sweep (sweep.rs).
     pub(crate) since_sweep: Cell<u32>,
+    /// The heap's id (set when it is made, never changed, never another heap's in the process:
+    /// the slab's id in the high bits, `HEAP_BITS` of a count below): the word the owner's
+    /// thread keeps in `os::tls` beside the heap's address, and every span's `owner`.
+    pub(crate) id: Cell<u64>,
     /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
     pub(crate) next_heap: Cell<*mut ThreadHeap>,
     pub(crate) next_pooled: Cell<*mut ThreadHeap>,
+    /// `class::CLASS_TABLE` (written when the heap is set up, then only read).
+    pub(crate) class_of: [u8; SIZE_SLOTS],
 }
 
 // SAFETY: the `Cell`s are the owner's (its bound thread, or the slab lock holder while it is
 // abandoned; the two pass it on under the lock), the links `next_heap` / `next_pooled` the slab
-// lock holder's; what other threads touch is atomic (`returned`, `abandoned`, the counters).
+// lock holder's, `id` written once before the heap is registered; what other threads touch is
+// atomic (`returned`, `abandoned`, the counters).
 unsafe impl Sync for ThreadHeap {}
 
 const _: () = assert!(core::mem::size_of::<ThreadHeap>() <= crate::os::PAGE_SIZE);
@@ -73,8 +80,10 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     spans: Owned::new(),
     spares: Owned::new(),
     since_sweep: Cell::new(0),
+    id: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
     next_pooled: Cell::new(ptr::null_mut()),
+    class_of: CLASS_TABLE,
 };
 
 impl ThreadHeap {
@@ -93,12 +102,12 @@ pub(crate) enum Got {
 }
 
 impl ThreadHeap {
-    /// Set up a heap on `page`, a fresh zeroed page (zero is null and 0 for every field; the
-    /// heads start at `EMPTY`).
+    /// Set up a heap with id `id` on `page`, a fresh zeroed page (zero is null and 0 for every
+    /// field; the heads start at `EMPTY`).
     ///
     /// # Safety
     /// `page` is a fresh mapping of at least a page that nothing else uses.
-    pub(crate) unsafe fn init(page: usize) -> *mut ThreadHeap {
+    pub(crate) unsafe fn init(page: usize, id: u64) -> *mut ThreadHeap {
         let h = page as *mut ThreadHeap;
         // SAFETY: the caller's page, zeroed: a valid `ThreadHeap` of null pointers and zeros,
         // which this thread alone sees until it is registered.
@@ -106,6 +115,9 @@ impl ThreadHeap {
         for c in &r.head {
             c.set(Span::empty());
         }
+        r.id.set(id);
+        // SAFETY: as above; no reference to the field is live.
+        unsafe { ptr::addr_of_mut!((*h).class_of).write(CLASS_TABLE) };
         h
     }
 
@@ -124,8 +136,13 @@ impl ThreadHeap {
             // SAFETY: `old` is a listed span of this heap (owner's).
             unsafe { (*old).prev.set(me) };
         }
+        if !Span::is_empty_span(old) {
+            // SAFETY: as above.
+            unsafe { (*old).set_current(false) };
+        }
         self.head[c].set(me);
-        s.place.set(LISTED);
+        s.set_place(LISTED);
+        s.set_current(true);
     }
 
     /// Put a span back on its class list at the tail (it has room, but the spans ahead of it
@@ -145,7 +162,7 @@ impl ThreadHeap {
         // SAFETY: `last` is a listed span of this heap (owner's).
         unsafe { (*last).next.set(me) };
         self.tail[c].set(me);
-        s.place.set(LISTED);
+        s.set_place(LISTED);
     }
 
     fn unlink(&self, s: &Span) {
@@ -154,14 +171,19 @@ impl ThreadHeap {
         unsafe {
             if !n.is_null() {
                 (*n).prev.set(p);
-            } else if s.place.get() == LISTED {
+            } else if s.place() == LISTED {
                 self.tail[s.class.get() as usize].set(p);
             }
             if !p.is_null() {
                 (*p).next.set(n);
-            } else if s.place.get() == FULL {
+            } else if s.place() == FULL {
                 self.full.set(n);
             } else {
+                // The head: the next span becomes its class's current one.
+                s.set_current(false);
+                if !n.is_null() {
+                    (*n).set_current(true);
+                }
                 self.head[s.class.get() as usize].set(if n.is_null() { Span::empty() } else { n });
             }
         }
@@ -171,7 +193,7 @@ impl ThreadHeap {
 
     fn park(&self, s: &Span) {
         self.unlink(s);
-        s.place.set(FULL);
+        s.set_place(FULL);
         let old = self.full.get();
         s.prev.set(ptr::null_mut());
         s.next.set(old);
@@ -192,7 +214,7 @@ impl ThreadHeap {
             // back (only the push that cleared `PARKED` puts it there, once per park).
             let r = unsafe { &*s };
             s = r.returned_next.load(Relaxed);
-            debug_assert!(r.place.get() == FULL);
+            debug_assert!(r.place() == FULL);
             self.unlink(r);
             self.push_tail(r);
         }
@@ -267,7 +289,7 @@ impl ThreadHeap {
     /// spare slot, or is returned (`Some`: the caller gives it back to the page layer).
     #[cold]
     pub(crate) fn after_local_free<'s>(&self, s: &'s Span) -> Option<&'s Span> {
-        if s.place.get() == FULL {
+        if s.place() == FULL {
             if !s.unpark() {
                 return None;
             }
@@ -286,13 +308,13 @@ impl ThreadHeap {
         self.unlink(s);
         let c = s.class.get() as usize;
         if self.spare[c].get().is_null() && self.spares.get() < SPARES_MAX {
-            s.place.set(SPARE);
+            s.set_place(SPARE);
             self.spare[c].set(s as *const Span as *mut Span);
             self.spares.add(1);
             return None;
         }
         self.spans.sub(1);
-        s.place.set(LEAVING);
+        s.set_place(LEAVING);
         Some(s)
     }
 
@@ -306,7 +328,7 @@ impl ThreadHeap {
         }
         self.unlink(s);
         self.spans.sub(1);
-        s.place.set(LEAVING);
+        s.set_place(LEAVING);
         Some(s as *const Span as *mut Span)
     }
 
@@ -358,7 +380,7 @@ impl ThreadHeap {
         self.spares.sub(1);
         self.spans.sub(1);
         // SAFETY: the spare, this heap's, on no list.
-        unsafe { (*spare).place.set(LEAVING) };
+        unsafe { (*spare).set_place(LEAVING) };
         Some(spare)
     }
 }

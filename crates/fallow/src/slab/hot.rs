@@ -6,9 +6,12 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{at_object, class_of, object_size, SMALL_MAX};
-use super::span::{Span, LISTED};
-use super::{table, Slab};
+use super::class::{object_index, object_size, SMALL_MAX};
+use super::heap::ThreadHeap;
+use super::span::{Span, UNLISTED};
+use super::{table, Keys, Slab};
+use std::sync::Arc;
+use crate::os::tls;
 
 /// What the hot path of a free did (`Slab::free_local`).
 pub(crate) enum Freed {
@@ -20,7 +23,7 @@ pub(crate) enum Freed {
     Not,
 }
 
-impl Slab {
+impl Keys {
     /// The hot path alone, for a request of `size` bytes (at most `SMALL_MAX`) of the natural
     /// alignment: pop an object off the current span of its class in the heap this thread used
     /// last; `zero` (`calloc`): memset it whole (an object on a free list reads anything).
@@ -34,8 +37,9 @@ impl Slab {
         // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
         // `NO_HEAP`, whose heads are `EMPTY`.
         let h = unsafe { &*table::last(self) };
-        // SAFETY: `size <= SMALL_MAX`, tested above.
-        let c = unsafe { class_of(size) };
+        // SAFETY: `size <= SMALL_MAX`, tested above, so the index is at most `SMALL_MAX / 16`,
+        // the table's last (`class_of`, from the heap's copy of the table).
+        let c = unsafe { *h.class_of.get_unchecked((size + 15) >> 4) } as usize;
         // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
         // are 0, so `pop` writes nothing) or a listed span of this heap.
         let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
@@ -47,7 +51,9 @@ impl Slab {
         // SAFETY: an object address is never 0.
         Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
     }
+}
 
+impl Slab {
     /// The hot path of a free of `addr` in span `s` (found by `find`): the owner's free, with
     /// every check of `free_in` made first. `Not`: nothing was changed, `free_in` answers (bad
     /// input). A free that empties a span other than its class's current one, or frees into a
@@ -58,39 +64,63 @@ impl Slab {
     /// (a call whose result the caller still had to test would give it a frame, and the owner's
     /// path with it), without `free_in`'s second lookup and checks (about 150 instructions a
     /// remote free from the preload's `free` with them, 83 without).
+    ///
+    /// Each check is one compare of a word the free needs anyway: the object's index
+    /// (`object_index`) against `fresh` (an object's start, handed out), the thread's heap id
+    /// against the span's `owner`, the head of `local_free` (its link) against `addr`, and
+    /// `used` (counted down) against 2, which also covers a span with none used, an emptied
+    /// span other than the current one and one off its class list (`UNLISTED`), all rare.
+    ///
+    /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
+    /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
+    /// handle on every free (the compiler hoisted that load above the branches).
     #[inline(always)]
-    pub(crate) fn free_local(&self, s: &Span, addr: usize) -> Freed {
-        let start = s.start.load(Relaxed);
-        let off = addr.wrapping_sub(start);
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
+    pub(crate) fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
+        // `addr` is in the span (`find` found it there).
+        let off = addr & s.mask.load(Relaxed);
+        if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Freed::Not;
         }
-        let h = table::last(self);
-        if !ptr::eq(s.heap.load(Relaxed), h) {
+        let (id, h) = tls::slab();
+        if id != s.owner.load(Relaxed) {
             // Another thread's free (or a thread with no heap of this slab): the caller's one
             // call, `free_remote_out`.
             return Freed::Remote;
         }
-        let used = s.used();
+        // The owner: `id` is that of a heap of this slab (ids are never reused), so `h` is
+        // this thread's heap of it.
+        let h = h as *const ThreadHeap;
+        let used = s.used.load(Relaxed);
         let local = s.local_free.get();
-        // `free_in`'s double-free checks: `local_free`'s head, a span that counts none used.
-        if addr == local || used == 0 {
+        // `free_in`'s double-free checks: the object at the head of `local_free`, and (below)
+        // a span that counts none used.
+        if addr == local {
             return Freed::Not;
         }
-        // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
-        // heap, handed out and now freed: its first word becomes the link of `local_free`.
+        if (used as i32) >= 2 {
+            // Listed, with an object still used after this free, or the current span (which
+            // stays where it is emptied): the push, one fewer used (`UNLISTED`).
+            // SAFETY: `addr` is an object of `s` (checked above), a live span of this thread's
+            // heap, handed out and now freed: its first word becomes the link of `local_free`.
+            unsafe { *(addr as *mut usize) = local };
+            s.local_free.set(addr);
+            s.used.store(used - 1, Relaxed);
+            return Freed::Done;
+        }
+        // Rare: the free empties a span other than the current one (1, listed), or the span is
+        // off its class list (`UNLISTED`), or it counts none used (0, or 1 for the current
+        // span: a double free, nothing changed).
+        if used & !UNLISTED == 0 || (used == 1 && s.current.load(Relaxed)) {
+            return Freed::Not;
+        }
+        // SAFETY: as above.
         unsafe { *(addr as *mut usize) = local };
         s.local_free.set(addr);
-        s.set_used(used - 1);
-        // An emptied span stays only as its class's current one; a parked span comes back.
-        if s.place.get() != LISTED
-            // SAFETY: this thread's own heap (`last`, tested against the span's owner), live as
-            // long as the slab; a span's class is below `CLASSES`.
-            || (used == 1 && !ptr::eq(unsafe { (*h).head.get_unchecked(s.class.get() as usize) }.get(), s))
-        {
-            // SAFETY: as above.
-            self.after_local_free(unsafe { &*h }, s);
-        }
+        // Not 0 (tested above): no wrap, `UNLISTED` kept.
+        s.used.store(used - 1, Relaxed);
+        // The emptied span leaves its list; a parked span comes back.
+        // SAFETY: this thread's own heap (its id is the span's owner), live as long as the slab.
+        Slab::after_local_free_arc(slab, unsafe { &*h }, s);
         Freed::Done
     }
 }

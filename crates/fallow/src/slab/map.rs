@@ -87,11 +87,12 @@ impl Slab {
     /// of its range; the others through the allocator's views.
     #[inline(always)]
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
-        let off = addr.wrapping_sub(self.arena0.0);
-        let e = if off < self.arena0.1 {
+        let k = &self.keys;
+        let off = addr.wrapping_sub(k.arena0.0);
+        let e = if off < k.arena0.1 {
             // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
             // per granule.
-            unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+            unsafe { &*((k.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
         } else {
             match self.find_other(addr) {
                 Some(e) => e,
@@ -106,25 +107,6 @@ impl Slab {
         // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
         // the slab (recycled, never unmapped); its shared fields are atomics.
         Found::Span(unsafe { &*(s as *const Span) })
-    }
-
-    /// The span of `addr` if it lies in one of the first arena's (the hot path of a free: one
-    /// range test and one map word, no call); `None` for any other address, including spans of
-    /// the other arenas (`find` answers for those).
-    #[inline(always)]
-    pub(crate) fn find_in_first(&self, addr: usize) -> Option<&Span> {
-        let off = addr.wrapping_sub(self.arena0.0);
-        if off >= self.arena0.1 {
-            return None;
-        }
-        // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word per
-        // granule.
-        let e = unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
-        // Acquire: the descriptor was set up before it was published here.
-        let s = e.load(Acquire);
-        // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
-        // the slab (recycled, never unmapped); its shared fields are atomics.
-        (s != 0).then(|| unsafe { &*(s as *const Span) })
     }
 
     /// The map entry of `addr` in an arena after the first (none: no such arena, or no map).
@@ -211,8 +193,8 @@ impl Descriptors {
 
     /// Give back a descriptor no span uses and no list holds.
     pub(crate) fn give(&mut self, s: &Span) {
-        debug_assert!(s.place.get() != FREE_DESCRIPTOR, "a descriptor given back twice");
-        s.place.set(FREE_DESCRIPTOR);
+        debug_assert!(s.place() != FREE_DESCRIPTOR, "a descriptor given back twice");
+        s.set_place(FREE_DESCRIPTOR);
         s.next.set(self.free);
         self.free = s as *const Span as *mut Span;
     }
@@ -234,5 +216,27 @@ impl Drop for Slab {
         let mut c = self.central.lock();
         c.descriptors.unmap_all();
         c.unmap_heaps();
+    }
+}
+
+impl super::Keys {
+    /// The span of `addr` if it lies in one of the first arena's (the hot path of a free: one
+    /// range test and one map word, no call); `None` for any other address, including spans of
+    /// the other arenas (`find` answers for those).
+    #[inline(always)]
+    pub(crate) fn find_in_first(&self, addr: usize) -> Option<&Span> {
+        let off = addr.wrapping_sub(self.arena0.0);
+        if off >= self.arena0.1 {
+            return None;
+        }
+        // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word per
+        // granule.
+        let e = unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
+        // Acquire: the descriptor was set up before it was published here.
+        let s = e.load(Acquire);
+        // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
+        // the slab (recycled, never unmapped), and `self` lives in the slab or in a handle that
+        // keeps it; its shared fields are atomics.
+        (s != 0).then(|| unsafe { &*(s as *const Span) })
     }
 }

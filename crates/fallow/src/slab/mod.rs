@@ -67,11 +67,11 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, at_object, class_of, class_size, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
-use span::{FULL, LISTED, PARKED, SPARE};
+use span::{FULL, LISTED, NO_OWNER, PARKED, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 
@@ -89,23 +89,37 @@ pub(crate) struct Central {
     /// thread (through `next_pooled`).
     heaps: *mut ThreadHeap,
     pool: *mut ThreadHeap,
+    /// This slab's id, and the heaps it made (the low bits of the next heap's id).
+    slab_id: u64,
+    made: u64,
 }
 
 // SAFETY: reached only under the slab lock; the pointers are to the slab's own heaps and chunks.
 unsafe impl Send for Central {}
 
+/// What the hot paths read of a slab, fixed when it is made: copied into every `Allocator`
+/// handle too, so that the hot paths read them from the handle the caller holds rather than
+/// through its pointer to the slab (one load fewer on each). A `Keys` lives only in its slab
+/// or in a handle that keeps the slab (it is not `Copy`): what its methods return lives as long
+/// as the borrow of it.
+#[derive(Clone)]
+pub(crate) struct Keys {
+    /// Identity for the thread-local table (never reused in a process; the high bits of its
+    /// heaps' ids).
+    pub(crate) id: u64,
+    /// The first arena's base and length (installed before the slab, never replaced) and its
+    /// page map (reserved with the slab, so `find` needs no test of it).
+    pub(crate) arena0: (usize, usize),
+    pub(crate) map0: usize,
+    /// Small objects on (`Config::small_objects`).
+    pub(crate) on: bool,
+}
+
 /// The slab of one allocator.
 pub(crate) struct Slab {
     pub(crate) shared: Arc<Shared>,
-    /// Identity for the thread-local table (never reused in a process).
-    pub(crate) id: u64,
-    /// Small objects on (`Config::small_objects`).
-    pub(crate) on: bool,
+    pub(crate) keys: Keys,
     maps: PageMaps,
-    /// The first arena's base and length (installed before the slab, never replaced) and its
-    /// page map (reserved with the slab, so `find` needs no test of it).
-    arena0: (usize, usize),
-    map0: usize,
     central: Locked<Central>,
     /// The heap of threads that have none (always abandoned, so used under the lock).
     locked_heap: *mut ThreadHeap,
@@ -123,7 +137,12 @@ unsafe impl Send for Slab {}
 impl Slab {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<Slab, Error> {
         let on = shared.config.small_objects;
-        let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut() };
+        let id = NEXT_ID.fetch_add(1, Relaxed);
+        // Heap ids (the slab's id above `HEAP_BITS` bits) stay below 2^63, never `NO_OWNER`.
+        if id >= 1 << (63 - table::HEAP_BITS) {
+            return Err(Error::Os { op: "slab id", errno: libc::ENOMEM });
+        }
+        let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut(), slab_id: id, made: 0 };
         let v = shared.view(0);
         let arena0 = (v.base(), v.len());
         let maps = PageMaps::new();
@@ -133,11 +152,8 @@ impl Slab {
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
             shared,
-            id: NEXT_ID.fetch_add(1, Relaxed),
-            on,
+            keys: Keys { id, arena0, map0, on },
             maps,
-            arena0,
-            map0,
             central: Locked::new(central),
             locked_heap,
             spans: AtomicU64::new(0),
@@ -146,21 +162,6 @@ impl Slab {
     }
 
     // ---- Allocation ----
-
-    /// An object of `size` bytes (at most `SMALL_MAX`) aligned to `align`. The hot path: a
-    /// plain request of the natural alignment, the current span of its class in the heap this
-    /// thread used last has a free object: pop it.
-    #[inline(always)]
-    pub(crate) fn malloc(self: &Arc<Self>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
-        // (0, not a power of two) goes to the slow path, which refuses it.
-        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
-            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
-                return Ok(p);
-            }
-        }
-        self.malloc_slow(size, align, flags)
-    }
 
     /// Every request but the hot path's: aligned, flagged, a page block, or nothing to pop.
     #[inline(never)]
@@ -255,7 +256,8 @@ impl Slab {
         // SAFETY: a free descriptor just taken under the lock: this thread's alone until it is
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
-        s.init(c_class, start, zero, h as *mut ThreadHeap);
+        // SAFETY: `h` is a heap of this slab (the caller's), live as long as the slab.
+        s.init(c_class, start, zero, h as *mut ThreadHeap, unsafe { (*h).id.get() });
         for e in entries {
             span::publish(e, s);
         }
@@ -302,6 +304,7 @@ impl Slab {
                     e.store(0, Relaxed);
                 }
             }
+            s.owner.store(NO_OWNER, Relaxed);
             s.heap.store(ptr::null_mut(), Relaxed);
             let r = cache::free_pages(&self.shared, start, None);
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
@@ -314,15 +317,15 @@ impl Slab {
     /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
     #[inline(never)]
     pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
-        let start = s.start.load(Relaxed);
-        let off = addr.wrapping_sub(start);
-        // Below `fresh` (handed out at some time) and at an object's start (`at_object`).
-        if off >= s.fresh.load(Relaxed).wrapping_sub(start) || !at_object(off, s.recip.load(Relaxed)) {
+        let off = addr.wrapping_sub(s.start.load(Relaxed));
+        // At an object's start, below `fresh` (handed out at some time): `object_index`.
+        if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Err(self.bad_free(s, addr));
         }
         // `NO_HEAP` (no heap of this slab used last) owns no span.
-        let h = table::last(self);
-        if !ptr::eq(s.heap.load(Relaxed), h) {
+        let h = table::last(&self.keys);
+        // SAFETY: `last` gives a heap of this slab or `NO_HEAP`, both live as long as the slab.
+        if s.owner.load(Relaxed) != unsafe { (*h).id.get() } {
             return self.free_remote(s, addr);
         }
         // The owner: push on `local_free`; the object at its head is one this thread freed
@@ -344,13 +347,20 @@ impl Slab {
         let heap = unsafe { &*h };
         // Nothing more for a listed span that still has live objects or is its class's current
         // one (an empty current span stays: the next request of its class pops from it).
-        if s.place.get() != LISTED
+        if s.place() != LISTED
             // SAFETY: a span's class is below `CLASSES`.
             || (used == 0 && !ptr::eq(unsafe { heap.head.get_unchecked(s.class.get() as usize) }.get(), s))
         {
             self.after_local_free(heap, s);
         }
         Ok(())
+    }
+
+    /// `after_local_free` from the hot path, which has the slab's handle (`free_local`).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn after_local_free_arc(slab: &Arc<Slab>, h: &ThreadHeap, s: &Span) {
+        slab.after_local_free(h, s)
     }
 
     /// A local free that emptied a span other than its class's current one, or freed into a
@@ -373,7 +383,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        if size == 0 || off >= s.fresh.load(Relaxed).wrapping_sub(start) {
+        if size == 0 || off >= s.fresh_at().wrapping_sub(start) {
             return Error::InvalidPointer { addr };
         }
         Error::InteriorPointer { addr, block: start + off / size * size }
@@ -385,7 +395,7 @@ impl Slab {
         let start = s.start.load(Relaxed);
         let size = s.size.load(Relaxed) as usize;
         let off = addr.wrapping_sub(start);
-        (size != 0 && off < s.fresh.load(Relaxed).wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
+        (size != 0 && off < s.fresh_at().wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----
@@ -521,11 +531,15 @@ impl Slab {
     }
 }
 
-/// A new heap on a page of its own, registered.
+/// A new heap on a page of its own, registered, with the next id of the slab.
 fn new_heap(c: &mut Central) -> Result<*mut ThreadHeap, Error> {
+    if c.made + 1 >= 1 << table::HEAP_BITS {
+        return Err(Error::Os { op: "slab heap id", errno: libc::ENOMEM });
+    }
     let page = os::scratch(PAGE_SIZE).map_err(|errno| Error::Os { op: "mmap (slab heap)", errno })?;
+    c.made += 1;
     // SAFETY: a fresh page just mapped, used by nothing else.
-    let h = unsafe { ThreadHeap::init(page) };
+    let h = unsafe { ThreadHeap::init(page, c.slab_id << table::HEAP_BITS | c.made) };
     // SAFETY: the heap just made; the list is the lock holder's (`&mut Central`).
     unsafe { (*h).next_heap.set(c.heaps) };
     c.heaps = h;
@@ -557,5 +571,22 @@ impl Central {
             p = next;
         }
         self.heaps = ptr::null_mut();
+    }
+}
+
+impl Keys {
+    /// An object of `size` bytes (at most `SMALL_MAX`) aligned to `align` from `slab`, whose
+    /// keys these are. The hot path: a plain request of the natural alignment, the current span
+    /// of its class in the heap this thread used last has a free object: pop it.
+    #[inline(always)]
+    pub(crate) fn malloc(&self, slab: &Arc<Slab>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+        // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
+        // (0, not a power of two) goes to the slow path, which refuses it.
+        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
+            if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
+                return Ok(p);
+            }
+        }
+        slab.malloc_slow(size, align, flags)
     }
 }

@@ -58,7 +58,7 @@ impl Slab {
                 return;
             }
             heap.take_returned();
-            if s.place.get() == LISTED {
+            if s.place() == LISTED {
                 if let Some(e) = heap.collect_or_drop(s) {
                     // SAFETY: a span just taken off the heap, the lock holder's.
                     unsafe { (*e).next.set(out) };

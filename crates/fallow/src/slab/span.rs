@@ -6,8 +6,9 @@
 //!
 //! Who touches what (docs/design.md, "Access rules"): the fields in `Cell`s are the owner's, the
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
-//! atomics are read by any thread that frees an object of the span (`start`, `size`, `recip`,
-//! `fresh`, `heap`) or pushes to it (`thread_free`, `returned_next`).
+//! atomics are read by any thread that frees an object of the span (`start`, `mask`, `inv`,
+//! `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or by a thread
+//! that pushes to it (`thread_free`, `returned_next`).
 //!
 //! The remote-free protocol (model-checked: tests/loom/slab_remote.rs). `thread_free` holds the
 //! head of the list and, in bit 0, `PARKED`: the owner found the span full and took it off its
@@ -19,13 +20,26 @@
 
 use core::cell::Cell;
 use core::ptr;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
 
-use super::class::{class_size, reciprocal, span_bytes};
+use super::class::{class_size, divider, span_bytes};
 use super::heap::ThreadHeap;
 
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
 pub(crate) const PARKED: usize = 1;
+
+/// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). Below it,
+/// `used` holds the count of objects used plus 1 for its class's current span (`current`). The
+/// owner's free reads the word anyway (to count down), so one signed compare of it tells
+/// whether the free has anything more to do than the push: at least 2 is a listed span that
+/// keeps an object used after the free, or the current span with one used at least (an emptied
+/// current span stays where it is); at most 1 is a listed span the free empties (1, not
+/// current), a double free (0, or 1 for the current span), or a span off its list (negative).
+pub(crate) const UNLISTED: u32 = 1 << 31;
+
+/// `owner` of a span on its way back or of a free descriptor: no heap has it (heap ids are
+/// below 2^63, `Slab::new`).
+pub(crate) const NO_OWNER: u64 = u64::MAX;
 
 /// Where a span is in its heap (`Span::place`): which of the heap's lists holds it.
 pub(crate) const FREE_DESCRIPTOR: u8 = 0;
@@ -57,12 +71,17 @@ pub(crate) struct Span {
     /// Head of the owner's frees (0: empty), moved to `free` when that runs out.
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
-    /// still count: the owner subtracts them when it collects them). Written by the owner only
-    /// (a load and a store, no read-modify-write); the statistics read it from any thread.
+    /// still count: the owner subtracts them when it collects them), plus 1 while `current`,
+    /// and `UNLISTED` (bit 31). Written by the owner only (a load and a store, no
+    /// read-modify-write); the statistics read it from any thread (`used()`, the count alone).
     pub(crate) used: AtomicU32,
-    /// The class and `place` (owner's).
+    /// The span is its class's current one (the head of its class list; owner's, read by the
+    /// statistics with `used`).
+    pub(crate) current: AtomicBool,
+    /// The class and `place` (owner's; `place` changes through `set_place`, which keeps
+    /// `UNLISTED` in `used` in step).
     pub(crate) class: Cell<u8>,
-    pub(crate) place: Cell<u8>,
+    place: Cell<u8>,
     /// Objects from `fresh` up were never handed out; with `zeroed` they read zero.
     pub(crate) zeroed: Cell<bool>,
     /// The owner's slow path found the span full and moved it to the tail of its class list
@@ -73,19 +92,27 @@ pub(crate) struct Span {
     /// Links of the owner's list this span is on (class list or full list).
     pub(crate) next: Cell<*mut Span>,
     pub(crate) prev: Cell<*mut Span>,
-    _owner_end: [u8; 16],
+    _owner_end: [u8; 8],
     // Read by any thread freeing into the span (its own line).
-    /// First never-handed-out object (written by the owner only; a free at or above it is of a
-    /// pointer the slab never handed out).
+    /// Index of the first never-handed-out object: objects `fresh..` were never handed out, a
+    /// free of one is of a pointer the slab never handed out (written by the owner only).
     pub(crate) fresh: AtomicUsize,
     pub(crate) start: AtomicUsize,
+    /// The span's bytes less one: an address's offset in the span is its low bits (a span is
+    /// aligned to its size), one `and` where `start` would take a copy and a subtraction.
+    pub(crate) mask: AtomicUsize,
+    /// `size` is `2^shift` times an odd number whose inverse modulo 2^64 is `inv`
+    /// (class.rs, `divider`, `object_index`).
+    pub(crate) inv: AtomicU64,
     pub(crate) size: AtomicU32,
-    pub(crate) class_id: AtomicU8,
-    /// `ceil(2^32 / size)` (class.rs, `reciprocal`).
-    pub(crate) recip: AtomicU64,
+    pub(crate) shift: AtomicU8,
+    /// The id of the heap that owns the span (`ThreadHeap::id`, the word the owner's thread
+    /// keeps in `os::tls`), `NO_OWNER` while the descriptor is free: the owner's free tells
+    /// its own span by one compare.
+    pub(crate) owner: AtomicU64,
     /// The heap that owns the span (null while the descriptor is free).
     pub(crate) heap: AtomicPtr<ThreadHeap>,
-    _readers_end: [u8; 24],
+    _readers_end: [u8; 8],
     // Written by the pushers (its own line).
     /// Other threads' frees, and `PARKED` (above).
     pub(crate) thread_free: AtomicUsize,
@@ -114,7 +141,8 @@ impl Span {
         Span {
             free: Cell::new(0),
             local_free: Cell::new(0),
-            used: AtomicU32::new(0),
+            used: AtomicU32::new(UNLISTED),
+            current: AtomicBool::new(false),
             class: Cell::new(0),
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
@@ -122,14 +150,16 @@ impl Span {
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
-            _owner_end: [0; 16],
+            _owner_end: [0; 8],
             fresh: AtomicUsize::new(0),
             start: AtomicUsize::new(0),
+            mask: AtomicUsize::new(0),
+            inv: AtomicU64::new(0),
             size: AtomicU32::new(0),
-            class_id: AtomicU8::new(0),
-            recip: AtomicU64::new(0),
+            shift: AtomicU8::new(0),
+            owner: AtomicU64::new(NO_OWNER),
             heap: AtomicPtr::new(ptr::null_mut()),
-            _readers_end: [0; 24],
+            _readers_end: [0; 8],
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
         }
@@ -143,27 +173,32 @@ impl Span {
         ptr::eq(s, &EMPTY)
     }
 
-    /// Set up a free descriptor for a span of class `c` at `start` owned by `heap`; `zeroed`:
-    /// its pages read zero. Called by the owner before the span is in the page map.
-    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap) {
+    /// Set up a free descriptor for a span of class `c` at `start` owned by `heap` (whose id
+    /// is `owner`); `zeroed`: its pages read zero. Called by the owner before the span is in
+    /// the page map.
+    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
         let size = class_size(c);
         let n = span_bytes(c) / size;
+        let (inv, shift) = divider(size);
         self.free.set(0);
         self.local_free.set(0);
         self.used.store(0, Relaxed);
+        self.current.store(false, Relaxed);
         self.class.set(c as u8);
         // On no list until `ThreadHeap::install` lists it.
-        self.place.set(LEAVING);
+        self.set_place(LEAVING);
         self.zeroed.set(zeroed);
         self.skipped.set(false);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());
-        self.fresh.store(start, Relaxed);
+        self.fresh.store(0, Relaxed);
         self.start.store(start, Relaxed);
+        self.mask.store(span_bytes(c) - 1, Relaxed);
+        self.inv.store(inv, Relaxed);
         self.size.store(size as u32, Relaxed);
-        self.class_id.store(c as u8, Relaxed);
-        self.recip.store(reciprocal(size), Relaxed);
+        self.shift.store(shift as u8, Relaxed);
+        self.owner.store(owner, Relaxed);
         self.heap.store(heap, Relaxed);
         self.thread_free.store(0, Relaxed);
         self.returned_next.store(ptr::null_mut(), Relaxed);
@@ -172,13 +207,46 @@ impl Span {
     /// Objects counted as used (the owner's count; any thread may read it).
     #[inline(always)]
     pub(crate) fn used(&self) -> u32 {
-        self.used.load(Relaxed)
+        // Another thread may see `current` and `used` of two different moments: never below 0.
+        (self.used.load(Relaxed) & !UNLISTED).saturating_sub(self.current.load(Relaxed) as u32)
     }
 
-    /// The owner's new count (a plain store: it is the only writer).
+    /// The owner's new count, `current`'s 1 and `UNLISTED` kept (a plain store: it is the only
+    /// writer).
     #[inline(always)]
     pub(crate) fn set_used(&self, n: u32) {
-        self.used.store(n, Relaxed)
+        debug_assert!(n < UNLISTED - 1);
+        let w = self.used.load(Relaxed);
+        self.used.store((n + self.current.load(Relaxed) as u32) | (w & UNLISTED), Relaxed)
+    }
+
+    /// The owner makes the span its class's current one or not (`ThreadHeap`, as the head of
+    /// the class list changes), its 1 in `used` with it.
+    pub(crate) fn set_current(&self, current: bool) {
+        if self.current.load(Relaxed) == current {
+            return;
+        }
+        self.current.store(current, Relaxed);
+        let w = self.used.load(Relaxed);
+        self.used.store(if current { w + 1 } else { w - 1 }, Relaxed);
+    }
+
+    /// Which of its heap's lists holds the span (owner's).
+    #[inline(always)]
+    pub(crate) fn place(&self) -> u8 {
+        self.place.get()
+    }
+
+    /// The owner moves the span to `place`, and sets or clears `UNLISTED` with it.
+    pub(crate) fn set_place(&self, place: u8) {
+        self.place.set(place);
+        let w = self.used.load(Relaxed) & !UNLISTED;
+        self.used.store(if place == LISTED { w } else { w | UNLISTED }, Relaxed);
+    }
+
+    /// The address of the first never-handed-out object (`fresh` is its index).
+    pub(crate) fn fresh_at(&self) -> usize {
+        self.start.load(Relaxed) + self.fresh.load(Relaxed) * self.size.load(Relaxed) as usize
     }
 
     /// The owner pops an object off `free`, or, when `free` is empty, takes its own frees
@@ -198,7 +266,9 @@ impl Span {
         // its first word is the list's link, written by this owner (or by a remote free
         // ordered before the owner's swap of `thread_free`); the owner alone reads it.
         self.free.set(unsafe { *(o as *const usize) });
-        self.set_used(self.used() + 1);
+        // One more used, `UNLISTED` kept: the count (at most a span's objects) never carries
+        // into bit 31.
+        self.used.store(self.used.load(Relaxed) + 1, Relaxed);
         Some(o)
     }
 
@@ -246,14 +316,15 @@ impl Span {
     /// zeroed span it reads zero: `Some((addr, true))`), else up to a page of them linked into
     /// `free` and the first one popped. `None`: none left.
     pub(crate) fn take_fresh(&self, zero: bool) -> Option<(usize, bool)> {
-        let fresh = self.fresh.load(Relaxed);
+        let index = self.fresh.load(Relaxed);
+        let fresh = self.fresh_at();
         let size = self.size.load(Relaxed) as usize;
         let end = self.end.get();
         if fresh >= end {
             return None;
         }
         if zero {
-            self.fresh.store(fresh + size, Relaxed);
+            self.fresh.store(index + 1, Relaxed);
             self.set_used(self.used() + 1);
             return Some((fresh, self.zeroed.get()));
         }
@@ -269,7 +340,7 @@ impl Span {
         }
         // SAFETY: as above, the last object of the batch.
         unsafe { *(last as *mut usize) = self.free.get() };
-        self.fresh.store(last + size, Relaxed);
+        self.fresh.store(index + n, Relaxed);
         self.free.set(fresh);
         self.pop().map(|o| (o, false))
     }

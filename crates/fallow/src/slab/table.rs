@@ -7,14 +7,18 @@
 //! slab serves it from its locked heap.
 //!
 //! The heap used last (`last`) is what every hot path asks first: two words of `os::tls`, read
-//! without a call (static TLS with the initial-exec model on x86-64 Linux).
+//! without a call (static TLS with the initial-exec model on x86-64 Linux): the heap's id
+//! (`ThreadHeap::id`: its slab's id in the high bits) and its address. `malloc` tells its slab's
+//! heap by the id's high bits; the owner's free tells its own span by the whole id, one compare
+//! with the span's `owner` (ids are never reused in a process, so a word left by a slab that is
+//! gone matches nothing, where the address of its heap's page may be a new heap's).
 
 use core::cell::{Cell, RefCell};
 use core::ptr;
 use std::sync::{Arc, Weak};
 
 use super::heap::ThreadHeap;
-use super::Slab;
+use super::{Keys, Slab};
 use crate::os::tls;
 
 const FRESH: u8 = 0;
@@ -43,13 +47,18 @@ thread_local! {
     static TABLE: Slots = const { Slots { slots: RefCell::new([const { None }; SLOTS]), clock: Cell::new(0) } };
 }
 
-/// The calling thread's heap of `slab` if it is the one this thread used last, else
-/// `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
+/// Bits of a heap id below its slab's id: a slab makes at most `2^HEAP_BITS - 1` heaps (an
+/// exiting thread's heap is adopted by the next new one, so this bounds the threads alive at
+/// once, not those started); a thread that finds none gets the locked heap.
+pub(crate) const HEAP_BITS: u32 = 20;
+
+/// The calling thread's heap of the slab of `keys` if it is the one this thread used last,
+/// else `ThreadHeap::none()` (`NO_HEAP`: no span, nothing to pop).
 #[inline(always)]
-pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
-    // The heap this thread used last and its slab's id (0: none), in `os::tls`.
+pub(crate) fn last(keys: &Keys) -> *mut ThreadHeap {
+    // The heap this thread used last and its id (0: none), in `os::tls`.
     let (id, heap) = tls::slab();
-    if id == slab.id {
+    if id >> HEAP_BITS == keys.id {
         heap as *mut ThreadHeap
     } else {
         ThreadHeap::none()
@@ -59,7 +68,7 @@ pub(crate) fn last(slab: &Slab) -> *mut ThreadHeap {
 /// The calling thread's heap of `slab`, made or adopted at first use; null while the thread is
 /// setting its table up or after its destructor ran.
 pub(crate) fn current(slab: &Arc<Slab>) -> *mut ThreadHeap {
-    let h = last(slab);
+    let h = last(&slab.keys);
     if !ptr::eq(h, ThreadHeap::none()) {
         return h;
     }
@@ -85,7 +94,7 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
         let now = t.clock.get() + 1;
         t.clock.set(now);
         let mut slots = t.slots.borrow_mut();
-        if let Some(s) = slots.iter_mut().flatten().find(|s| s.id == slab.id) {
+        if let Some(s) = slots.iter_mut().flatten().find(|s| s.id == slab.keys.id) {
             s.used = now;
             return (s.heap, None);
         }
@@ -95,7 +104,7 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
         let old = slots[pick].take();
         let heap = slab.heap_for_thread();
         if !heap.is_null() {
-            slots[pick] = Some(Slot { id: slab.id, heap, slab: Arc::downgrade(slab), used: now });
+            slots[pick] = Some(Slot { id: slab.keys.id, heap, slab: Arc::downgrade(slab), used: now });
         }
         (heap, old)
     });
@@ -107,7 +116,8 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
         give_up(old);
     }
     if !heap.is_null() {
-        tls::set_slab(slab.id, heap as usize);
+        // SAFETY: a heap of `slab` (live as long as it), now this thread's.
+        tls::set_slab(unsafe { (*heap).id.get() }, heap as usize);
     }
     heap
 }
@@ -137,7 +147,7 @@ pub(crate) fn own_heap(slab: &Slab) -> *mut ThreadHeap {
         return ptr::null_mut();
     }
     TABLE
-        .try_with(|t| t.slots.try_borrow().ok().and_then(|s| s.iter().flatten().find(|s| s.id == slab.id).map(|s| s.heap)))
+        .try_with(|t| t.slots.try_borrow().ok().and_then(|s| s.iter().flatten().find(|s| s.id == slab.keys.id).map(|s| s.heap)))
         .ok()
         .flatten()
         .unwrap_or(ptr::null_mut())
