@@ -238,11 +238,17 @@ fn a_request_above_the_caches_takes_the_threads_cached_blocks_before_fresh_memor
     a.free(big).unwrap();
     a.free(next).unwrap();
     assert_eq!(a.stats().cached_pages, 3 << 10, "the blocks were not cached");
-    let before = a.stats();
     // 9 MiB, above the caches: no listed memory is resident, but the cache holds more than
     // the request, side by side.
-    let p = a.alloc(9 << 20, 4096, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(p, big, "the request was not placed on the cache's blocks, given back");
+    takes_the_cached_memory(&a, 9 << 20, big);
+}
+
+/// A request of `len` bytes is placed at `at` (memory this thread's cache held) without
+/// faulting memory in; then everything merges back.
+fn takes_the_cached_memory(a: &Allocator, len: usize, at: *mut u8) {
+    let before = a.stats();
+    let p = a.alloc(len, 4096, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, at, "the request was not placed on the cache's blocks, given back");
     assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
     a.check_invariants().unwrap();
     a.free(p).unwrap();
@@ -261,17 +267,9 @@ fn a_cache_refill_takes_the_threads_other_cached_blocks_before_fresh_memory() {
         a.free(b).unwrap();
     }
     assert_eq!(a.stats().cached_pages, 256, "the blocks were not cached");
-    let before = a.stats();
     // 1 MiB, a cached order the cache holds no block of: its refill gives the other blocks back
     // first, where they merge into the block it takes.
-    let p = a.alloc(1 << 20, 4096, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(p, blocks[0], "the refill did not take the cache's blocks, given back and merged");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the refill faulted fresh memory in");
-    a.check_invariants().unwrap();
-    a.free(p).unwrap();
-    a.drain_thread_cache();
-    a.check_invariants().unwrap();
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    takes_the_cached_memory(&a, 1 << 20, blocks[0]);
 }
 
 #[test]
