@@ -124,10 +124,15 @@ static int reap(pid_t pid, int round) {
 
 static atomic_int stop;
 
-struct hammer { fallow_allocator *large, *small; uint64_t seed; int rc; atomic_long rounds; };
+struct hammer { fallow_allocator *large, *small; int kind; uint64_t seed; int rc; atomic_long rounds; };
 
-/* Large blocks from both allocators (some zeroed, some past the caches: the lock), small
- * objects from the small one in a ring, the statistics now and then; contents checked. */
+enum { RING_SMALL, BLOCKS_LOCKED, BLOCKS_CACHED_AND_STATS, KINDS };
+
+/* One thread's work until `stop`, by kind: small objects from the small allocator in a ring
+ * (spans taken and given back under the slab's lock); large blocks past the per-thread caches
+ * from both allocators (every request and free under the allocator's lock); blocks the caches
+ * serve (refills and drains under the lock), some zeroed, and the statistics of both (both
+ * locks). Contents checked. */
 static void *hammer(void *arg) {
     struct hammer *h = arg;
     enum { RING = 64 };
@@ -137,24 +142,34 @@ static void *hammer(void *arg) {
     for (long i = 0; !atomic_load_explicit(&stop, memory_order_relaxed); i++) {
         uint64_t r = next_rand(&x);
         int slot = (int)(r % RING);
-        if (ring[slot]) {
-            unsigned char v = (unsigned char)slot;
-            if (ring[slot][0] != v || ring[slot][size[slot] - 1] != v || fallow_free(h->small, ring[slot])) { h->rc = __LINE__; break; }
-        }
-        size[slot] = 1 + (r >> 8) % SMALL_MAX;
-        if (fallow_alloc(h->small, size[slot], 0, 0, (void **)&ring[slot])) { h->rc = __LINE__; break; }
-        memset(ring[slot], slot, size[slot]);
-        if (i % 4 == 0) {
-            fallow_allocator *a = (r >> 40) & 1 ? h->large : h->small;
-            size_t n = (i % 64 == 0 ? 16 * MiB : 64 * KiB + (r >> 20) % (4 * MiB));
-            unsigned char *p;
-            if (fallow_alloc(a, n, 0, (r >> 41) & 1 ? FALLOW_ZERO : 0, (void **)&p)) { h->rc = __LINE__; break; }
+        fallow_allocator *a = (r >> 40) & 1 ? h->large : h->small;
+        unsigned char *p;
+        size_t n;
+        switch (h->kind) {
+        case RING_SMALL:
+            if (ring[slot]) {
+                unsigned char v = (unsigned char)slot;
+                if (ring[slot][0] != v || ring[slot][size[slot] - 1] != v || fallow_free(h->small, ring[slot])) { h->rc = __LINE__; return NULL; }
+            }
+            size[slot] = 1 + (r >> 8) % SMALL_MAX;
+            if (fallow_alloc(h->small, size[slot], 0, 0, (void **)&ring[slot])) { h->rc = __LINE__; return NULL; }
+            memset(ring[slot], slot, size[slot]);
+            break;
+        case BLOCKS_LOCKED:
+            n = 16 * MiB + (r >> 20) % (16 * MiB);
+            if (fallow_alloc(a, n, 0, 0, (void **)&p)) { h->rc = __LINE__; return NULL; }
             p[0] = 1; p[n - 1] = 2;
-            if (p[0] != 1 || fallow_free(a, p)) { h->rc = __LINE__; break; }
-        }
-        if (i % 128 == 0) {
+            if (p[0] != 1 || fallow_free(a, p)) { h->rc = __LINE__; return NULL; }
+            break;
+        default: {
+            n = 64 * KiB + (r >> 20) % (4 * MiB);
+            if (fallow_alloc(a, n, 0, (r >> 41) & 1 ? FALLOW_ZERO : 0, (void **)&p)) { h->rc = __LINE__; return NULL; }
+            if (((r >> 41) & 1) && (p[0] || p[n - 1])) { h->rc = __LINE__; return NULL; }
+            p[0] = 1; p[n - 1] = 2;
+            if (fallow_free(a, p)) { h->rc = __LINE__; return NULL; }
             fallow_stats s;
-            if (fallow_stats_read_size(h->large, &s, sizeof s) || fallow_stats_read_size(h->small, &s, sizeof s)) { h->rc = __LINE__; break; }
+            if (fallow_stats_read_size(h->large, &s, sizeof s) || fallow_stats_read_size(h->small, &s, sizeof s)) { h->rc = __LINE__; return NULL; }
+        }
         }
         atomic_fetch_add_explicit(&h->rounds, 1, memory_order_relaxed);
     }
@@ -186,7 +201,7 @@ static void *spawner(void *arg) {
 }
 
 static int test_fork_while_threads_allocate(void) {
-    enum { HAMMERS = 3, FORKS = 100 };
+    enum { HAMMERS = KINDS, FORKS = 100 };
     fallow_allocator *large = make(512, 14, 0, 0, 1), *small = make(512, 14, 1, 0, 1);
     CHECK(large && small, "create");
     /* Blocks of the main thread, alive across the forks: the child reads and frees its copies. */
@@ -198,7 +213,7 @@ static int test_fork_while_threads_allocate(void) {
     struct hammer h[HAMMERS];
     pthread_t th[HAMMERS + 1];
     for (int i = 0; i < HAMMERS; i++) {
-        h[i] = (struct hammer){ .large = large, .small = small, .seed = 0x9E3779B97F4A7C15ull * (i + 1) };
+        h[i] = (struct hammer){ .large = large, .small = small, .kind = i, .seed = 0x9E3779B97F4A7C15ull * (i + 1) };
         CHECK(pthread_create(&th[i], NULL, hammer, &h[i]) == 0, "thread");
     }
     struct spawner sp = { .a = small };
@@ -280,7 +295,7 @@ static int test_fork_while_creating_and_destroying(void) {
     fallow_allocator *kept = make(256, 14, 1, 0, 1);
     CHECK(kept, "create");
     atomic_store(&stop, 0);
-    struct hammer h = { .large = kept, .small = kept, .seed = 12345 };
+    struct hammer h = { .large = kept, .small = kept, .kind = BLOCKS_CACHED_AND_STATS, .seed = 12345 };
     struct creator c = { .rounds = ROUNDS };
     pthread_t th, tc;
     CHECK(pthread_create(&th, NULL, hammer, &h) == 0 && pthread_create(&tc, NULL, creator, &c) == 0, "threads");
@@ -291,6 +306,11 @@ static int test_fork_while_creating_and_destroying(void) {
             alarm(CHILD_ALARM_S);
             int r = use(kept, 1, 2 * MiB);
             if (r) _exit(r);
+            void *p;
+            if (fallow_alloc(kept, 16 * MiB, 0, 0, &p)) _exit(205);
+            memset(p, 1, 16 * MiB);
+            if (fallow_free(kept, p)) _exit(206);
+            if (threads() < 2) _exit(207);
             fallow_allocator *n = make(64, 12, 1, 0, 1);
             if (!n || use(n, 1, 1 * MiB)) _exit(208);
             fallow_destroy(n);
