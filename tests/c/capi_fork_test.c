@@ -338,7 +338,8 @@ static int test_fork_while_creating_and_destroying(void) {
 
 struct cycler { fallow_allocator **all; int n; int rc; atomic_long rounds; };
 
-/* Every allocator in turn, without a per-thread cache: each request takes its lock. */
+/* Every allocator of its share in turn, without a per-thread cache: each request takes its
+ * lock. */
 static void *cycler(void *arg) {
     struct cycler *c = arg;
     for (long i = 0; !atomic_load_explicit(&stop, memory_order_relaxed); i++) {
@@ -353,7 +354,10 @@ static void *cycler(void *arg) {
 }
 
 static int test_fork_with_many_allocators(void) {
-    enum { N = 600, FORKS = 30 };
+    /* Each thread keeps to a share of the allocators, so that the last ones are in use at every
+     * fork whatever the handlers do with the first (a thread going through all of them would
+     * wait at the first one the handlers hold). */
+    enum { N = 600, THREADS = 3, FORKS = 30 };
     /* Workers off: 600 allocators without 1200 threads. */
     setenv("FALLOW_REPORT", "off", 1);
     setenv("FALLOW_ZEROING", "off", 1);
@@ -366,13 +370,17 @@ static int test_fork_with_many_allocators(void) {
     unsetenv("FALLOW_REPORT");
     unsetenv("FALLOW_ZEROING");
     atomic_store(&stop, 0);
-    struct cycler cy = { .all = all, .n = N };
-    pthread_t t;
-    CHECK(pthread_create(&t, NULL, cycler, &cy) == 0, "thread");
+    struct cycler cy[THREADS];
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        cy[i] = (struct cycler){ .all = all + i * (N / THREADS), .n = N / THREADS };
+        CHECK(pthread_create(&t[i], NULL, cycler, &cy[i]) == 0, "thread");
+    }
     int bad = 0, f;
     for (f = 0; f < FORKS && !bad; f++) {
-        long seen = atomic_load(&cy.rounds);
-        while (atomic_load(&cy.rounds) < seen + 50 && !cy.rc) sched_yield();
+        struct cycler *c = &cy[THREADS - 1];
+        long seen = atomic_load(&c->rounds);
+        while (atomic_load(&c->rounds) < seen + 50 && !c->rc) sched_yield();
         pid_t pid = fork();
         if (pid == 0) {
             alarm(CHILD_ALARM_S);
@@ -386,12 +394,14 @@ static int test_fork_with_many_allocators(void) {
         bad += reap(pid, f);
     }
     atomic_store(&stop, 1);
-    pthread_join(t, NULL);
-    CHECK(cy.rc == 0, "cycler failed at line %d", cy.rc);
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(t[i], NULL);
+        CHECK(cy[i].rc == 0, "cycler %d failed at line %d", i, cy[i].rc);
+    }
     CHECK(bad == 0, "a child of fork %d failed", f - 1);
     for (int i = 0; i < N; i++) fallow_destroy(all[i]);
     free(all);
-    printf("  %d forks with %d allocators alive, one of them in use at each\n", f, N);
+    printf("  %d forks with %d allocators alive, %d threads using them\n", f, N, THREADS);
     return 0;
 }
 
