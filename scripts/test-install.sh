@@ -2,8 +2,8 @@
 # Installation as C users expect: `make install` into a temporary prefix, the C API tests
 # (tests/c/capi_test.c, capi_small_test.c, capi_fork_test.c) built against that prefix's
 # `pkg-config --cflags --libs fallow` and against its static library and run, the installed
-# preload library and `fallow` command run; again with DESTDIR staging (the files name PREFIX, not DESTDIR);
-# `make uninstall` leaves no file behind. Then `cargo package -p fallow` (with its verifying
+# preload library and `fallow` command run; again with DESTDIR staging (the files name PREFIX,
+# not DESTDIR); `make uninstall` leaves no file behind. Then `cargo package -p fallow` (with its verifying
 # build) and `cargo doc -p fallow --no-deps` without a warning; the README's links stay inside
 # the repository (scripts/check-links.py). Everything is written under
 # target/install-test, removed at the end. Run from anywhere; needs gcc and pkg-config (installed
