@@ -97,7 +97,8 @@ typedef struct fallow_stats {
 /* The default configuration. */
 void fallow_config_init(fallow_config *config);
 
-/* Create an allocator (config NULL: the default). */
+/* Create an allocator (config NULL: the default). Every allocator is locked around fork (see
+ * fork below). */
 int fallow_create(const fallow_config *config, fallow_allocator **out);
 
 /* fallow_create with the FALLOW_* environment variables of the LD_PRELOAD library applied over
@@ -133,8 +134,32 @@ int fallow_create_with_options(const fallow_config *config, const fallow_cache_c
 /* The cache settings an allocator was created with. */
 int fallow_cache_config_read(fallow_allocator *a, fallow_cache_config *out);
 
-/* Destroy an allocator and unmap all its memory, live blocks included. NULL is ignored. */
+/* Destroy an allocator and unmap all its memory, live blocks included. NULL is ignored. Its
+ * background workers are stopped first, then it leaves the fork handlers' registry (see fork
+ * below), then its memory goes. */
 void fallow_destroy(fallow_allocator *a);
+
+/* fork. Every allocator made by fallow_create, fallow_create_from_env, fallow_create_with_cache
+ * or fallow_create_with_options is locked around every fork() of the process by pthread_atfork
+ * handlers that the library registers when it is loaded: the program calls nothing for it.
+ * - A threaded program may fork while other threads are inside its allocators. The child may
+ *   use every allocator that existed at the fork (allocate, free blocks and small objects any
+ *   parent thread had, read the statistics, set tunables, destroy it) and create new ones. The
+ *   parent's background workers do not exist in the child: it starts its own when a free gives
+ *   them work (or at its next fallow_set_tunable that succeeds).
+ * - An allocator is registered before fallow_create* returns it, and fallow_destroy takes it out
+ *   once its workers are stopped and before its memory goes. A fork in another thread waits for
+ *   a registration or a removal under way (and they for it): in the child, each allocator is
+ *   either locked and reset, or one that no thread had yet or any more.
+ * - No limit on the number of allocators: the registry takes a page for each 255 allocators
+ *   alive at once, mapped by fallow_create* (never by the fork handlers) and kept for the life of
+ *   the process, and a destroyed allocator's place is reused. fallow_create* fails with ENOMEM,
+ *   creating nothing, when the kernel refuses that page.
+ * - Not covered: a child made without the fork handlers (the clone or vfork system calls) must
+ *   only exec or _exit, as POSIX asks; a fork from a signal handler that interrupted one of this
+ *   library's calls waits forever (the handlers wait for the lock that call holds); with small
+ *   objects, a parent thread caught by the fork inside a lock-free small-object call (a thread's
+ *   own objects, no lock) may leave that thread's lists or counts half-changed in the child. */
 
 /* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
  * with FALLOW_* flags; *out receives the block. With small objects on (FALLOW_CREATE_SMALL_OBJECTS,

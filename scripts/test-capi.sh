@@ -31,8 +31,9 @@ done
 # In release, as `make test`'s other phases build (run from `make test`, test-rust ran these
 # already and nothing is rebuilt).
 cargo test -q --release -p fallow-preload
-# The start-up, the settings parser and the fatal path, shared by FallowAlloc, the preload and the C API.
-cargo test -q --release -p fallow --lib -- global:: env:: message:: start::
+# The start-up, the settings parser, the fatal path and the fork registry, shared by FallowAlloc,
+# the preload and the C API.
+cargo test -q --release -p fallow --lib -- global:: env:: message:: start:: allocator::fork::
 cargo test -q --release -p fallow --test global_alloc --test global_start --test limits
 
 step "C API test (shared library through pkg-config, and static library)"
@@ -49,6 +50,13 @@ gcc -O2 -Wall -Werror -o "$out/capi_small_test_static" tests/c/capi_small_test.c
 "$out/capi_small_test"
 "$out/capi_small_test_static" > "$out/capi_small_static.log" || { cat "$out/capi_small_static.log"; fail "static C API small-object test"; }
 echo "static: $(grep -c '^ok' "$out/capi_small_static.log") ok"
+
+step "C API around fork: threads in the allocators, allocators made and destroyed (shared and static library)"
+gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_fork_test" tests/c/capi_fork_test.c $(pkg-config --cflags --libs fallow) -lpthread
+gcc -O2 -Wall -Werror -o "$out/capi_fork_test_static" tests/c/capi_fork_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
+"$out/capi_fork_test"
+"$out/capi_fork_test_static" > "$out/capi_fork_static.log" || { cat "$out/capi_fork_static.log"; fail "static C API fork test"; }
+echo "static: $(grep -c '^ok' "$out/capi_fork_static.log") ok"
 
 step "preload tests"
 so=$root/target/release/libfallow_preload.so

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installation as C users expect: `make install` into a temporary prefix, the C API test built
-# against that prefix's `pkg-config --cflags --libs fallow` and run, the installed preload library
-# and `fallow` command run; again with DESTDIR staging (the files name PREFIX, not DESTDIR);
-# `make uninstall` leaves no file behind. Then `cargo package -p fallow` (with its verifying
+# Installation as C users expect: `make install` into a temporary prefix, the C API tests
+# (tests/c/capi_test.c, capi_small_test.c, capi_fork_test.c) built against that prefix's
+# `pkg-config --cflags --libs fallow` and against its static library and run, the installed
+# preload library and `fallow` command run; again with DESTDIR staging (the files name PREFIX,
+# not DESTDIR); `make uninstall` leaves no file behind. Then `cargo package -p fallow` (with its verifying
 # build) and `cargo doc -p fallow --no-deps` without a warning; the README's links stay inside
 # the repository (scripts/check-links.py). Everything is written under
 # target/install-test, removed at the end. Run from anywhere; needs gcc and pkg-config (installed
@@ -51,16 +52,20 @@ flags=$(pkg-config --cflags --libs fallow)
 [[ $(pkg-config --modversion fallow) == $(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) ]] \
     || fail "pkg-config version $(pkg-config --modversion fallow)"
 ok "pkg-config --cflags --libs fallow: $flags"
-# shellcheck disable=SC2086
-gcc -O2 -Wall -Werror -fno-builtin -o "$work/capi_test" tests/c/capi_test.c $flags -lpthread
-ldd "$work/capi_test" > "$work/ldd.txt"
-grep -q "libfallow.so => $prefix/lib/libfallow.so" "$work/ldd.txt" || { cat "$work/ldd.txt"; fail "not linked to the installed library"; }
-"$work/capi_test" > "$work/capi.log" || { cat "$work/capi.log"; fail "C API test against the installed library"; }
-ok "C API test built against the installed prefix: $(grep -c '^ok' "$work/capi.log") ok"
-gcc -O2 -Wall -Werror -o "$work/capi_test_static" tests/c/capi_test.c $(pkg-config --cflags fallow) \
-    "$prefix/lib/libfallow.a" -lpthread -ldl -lm
-"$work/capi_test_static" > "$work/capi_static.log" || { cat "$work/capi_static.log"; fail "static C API test"; }
-ok "C API test against the installed libfallow.a: $(grep -c '^ok' "$work/capi_static.log") ok"
+# Every C test of the C API (the library's calls, small objects, fork), against the installed
+# shared library and the installed static one.
+for t in capi_test capi_small_test capi_fork_test; do
+    # shellcheck disable=SC2086
+    gcc -O2 -Wall -Werror -fno-builtin -o "$work/$t" "tests/c/$t.c" $flags -lpthread
+    ldd "$work/$t" > "$work/ldd.txt"
+    grep -q "libfallow.so => $prefix/lib/libfallow.so" "$work/ldd.txt" || { cat "$work/ldd.txt"; fail "$t not linked to the installed library"; }
+    "$work/$t" > "$work/$t.log" || { cat "$work/$t.log"; fail "$t against the installed library"; }
+    ok "$t built against the installed prefix: $(grep -c '^ok' "$work/$t.log") ok"
+    gcc -O2 -Wall -Werror -o "$work/${t}_static" "tests/c/$t.c" $(pkg-config --cflags fallow) \
+        "$prefix/lib/libfallow.a" -lpthread -ldl -lm
+    "$work/${t}_static" > "$work/${t}_static.log" || { cat "$work/${t}_static.log"; fail "$t against the installed libfallow.a"; }
+    ok "$t against the installed libfallow.a: $(grep -c '^ok' "$work/${t}_static.log") ok"
+done
 out=$(LD_PRELOAD=$prefix/lib/libfallow_preload.so FALLOW_STATS=1 python3 -c 'b = bytearray(64 << 20)' 2>&1)
 grep -q "alloc_calls" <<<"$out" || fail "the installed preload library printed no statistics: $out"
 ok "installed preload library serves a 64 MiB bytearray"

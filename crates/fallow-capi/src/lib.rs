@@ -3,6 +3,9 @@
 //!
 //! Invariants.
 //! - A `fallow_allocator *` is a `Box<Allocator>` leaked to C; `fallow_destroy` takes it back.
+//! - Every allocator is in the core's `fork` registry from its creation (before the handle is
+//!   returned) to its destruction (`binding_support::fork`): locked around every `fork` of the
+//!   process, reset in the child.
 //! - Failing calls return an errno value, store it in `errno` and write the message into a
 //!   fixed thread-local buffer (`LAST_ERROR`, NUL-terminated, truncated to fit): no allocation on
 //!   the error path either.
@@ -22,7 +25,7 @@ use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::fmt::Write;
 use core::ptr;
 
-use core_fallow::binding_support::StackBuf;
+use core_fallow::binding_support::{fork, StackBuf};
 use core_fallow::{Allocator, Backing, Config, Error, Flags};
 
 #[cfg(test)]
@@ -168,13 +171,17 @@ unsafe fn config_from_c(c: *const FallowConfig) -> Result<Config, c_int> {
     Ok(config)
 }
 
-/// Create the allocator `config` describes and hand it to C through `out`.
+/// Create the allocator `config` describes, register it with the `fork` handlers (before any
+/// other thread can reach it: a `fork` from then on locks it, `fallow_destroy` takes it out), and
+/// hand it to C through `out`. A registration refused (no page for the registry) fails the
+/// creation: never an allocator that a `fork` could leave locked in the child.
 ///
 /// # Safety
 ///
 /// `out` is a non-null pointer to a writable `fallow_allocator *`.
 unsafe fn create(config: Config, out: *mut *mut Allocator) -> c_int {
-    match Allocator::new(config) {
+    let made = Allocator::new(config).and_then(|a| fork::register(&a).map(|()| a));
+    match made {
         Ok(a) => {
             let handle = Box::into_raw(Box::new(a));
             // SAFETY: `out` is not null and writable (the contract).
@@ -320,6 +327,9 @@ pub unsafe extern "C" fn fallow_create_from_env(c: *const FallowConfig, out: *mu
     }
 }
 
+/// Through `fork::release`: the handle dropped (the workers joined) while the allocator is still
+/// registered, then taken out of the `fork` registry, then its memory unmapped.
+///
 /// # Safety
 ///
 /// `a` is null or a handle from `fallow_create` not yet destroyed; no other thread uses it and
@@ -328,8 +338,8 @@ pub unsafe extern "C" fn fallow_create_from_env(c: *const FallowConfig, out: *mu
 pub unsafe extern "C" fn fallow_destroy(a: *mut Allocator) {
     if !a.is_null() {
         // SAFETY: a non-null `a` is the `Box` that `fallow_create` leaked, destroyed once and
-        // used by no one else (the contract).
-        drop(unsafe { Box::from_raw(a) });
+        // used by no one else (the contract); its `Allocator` is the allocator's only handle.
+        fork::release(*unsafe { Box::from_raw(a) });
     }
 }
 

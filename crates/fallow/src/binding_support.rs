@@ -57,6 +57,13 @@ pub mod env {
 /// `fork`.
 pub use crate::lock::RawLock;
 
+/// The `fork` registry (`allocator/fork.rs`): `register` an allocator at its creation, and it is
+/// locked around every `fork` of the process by handlers registered when the library is loaded;
+/// `release` destroys it, its workers joined before it leaves the registry (the C library's).
+pub mod fork {
+    pub use crate::allocator::fork::{register, release};
+}
+
 /// The once-only creation of a process-wide allocator on first use: `LazyAllocator`, the
 /// preload's and `FallowAlloc`'s, over the gate that `StartGate` is.
 pub use crate::global::LazyAllocator;

@@ -23,9 +23,10 @@
 //! - A bad pointer given to `dealloc` or `realloc` aborts through `message::fatal`, the
 //!   preload's path too.
 //! - `fork`: the allocator is registered, before it is published, with the process's `fork`
-//!   handlers (`fork.rs`: registered with `pthread_atfork` at load time), which lock it around
-//!   every `fork` and reset it in the child, so that a threaded program can `fork` and allocate
-//!   in the child.
+//!   handlers (`allocator/fork.rs`: registered with `pthread_atfork` at load time), which lock it
+//!   around every `fork` and reset it in the child, so that a threaded program can `fork` and
+//!   allocate in the child. When it cannot be registered (no page for the registry), the
+//!   creation fails and the system serves every request, as when the allocator cannot be made.
 //!
 //! `FallowAlloc` reads no environment variable: its threshold and configuration are the
 //! program's (`with_config`).
@@ -37,13 +38,11 @@ use core::ptr;
 use std::alloc::System;
 
 use crate::config::Config;
-use crate::allocator::Allocator;
+use crate::allocator::{fork, Allocator};
 use crate::flags::Flags;
 use crate::message::fatal;
 use crate::os::PAGE_SIZE;
 use crate::start::{Entry, StartGate};
-
-mod fork;
 
 /// A process-wide allocator created on first use: a [`StartGate`] and the slot it guards, the one
 /// start-up of `FallowAlloc` and of the preload library's `malloc`. Nothing here allocates but
@@ -172,11 +171,13 @@ impl FallowAlloc {
         match self.lazy.get() {
             Some(a) => Some(a),
             None => {
-                let make = || Allocator::new(self.config.clone().unwrap_or_default()).ok();
-                // Locked around `fork` from before any other thread can use it.
-                self.lazy.get_or_create(make, |a, _| {
-                    fork::register(a);
-                })
+                let make = || {
+                    let a = Allocator::new(self.config.clone().unwrap_or_default()).ok()?;
+                    // Locked around `fork` from before any other thread can use it.
+                    fork::register(&a).ok()?;
+                    Some(a)
+                };
+                self.lazy.get_or_create(make, |_, _| {})
             }
         }
     }

@@ -26,10 +26,11 @@
 //! - `slab/`: small objects (up to 16 KiB) in spans of pages, per-thread heaps, free-list
 //!   sharding;
 //! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
-//! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls;
+//! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls,
+//!   and the `fork` registry (the allocators of `FallowAlloc` and the C library, locked around
+//!   every `fork`);
 //! - `global`: `LazyAllocator` (a process-wide allocator created on first use) and `FallowAlloc`,
-//!   a `GlobalAlloc` (large requests to fallow, small to the system, or to the slab layer), with
-//!   the `fork` handlers that lock its allocators;
+//!   a `GlobalAlloc` (large requests to fallow, small to the system, or to the slab layer);
 //!   `binding_support`: the few internals that fallow's other crates and examples use.
 //!
 //! ```

@@ -1,10 +1,12 @@
 //! The public allocator: `Allocator`, a handle to one allocator's shared state (`heap::Shared`),
 //! with the per-thread caches' hit paths inlined into `alloc` and `free` and everything else
 //! passed down: to the thread's cache (`cache`), then to the locked paths (`heap`). `control`
-//! holds the settings of the workers, `fork` and the checks for tests. The top of the core's
-//! layers: it may import every module below and none imports it but `global`.
+//! holds the settings of the workers, `fork` and the checks for tests; `fork.rs` the registry of
+//! the allocators locked around every `fork` (`FallowAlloc`'s and the C library's). The top of
+//! the core's layers: it may import every module below and none imports it but `global`.
 
 mod control;
+pub(crate) mod fork;
 #[cfg(test)]
 mod tests;
 
