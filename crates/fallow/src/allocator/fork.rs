@@ -52,15 +52,15 @@ struct Entry(ManuallyDrop<Allocator>);
 
 impl Entry {
     fn of(a: &Allocator) -> Entry {
-        Entry(ManuallyDrop::new(Allocator { shared: a.shared.clone(), slab: a.slab.clone() }))
+        Entry(ManuallyDrop::new(Allocator { shared: a.shared.clone(), slab: a.slab.clone(), keys: a.keys.clone() }))
     }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        // SAFETY: each `Arc` that `of` cloned is dropped once, here; the `Allocator` around them
-        // is never used or dropped again (`ManuallyDrop`), so no handle is released that `of`
-        // did not take.
+        // SAFETY: each `Arc` that `of` cloned is dropped once, here (the slab's `keys` beside
+        // them are plain data); the `Allocator` around them is never used or dropped again
+        // (`ManuallyDrop`), so no handle is released that `of` did not take.
         unsafe {
             ptr::drop_in_place(&mut self.0.shared);
             ptr::drop_in_place(&mut self.0.slab);
