@@ -110,7 +110,7 @@ uninstall:
 	rm -f $(addprefix "$(DESTDIR),$(addsuffix ",$(INSTALLED)))
 
 # `make install` and `make uninstall` into temporary prefixes (with and without DESTDIR), the C
-# test built against the installed pkg-config file, `cargo package -p fallow`, `cargo doc`
+# API's tests built against the installed pkg-config file, `cargo package -p fallow`, `cargo doc`
 # without warnings, and the README's links (inside the repository, resolving).
 test-install:
 	scripts/test-install.sh
