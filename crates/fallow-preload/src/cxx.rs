@@ -80,7 +80,7 @@ fn new_or_runtime(p: *mut c_void, size: usize) -> *mut c_void {
     if !p.is_null() {
         return p;
     }
-    // SAFETY: as in `_Znwm`.
+    // SAFETY: as in `new_libc`: the runtime's `operator new` takes any size.
     unsafe { fallow_cxx_new_failed(size) }
 }
 

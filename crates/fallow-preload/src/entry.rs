@@ -278,7 +278,9 @@ fn free_remote(r: RemoteFree<'static>) {
     // SAFETY: the hot path that found `r` loaded `SMALL` non-null; it is stored once and never
     // cleared.
     let a = unsafe { process::small().unwrap_unchecked() };
-    if let Err(e) = r.finish(a) {
+    // SAFETY: `SMALL` is the allocator whose `free_hot_step` gave `r` (the one small-object
+    // allocator of the process).
+    if let Err(e) = unsafe { r.finish(a) } {
         fatal("free", &e);
     }
 }

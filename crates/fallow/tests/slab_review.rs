@@ -286,3 +286,77 @@ fn frees_and_mallocs_after_the_threads_heap_was_abandoned() {
     let s = a.stats();
     assert_eq!((s.small_live_objects, s.small_spans, s.bytes_in_use), (0, 0, 0), "{s}");
 }
+
+/// A class's current span found full with a successor: the successor becomes the current span
+/// (`used` carries one for it), the full one moves to the tail. `check_invariants` compares
+/// the current flag and the counts at every step.
+#[test]
+fn the_next_span_becomes_current_when_the_head_leaves_its_list() {
+    let a = Allocator::new(cfg()).unwrap();
+    let per = (64 << 10) / 1024;
+    // Span A filled, then span B.
+    let sa: Vec<_> = (0..per).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();
+    let sb: Vec<_> = (0..per).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();
+    a.check_invariants().unwrap();
+    // The owner frees one object of A: A comes back behind B.
+    a.free_any(sa[3]).unwrap();
+    a.check_invariants().unwrap();
+    // B is full: the next request moves it to the tail, A becomes current and serves it.
+    let x = a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(x, sa[3]);
+    a.check_invariants().unwrap();
+    a.free_any(x).unwrap();
+    a.check_invariants().unwrap();
+    for (i, &p) in sa.iter().enumerate() {
+        if i != 3 {
+            a.free_any(p).unwrap();
+        }
+    }
+    for &p in &sb {
+        a.free_any(p).unwrap();
+    }
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_live_objects, 0);
+}
+
+/// Frees made by a thread-local destructor that runs after the slab table's: the thread has
+/// given its heap up by then (it may already be another thread's), so none of them may take the
+/// owner's hot path.
+struct LateFrees(std::cell::RefCell<Option<(Allocator, Vec<usize>, std::sync::mpsc::Sender<usize>)>>);
+
+impl Drop for LateFrees {
+    fn drop(&mut self) {
+        if let Some((a, v, tx)) = self.0.borrow_mut().take() {
+            let mut owner_path = 0;
+            for p in v {
+                if a.free_hot(p as *mut u8) {
+                    owner_path += 1;
+                } else {
+                    a.free_any(p as *mut u8).unwrap();
+                }
+            }
+            let _ = tx.send(owner_path);
+        }
+    }
+}
+
+thread_local! { static LATE_FREES: LateFrees = const { LateFrees(std::cell::RefCell::new(None)) }; }
+
+#[test]
+fn frees_after_the_slab_table_is_gone_never_take_the_owners_path() {
+    let a = Allocator::new(cfg()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let a1 = a.clone();
+    std::thread::spawn(move || {
+        // Registered before the slab table's destructor, so dropped after it.
+        LATE_FREES.with(|_| ());
+        let v: Vec<usize> = (0..200).map(|i| a1.malloc(16 + (i % 4) * 16, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+        LATE_FREES.with(|g| *g.0.borrow_mut() = Some((a1.clone(), v, tx)));
+    })
+    .join()
+    .unwrap();
+    assert_eq!(rx.recv().unwrap(), 0, "frees took the owner's path on a heap given up");
+    a.check_invariants().unwrap();
+    let st = a.stats();
+    assert_eq!((st.small_live_objects, st.small_spans), (0, 0), "the exited thread's spans were kept");
+}

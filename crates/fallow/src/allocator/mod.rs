@@ -42,11 +42,15 @@ pub struct RemoteFree<'a> {
 }
 
 impl RemoteFree<'_> {
-    /// Push the object back to its span's owner (the remote-free protocol), one call; `a` is
-    /// the allocator whose `free_hot_step` gave it. An error (the immediate double free) is
-    /// found before anything changes, as `free_any`'s.
+    /// Push the object back to its span's owner (the remote-free protocol), one call. An
+    /// error (the immediate double free, an address outside the span) is found before
+    /// anything changes, as `free_any`'s.
+    ///
+    /// # Safety
+    /// `a` is the allocator whose `free_hot_step` gave this (another allocator's slab would
+    /// collect the span under the wrong lock).
     #[inline(always)]
-    pub fn finish(self, a: &Allocator) -> Result<(), Error> {
+    pub unsafe fn finish(self, a: &Allocator) -> Result<(), Error> {
         a.slab.free_remote_out(self.span, self.addr)
     }
 }
@@ -198,7 +202,9 @@ impl Allocator {
     pub fn free_hot_step(&self, ptr: *mut u8) -> FreeHot<'_> {
         let addr = ptr as usize;
         match self.keys.find_in_first(addr) {
-            Some(s) => match Slab::free_local(&self.slab, s, addr) {
+            // SAFETY: `s` is what the page map holds for `addr`'s page, just read by this
+            // thread (`find_in_first`).
+            Some(s) => match unsafe { Slab::free_local(&self.slab, s, addr) } {
                 Freed::Done => FreeHot::Done,
                 Freed::Remote => FreeHot::Remote(RemoteFree { span: s, addr }),
                 Freed::Not => FreeHot::Cold,

@@ -74,9 +74,16 @@ impl Slab {
     /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
     /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
     /// handle on every free (the compiler hoisted that load above the branches).
+    ///
+    /// # Safety
+    /// `s` is the span the page map gives for `addr`'s page, read by this thread: if this
+    /// thread's heap owns it, it holds `addr` (only its owner, or the holder of the slab lock
+    /// for an abandoned heap, gives a span back or reuses its descriptor). For another thread
+    /// it may be stale (a free racing with the give-back, a use after free): this function
+    /// writes nothing then, and `free_remote_out` checks `addr` against the span.
     #[inline(always)]
-    pub(crate) fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
-        // `addr` is in the span (`find` found it there).
+    pub(crate) unsafe fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
+        // `addr` is in the span for the owner (the caller's contract).
         let off = addr & s.mask.load(Relaxed);
         if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Freed::Not;

@@ -13,8 +13,14 @@ use crate::error::Error;
 impl Slab {
     /// `free_remote` for a free whose hot path found another thread's object (`free_local`'s
     /// `Freed::Remote`: checked, nothing changed), out of line.
+    /// The hot path took `s` from the page map without checking that it holds `addr`: for
+    /// another thread's free it may be stale (a use after free racing with the span's
+    /// give-back), so the address is checked against it here, off the owner's path.
     #[inline(never)]
     pub(crate) fn free_remote_out(&self, s: &Span, addr: usize) -> Result<(), Error> {
+        if addr.wrapping_sub(s.start.load(Relaxed)) > s.mask.load(Relaxed) {
+            return Err(Error::InvalidPointer { addr });
+        }
         self.free_remote(s, addr)
     }
 
