@@ -322,7 +322,10 @@ fn the_next_span_becomes_current_when_the_head_leaves_its_list() {
 /// Frees made by a thread-local destructor that runs after the slab table's: the thread has
 /// given its heap up by then (it may already be another thread's), so none of them may take the
 /// owner's hot path.
-struct LateFrees(std::cell::RefCell<Option<(Allocator, Vec<usize>, std::sync::mpsc::Sender<usize>)>>);
+/// The allocator, the objects' addresses, and where to say how many frees took the owner's path.
+type Late = (Allocator, Vec<usize>, std::sync::mpsc::Sender<usize>);
+
+struct LateFrees(std::cell::RefCell<Option<Late>>);
 
 impl Drop for LateFrees {
     fn drop(&mut self) {
