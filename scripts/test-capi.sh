@@ -38,25 +38,22 @@ cargo test -q --release -p fallow --test global_alloc --test global_start --test
 
 step "C API test (shared library through pkg-config, and static library)"
 export PKG_CONFIG_PATH=$root/target/release
-gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_test" tests/c/capi_test.c $(pkg-config --cflags --libs fallow) -lpthread
-gcc -O2 -Wall -Werror -o "$out/capi_test_static" tests/c/capi_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
-"$out/capi_test"
-"$out/capi_test_static" > "$out/capi_static.log" || { cat "$out/capi_static.log"; fail "static C API test"; }
-echo "static: $(grep -c '^ok' "$out/capi_static.log") ok"
+# `shared_and_static NAME WHAT`: tests/c/NAME.c built against the shared library (through
+# pkg-config) and against the static one, both run; WHAT names it when the static one fails.
+shared_and_static() {
+    gcc -O2 -Wall -Werror -fno-builtin -o "$out/$1" "tests/c/$1.c" $(pkg-config --cflags --libs fallow) -lpthread
+    gcc -O2 -Wall -Werror -o "$out/${1}_static" "tests/c/$1.c" -Iinclude target/release/libfallow.a -lpthread -ldl -lm
+    "$out/$1"
+    "$out/${1}_static" > "$out/${1}_static.log" || { cat "$out/${1}_static.log"; fail "static $2"; }
+    echo "static: $(grep -c '^ok' "$out/${1}_static.log") ok"
+}
+shared_and_static capi_test "C API test"
 
 step "C API test with small objects on (shared and static library)"
-gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_small_test" tests/c/capi_small_test.c $(pkg-config --cflags --libs fallow) -lpthread
-gcc -O2 -Wall -Werror -o "$out/capi_small_test_static" tests/c/capi_small_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
-"$out/capi_small_test"
-"$out/capi_small_test_static" > "$out/capi_small_static.log" || { cat "$out/capi_small_static.log"; fail "static C API small-object test"; }
-echo "static: $(grep -c '^ok' "$out/capi_small_static.log") ok"
+shared_and_static capi_small_test "C API small-object test"
 
 step "C API around fork: threads in the allocators, allocators made and destroyed (shared and static library)"
-gcc -O2 -Wall -Werror -fno-builtin -o "$out/capi_fork_test" tests/c/capi_fork_test.c $(pkg-config --cflags --libs fallow) -lpthread
-gcc -O2 -Wall -Werror -o "$out/capi_fork_test_static" tests/c/capi_fork_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
-"$out/capi_fork_test"
-"$out/capi_fork_test_static" > "$out/capi_fork_static.log" || { cat "$out/capi_fork_static.log"; fail "static C API fork test"; }
-echo "static: $(grep -c '^ok' "$out/capi_fork_static.log") ok"
+shared_and_static capi_fork_test "C API fork test"
 
 step "preload tests"
 so=$root/target/release/libfallow_preload.so
