@@ -180,7 +180,12 @@ impl Entries<'_> {
     /// first drain: a stacked order's pages over the high mark (`limit` leaves the large blocks
     /// out), a full stack, or a drain request this cache has not obeyed. (`large` from the
     /// caller: the hit path knows its order is stacked without reading `stacked`'s line.)
-    /// With the dirty stack's size `nd` and the pages held `pages` already loaded
+    #[inline(always)]
+    pub(super) fn needs_room(&self, a: &Arc<Shared>, s: &Stack, large: bool, n: u32) -> bool {
+        self.needs_room_at::<true>(a, s, large, n, s.ndirty.get(), self.pages.get())
+    }
+
+    /// `needs_room` with the dirty stack's size `nd` and the pages held `pages` already loaded
     /// (the free hit stores from them after: an atomic is loaded again at each `get`). The
     /// free hit (`GENERATION` false) learns of a drain request from its cache's `drain_asked`,
     /// on the line it already holds; the out-of-line paths compare the generations, as
@@ -195,11 +200,10 @@ impl Entries<'_> {
     /// `free` of a live block with slack (`w`, its record `m`, at `addr` in arena `ai`): the whole
     /// aligned block comes back into the cache, its live pages `Dirty`, its slack pages in the
     /// states they kept (a mixed entry when some are not `Dirty`). `false`: not a block this
-    /// cache takes (the caller takes the validated path), or, without `MAY_DRAIN` (from the free
-    /// hit, which takes no lock), the cache must drain first (nothing changed).
+    /// cache takes (the caller takes the validated path).
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
-    pub(super) fn take_freed_slack<const MAY_DRAIN: bool>(&self, a: &Arc<Shared>, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
+    pub(super) fn take_freed_slack(&self, a: &Arc<Shared>, ai: usize, v: &ArenaView, addr: usize, m: *mut BlockMeta, w: HitWord, size: Option<usize>) -> bool {
         let o = w.order() as usize;
         let live = w.npages();
         let page = (addr >> PAGE_SHIFT) as u32;
@@ -209,16 +213,8 @@ impl Entries<'_> {
         if size.is_some_and(|size| size.div_ceil(1 << PAGE_SHIFT) != live as usize) {
             return false;
         }
-        // The free hit leaves a large block to the out-of-line path (as it does an exact one).
-        if !MAY_DRAIN && self.large(o) {
-            return false;
-        }
         let n = 1u32 << o;
-        let st = &self.stacks[o];
-        if self.needs_room_at::<MAY_DRAIN>(a, st, self.large(o), n, st.ndirty.get(), self.pages.get()) {
-            if !MAY_DRAIN {
-                return false;
-            }
+        if self.needs_room(a, &self.stacks[o], self.large(o), n) {
             self.make_room(a, o);
         }
         let (pfn, _) = v.record(addr);
@@ -281,8 +277,8 @@ impl Entries<'_> {
         }
         if !w.live_unlocked_exact() {
             // A block with slack, whatever its page count (a power of two too, when served from
-            // a larger hot block): one call, from the hit path too (the lookups above are done).
-            return w.live_unlocked_slack() && self.take_freed_slack::<MAY_DRAIN>(a, ai, v, addr, m, w, size);
+            // a larger hot block): the out-of-line path takes it.
+            return MAY_DRAIN && w.live_unlocked_slack() && self.take_freed_slack(a, ai, v, addr, m, w, size);
         }
         let n = w.npages();
         // A block of 64 KiB or more becomes the hot block (hot.rs), a hint checked before use,

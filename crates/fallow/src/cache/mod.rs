@@ -93,7 +93,7 @@
 //! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
 //! Whether any slack page is not dirty is known at the hand-out (the entry is mixed and the
 //! slack's counts say so) and kept in the record (`META_SLACK_MIXED`): the free counts the
-//! slack's states only then. The free hit takes a stacked block with slack (one call).
+//! slack's states only then.
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
 //! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
