@@ -22,12 +22,12 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "capi_check.h"
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
 #define SMALL_MAX (16 * KiB)
 #define CHILD_ALARM_S 30 /* a child's work takes milliseconds: the bound only turns a hang into a failure */
-#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s: ", __FILE__, __LINE__, #c); fprintf(stderr, __VA_ARGS__); fprintf(stderr, " [last error: %s]\n", fallow_last_error()); return 1; } } while (0)
 
 static uint64_t next_rand(uint64_t *x) {
     *x ^= *x << 13;
@@ -406,17 +406,10 @@ static int test_fork_with_many_allocators(void) {
 }
 
 int main(void) {
-    struct { const char *name; int (*fn)(void); } tests[] = {
+    static const struct capi_test tests[] = {
         { "fork_while_threads_allocate", test_fork_while_threads_allocate },
         { "fork_while_creating_and_destroying", test_fork_while_creating_and_destroying },
         { "fork_with_many_allocators", test_fork_with_many_allocators },
     };
-    int failures = 0;
-    for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int r = tests[i].fn();
-        printf("%s %s\n", r ? "FAIL" : "ok", tests[i].name);
-        fflush(stdout);
-        failures += r != 0;
-    }
-    return failures;
+    return RUN_TESTS(tests);
 }

@@ -12,11 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "capi_check.h"
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
 #define SMALL_MAX (16 * KiB)
-#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s: ", __FILE__, __LINE__, #c); fprintf(stderr, __VA_ARGS__); fprintf(stderr, " [last error: %s]\n", fallow_last_error()); return 1; } } while (0)
 
 /* A small allocator: 256 MiB arena, workers off (nothing moves behind the test's back). */
 static int make(unsigned options, fallow_allocator **a) {
@@ -233,18 +233,12 @@ static int test_threads(void) {
 }
 
 int main(void) {
-    struct { const char *name; int (*fn)(void); } tests[] = {
+    static const struct capi_test tests[] = {
         { "small_options", test_options },
         { "small_sizes_and_stats", test_sizes_and_stats },
         { "small_zero_and_align", test_zero_and_align },
         { "small_bad_frees_and_resize", test_bad_frees_and_resize },
         { "small_threads", test_threads },
     };
-    int failures = 0;
-    for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int r = tests[i].fn();
-        printf("%s %s\n", r ? "FAIL" : "ok", tests[i].name);
-        failures += r != 0;
-    }
-    return failures;
+    return RUN_TESTS(tests);
 }

@@ -10,9 +10,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "capi_check.h"
 
 #define MiB (1024UL * 1024)
-#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s: ", __FILE__, __LINE__, #c); fprintf(stderr, __VA_ARGS__); fprintf(stderr, " [last error: %s]\n", fallow_last_error()); return 1; } } while (0)
 
 static int resident(void *p, size_t n) {
     unsigned char v[4096];
@@ -418,7 +418,7 @@ static int test_edges(void) {
 }
 
 int main(void) {
-    struct { const char *name; int (*fn)(void); } tests[] = {
+    static const struct capi_test tests[] = {
         { "config_and_create", test_config_and_create },
         { "alloc_flags", test_alloc_flags },
         { "bad_pointers", test_bad_pointers },
@@ -428,11 +428,5 @@ int main(void) {
         { "cache_settings", test_cache_settings },
         { "edges", test_edges },
     };
-    int failures = 0;
-    for (unsigned i = 0; i < sizeof tests / sizeof *tests; i++) {
-        int r = tests[i].fn();
-        printf("%s %s\n", r ? "FAIL" : "ok", tests[i].name);
-        failures += r != 0;
-    }
-    return failures;
+    return RUN_TESTS(tests);
 }
