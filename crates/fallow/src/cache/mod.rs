@@ -140,7 +140,7 @@ use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
 pub(crate) use pages::{alloc_pages, free_pages};
-pub(crate) use table::{current, drain_current, held_by_current, last};
+pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;
 

@@ -75,8 +75,10 @@ pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags
 struct OwnCache<'a>(&'a Arc<Shared>);
 
 impl crate::heap::Reclaim for OwnCache<'_> {
+    /// The cache this thread used last, if it is of this allocator (else 0: nothing is asked
+    /// back before memory is faulted in).
     fn held_pages(&mut self) -> u64 {
-        held_by_current(self.0)
+        last(self.0).map_or(0, |c| c.pages.get())
     }
     fn give_back(&mut self) -> bool {
         drain_current(self.0)

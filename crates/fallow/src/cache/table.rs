@@ -239,12 +239,6 @@ struct CachePage {
 
 const _: () = assert!(core::mem::size_of::<CachePage>() == 1 << PAGE_SHIFT);
 
-/// Pages in the calling thread's cache of `a`, if it is the one this thread used last (else 0:
-/// the locked path then does not ask it back before faulting memory in).
-pub(crate) fn held_by_current(a: &Arc<Shared>) -> u64 {
-    last(a).map_or(0, |c| c.pages.get())
-}
-
 /// `Allocator::drain_thread_cache`, and before the heap grows: `true` if the cache held pages.
 /// Called without the allocator lock.
 pub(crate) fn drain_current(a: &Arc<Shared>) -> bool {

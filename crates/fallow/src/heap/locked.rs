@@ -93,11 +93,10 @@ impl Shared {
                     break p;
                 }
                 if !fault_in {
-                    fault_in = true;
+                    // The first take only: `reclaimable` is still set.
+                    (fault_in, reclaimable) = (true, false);
                     drop(h);
-                    if core::mem::take(&mut reclaimable) {
-                        reclaim.give_back();
-                    }
+                    reclaim.give_back();
                     continue;
                 }
             }
