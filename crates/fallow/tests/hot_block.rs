@@ -77,8 +77,8 @@ fn a_zero_request_from_the_hot_block_reads_zero() {
 fn the_hot_block_serves_large_orders() {
     let a = allocator();
     // 4 MiB (order 10, the largest cached by default: one block beyond the high mark) freed;
-    // 1.5 MiB (order 9) takes it, its slack (2.5 MiB) within the thread's bound (the high mark,
-    // 4 MiB), and so does 3 MiB and a page (order 10).
+    // 1.5 MiB (order 9) takes it with 2.5 MiB of slack (the only live block with slack, within
+    // the bound of one per online CPU), and so does 3 MiB and a page (order 10).
     let p = take_and_free(&a, 4 * MIB, false, 1);
     assert_eq!(take_and_free(&a, MIB + MIB / 2, true, 2), p);
     assert_eq!(take_and_free(&a, 3 * MIB + PAGE, false, 3), p);
@@ -182,8 +182,7 @@ fn online_cpus() -> usize {
     unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
-/// An allocator whose high mark is 1 MiB (blocks up to 512 KiB stacked), so that the slack
-/// bound, the high mark per online CPU, is small.
+/// An allocator whose high mark is 1 MiB (blocks up to 512 KiB stacked).
 fn small_high_mark() -> Allocator {
     let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), cache_high_pages: 256, ..Config::default() };
     Allocator::new(c).unwrap()
@@ -192,11 +191,11 @@ fn small_high_mark() -> Allocator {
 #[test]
 fn the_process_holds_at_most_its_bound_of_slack() {
     let a = small_high_mark();
-    let bound = MIB * online_cpus();
-    // 300 KiB requests: a 512 KiB block each with 212 KiB of slack, more blocks than the bound
-    // holds; past it, the rest are served at their real size.
+    // 300 KiB requests: a 512 KiB block each with 212 KiB of slack. The bound is one live block
+    // with slack per online CPU; past it, the rest are served at their real size.
     let len = 300 * KIB;
-    let n = bound / (212 * KIB) + 8;
+    let bound = 212 * KIB * online_cpus();
+    let n = 4 * online_cpus() + 8;
     let live: Vec<*mut u8> = (0..n).map(|i| take_written(&a, len, false, i as u8 + 1)).collect();
     let s = a.stats();
     assert!(s.slack_bytes > 0, "no block was served with slack: {s}");

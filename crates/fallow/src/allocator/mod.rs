@@ -11,7 +11,6 @@ pub(crate) mod fork;
 mod tests;
 
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::cache;
@@ -389,7 +388,7 @@ impl Allocator {
         s.cache_refills = c.cache_refills;
         s.cache_drains = c.cache_drains;
         s.cache_remote_drains = c.cache_remote_drains;
-        cache::add_to_stats(h, self.shared.slack_held.load(Ordering::Relaxed), &mut s);
+        cache::add_to_stats(h, self.shared.slack_held.pages(), &mut s);
         // Free `Reported` pages below the arenas' `used_end` were either given back after use
         // or never touched; at most as many as were ever given back are the former.
         let below = s.free_reported_pages.saturating_sub(s.never_used_pages);

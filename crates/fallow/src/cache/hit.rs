@@ -125,7 +125,7 @@ impl Entries<'_> {
         // the free reads them only then.
         let slack = if e.mixed() { v.states().count(pfn + live, n - live) } else { StateCounts::default() };
         self.hand_out(m, w.handed_out_with_slack(order, live, slack != StateCounts::default()), order as usize);
-        a.slack_held.fetch_add((n - live) as u64, Relaxed);
+        a.slack_held.add(n - live);
         // The live part's counts: the block's, less the slack's.
         let counts = if e.mixed() { mixed.counts().minus(slack) } else { StateCounts::default() };
         if flags.0 == 0 && counts == StateCounts::default() {
@@ -228,7 +228,7 @@ impl Entries<'_> {
         self.push(o, addr, ai, slack);
         self.note_hot(addr, ai, n);
         self.add_pages(o, n as u64);
-        a.slack_held.fetch_sub((n - live) as u64, Relaxed);
+        a.slack_held.sub(n - live);
         self.free_hits.add(1);
         states.fill(pfn, live, PageState::Dirty);
         if self.large(o) {
@@ -376,9 +376,9 @@ pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     v.states().replace(end, end.next_multiple_of(UNIT_PAGES) - end, PageState::Reported, PageState::Zeroed);
 }
 
-/// Whether handing out `slack` more pages of slack would pass the process's bound (see "The
-/// slack bound" at the top of `cache`).
+/// Whether handing out a block with `slack` pages of slack would pass the process's bound (see
+/// "The slack bound" at the top of `cache`).
 #[inline]
 pub(super) fn slack_over(a: &Shared, slack: u32) -> bool {
-    slack != 0 && a.slack_held.load(Relaxed).saturating_add(slack as u64) > a.slack_limit
+    slack != 0 && a.slack_held.blocks() >= a.slack_blocks_limit
 }

@@ -100,12 +100,12 @@
 //! The hot block (hot.rs): the block this thread freed last also serves a request of the order
 //! below its own, with slack under three quarters of it; such a block may have a power of two
 //! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
-//! The slack bound: the process holds at most the high mark per online CPU of slack pages in
-//! live blocks (`Shared::slack_held`, counted wherever a block with slack is handed out or
-//! freed); a request whose slack would pass it takes the locked path, which serves it at its
-//! real size. A loop on one block keeps its slack; a program with many live blocks of sizes
-//! that are not powers of two (64 KiB-4 MiB at random) holds them at their real size instead
-//! of a quarter more on average.
+//! The slack bound: the process holds at most one live block with slack per online CPU
+//! (`Shared::slack_held`, counted wherever a block with slack is handed out or freed); a
+//! request that would make one more takes the locked path, which serves it at its real size. A
+//! loop on one block per thread keeps its slack; a program with many live blocks of sizes that
+//! are not powers of two (64 KiB-4 MiB at random) holds them at their real size instead of a
+//! quarter more on average.
 //!
 //! Re-entrancy (the preload library). The cache and its table are allocated from the Rust global
 //! allocator at a thread's first use, with the allocator lock NOT held. A re-entrant call (the

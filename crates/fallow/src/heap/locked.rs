@@ -3,7 +3,6 @@
 //! the caches' refills and drains (cache/batch.rs) for the lists themselves.
 
 use core::ptr::NonNull;
-use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::buddy::Buddy;
@@ -249,7 +248,7 @@ impl Shared {
         c.in_use_pages = c.in_use_pages.wrapping_sub((npages + slack) as u64);
         c.live_blocks = c.live_blocks.wrapping_sub(1);
         if slack != 0 {
-            self.slack_held.fetch_sub(slack as u64, Ordering::Relaxed);
+            self.slack_held.sub(slack);
         }
         self.wake_workers_after_free(h);
     }
@@ -283,7 +282,7 @@ impl Shared {
             let slack = a.drop_slack(pfn, now);
             h.counters.in_use_pages = h.counters.in_use_pages.wrapping_sub(slack as u64);
             if slack != 0 {
-                self.slack_held.fetch_sub(slack as u64, Ordering::Relaxed);
+                self.slack_held.sub(slack);
             }
         }
         let a = h.arenas[ai].as_mut().unwrap();

@@ -23,7 +23,7 @@ mod locked;
 mod view;
 mod workers;
 
-use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::buddy::{resident_preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
@@ -167,14 +167,45 @@ pub(crate) struct Shared {
     /// A pressure event made by hand (`Allocator::simulate_pressure`, for tests): the reporter
     /// takes it as a pressure event at its next look.
     pub(crate) pressure_injected: AtomicBool,
-    /// Slack pages in live blocks (of the pages in use, those past the requests of blocks served
+    /// Slack in live blocks (of the pages in use, those past the requests of blocks served
     /// whole: cache/mod.rs, "Slack"), process-wide: the caches' hand-outs add, every free of a
     /// block with slack subtracts, wherever it is freed; the statistics' `slack_bytes` and the
-    /// slack bound read it. And the bound: the high mark per online CPU (cache/mod.rs, "The
-    /// slack bound"). `Relaxed` read-modify-writes on the slack paths only, never on the hit
-    /// paths; a count nothing's memory safety relies on.
-    pub(crate) slack_held: AtomicU64,
-    pub(crate) slack_limit: u64,
+    /// slack bound (at most `slack_blocks_limit` live blocks with slack: cache/mod.rs, "The
+    /// slack bound") read it.
+    pub(crate) slack_held: SlackHeld,
+    pub(crate) slack_blocks_limit: u64,
+}
+
+/// The slack held in live blocks, two counts in one word so that a hand-out or a free of a
+/// block with slack is one read-modify-write: its pages (low bits) and its live blocks (from
+/// `BLOCK`). `Relaxed` read-modify-writes on the slack paths only, never on the hit paths; a
+/// count nothing's memory safety relies on.
+#[derive(Default)]
+pub(crate) struct SlackHeld(AtomicU64);
+
+impl SlackHeld {
+    /// One live block in the packed word (pages below it: at most 2^40 pages, 4 PiB).
+    const BLOCK: u64 = 1 << 40;
+
+    /// A block with `pages` of slack was handed out.
+    pub(crate) fn add(&self, pages: u32) {
+        self.0.fetch_add(Self::BLOCK + pages as u64, Ordering::Relaxed);
+    }
+
+    /// A block with `pages` (non-zero) of slack was freed, or its slack given back.
+    pub(crate) fn sub(&self, pages: u32) {
+        self.0.fetch_sub(Self::BLOCK + pages as u64, Ordering::Relaxed);
+    }
+
+    /// Slack pages in live blocks.
+    pub(crate) fn pages(&self) -> u64 {
+        self.0.load(Ordering::Relaxed) & (Self::BLOCK - 1)
+    }
+
+    /// Live blocks with slack.
+    pub(crate) fn blocks(&self) -> u64 {
+        self.0.load(Ordering::Relaxed) / Self::BLOCK
+    }
 }
 
 impl Shared {
@@ -228,8 +259,8 @@ impl Shared {
             large_generation: AtomicU64::new(0),
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
-            slack_held: AtomicU64::new(0),
-            slack_limit: config.cache_high_pages as u64 * os::online_cpus() as u64,
+            slack_held: SlackHeld::default(),
+            slack_blocks_limit: os::online_cpus() as u64,
             config,
         }
     }
