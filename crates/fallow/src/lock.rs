@@ -8,15 +8,23 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::os;
 
-/// Checks of the lock word before a waiter sleeps (`pause` between them: 10-17 ns each on this
-/// project's test machine, so 10-17 us in all). With 100 (1-2 us), two threads replacing random
-/// 64 KiB-4 MiB blocks, most requests on the locked path, slept and woke each other at every
-/// other call: 86-90 k operations per second against 106-108 k with 1000 (`bench mixed`; four
-/// threads on two CPUs: 78-82 k against 100-103 k).
-const SPINS: u32 = 1000;
+/// Checks of the lock word before a waiter sleeps, for locks whose critical sections are a few
+/// hundred nanoseconds (the slab's central lists): 100, `pause` between them (10-17 ns each on
+/// this project's test machine).
+pub(crate) const SPINS_SHORT: u32 = 100;
+/// The same for the page heap's lock, held for a run search (5-15 us under two threads' large
+/// requests): 1000 (10-17 us). With 100, two threads replacing random 64 KiB-4 MiB blocks, most
+/// requests on the locked path, slept and woke each other at every other call: 86-90 k
+/// operations per second against 106-108 k with 1000 (`bench mixed`; four threads on two CPUs:
+/// 78-82 k against 100-103 k). The slab's lock keeps 100: with 1000, larson (two threads freeing
+/// each other's small objects) did 79-80 M operations a second against 82-87 M, no gain within
+/// its noise (73-113 M between rounds).
+pub(crate) const SPINS_LONG: u32 = 1000;
 
 pub struct RawLock {
     state: AtomicU32,
+    /// Checks of `state` before a waiter sleeps (`SPINS_SHORT`, `SPINS_LONG`).
+    spins: u32,
 }
 
 impl Default for RawLock {
@@ -27,7 +35,12 @@ impl Default for RawLock {
 
 impl RawLock {
     pub const fn new() -> Self {
-        RawLock { state: AtomicU32::new(0) }
+        Self::with_spins(SPINS_SHORT)
+    }
+
+    /// A lock whose waiters check it `spins` times before they sleep.
+    pub const fn with_spins(spins: u32) -> Self {
+        RawLock { state: AtomicU32::new(0), spins }
     }
 
     #[inline]
@@ -49,9 +62,9 @@ impl RawLock {
 
     #[cold]
     fn lock_contended(&self) {
-        // Spin first: the critical sections are bookkeeping of a few microseconds (a run search
-        // under two threads' large requests: 5-15 us), shorter than a futex sleep and wake.
-        for _ in 0..SPINS {
+        // Spin first (`spins` checks): the critical sections are short bookkeeping, shorter than
+        // a futex sleep and wake.
+        for _ in 0..self.spins {
             core::hint::spin_loop();
             if self.state.load(Ordering::Relaxed) == 0
                 && self
@@ -104,7 +117,12 @@ pub struct Guard<'a, T> {
 
 impl<T> Locked<T> {
     pub const fn new(data: T) -> Self {
-        Locked { lock: RawLock::new(), data: UnsafeCell::new(data) }
+        Self::with_spins(data, SPINS_SHORT)
+    }
+
+    /// Its waiters check the lock `spins` times before they sleep.
+    pub const fn with_spins(data: T, spins: u32) -> Self {
+        Locked { lock: RawLock::with_spins(spins), data: UnsafeCell::new(data) }
     }
 
     #[inline]

@@ -28,7 +28,7 @@ use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering
 use crate::buddy::{resident_preference, Buddy, Taken};
 use crate::config::{Config, Tunables};
 use crate::error::Error;
-use crate::lock::Locked;
+use crate::lock::{self, Locked};
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
 use crate::page::{Class, Tag, META_FREED_START, META_SLACK};
 use crate::stats::ReclaimCounters;
@@ -235,7 +235,7 @@ impl Shared {
         const EMPTY: Option<Buddy> = None;
         Shared {
             gap: HitGap::uninit(),
-            heap: Locked::new(Heap {
+            heap: Locked::with_spins(Heap {
                 arenas: [EMPTY; MAX_ARENAS],
                 narenas: 0,
                 counters: Counters::default(),
@@ -245,7 +245,7 @@ impl Shared {
                 isolation_waiters: 0,
                 caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
-            }),
+            }, lock::SPINS_LONG),
             views: core::array::from_fn(|_| ArenaView::empty()),
             hit: HitPath::new(cache_id, cache_orders.0, cache_orders.1),
             epoch_ns: os::now_ns(),
