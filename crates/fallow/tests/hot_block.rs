@@ -1,7 +1,7 @@
 //! The hot block (cache/hot.rs): the block a thread freed last, of 64 KiB or more, serves its
-//! next request that takes more than a quarter of it, whatever the request's order, so that a
+//! next request that takes more than an eighth of it, whatever the request's order, so that a
 //! loop of sizes on both sides of a power of two stays in one block. A `ZERO` request served
-//! from it reads zero, a request of a quarter of it or less does not take it, nor does a block
+//! from it reads zero, a request of an eighth of it or less does not take it, nor does a block
 //! no longer cached. Workers off and 4 KiB pages: nothing but these calls changes the lists.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -86,16 +86,20 @@ fn the_hot_block_serves_large_orders() {
 }
 
 #[test]
-fn a_quarter_of_the_block_or_less_does_not_take_it() {
+fn an_eighth_of_the_block_or_less_does_not_take_it() {
     let a = allocator();
-    take_and_free(&a, 2 * MIB, false, 1);
-    // 512 KiB is a quarter of 2 MiB: its own order's block (a refill, which may take the same
-    // memory: the cache gives its blocks back before it faults memory in), not the hot one.
+    let p = take_and_free(&a, 2 * MIB, false, 1);
+    // 256 KiB and a page is more than an eighth of 2 MiB: the hot block serves it (a loop of
+    // sizes across two powers of two stays in one block).
+    assert_eq!(take_and_free(&a, 256 * KIB + PAGE, false, 2), p, "the hot block did not serve more than an eighth of itself");
+    // 256 KiB less a page is under an eighth: its own order's block (a refill, which may take
+    // the same memory: the cache gives its blocks back before it faults memory in), not the
+    // hot one.
     let refills = a.stats().cache_refills;
-    let q = take_and_free(&a, 512 * KIB - PAGE, false, 2);
-    assert_eq!(a.stats().cache_refills, refills + 1, "the hot block served a quarter of itself");
-    // And exactly 512 KiB: the block of its order just freed.
-    assert_eq!(take_and_free(&a, 512 * KIB, false, 2), q);
+    let q = take_and_free(&a, 256 * KIB - PAGE, false, 2);
+    assert_eq!(a.stats().cache_refills, refills + 1, "the hot block served an eighth of itself or less");
+    // And exactly 256 KiB: the block of its order just freed.
+    assert_eq!(take_and_free(&a, 256 * KIB, false, 2), q);
     // Nor does a block no longer cached: drained, the hint is passed over (the request refills
     // its own order, which may well split the same memory again).
     take_and_free(&a, 2 * MIB, false, 3);

@@ -18,7 +18,7 @@
 //! if the block is still cached here, on top of the dirty stack of the order its record says
 //! (so a block handed out since, drained, or taken back by the reporter's drain of an idle cache
 //! is passed over: the owner's `hot` word needs no care from them), of an order larger than the
-//! request's, and the request takes more than a quarter of it. The block is then handed out as
+//! request's, and the request takes more than an eighth of it. The block is then handed out as
 //! any block with slack (`hand_out_with_slack`): its record says `META_SLACK`, the slack keeps
 //! its free states, and its free brings the whole block back (and makes it the hot block again).
 //! A `ZERO` request keeps its preference for a `Zeroed` block of its own order (no memset at all).
@@ -33,12 +33,13 @@
 //! places the request where it fits best (which the block's free left), and a small request,
 //! not the loop's, keeps its cache.
 //!
-//! The bound. A block serves requests of more than a quarter of it (in practice its own order,
-//! as before, and the one below), so its slack is under three quarters of it, under three times
-//! the request's pages (a block served the usual way has slack under half of it, under the
-//! request). Only the block freed last is served this way, and each free makes one block hot:
-//! the memory held beyond today's is at most one block's worth per free, and only while that
-//! block lives.
+//! The bound. A block serves requests of more than an eighth of it (its own order and the two
+//! below), so its slack is under seven eighths of it, under seven times the request's pages (a
+//! block served the usual way has slack under half of it, under the request). A quarter was
+//! not enough: a loop whose sizes cross two powers of two (0.75-2.06 MiB) took two or three
+//! blocks in turn and ran at 0.84-0.96x of glibc. Only the block freed last is served this way,
+//! and the slack bound (one live block with slack per CPU, `hit::slack_over`) holds for it too:
+//! the memory held beyond today's is at most one such block per CPU, while it lives.
 
 use super::*;
 use super::hit::{settle_slack_unit, UNIT_PAGES};
@@ -76,8 +77,8 @@ impl Entries<'_> {
         // holds the page now (the checks below tell whether it is still this cache's).
         let w = unsafe { HitWord::load(m) };
         let k = w.order() as usize;
-        // Cached, of a larger order this cache serves, and the request more than a quarter of it.
-        if w.tag() != Tag::Cached as u8 || k <= order as usize || k >= self.orders || live as u64 <= (1u64 << k) / 4 {
+        // Cached, of a larger order this cache serves, and the request more than an eighth of it.
+        if w.tag() != Tag::Cached as u8 || k <= order as usize || k >= self.orders || live as u64 <= (1u64 << k) / 8 {
             return None;
         }
         if super::hit::slack_over(a, (1u32 << k) - live) {

@@ -97,8 +97,8 @@
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
 //! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
-//! The hot block (hot.rs): the block this thread freed last also serves a request of the order
-//! below its own, with slack under three quarters of it; such a block may have a power of two
+//! The hot block (hot.rs): the block this thread freed last also serves a request of the two
+//! orders below its own, with slack under seven eighths of it; such a block may have a power of two
 //! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
 //! The slack bound: the process holds at most one live block with slack per online CPU
 //! (`Shared::slack_held`, counted wherever a block with slack is handed out or freed); a
