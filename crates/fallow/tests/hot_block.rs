@@ -213,6 +213,38 @@ fn the_process_holds_at_most_its_bound_of_slack() {
 }
 
 #[test]
+fn every_thread_with_a_cache_may_hold_a_block_with_slack() {
+    let a = small_high_mark();
+    // More threads than CPUs, each holding one 300 KiB request (a 512 KiB block with 212 KiB of
+    // slack) at the same time: each thread's loop keeps its slack, whatever the CPUs, so every
+    // one of them gets it (with one per CPU only, the threads past the CPUs took the locked
+    // path at every call, in a region of their own).
+    let threads = online_cpus() + 2;
+    let len = 300 * KIB;
+    let all_hold = std::sync::Barrier::new(threads + 1);
+    let all_read = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|t| {
+        for i in 0..threads {
+            let (a, all_hold, all_read) = (&a, &all_hold, &all_read);
+            t.spawn(move || {
+                // A first pair registers this thread's cache before any block is held.
+                a.free(take_written(a, len, false, i as u8 + 1)).unwrap();
+                let p = take_written(a, len, false, i as u8 + 1);
+                all_hold.wait();
+                all_read.wait();
+                a.free(p).unwrap();
+            });
+        }
+        all_hold.wait();
+        let s = a.stats();
+        all_read.wait();
+        assert_eq!(s.slack_bytes, (threads * 212 * KIB) as u64, "a thread's block was served without slack: {s}");
+    });
+    check(&a);
+    assert_eq!(a.stats().slack_bytes, 0);
+}
+
+#[test]
 fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
     let a = small_high_mark();
     // One live block at a time, each freed by another thread: the slack is given back each

@@ -376,9 +376,10 @@ pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
     v.states().replace(end, end.next_multiple_of(UNIT_PAGES) - end, PageState::Reported, PageState::Zeroed);
 }
 
-/// Whether handing out a block with `slack` pages of slack would pass the process's bound (see
-/// "The slack bound" at the top of `cache`).
+/// Whether handing out a block with `slack` pages of slack would pass the process's bound: one
+/// live block with slack per thread with a cache, or per online CPU if more (see "The slack
+/// bound" at the top of `cache`).
 #[inline]
 pub(super) fn slack_over(a: &Shared, slack: u32) -> bool {
-    slack != 0 && a.slack_held.blocks() >= a.slack_blocks_limit
+    slack != 0 && a.slack_held.blocks() >= a.slack_blocks_min.max(a.caches_registered.load(Relaxed))
 }

@@ -100,8 +100,9 @@
 //! The hot block (hot.rs): the block this thread freed last also serves a request of the two
 //! orders below its own, with slack under seven eighths of it; such a block may have a power of two
 //! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
-//! The slack bound: the process holds at most one live block with slack per online CPU
-//! (`Shared::slack_held`, counted wherever a block with slack is handed out or freed); a
+//! The slack bound: the process holds at most one live block with slack per thread with a
+//! cache, or per online CPU if more (`Shared::slack_held`, counted wherever a block with slack
+//! is handed out or freed; `Shared::caches_registered`); a
 //! request that would make one more takes the locked path, which serves it at its real size. A
 //! loop on one block per thread keeps its slack; a program with many live blocks of sizes that
 //! are not powers of two (64 KiB-4 MiB at random) holds them at their real size instead of a

@@ -179,6 +179,7 @@ impl Slots {
             // `new` and its registration, which the request would miss (`ask_to_drain`).
             unsafe { (*c).seen_generation.set(a.hit.drain_generation.load(Relaxed)) };
             h.caches.push(c);
+            a.caches_registered.fetch_add(1, Relaxed);
         }
         self.caches[pick].set(c);
         self.ids[pick].set(id);
@@ -220,6 +221,7 @@ pub(super) fn retire(c: *mut ThreadCache) {
         e.fold(&mut h);
         e.drain_all_locked(&mut h, now);
         h.caches.unlink(c);
+        shared.caches_registered.fetch_sub(1, Relaxed);
         // Wake a worker for what the drain freed, only while the allocator has handles.
         shared.wake_workers_if_alive(h);
     }

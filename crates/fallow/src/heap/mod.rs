@@ -170,10 +170,15 @@ pub(crate) struct Shared {
     /// Slack in live blocks (of the pages in use, those past the requests of blocks served
     /// whole: cache/mod.rs, "Slack"), process-wide: the caches' hand-outs add, every free of a
     /// block with slack subtracts, wherever it is freed; the statistics' `slack_bytes` and the
-    /// slack bound (at most `slack_blocks_limit` live blocks with slack: cache/mod.rs, "The
-    /// slack bound") read it.
+    /// slack bound (`slack_over`: at most one live block with slack per online CPU, or per
+    /// thread with a cache if more: cache/mod.rs, "The slack bound") read it.
     pub(crate) slack_held: SlackHeld,
-    pub(crate) slack_blocks_limit: u64,
+    /// The online CPUs, the least the slack bound allows.
+    pub(crate) slack_blocks_min: u64,
+    /// Per-thread caches registered (`Heap::caches`; changed where a cache is linked and
+    /// unlinked, under the lock), read without it by the slack bound: `Relaxed`, a count that
+    /// only sizes the bound.
+    pub(crate) caches_registered: AtomicU64,
 }
 
 /// The slack held in live blocks, two counts in one word so that a hand-out or a free of a
@@ -260,7 +265,8 @@ impl Shared {
             squeezed: AtomicBool::new(false),
             pressure_injected: AtomicBool::new(false),
             slack_held: SlackHeld::default(),
-            slack_blocks_limit: os::online_cpus() as u64,
+            slack_blocks_min: os::online_cpus() as u64,
+            caches_registered: AtomicU64::new(0),
             config,
         }
     }
