@@ -6,15 +6,16 @@
 # k or m; default 256k 512k 1m 2m 4m 8m). Environment: RUNS, SECONDS_PER_RUN (default 0.3),
 # LIB (the preload library, default target/release/libfallow_preload.so), BEFORE (another
 # build of it, e.g. of an older commit: a third column, interleaved with the other two), MODES
-# (default "m c": malloc, calloc).
+# (default "m c": malloc, calloc), THREADS (threads running the loop at once, default 1).
 set -e
 cd "$(dirname "$0")/.."
 lib=${LIB:-$PWD/target/release/libfallow_preload.so}
 bin=${TMPDIR:-/tmp}/reuse_cross.$$
-cc -O2 -o "$bin" scripts/reuse_cross.c
+cc -O2 -pthread -o "$bin" scripts/reuse_cross.c
 trap 'rm -f "$bin"' EXIT
 runs=${RUNS:-5}
 secs=${SECONDS_PER_RUN:-0.3}
+threads=${THREADS:-1}
 median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 bytes() { echo "$1" | awk '/[kK]$/ {print $1*1024; next} /[mM]$/ {print $1*1048576; next} {print $1}'; }
 if [ -n "$BEFORE" ]; then
@@ -28,9 +29,9 @@ for bs in ${@:-256k 512k 1m 2m 4m 8m}; do
         g=; f=; o=
         i=0
         while [ $i -lt "$runs" ]; do
-            g="$g $("$bin" "$b" $mode "$secs")"
-            [ -n "$BEFORE" ] && o="$o $(LD_PRELOAD=$BEFORE "$bin" "$b" $mode "$secs")"
-            f="$f $(LD_PRELOAD=$lib "$bin" "$b" $mode "$secs")"
+            g="$g $("$bin" "$b" $mode "$secs" "$threads")"
+            [ -n "$BEFORE" ] && o="$o $(LD_PRELOAD=$BEFORE "$bin" "$b" $mode "$secs" "$threads")"
+            f="$f $(LD_PRELOAD=$lib "$bin" "$b" $mode "$secs" "$threads")"
             i=$((i + 1))
         done
         gm=$(echo $g | median)
