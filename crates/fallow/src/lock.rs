@@ -12,8 +12,8 @@ use crate::os;
 /// hundred nanoseconds (the slab's central lists): 100, `pause` between them (10-17 ns each on
 /// this project's test machine).
 pub(crate) const SPINS_SHORT: u32 = 100;
-/// The same for the page heap's lock, held for a run search (5-15 us under two threads' large
-/// requests): 1000 (10-17 us). With 100, two threads replacing random 64 KiB-4 MiB blocks, most
+/// The same for the page heap's lock, held for a run search (thousands of instructions, with a
+/// cache miss at most records it reads): 1000 (10-17 us). With 100, two threads replacing random 64 KiB-4 MiB blocks, most
 /// requests on the locked path, slept and woke each other at every other call: 86-90 k
 /// operations per second against 106-108 k with 1000 (`bench mixed`; four threads on two CPUs:
 /// 78-82 k against 100-103 k). The slab's lock keeps 100: with 1000, larson (two threads freeing

@@ -38,8 +38,8 @@
 //! block served the usual way has slack under half of it, under the request). A quarter was
 //! not enough: a loop whose sizes cross two powers of two (0.75-2.06 MiB) took two or three
 //! blocks in turn and ran at 0.84-0.96x of glibc. Only the block freed last is served this way,
-//! and the slack bound (one live block with slack per CPU, `hit::slack_over`) holds for it too:
-//! the memory held beyond today's is at most one such block per CPU, while it lives.
+//! and the slack bound (one live block with slack per thread with a cache, or per CPU if more:
+//! `hit::slack_over`) holds for it too: at most one such block per thread, while it lives.
 
 use super::*;
 use super::hit::{settle_slack_unit, UNIT_PAGES};
