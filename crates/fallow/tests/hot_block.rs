@@ -245,6 +245,26 @@ fn every_thread_with_a_cache_may_hold_a_block_with_slack() {
 }
 
 #[test]
+fn a_run_the_caches_could_hold_does_not_keep_the_next_request_on_the_locked_path() {
+    let a = allocator();
+    // 9 MiB is above the caches: freed on the locked path, the next request goes there too.
+    take_and_free(&a, 9 * MIB, false, 1);
+    let p = take_written(&a, 3 * MIB, false, 2);
+    assert_eq!(a.stats().slack_bytes, 0, "the request after the locked free took the cache");
+    check(&a);
+    a.free(p).unwrap();
+    check(&a);
+    // That 3 MiB run, freed on the locked path too, is no locked hot block: a loop of requests
+    // the caches hold (3-8 MiB) would otherwise stay on the locked path for good, one run after
+    // another. The next 3 MiB is a cached 4 MiB block with slack again.
+    let q = take_written(&a, 3 * MIB, false, 3);
+    assert_eq!(a.stats().slack_bytes, MIB as u64, "the request after a run the caches could hold took the locked path");
+    check(&a);
+    a.free(q).unwrap();
+    check(&a);
+}
+
+#[test]
 fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
     let a = small_high_mark();
     // One live block at a time, each freed by another thread: the slack is given back each
