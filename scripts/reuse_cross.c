@@ -1,8 +1,8 @@
 /* The hot reuse loop across a power of two: `reuse_cross B [c] [SECONDS]` runs
  * `p = malloc(n); memset(p, 7, n); free(p)` (with `c`: `calloc(1, n)`, whose zeroing counts as
  * the program's, then the memset) for about SECONDS (default 0.3), n uniform in
- * [B/2, 1.375*B] (xorshift, a fixed seed per thread), and prints the calls per second (one call
- * = one request and its free). With THREADS, that many threads run the loop at once, each for
+ * [B/2, 1.375*B] (xorshift, a fixed seed per thread), and prints the calls per CPU-second (one
+ * call = one request and its free). With THREADS, that many threads run the loop at once, each for
  * SECONDS of its own CPU time. Time is the process's CPU time (its threads included, the
  * allocator's workers too), not the wall clock: on a machine shared with other work, being descheduled
  * would otherwise count. Run it with and without LD_PRELOAD=libfallow_preload.so:
@@ -40,7 +40,8 @@ static int sixteen(uint64_t *x, size_t lo, size_t span, int zero) {
     return 0;
 }
 
-struct loop { size_t lo, span; int zero; double secs; uint64_t x; long calls; int failed; };
+/* One thread's loop, on a cache line of its own (threads write `x` and `calls` at every call). */
+struct loop { _Alignas(64) size_t lo; size_t span; int zero; double secs; uint64_t x; long calls; int failed; };
 
 static pthread_barrier_t warm;
 

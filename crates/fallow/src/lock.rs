@@ -8,23 +8,26 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use crate::os;
 
-/// Checks of the lock word before a waiter sleeps, for locks whose critical sections are a few
-/// hundred nanoseconds (the slab's central lists): 100, `pause` between them (10-17 ns each on
-/// this project's test machine).
-pub(crate) const SPINS_SHORT: u32 = 100;
+/// How long a waiter spins on the lock word before it sleeps, for locks whose critical
+/// sections are a few hundred nanoseconds (the slab's central lists): 1.5 us.
+pub(crate) const SPIN_NS_SHORT: u32 = 1_500;
 /// The same for the page heap's lock, held for a run search (thousands of instructions, with a
-/// cache miss at most records it reads): 1000 (10-17 us). With 100, two threads replacing random 64 KiB-4 MiB blocks, most
-/// requests on the locked path, slept and woke each other at every other call: 86-90 k
-/// operations per second against 106-108 k with 1000 (`bench mixed`; four threads on two CPUs:
-/// 78-82 k against 100-103 k). The slab's lock keeps 100: with 1000, larson (two threads freeing
-/// each other's small objects) did 79-80 M operations a second against 82-87 M, no gain within
-/// its noise (73-113 M between rounds).
-pub(crate) const SPINS_LONG: u32 = 1000;
+/// cache miss at most of the records it reads): 15 us. With 1-2 us, two threads replacing random
+/// 64 KiB-4 MiB blocks, most requests on the locked path, slept and woke each other at every
+/// other call: 86-90 k operations per second against 106-108 k with 10-17 us (`bench mixed`;
+/// four threads on two CPUs: 78-82 k against 100-103 k). The slab's lock keeps the short spin:
+/// with the long one, larson (two threads freeing each other's small objects) did 79-80 M
+/// operations a second against 82-87 M, no gain within its noise (73-113 M between rounds).
+pub(crate) const SPIN_NS_LONG: u32 = 15_000;
+/// Checks of the lock word between two reads of the clock while spinning (`pause` between
+/// checks: 10-17 ns each on this project's test machine, about 40 on others).
+const CHECKS_PER_CLOCK: u32 = 32;
 
 pub struct RawLock {
     state: AtomicU32,
-    /// Checks of `state` before a waiter sleeps (`SPINS_SHORT`, `SPINS_LONG`).
-    spins: u32,
+    /// How long a waiter spins before it sleeps, ns (`SPIN_NS_SHORT`, `SPIN_NS_LONG`): a time,
+    /// not a count of checks, since `pause` takes 10 to 140 cycles depending on the CPU.
+    spin_ns: u32,
 }
 
 impl Default for RawLock {
@@ -35,12 +38,12 @@ impl Default for RawLock {
 
 impl RawLock {
     pub const fn new() -> Self {
-        Self::with_spins(SPINS_SHORT)
+        Self::with_spin_ns(SPIN_NS_SHORT)
     }
 
-    /// A lock whose waiters check it `spins` times before they sleep.
-    pub const fn with_spins(spins: u32) -> Self {
-        RawLock { state: AtomicU32::new(0), spins }
+    /// A lock whose waiters spin for `spin_ns` before they sleep.
+    pub const fn with_spin_ns(spin_ns: u32) -> Self {
+        RawLock { state: AtomicU32::new(0), spin_ns }
     }
 
     #[inline]
@@ -62,17 +65,23 @@ impl RawLock {
 
     #[cold]
     fn lock_contended(&self) {
-        // Spin first (`spins` checks): the critical sections are short bookkeeping, shorter than
-        // a futex sleep and wake.
-        for _ in 0..self.spins {
-            core::hint::spin_loop();
-            if self.state.load(Ordering::Relaxed) == 0
-                && self
-                    .state
-                    .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return;
+        // Spin first (for `spin_ns`): the critical sections are bookkeeping, shorter than a
+        // futex sleep and wake.
+        let start = os::now_ns();
+        loop {
+            for _ in 0..CHECKS_PER_CLOCK {
+                core::hint::spin_loop();
+                if self.state.load(Ordering::Relaxed) == 0
+                    && self
+                        .state
+                        .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return;
+                }
+            }
+            if os::now_ns().saturating_sub(start) >= self.spin_ns as u64 {
+                break;
             }
         }
         while self.state.swap(2, Ordering::Acquire) != 0 {
@@ -117,12 +126,12 @@ pub struct Guard<'a, T> {
 
 impl<T> Locked<T> {
     pub const fn new(data: T) -> Self {
-        Self::with_spins(data, SPINS_SHORT)
+        Self::with_spin_ns(data, SPIN_NS_SHORT)
     }
 
-    /// Its waiters check the lock `spins` times before they sleep.
-    pub const fn with_spins(data: T, spins: u32) -> Self {
-        Locked { lock: RawLock::with_spins(spins), data: UnsafeCell::new(data) }
+    /// Its waiters spin for `spin_ns` before they sleep.
+    pub const fn with_spin_ns(data: T, spin_ns: u32) -> Self {
+        Locked { lock: RawLock::with_spin_ns(spin_ns), data: UnsafeCell::new(data) }
     }
 
     #[inline]

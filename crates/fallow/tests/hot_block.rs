@@ -195,15 +195,15 @@ fn small_high_mark() -> Allocator {
 #[test]
 fn the_process_holds_at_most_its_bound_of_slack() {
     let a = small_high_mark();
-    // 300 KiB requests: a 512 KiB block each with 212 KiB of slack. The bound is one live block
-    // with slack per online CPU; past it, the rest are served at their real size.
+    // 300 KiB requests: a 512 KiB block each with 212 KiB of slack. The bound for one thread is
+    // one live block with slack per online CPU (far under the high mark per CPU in pages); past
+    // it, the rest are served at their real size.
     let len = 300 * KIB;
     let bound = 212 * KIB * online_cpus();
     let n = 4 * online_cpus() + 8;
     let live: Vec<*mut u8> = (0..n).map(|i| take_written(&a, len, false, i as u8 + 1)).collect();
     let s = a.stats();
-    assert!(s.slack_bytes > 0, "no block was served with slack: {s}");
-    assert!(s.slack_bytes <= bound as u64, "slack past the bound of {bound}: {s}");
+    assert_eq!(s.slack_bytes, bound as u64, "not one block with slack per CPU: {s}");
     check(&a);
     for p in live {
         a.free(p).unwrap();
@@ -215,31 +215,81 @@ fn the_process_holds_at_most_its_bound_of_slack() {
 #[test]
 fn every_thread_with_a_cache_may_hold_a_block_with_slack() {
     let a = small_high_mark();
-    // More threads than CPUs, each holding one 300 KiB request (a 512 KiB block with 212 KiB of
+    // Twice as many threads as CPUs, each holding one 300 KiB request (a 512 KiB block with 212 KiB of
     // slack) at the same time: each thread's loop keeps its slack, whatever the CPUs, so every
     // one of them gets it (with one per CPU only, the threads past the CPUs took the locked
     // path at every call, in a region of their own).
-    let threads = online_cpus() + 2;
+    let threads = 2 * online_cpus();
     let len = 300 * KIB;
+    let s = while_threads_hold(&a, threads, |i| Some(take_written(&a, len, false, i as u8 + 1) as usize), || a.stats());
+    assert_eq!(s.slack_bytes, (threads * 212 * KIB) as u64, "a thread's block was served without slack: {s}");
+    check(&a);
+    assert_eq!(a.stats().slack_bytes, 0);
+}
+
+/// Run `work` in `threads` threads at once, each after its first pair (which registers its
+/// cache); once every thread holds what `work` returned, `look` runs here, and its result is
+/// returned after the threads have freed those blocks and ended (so that a failed check fails
+/// the test rather than leaving the threads waiting).
+fn while_threads_hold<R>(a: &Allocator, threads: usize, work: impl Fn(usize) -> Option<usize> + Sync, look: impl FnOnce() -> R) -> R {
     let all_hold = std::sync::Barrier::new(threads + 1);
     let all_read = std::sync::Barrier::new(threads + 1);
     std::thread::scope(|t| {
         for i in 0..threads {
-            let (a, all_hold, all_read) = (&a, &all_hold, &all_read);
+            let (all_hold, all_read, work) = (&all_hold, &all_read, &work);
             t.spawn(move || {
-                // A first pair registers this thread's cache before any block is held.
-                a.free(take_written(a, len, false, i as u8 + 1)).unwrap();
-                let p = take_written(a, len, false, i as u8 + 1);
+                a.free(take_written(a, 16 * PAGE, false, 1)).unwrap();
+                let p = work(i);
                 all_hold.wait();
                 all_read.wait();
-                a.free(p).unwrap();
+                if let Some(p) = p {
+                    a.free(p as *mut u8).unwrap();
+                }
             });
         }
         all_hold.wait();
-        let s = a.stats();
+        let seen = look();
         all_read.wait();
-        assert_eq!(s.slack_bytes, (threads * 212 * KIB) as u64, "a thread's block was served without slack: {s}");
+        seen
+    })
+}
+
+#[test]
+fn idle_threads_raise_the_bound_to_twice_the_cpus_at_most() {
+    let a = small_high_mark();
+    // Three times as many threads as CPUs have a cache and hold nothing; this thread takes 300
+    // KiB requests (212 KiB of slack each): one block with slack per thread with a cache, but at
+    // most two per CPU, whatever the idle threads.
+    let cpus = online_cpus();
+    let s = while_threads_hold(&a, 3 * cpus, |_| None, || {
+        let live: Vec<*mut u8> = (0..4 * cpus + 8).map(|i| take_written(&a, 300 * KIB, false, i as u8 + 1)).collect();
+        let s = a.stats();
+        for p in live {
+            a.free(p).unwrap();
+        }
+        s
     });
+    assert_eq!(s.slack_bytes, (2 * cpus * 212 * KIB) as u64, "not two blocks with slack per CPU: {s}");
+    check(&a);
+}
+
+#[test]
+fn the_slack_in_all_stays_under_the_high_mark_per_block_allowed() {
+    let cpus = online_cpus();
+    let c = Config { arena_size: (16 * cpus + 32) * MIB, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
+    let a = Allocator::new(c).unwrap();
+    // Twice as many threads as CPUs (so two blocks with slack per CPU allowed), each freeing an
+    // 8 MiB block and then taking 1 MiB and a page from it, the hot block (1,791 pages of slack,
+    // more than the high mark of 1,024): the slack in all stays under the high mark per block
+    // allowed, so fewer threads than that get it.
+    let threads = 2 * cpus;
+    let limit = (1024 * PAGE * threads) as u64;
+    let s = while_threads_hold(&a, threads, |i| {
+        a.free(take_written(&a, 8 * MIB, false, i as u8 + 1)).unwrap();
+        Some(take_written(&a, MIB + PAGE, false, i as u8 + 1) as usize)
+    }, || a.stats());
+    assert!(s.slack_bytes > 0, "no block was served with slack: {s}");
+    assert!(s.slack_bytes <= limit, "slack past the high mark per block allowed ({limit}): {s}");
     check(&a);
     assert_eq!(a.stats().slack_bytes, 0);
 }

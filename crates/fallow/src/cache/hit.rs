@@ -377,9 +377,15 @@ pub(super) fn settle_slack_unit(a: &Arc<Shared>, e: Entry, live: u32) {
 }
 
 /// Whether handing out a block with `slack` pages of slack would pass the process's bound: one
-/// live block with slack per thread with a cache, or per online CPU if more (see "The slack
-/// bound" at the top of `cache`).
+/// live block with slack per thread with a cache (at least one per online CPU, at most two),
+/// and the high mark of slack pages per such block, in all (see "The slack bound" at the top
+/// of `cache`).
 #[inline]
 pub(super) fn slack_over(a: &Shared, slack: u32) -> bool {
-    slack != 0 && a.slack_held.blocks() >= a.slack_blocks_min.max(a.caches_registered.load(Relaxed))
+    if slack == 0 {
+        return false;
+    }
+    let min = a.slack_blocks_min;
+    let blocks = a.caches_registered.load(Relaxed).clamp(min, 2 * min);
+    a.slack_held.blocks() >= blocks || a.slack_held.pages() + slack as u64 > blocks * a.slack_pages_per_block
 }

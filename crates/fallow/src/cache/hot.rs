@@ -42,8 +42,8 @@
 //! block served the usual way has slack under half of it, under the request). A quarter was
 //! not enough: a loop whose sizes cross two powers of two (0.75-2.06 MiB) took two or three
 //! blocks in turn and ran at 0.84-0.96x of glibc. Only the block freed last is served this way,
-//! and the slack bound (one live block with slack per thread with a cache, or per CPU if more:
-//! `hit::slack_over`) holds for it too: at most one such block per thread, while it lives.
+//! and the slack bound (`hit::slack_over`: one live block with slack per thread with a cache,
+//! between one and two per CPU, and the high mark of slack per such block) holds for it too.
 
 use super::*;
 use super::hit::{settle_slack_unit, UNIT_PAGES};
@@ -69,7 +69,7 @@ impl Entries<'_> {
     #[inline]
     pub(super) fn alloc_hot(&self, a: &Arc<Shared>, order: u8, live: u32, flags: Flags) -> Option<usize> {
         // Too small for any hot block: no need to look at one (a refill of small blocks).
-        if live <= HOT_MIN_PAGES / 4 {
+        if live <= HOT_MIN_PAGES / 8 {
             return None;
         }
         let e = Entry::from_word(self.hot.get() as usize)?;

@@ -101,9 +101,10 @@
 //! orders below its own, with slack under seven eighths of it; such a block may have a power of two
 //! of pages, so a block with slack is told by `META_SLACK`, never by its page count.
 //! The slack bound: the process holds at most one live block with slack per thread with a
-//! cache, or per online CPU if more (`Shared::slack_held`, counted wherever a block with slack
-//! is handed out or freed; `Shared::caches_registered`); a
-//! request that would make one more takes the locked path, which serves it at its real size. A
+//! cache, between one and two per online CPU, and the high mark of slack pages per block it
+//! allows (`Shared::slack_held`, counted wherever a block with slack is handed out or freed;
+//! `Shared::caches_registered`); a request that would pass it takes the locked path, which
+//! serves it at its real size. A
 //! loop on one block per thread keeps its slack; a program with many live blocks of sizes that
 //! are not powers of two (64 KiB-4 MiB at random) holds them at their real size instead of a
 //! quarter more on average.

@@ -170,11 +170,13 @@ pub(crate) struct Shared {
     /// Slack in live blocks (of the pages in use, those past the requests of blocks served
     /// whole: cache/mod.rs, "Slack"), process-wide: the caches' hand-outs add, every free of a
     /// block with slack subtracts, wherever it is freed; the statistics' `slack_bytes` and the
-    /// slack bound (`slack_over`: at most one live block with slack per online CPU, or per
-    /// thread with a cache if more: cache/mod.rs, "The slack bound") read it.
+    /// slack bound (`slack_over`: cache/mod.rs, "The slack bound") read it.
     pub(crate) slack_held: SlackHeld,
-    /// The online CPUs, the least the slack bound allows.
+    /// The online CPUs: the slack bound allows one live block with slack per thread with a
+    /// cache, at least this many and at most twice as many.
     pub(crate) slack_blocks_min: u64,
+    /// And at most this many slack pages per block it allows, in all: the high mark.
+    pub(crate) slack_pages_per_block: u64,
     /// Per-thread caches registered (`Heap::caches`; changed where a cache is linked and
     /// unlinked, under the lock), read without it by the slack bound: `Relaxed`, a count that
     /// only sizes the bound.
@@ -192,14 +194,17 @@ impl SlackHeld {
     /// One live block in the packed word (pages below it: at most 2^40 pages, 4 PiB).
     const BLOCK: u64 = 1 << 40;
 
-    /// A block with `pages` of slack was handed out.
+    /// A block with `pages` (non-zero) of slack was handed out.
     pub(crate) fn add(&self, pages: u32) {
+        debug_assert!(pages != 0, "a block with slack has slack");
         self.0.fetch_add(Self::BLOCK + pages as u64, Ordering::Relaxed);
     }
 
     /// A block with `pages` (non-zero) of slack was freed, or its slack given back.
     pub(crate) fn sub(&self, pages: u32) {
-        self.0.fetch_sub(Self::BLOCK + pages as u64, Ordering::Relaxed);
+        debug_assert!(pages != 0, "a block with slack has slack");
+        let old = self.0.fetch_sub(Self::BLOCK + pages as u64, Ordering::Relaxed);
+        debug_assert!(old / Self::BLOCK != 0 && old & (Self::BLOCK - 1) >= pages as u64, "slack freed that was never counted: {old:#x} less {pages} pages");
     }
 
     /// Slack pages in live blocks.
@@ -240,7 +245,7 @@ impl Shared {
         const EMPTY: Option<Buddy> = None;
         Shared {
             gap: HitGap::uninit(),
-            heap: Locked::with_spins(Heap {
+            heap: Locked::with_spin_ns(Heap {
                 arenas: [EMPTY; MAX_ARENAS],
                 narenas: 0,
                 counters: Counters::default(),
@@ -250,7 +255,7 @@ impl Shared {
                 isolation_waiters: 0,
                 caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
                 hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
-            }, lock::SPINS_LONG),
+            }, lock::SPIN_NS_LONG),
             views: core::array::from_fn(|_| ArenaView::empty()),
             hit: HitPath::new(cache_id, cache_orders.0, cache_orders.1),
             epoch_ns: os::now_ns(),
@@ -266,6 +271,7 @@ impl Shared {
             pressure_injected: AtomicBool::new(false),
             slack_held: SlackHeld::default(),
             slack_blocks_min: os::online_cpus() as u64,
+            slack_pages_per_block: config.cache_high_pages as u64,
             caches_registered: AtomicU64::new(0),
             config,
         }
