@@ -101,10 +101,12 @@ impl Span {
     }
 
     /// The owner arms the span for a trim (its slow path found it full: the high mark) at its
-    /// low mark.
+    /// low mark (again, if a trim left it armed at a lower one).
     pub(crate) fn arm(&self) {
-        if self.low.load(Relaxed) == 0 {
-            self.arm_at(self.low_mark());
+        let m = self.low_mark();
+        if self.low.load(Relaxed) == 0 || self.mark.get() as u32 != m {
+            self.disarm();
+            self.arm_at(m);
         }
     }
 
