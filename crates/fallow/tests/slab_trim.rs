@@ -173,7 +173,7 @@ fn draining_the_thread_cache_trims_every_span_whatever_its_marks() {
 }
 
 #[test]
-fn a_trimmed_span_is_not_trimmed_again_until_it_has_been_full() {
+fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
     let a = Allocator::new(cfg()).unwrap();
     let objs = one_full_span(&a);
     let base = objs[0] & !(SPAN - 1);
@@ -196,7 +196,9 @@ fn a_trimmed_span_is_not_trimmed_again_until_it_has_been_full() {
     }
     a.check_invariants().unwrap();
     assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "trimmed again without being full");
-    // Filled up (the span found full), then freed down again: trimmed again.
+    // Filled up (the span found full), then freed down again: armed again, at half its first
+    // mark (8: the trim before gave pages back and the span filled again), so not trimmed at
+    // 12 live, trimmed below 8.
     let more: Vec<usize> = (0..2 * PER_SPAN).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
     let mut mine: Vec<usize> = more.iter().copied().filter(|&o| o & !(SPAN - 1) == base).collect();
     assert_eq!(mine.len(), PER_SPAN - 12, "the span is full");
@@ -204,6 +206,10 @@ fn a_trimmed_span_is_not_trimmed_again_until_it_has_been_full() {
     let extra = a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize;
     Rng(5).shuffle(&mut mine);
     for o in mine {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "at 12 live, above the halved mark");
+    for o in live.drain(6..) {
         a.free_any(o as *mut u8).unwrap();
     }
     assert!(resident_pages(base, SPAN).unwrap() < SPAN / PAGE, "trimmed again after being full");

@@ -87,6 +87,9 @@ pub(crate) struct Span {
     /// The owner's slow path found the span full and moved it to the tail of its class list
     /// instead of parking it, and has taken no object from it since (heap.rs, `alloc`).
     pub(crate) skipped: Cell<bool>,
+    /// Trim back-off (trim.rs; the owner's): in the low 4 bits how many times the span's first
+    /// mark is halved, and `GAVE` (bit 4): a trim gave pages back since the span was last armed.
+    pub(crate) backoff: Cell<u8>,
     /// The count at or below which the armed span is trimmed next (trim.rs; the owner's).
     pub(crate) mark: Cell<u16>,
     /// The bias taken out of `used` while the span is armed for a trim (trim.rs): 0 when not
@@ -159,6 +162,7 @@ impl Span {
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
             skipped: Cell::new(false),
+            backoff: Cell::new(0),
             mark: Cell::new(0),
             low: AtomicU32::new(0),
             end: Cell::new(0),
@@ -204,6 +208,7 @@ impl Span {
         self.set_place(LEAVING);
         self.zeroed.set(zeroed);
         self.skipped.set(false);
+        self.backoff.set(0);
         self.mark.set(0);
         self.low.store(0, Relaxed);
         self.given.set(0);

@@ -51,6 +51,11 @@ use crate::stats::Stats;
 const LOW_DIV: usize = 4;
 const PER_PAGE_8THS: usize = 11;
 
+/// `Span::backoff`: a trim gave pages back since the span was last armed.
+const GAVE: u8 = 1 << 4;
+/// The most halvings of a span's first mark.
+const LEVELS: u8 = 15;
+
 const PAGE_SHIFT: u32 = PAGE_SIZE.trailing_zeros();
 
 /// Bits `lo..=hi` (pages of a span: at most 64, a 256 KiB span).
@@ -101,9 +106,15 @@ impl Span {
     }
 
     /// The owner arms the span for a trim (its slow path found it full: the high mark) at its
-    /// low mark (again, if a trim left it armed at a lower one).
+    /// low mark (again, if a trim left it armed at a lower one), halved once more each time the
+    /// span is found full after a trim that gave pages back: a span its program frees and fills
+    /// again and again pays a page fault per page given back each time; halving its mark makes
+    /// it wait for a lower count, which a program that keeps a steady share never reaches.
     pub(crate) fn arm(&self) {
-        let m = self.low_mark();
+        let b = self.backoff.get();
+        let level = if b & GAVE != 0 { ((b & !GAVE) + 1).min(LEVELS) } else { b & !GAVE };
+        self.backoff.set(level);
+        let m = self.low_mark() >> level;
         if self.low.load(Relaxed) == 0 || self.mark.get() as u32 != m {
             self.disarm();
             self.arm_at(m);
@@ -304,6 +315,9 @@ impl Slab {
         // before anything reads a link again.
         let done = unsafe { advise_runs(s.start.load(Relaxed), give) };
         s.given.set(s.given.get() | done);
+        if done != 0 {
+            s.backoff.set(s.backoff.get() | GAVE);
+        }
         s.relink(&m);
         s.arm_at(next);
         let pages = done.count_ones() as u64;
