@@ -1,8 +1,9 @@
 //! Trimming live spans (slab/trim.rs): the owner of a span freed down to its low mark gives the
 //! pages no live object touches back to the kernel (read with `mincore` and the statistics),
 //! keeps the live objects' contents, hands the objects of given-back pages out again reading
-//! zero, trims every span at `drain_thread_cache`, and does not trim a span again until it has
-//! been full again; a random test with trimming on accounts for every object.
+//! zero, trims every span at `drain_thread_cache` and spans other threads freed down at the
+//! owner's sweep, and does not trim a span again until it has been full again; a random test
+//! with trimming on accounts for every object.
 
 mod common;
 
@@ -214,6 +215,38 @@ fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
     }
     assert!(resident_pages(base, SPAN).unwrap() < SPAN / PAGE, "trimmed again after being full");
     for o in others.into_iter().chain(live).chain([extra]) {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_spans, 0);
+}
+
+#[test]
+fn a_span_other_threads_freed_down_is_trimmed_at_the_owners_sweep() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    let rest: Vec<usize> = objs.iter().copied().filter(|&o| o - base >= PAGE).collect();
+    let b = a.clone();
+    std::thread::spawn(move || {
+        for o in rest {
+            b.free_any(o as *mut u8).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    // Other threads' frees: nothing given back until the owner looks.
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE);
+    // New spans of another class: the owner sweeps before one of them, collects the span and
+    // trims it.
+    let other: Vec<usize> = (0..6 * 32).map(|_| a.malloc(2048, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    a.check_invariants().unwrap();
+    assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
+    for (i, &o) in objs.iter().enumerate().take(4) {
+        assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
+    }
+    for o in other.into_iter().chain(objs[..4].iter().copied()) {
         a.free_any(o as *mut u8).unwrap();
     }
     a.drain_thread_cache();

@@ -329,6 +329,17 @@ impl Slab {
     /// Trim every listed span with live objects of heap `h` (the calling thread's own), whatever
     /// its marks (`Allocator::drain_thread_cache`, after the empty spans went back).
     pub(crate) fn trim_all(&self, h: &ThreadHeap) {
+        self.trim_listed(h, |s| s.used() > 0);
+    }
+
+    /// Trim the listed spans of heap `h` (the caller's own) at or below their marks: after a
+    /// sweep, which collected other threads' frees (a count brought down by them leaves no
+    /// owner's free to notice the mark).
+    pub(crate) fn trim_due_spans(&self, h: &ThreadHeap) {
+        self.trim_listed(h, Span::trim_due);
+    }
+
+    fn trim_listed(&self, h: &ThreadHeap, want: impl Fn(&Span) -> bool) {
         if !self.trims() {
             return;
         }
@@ -338,7 +349,7 @@ impl Slab {
                 // SAFETY: a listed span of this heap (the owner's).
                 let s = unsafe { &*p };
                 p = s.next.get();
-                if s.place() == LISTED && s.used() > 0 {
+                if s.place() == LISTED && want(s) {
                     self.trim(h, s);
                 }
             }
