@@ -8,8 +8,10 @@
 //!
 //! ```text
 //! cargo build --release -p fallow --example slab_churn
-//! target/release/examples/slab_churn on|off [MIB=256] [ROUNDS=20] [PCT=80]
+//! target/release/examples/slab_churn on|off [MIB=256] [ROUNDS=20] [PCT=80] [drain]
 //! ```
+//! With `drain`, each round's frees end with `Allocator::drain_thread_cache` (every span
+//! trimmed whatever its marks: the pages a trim could give back at that moment at best).
 
 use std::time::Instant;
 
@@ -58,11 +60,12 @@ fn main() {
     let trim = match args.get(1).map(String::as_str) {
         Some("on") => true,
         Some("off") => false,
-        _ => panic!("usage: slab_churn on|off [MIB] [ROUNDS] [PCT]"),
+        _ => panic!("usage: slab_churn on|off [MIB] [ROUNDS] [PCT] [drain]"),
     };
     let mib: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(256);
     let rounds: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(20);
     let pct: u64 = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(80);
+    let drain = args.get(5).is_some_and(|s| s == "drain");
     let a = Allocator::new(Config { tunables: Tunables::off(), small_objects: true, small_trim: trim, ..Config::default() }).unwrap();
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     let mut objs: Vec<(*mut u8, usize)> = Vec::new();
@@ -88,6 +91,9 @@ fn main() {
                 a.free_any(o.0).unwrap();
                 freed.push(o as *mut (*mut u8, usize));
             }
+        }
+        if drain {
+            a.drain_thread_cache();
         }
         low = rss_mib();
         for o in freed {

@@ -122,16 +122,17 @@ impl Span {
     }
 
     /// Arm at mark `m` (the span disarmed): `m` taken out of `used` as the bias `low`, if the
-    /// word stays at least 2 (above the hot free's compare); else the span stays disarmed.
+    /// count (with `current`'s 1) is at least `m`; else the span stays disarmed. A word left
+    /// below 2 sends the next free to the rare side, which trims (`Slab::after_local_free`).
     fn arm_at(&self, m: u32) {
         let w = self.used.load(Relaxed);
-        if m == 0 || (w & !UNLISTED) < m + 2 {
+        if m == 0 || (w & !UNLISTED) < m {
             self.mark.set(0);
             return;
         }
         self.mark.set(m as u16);
         self.low.store(m, Relaxed);
-        // At least `m + 2` below bit 31: no borrow from `UNLISTED`.
+        // At least `m` below bit 31: no borrow from `UNLISTED`.
         self.used.store(w - m, Relaxed);
     }
 
