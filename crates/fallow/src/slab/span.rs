@@ -29,7 +29,9 @@ use super::heap::ThreadHeap;
 pub(crate) const PARKED: usize = 1;
 
 /// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). Below it,
-/// `used` holds the count of objects used plus 1 for its class's current span (`current`). The
+/// `used` holds the count of objects used plus 1 for its class's current span (`current`), less
+/// the bias `low` of a span armed for a trim (trim.rs: its free at the mark then goes to the rare
+/// side by the same compare). The
 /// owner's free reads the word anyway (to count down), so one signed compare of it tells
 /// whether the free has anything more to do than the push: at least 2 is a listed span that
 /// keeps an object used after the free, or the current span with one used at least (an emptied
@@ -72,8 +74,9 @@ pub(crate) struct Span {
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
     /// still count: the owner subtracts them when it collects them), plus 1 while `current`,
-    /// and `UNLISTED` (bit 31). Written by the owner only (a load and a store, no
-    /// read-modify-write); the statistics read it from any thread (`used()`, the count alone).
+    /// less the trim bias `low` (trim.rs), and `UNLISTED` (bit 31). Written by the owner only (a
+    /// load and a store, no read-modify-write); the statistics read it from any thread
+    /// (`used()`, the count alone).
     pub(crate) used: AtomicU32,
     /// The span is its class's current one (the head of its class list; owner's, read by the
     /// statistics with `used`).
