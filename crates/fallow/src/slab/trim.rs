@@ -3,16 +3,19 @@
 //! once the span's count of live objects has come down to its low mark, and links the objects
 //! on those pages again when the span's lists run out.
 //!
-//! This file owns the marks and the arming of a span, the trim, the refill, the trim of a whole
-//! heap (`Allocator::drain_thread_cache`) and the heaps' trim counters.
+//! This file owns the marks and the arming of a span, the trim, the refill, the trims of a
+//! whole heap (`Allocator::drain_thread_cache`, the sweep's) and the heaps' trim counters.
 //!
 //! - **Marks.** A span is armed when the owner's slow path finds it full (every object in use:
-//!   the high mark); armed, the bias `Span::low` (the low mark: a quarter of the span's objects)
-//!   is taken out of `used`, so that the owner's free leaves its hot path (the compare of `used`
-//!   against 2, which it makes anyway) when the count comes down to the mark: the hot paths gain
-//!   no instruction. A trim disarms the span: it is trimmed again only after it has been found
-//!   full again, so a program that frees most of its objects and takes as many again pays one
-//!   trim per span and cycle at most, and none while the span never fills.
+//!   the high mark); armed, the bias `Span::low` (the low mark: a quarter of the span's objects,
+//!   at most 1.4 a page) is taken out of `used`, so that the owner's free leaves its hot path
+//!   (the compare of `used` against 2, which it makes anyway) when the count comes down to the
+//!   mark: the hot paths gain no instruction. A trim arms the span again at half its mark (a span
+//!   freed on down is trimmed as its count halves, down to 0); nothing arms it at its full mark
+//!   again but being found full, and a span found full after a trim that gave pages back is
+//!   armed at half the mark it had (`Span::backoff`): a program that frees most of its objects
+//!   and takes as many again would otherwise pay a trim and a page fault per page given back at
+//!   each cycle. A sweep trims the spans its collection of other threads' frees brought down.
 //! - **Trim.** The owner collects every free object of the span (`free`, `local_free`, and the
 //!   other threads' frees with `collect`), marks them in a bitmap on its stack, finds the pages no
 //!   live object touches (an object across a page boundary counts for every page it touches),
