@@ -79,6 +79,11 @@ pub struct Config {
     /// page blocks (`Allocator::malloc`) or the system's (`FallowAlloc`, the preload). Default
     /// off until the small-object benchmarks hold (docs/design.md, "Small objects").
     pub small_objects: bool,
+    /// With small objects on, the owner of a span whose live objects fall to a quarter of its
+    /// capacity gives the span's pages that hold no live object back to the kernel (slab/trim.rs;
+    /// docs/design.md, "Small objects", "Trimming live spans"); only on the private anonymous
+    /// backing without `thp`. Default on.
+    pub small_trim: bool,
 }
 
 impl Default for Config {
@@ -94,6 +99,7 @@ impl Default for Config {
             cache_batch_pages: 64,
             cache_high_pages: 1024,
             small_objects: false,
+            small_trim: true,
         }
     }
 }

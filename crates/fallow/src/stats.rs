@@ -212,6 +212,13 @@ macro_rules! stats_table {
         busy_cpu_naps: Count,
         /// Times the zeroing worker looked for work under the lock (its MEASURE step).
         zero_scans: Count,
+        /// Pages of live spans (small objects) given back to the kernel by their owner's trims
+        /// and not yet taken again: not resident, though counted in `small_span_bytes` and
+        /// `bytes_in_use` (the span is one live page block).
+        small_trimmed_pages: Pages,
+        /// Trims of live spans made, and the pages they gave back in all.
+        small_trims: Count,
+        small_trimmed_pages_total: Pages,
     }
     } };
 }

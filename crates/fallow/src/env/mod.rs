@@ -3,7 +3,8 @@
 //! `FALLOW_STATS`, `FALLOW_ARENA_SIZE`, `FALLOW_MEMORY_LIMIT`, `FALLOW_PRESSURE` and the
 //! per-thread caches' `FALLOW_CACHE`, `FALLOW_CACHE_MAX_ORDER`, `FALLOW_CACHE_BATCH_PAGES` and
 //! `FALLOW_CACHE_HIGH_PAGES`, and `FALLOW_SMALL` (`1`: small objects from the slab layer,
-//! `Config::small_objects`; `0`: not), applied over a given `Config` (the default one for the preload, the
+//! `Config::small_objects`; `0`: not) with `FALLOW_SMALL_TRIM` (`0`: live spans keep their free
+//! pages, `Config::small_trim`), applied over a given `Config` (the default one for the preload, the
 //! caller's for `fallow_create_from_env`).
 //!
 //! Read with `getenv` (no `std::env`: it allocates, and this runs inside `malloc`); warnings are
@@ -251,6 +252,9 @@ pub fn parse<'a>(
     cache_settings(&get, warn, c, &d);
     if let Some(on) = switch(&get, warn, c"FALLOW_SMALL", ["1", "0"], d.small_objects) {
         c.small_objects = on;
+    }
+    if let Some(on) = switch(&get, warn, c"FALLOW_SMALL_TRIM", ["1", "0"], d.small_trim) {
+        c.small_trim = on;
     }
     if let Some(v) = get(c"FALLOW_STATS") {
         match v {

@@ -121,7 +121,7 @@ impl Slab {
             let mut k = 0;
             while o != 0 {
                 let i = (o.wrapping_sub(start)) / size;
-                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || seen[i / 64] & (1 << (i % 64)) != 0 {
+                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || seen[i / 64] & (1 << (i % 64)) != 0 || s.on_given(i) {
                     return Err(Bad("a free list holds a bad object, or one twice (span, object)", start, o));
                 }
                 seen[i / 64] |= 1 << (i % 64);
@@ -135,8 +135,12 @@ impl Slab {
         // Other threads' frees are still counted in `used`; walking them is safe for a span
         // whose owner is the caller (pushes only prepend).
         let remote = count(s.thread_free.load(SeqCst))?;
-        if free + s.used() != handed || remote > s.used() {
-            return Err(Bad("free + used objects are not those handed out (span, free)", start, free as usize));
+        // Objects on pages a trim gave back are free and on no list (trim.rs).
+        if free + s.used() + s.gone() != handed || remote > s.used() {
+            return Err(Bad("free + used + given-back objects are not those handed out (span, free)", start, free as usize));
+        }
+        if s.low.load(Relaxed) > s.mark.get() as u32 || s.mark.get() as u32 > s.low_mark() {
+            return Err(Bad("a span's trim bias is above its low mark (span, bias)", start, s.low.load(Relaxed) as usize));
         }
         Ok(())
     }

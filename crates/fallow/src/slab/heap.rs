@@ -44,6 +44,11 @@ pub(crate) struct ThreadHeap {
     /// Spans held, of which spares (the statistics).
     pub(crate) spans: Owned,
     pub(crate) spares: Owned,
+    /// Pages of its spans given back by trims now, trims made and pages they gave back in all
+    /// (trim.rs; the statistics).
+    pub(crate) trimmed: Owned,
+    pub(crate) trims: Owned,
+    pub(crate) trimmed_total: Owned,
     /// New spans taken since the owner's last sweep (sweep.rs).
     pub(crate) since_sweep: Cell<u32>,
     /// The heap's id (set when it is made, never changed, never another heap's in the process:
@@ -79,6 +84,9 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     abandoned: AtomicBool::new(false),
     spans: Owned::new(),
     spares: Owned::new(),
+    trimmed: Owned::new(),
+    trims: Owned::new(),
+    trimmed_total: Owned::new(),
     since_sweep: Cell::new(0),
     id: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
@@ -226,8 +234,10 @@ impl ThreadHeap {
     /// An object of class `c` when the current span's `free` is empty: the current span's own
     /// and other threads' frees, its never-used objects, the next span with room (parking the
     /// full ones), spans handed back, the spare; else `NeedSpan`. `zero`: the request wants zeros
-    /// (a never-used object of a zeroed span is then handed out as reading zero).
-    pub(crate) fn alloc(&self, c: usize, zero: bool) -> Got {
+    /// (a never-used object of a zeroed span is then handed out as reading zero). Before the
+    /// never-used objects, those on pages a trim gave back (trim.rs); `trim`: a span found full
+    /// is armed for its next trim.
+    pub(crate) fn alloc(&self, c: usize, zero: bool, trim: bool) -> Got {
         loop {
             let sp = self.head[c].get();
             if Span::is_empty_span(sp) {
@@ -249,7 +259,7 @@ impl ThreadHeap {
                 Some(o) => Some((o, false)),
                 None => {
                     s.collect();
-                    s.pop().map(|o| (o, false)).or_else(|| s.take_fresh(zero))
+                    s.pop().map(|o| (o, false)).or_else(|| self.refill(s, zero)).or_else(|| s.take_fresh(zero))
                 }
             };
             if let Some((o, reads_zero)) = got {
@@ -261,6 +271,9 @@ impl ThreadHeap {
             // take the hot path (a parked span's first one costs an unpark) and it needs no park.
             // Found full again: park it (or, if a push came first, collect that at the next
             // turn). A span is so looked at, full, at most twice before it is parked.
+            if trim {
+                s.arm();
+            }
             if !s.skipped.get() && !s.next.get().is_null() {
                 s.skipped.set(true);
                 self.unlink(s);
@@ -314,6 +327,7 @@ impl ThreadHeap {
             return None;
         }
         self.spans.sub(1);
+        self.forget_given(s);
         s.set_place(LEAVING);
         Some(s)
     }
@@ -328,6 +342,7 @@ impl ThreadHeap {
         }
         self.unlink(s);
         self.spans.sub(1);
+        self.forget_given(s);
         s.set_place(LEAVING);
         Some(s as *const Span as *mut Span)
     }
@@ -380,7 +395,9 @@ impl ThreadHeap {
         self.spares.sub(1);
         self.spans.sub(1);
         // SAFETY: the spare, this heap's, on no list.
-        unsafe { (*spare).set_place(LEAVING) };
+        let spare_span = unsafe { &*spare };
+        self.forget_given(spare_span);
+        spare_span.set_place(LEAVING);
         Some(spare)
     }
 }

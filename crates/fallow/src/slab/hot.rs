@@ -116,7 +116,10 @@ impl Slab {
         }
         // Rare: the free empties a span other than the current one (1, listed), or the span is
         // off its class list (`UNLISTED`), or it counts none used (0, or 1 for the current
-        // span: a double free, nothing changed).
+        // span: a double free, nothing changed), or an armed span's count is at its trim mark
+        // (the bias `low` taken out of the word, trim.rs: 1 goes on to `after_local_free`,
+        // which trims; 0, or 1 for the current span, to `free_in`, which counts without the
+        // bias and trims).
         if used & !UNLISTED == 0 || (used == 1 && s.current.load(Relaxed)) {
             return Freed::Not;
         }

@@ -54,6 +54,7 @@ mod remote;
 mod span;
 mod sweep;
 mod table;
+mod trim;
 
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{fence, AtomicU64, Ordering::{Relaxed, SeqCst}};
@@ -192,7 +193,7 @@ impl Slab {
         // SAFETY: `h` is this thread's own heap (`table::current`), live as long as the slab.
         let h = unsafe { &*h };
         loop {
-            match h.alloc(c, zero) {
+            match h.alloc(c, zero, self.trims()) {
                 Got::Object(o, z) => return Ok((o, z)),
                 // No list or lock is held here: the page layer may call `malloc` (a cache's
                 // first use), which may come back to this heap; the loop looks again after.
@@ -215,7 +216,7 @@ impl Slab {
                 let _g = self.central.lock();
                 // SAFETY: the locked heap, always abandoned: the lock holder is its owner.
                 let h = unsafe { &*self.locked_heap };
-                if let Got::Object(o, z) = h.alloc(c, zero) {
+                if let Got::Object(o, z) = h.alloc(c, zero, false) {
                     return Ok((o, z));
                 }
             }
@@ -350,6 +351,7 @@ impl Slab {
         if s.place() != LISTED
             // SAFETY: a span's class is below `CLASSES`.
             || (used == 0 && !ptr::eq(unsafe { heap.head.get_unchecked(s.class.get() as usize) }.get(), s))
+            || s.trim_due()
         {
             self.after_local_free(heap, s);
         }
@@ -363,9 +365,10 @@ impl Slab {
         slab.after_local_free(h, s)
     }
 
-    /// A local free that emptied a span other than its class's current one, or freed into a
-    /// parked span: the heap moves it (`ThreadHeap::after_local_free`), and an empty span it
-    /// lets go goes back to the page layer.
+    /// A local free that emptied a span other than its class's current one, freed into a
+    /// parked span or brought an armed span to its low mark: the heap moves it
+    /// (`ThreadHeap::after_local_free`), an empty span it lets go goes back to the page layer,
+    /// a span at its mark is trimmed (trim.rs).
     #[cold]
     #[inline(never)]
     pub(crate) fn after_local_free(&self, h: &ThreadHeap, s: &Span) {
@@ -373,6 +376,8 @@ impl Slab {
             e.next.set(ptr::null_mut());
             self.count_span(e, false);
             self.give_back(e as *const Span as *mut Span);
+        } else if s.trim_due() {
+            self.trim(h, s);
         }
     }
 
@@ -440,7 +445,7 @@ impl Slab {
     }
 
     /// The calling thread gives back its heap's empty spans, current and spare ones too
-    /// (`Allocator::drain_thread_cache`); spans with live objects stay.
+    /// (`Allocator::drain_thread_cache`); spans with live objects stay, trimmed (trim.rs).
     pub(crate) fn trim_current(&self) {
         let h = table::own_heap(self);
         if h.is_null() {
@@ -451,6 +456,8 @@ impl Slab {
         unsafe { &*h }.collect_all(&mut out);
         self.uncount(out);
         self.give_back(out);
+        // SAFETY: as above.
+        self.trim_all(unsafe { &*h });
     }
 
     // ---- Statistics, checks, fork ----
@@ -489,6 +496,7 @@ impl Slab {
         s.small_spare_spans = spares;
         s.small_span_bytes = span_bytes;
         s.small_free_bytes = span_bytes.saturating_sub(bytes);
+        trim::add_to_stats(c, s);
     }
 
     /// Lock the slab before `fork` (before the allocator lock: the slab gives spans back

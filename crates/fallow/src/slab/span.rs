@@ -29,7 +29,9 @@ use super::heap::ThreadHeap;
 pub(crate) const PARKED: usize = 1;
 
 /// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). Below it,
-/// `used` holds the count of objects used plus 1 for its class's current span (`current`). The
+/// `used` holds the count of objects used plus 1 for its class's current span (`current`), less
+/// the bias `low` of a span armed for a trim (trim.rs: its free at the mark then goes to the rare
+/// side by the same compare). The
 /// owner's free reads the word anyway (to count down), so one signed compare of it tells
 /// whether the free has anything more to do than the push: at least 2 is a listed span that
 /// keeps an object used after the free, or the current span with one used at least (an emptied
@@ -72,8 +74,9 @@ pub(crate) struct Span {
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
     /// still count: the owner subtracts them when it collects them), plus 1 while `current`,
-    /// and `UNLISTED` (bit 31). Written by the owner only (a load and a store, no
-    /// read-modify-write); the statistics read it from any thread (`used()`, the count alone).
+    /// less the trim bias `low` (trim.rs), and `UNLISTED` (bit 31). Written by the owner only (a
+    /// load and a store, no read-modify-write); the statistics read it from any thread
+    /// (`used()`, the count alone).
     pub(crate) used: AtomicU32,
     /// The span is its class's current one (the head of its class list; owner's, read by the
     /// statistics with `used`).
@@ -87,6 +90,16 @@ pub(crate) struct Span {
     /// The owner's slow path found the span full and moved it to the tail of its class list
     /// instead of parking it, and has taken no object from it since (heap.rs, `alloc`).
     pub(crate) skipped: Cell<bool>,
+    /// Trim back-off (trim.rs; the owner's): in the low 4 bits how many times the span's first
+    /// mark is halved, and `GAVE` (bit 4): a trim gave pages back since the span was last armed.
+    pub(crate) backoff: Cell<u8>,
+    /// The count at or below which the armed span is trimmed next (trim.rs; the owner's).
+    pub(crate) mark: Cell<u16>,
+    /// The bias taken out of `used` while the span is armed for a trim (trim.rs): 0 when not
+    /// armed; else at most the class's low mark, so that the owner's free leaves its hot path
+    /// (the compare of `used` against 2) when the count comes down to the mark. Owner-written,
+    /// read by the statistics with `used`.
+    pub(crate) low: AtomicU32,
     /// End of the last whole object.
     pub(crate) end: Cell<usize>,
     /// Links of the owner's list this span is on (class list or full list).
@@ -118,11 +131,16 @@ pub(crate) struct Span {
     pub(crate) thread_free: AtomicUsize,
     /// Link of the owner heap's `returned` stack.
     pub(crate) returned_next: AtomicPtr<Span>,
+    /// The span's pages given back to the kernel by a trim (bit i: page i; trim.rs), the
+    /// owner's: no live object and no list link is on them, every object touching one is free
+    /// and on no list. On this line, which the owner's hot paths never touch.
+    pub(crate) given: Cell<u64>,
 }
 
 // The three lines (above): each group starts a line of its own.
 const _: () = assert!(core::mem::offset_of!(Span, fresh) == 64 && core::mem::offset_of!(Span, heap) < 128);
 const _: () = assert!(core::mem::offset_of!(Span, thread_free) == 128 && core::mem::size_of::<Span>() == 192);
+const _: () = assert!(core::mem::offset_of!(Span, end) == 32 && core::mem::offset_of!(Span, low) == 28);
 
 // SAFETY: the `Cell` fields are touched only by the span's owner: the thread its heap is bound
 // to, or the holder of the slab lock while the heap is bound to no thread (`ThreadHeap`'s
@@ -147,6 +165,9 @@ impl Span {
             place: Cell::new(FREE_DESCRIPTOR),
             zeroed: Cell::new(false),
             skipped: Cell::new(false),
+            backoff: Cell::new(0),
+            mark: Cell::new(0),
+            low: AtomicU32::new(0),
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
@@ -162,6 +183,7 @@ impl Span {
             _readers_end: [0; 8],
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
+            given: Cell::new(0),
         }
     }
 
@@ -189,6 +211,10 @@ impl Span {
         self.set_place(LEAVING);
         self.zeroed.set(zeroed);
         self.skipped.set(false);
+        self.backoff.set(0);
+        self.mark.set(0);
+        self.low.store(0, Relaxed);
+        self.given.set(0);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());
@@ -207,8 +233,9 @@ impl Span {
     /// Objects counted as used (the owner's count; any thread may read it).
     #[inline(always)]
     pub(crate) fn used(&self) -> u32 {
-        // Another thread may see `current` and `used` of two different moments: never below 0.
-        (self.used.load(Relaxed) & !UNLISTED).saturating_sub(self.current.load(Relaxed) as u32)
+        // Another thread may see `current`, `low` and `used` of different moments: never below
+        // 0 (the word is below 2^31 and `low` at most a span's objects: no wrap).
+        ((self.used.load(Relaxed) & !UNLISTED) + self.low.load(Relaxed)).saturating_sub(self.current.load(Relaxed) as u32)
     }
 
     /// The owner's new count, `current`'s 1 and `UNLISTED` kept (a plain store: it is the only
@@ -216,8 +243,22 @@ impl Span {
     #[inline(always)]
     pub(crate) fn set_used(&self, n: u32) {
         debug_assert!(n < UNLISTED - 1);
+        self.store_count(n, self.current.load(Relaxed) as u32)
+    }
+
+    /// The word for `n` used and `cur` (`current`), less the bias `low`: a count that came
+    /// down past the bias (other threads' frees collected, a span no longer current) lowers
+    /// the bias with it, so that the word never goes below 0 (trim.rs: the span stays armed, its
+    /// next free below the mark leaves the hot path all the same).
+    #[inline(always)]
+    fn store_count(&self, n: u32, cur: u32) {
+        let low = self.low.load(Relaxed);
+        let keep = low.min(n + cur);
+        if keep != low {
+            self.low.store(keep, Relaxed);
+        }
         let w = self.used.load(Relaxed);
-        self.used.store((n + self.current.load(Relaxed) as u32) | (w & UNLISTED), Relaxed)
+        self.used.store((n + cur - keep) | (w & UNLISTED), Relaxed)
     }
 
     /// The owner makes the span its class's current one or not (`ThreadHeap`, as the head of
@@ -226,9 +267,9 @@ impl Span {
         if self.current.load(Relaxed) == current {
             return;
         }
+        let n = self.used();
         self.current.store(current, Relaxed);
-        let w = self.used.load(Relaxed);
-        self.used.store(if current { w + 1 } else { w - 1 }, Relaxed);
+        self.store_count(n, current as u32);
     }
 
     /// Which of its heap's lists holds the span (owner's).

@@ -10,6 +10,8 @@
 //! stayed live. In mimalloc-bench's rptest (two threads, every other batch of objects freed by
 //! the other thread) about nine objects in ten the slab counted as live were such frees.
 //!
+//! Then the spans the collection brought down to their trim marks are trimmed (trim.rs).
+//!
 //! Cost: a walk of the heap's listed spans, paid on the slow path only, and only once the heap
 //! has taken about an eighth of the spans it holds since the last sweep (at least
 //! `SWEEP_MIN_NEW` spans), so a sweep is amortised over the new spans, which each cost a page
@@ -76,5 +78,6 @@ impl super::Slab {
         h.sweep(&mut out);
         self.uncount(out);
         self.give_back(out);
+        self.trim_due_spans(h);
     }
 }

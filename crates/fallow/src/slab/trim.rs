@@ -1,0 +1,375 @@
+//! Trimming live spans (docs/design.md, "Small objects (slab layer)", "Trimming live spans"):
+//! the owner of a span gives back to the kernel the pages of the span that hold no live object
+//! once the span's count of live objects has come down to its low mark, and links the objects
+//! on those pages again when the span's lists run out.
+//!
+//! This file owns the marks and the arming of a span, the trim, the refill, the trims of a
+//! whole heap (`Allocator::drain_thread_cache`, the sweep's) and the heaps' trim counters.
+//!
+//! - **Marks.** A span is armed when the owner's slow path finds it full (every object in use:
+//!   the high mark); armed, the bias `Span::low` (the low mark: a quarter of the span's objects,
+//!   at most 1.4 a page) is taken out of `used`, so that the owner's free leaves its hot path
+//!   (the compare of `used` against 2, which it makes anyway) when the count comes down to the
+//!   mark: the hot paths gain no instruction. A trim arms the span again at half its mark (a span
+//!   freed on down is trimmed as its count halves, down to 0); nothing arms it at its full mark
+//!   again but being found full, and a span found full after a trim that gave pages back is
+//!   armed at half the mark it had (`Span::backoff`): a program that frees most of its objects
+//!   and takes as many again would otherwise pay a trim and a page fault per page given back at
+//!   each cycle. A sweep trims the spans its collection of other threads' frees brought down.
+//! - **Trim.** The owner collects every free object of the span (`free`, `local_free`, and the
+//!   other threads' frees with `collect`), marks them in a bitmap on its stack, finds the pages no
+//!   live object touches (an object across a page boundary counts for every page it touches),
+//!   gives each run of them back with one `madvise(MADV_DONTNEED)`, records them in
+//!   `Span::given` (side metadata: nothing is written into a page given back) and links as the
+//!   new `free` only the free objects that touch no page given back.
+//! - **Rules.** An object touching a given-back page is free and on no list (so no link is on
+//!   such a page) and is never handed out until the refill. Pages at and above `fresh` (objects
+//!   never handed out, `take_fresh`'s) are left alone unless every object has been handed out.
+//!   Only on the private anonymous backing without `thp` (there `MADV_DONTNEED` frees the page and
+//!   it reads zero after; on a memfd it frees nothing, and on a huge page it splits the unit) and
+//!   with `Config::small_trim` on.
+//! - **Refill.** When a span's lists and its other threads' frees are empty, before its
+//!   never-used objects, the objects touching given-back pages are linked again (in address
+//!   order); for a request that wants zeros one that lies wholly on given-back pages is handed
+//!   out unlinked, reading zero (no memset).
+//! - **Back to the page layer.** A span that empties leaves as before; its given-back pages read
+//!   zero and are not resident, but the page layer records every page of a freed block `Dirty`,
+//!   which is true of what it may assume (unknown contents).
+
+use core::sync::atomic::Ordering::Relaxed;
+
+use super::class::CLASSES;
+use super::heap::ThreadHeap;
+use super::span::{Span, LISTED, UNLISTED};
+use super::{heaps, Central, Slab};
+use crate::config::Backing;
+use crate::os::{self, Advice, PAGE_SIZE};
+use crate::stats::Stats;
+
+/// A span is first trimmed when its live objects come down to 1 / `LOW_DIV` of its objects or
+/// to `PER_PAGE_8THS` / 8 per page of the span, whichever is fewer: with k live objects spread at
+/// random over pages of p objects, a page is empty with a chance of about (1 - k/n)^p, which is
+/// 1/4 at about 1.4 live objects a page (ln 4), whatever the class; above it a trim would give
+/// back little (a span of 64-byte objects at a quarter live has no empty page).
+const LOW_DIV: usize = 4;
+const PER_PAGE_8THS: usize = 11;
+
+/// `Span::backoff`: a trim gave pages back since the span was last armed.
+const GAVE: u8 = 1 << 4;
+/// The most halvings of a span's first mark.
+const LEVELS: u8 = 15;
+
+const PAGE_SHIFT: u32 = PAGE_SIZE.trailing_zeros();
+
+/// Bits `lo..=hi` (pages of a span: at most 64, a 256 KiB span).
+fn page_bits(lo: usize, hi: usize) -> u64 {
+    (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
+}
+
+/// One bit per object of a span (at most 4,096), on the owner's stack.
+struct Marks([u64; 64]);
+
+impl Marks {
+    fn has(&self, i: usize) -> bool {
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+}
+
+impl Span {
+    /// Objects in the span.
+    fn objects(&self) -> usize {
+        (self.end.get() - self.start.load(Relaxed)) / self.size.load(Relaxed) as usize
+    }
+
+    /// The count at or below which a span armed when found full is trimmed first (0: never);
+    /// each trim then halves it for the next, down to 0.
+    pub(crate) fn low_mark(&self) -> u32 {
+        let pages = (self.mask.load(Relaxed) + 1) >> PAGE_SHIFT;
+        (self.objects() / LOW_DIV).min(pages * PER_PAGE_8THS / 8) as u32
+    }
+
+    /// The pages object `i` touches (bits of `given`).
+    fn touches(&self, i: usize) -> u64 {
+        let size = self.size.load(Relaxed) as usize;
+        let off = i * size;
+        page_bits(off >> PAGE_SHIFT, (off + size - 1) >> PAGE_SHIFT)
+    }
+
+    /// Object `i` touches a page given back (it is free and on no list).
+    pub(crate) fn on_given(&self, i: usize) -> bool {
+        self.touches(i) & self.given.get() != 0
+    }
+
+    /// Objects handed out once that touch a page given back (free, on no list).
+    pub(crate) fn gone(&self) -> u32 {
+        if self.given.get() == 0 {
+            return 0;
+        }
+        (0..self.fresh.load(Relaxed)).filter(|&i| self.on_given(i)).count() as u32
+    }
+
+    /// The owner arms the span for a trim (its slow path found it full: the high mark) at its
+    /// low mark (again, if a trim left it armed at a lower one), halved once more each time the
+    /// span is found full after a trim that gave pages back: a span its program frees and fills
+    /// again and again pays a page fault per page given back each time; halving its mark makes
+    /// it wait for a lower count, which a program that keeps a steady share never reaches.
+    pub(crate) fn arm(&self) {
+        let b = self.backoff.get();
+        let level = if b & GAVE != 0 { ((b & !GAVE) + 1).min(LEVELS) } else { b & !GAVE };
+        self.backoff.set(level);
+        let m = self.low_mark() >> level;
+        if self.low.load(Relaxed) == 0 || self.mark.get() as u32 != m {
+            self.disarm();
+            self.arm_at(m);
+        }
+    }
+
+    /// Arm at mark `m` (the span disarmed): `m` taken out of `used` as the bias `low`, if the
+    /// count (with `current`'s 1) is at least `m`; else the span stays disarmed. A word left
+    /// below 2 sends the next free to the rare side, which trims (`Slab::after_local_free`).
+    fn arm_at(&self, m: u32) {
+        let w = self.used.load(Relaxed);
+        if m == 0 || (w & !UNLISTED) < m {
+            self.mark.set(0);
+            return;
+        }
+        self.mark.set(m as u16);
+        self.low.store(m, Relaxed);
+        // At least `m` below bit 31: no borrow from `UNLISTED`.
+        self.used.store(w - m, Relaxed);
+    }
+
+    /// The owner disarms the span: the bias goes back into `used`.
+    pub(crate) fn disarm(&self) {
+        let low = self.low.load(Relaxed);
+        if low != 0 {
+            self.low.store(0, Relaxed);
+            self.used.store(self.used.load(Relaxed) + low, Relaxed);
+        }
+    }
+
+    /// The span is armed and its count has come down to its mark (the owner's slow free asks).
+    pub(crate) fn trim_due(&self) -> bool {
+        self.low.load(Relaxed) != 0 && self.used() <= self.mark.get() as u32
+    }
+
+    /// The owner gathers every free object of the span (other threads' too, `collect`) and
+    /// marks those on `free` and `local_free`.
+    fn mark_free(&self) -> Marks {
+        self.collect();
+        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let handed = self.fresh.load(Relaxed);
+        let mut m = Marks([0; 64]);
+        let mut n = 0;
+        for head in [self.free.get(), self.local_free.get()] {
+            let mut o = head;
+            while o != 0 {
+                // More than were handed out: a list made a cycle by a double free the push's
+                // or the owner's head check missed (`collect` says the same).
+                n += 1;
+                if n > handed {
+                    crate::message::fatal("free", &crate::error::Error::DoubleFree { addr: o });
+                }
+                let i = (o - start) / size;
+                m.0[i / 64] |= 1 << (i % 64);
+                // SAFETY: a free object of this span on one of the owner's lists: its first word
+                // is the list's link, written by the owner or collected from `thread_free`.
+                o = unsafe { *(o as *const usize) };
+            }
+        }
+        m
+    }
+
+    /// The pages that no live object touches and that are not given back yet: below the first
+    /// never-handed-out object, or the whole span once every object was handed out.
+    fn free_pages(&self, m: &Marks) -> u64 {
+        let handed = self.fresh.load(Relaxed);
+        let given = self.given.get();
+        let mut busy = 0u64;
+        for i in 0..handed {
+            let t = self.touches(i);
+            // Free (on a list), or on a page given back (free, on no list).
+            if !m.has(i) && t & given == 0 {
+                busy |= t;
+            }
+        }
+        let bytes = self.mask.load(Relaxed) + 1;
+        let limit = if handed == self.objects() { bytes } else { handed * self.size.load(Relaxed) as usize };
+        let whole = limit >> PAGE_SHIFT;
+        if whole == 0 {
+            return 0;
+        }
+        page_bits(0, whole - 1) & !busy & !given
+    }
+
+    /// The free objects that touch no given-back page become `free`, in address order;
+    /// `local_free` is emptied (its objects are among them).
+    fn relink(&self, m: &Marks) {
+        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let given = self.given.get();
+        let mut head = 0;
+        for i in (0..self.fresh.load(Relaxed)).rev() {
+            if m.has(i) && self.touches(i) & given == 0 {
+                let o = start + i * size;
+                // SAFETY: a free object of this span on kept pages (resident, the owner's): its
+                // first word becomes the link.
+                unsafe { *(o as *mut usize) = head };
+                head = o;
+            }
+        }
+        self.free.set(head);
+        self.local_free.set(0);
+    }
+
+    /// The owner's refill, when the span's lists are empty: the objects touching given-back pages
+    /// linked as `free` again and one handed out (`Some((addr, true))`: it lies wholly on
+    /// given-back pages and reads zero, for a request that wants zeros). Returns the pages that
+    /// were given back with it; `None`: none were.
+    fn take_given(&self, zero: bool) -> Option<(Option<(usize, bool)>, u32)> {
+        let given = self.given.get();
+        if given == 0 {
+            return None;
+        }
+        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let mut head = self.free.get();
+        let mut whole = 0;
+        for i in (0..self.fresh.load(Relaxed)).rev() {
+            let t = self.touches(i);
+            if t & given == 0 {
+                continue;
+            }
+            let o = start + i * size;
+            if zero && whole == 0 && t & !given == 0 {
+                whole = o;
+                continue;
+            }
+            // SAFETY: an object touching a given-back page: free, on no list, the owner's (a
+            // page given back reads zero and is faulted in again by this write).
+            unsafe { *(o as *mut usize) = head };
+            head = o;
+        }
+        self.given.set(0);
+        self.free.set(head);
+        if whole != 0 {
+            self.set_used(self.used() + 1);
+            return Some((Some((whole, true)), given.count_ones()));
+        }
+        Some((self.pop().map(|o| (o, false)), given.count_ones()))
+    }
+}
+
+/// Give back the pages `bits` of the span at `start` with `MADV_DONTNEED`, one call per run:
+/// the pages the kernel took.
+///
+/// # Safety
+/// The pages are the caller's (a live span of its own heap) and hold no live object and no
+/// link of any list.
+unsafe fn advise_runs(start: usize, mut bits: u64) -> u64 {
+    let mut done = 0;
+    while bits != 0 {
+        let lo = bits.trailing_zeros() as usize;
+        let run = (bits >> lo).trailing_ones() as usize;
+        let run_bits = page_bits(lo, lo + run - 1);
+        // SAFETY: the caller's contract: pages of the caller's span whose contents nothing
+        // relies on; private anonymous memory, which reads zero after.
+        if unsafe { os::madvise(start + (lo << PAGE_SHIFT), run << PAGE_SHIFT, Advice::DontNeed) }.is_ok() {
+            done |= run_bits;
+        }
+        bits &= !run_bits;
+    }
+    done
+}
+
+impl ThreadHeap {
+    /// The refill of span `s` (the owner's slow path, its lists empty): as `Span::take_given`,
+    /// the heap's count of given-back pages brought down.
+    pub(crate) fn refill(&self, s: &Span, zero: bool) -> Option<(usize, bool)> {
+        let (got, pages) = s.take_given(zero)?;
+        self.trimmed.sub(pages as u64);
+        got
+    }
+
+    /// A span leaves the heap (back to the page layer): its given-back pages are no longer
+    /// the heap's to count.
+    pub(crate) fn forget_given(&self, s: &Span) {
+        self.trimmed.sub(s.given.replace(0).count_ones() as u64);
+    }
+}
+
+impl Slab {
+    /// Whether spans are trimmed: `Config::small_trim`, on the private anonymous backing (where
+    /// `MADV_DONTNEED` frees a page and it reads zero after) without huge pages.
+    pub(crate) fn trims(&self) -> bool {
+        let c = &self.shared.config;
+        c.small_trim && c.backing == Backing::Anonymous && !c.thp
+    }
+
+    /// The owner trims span `s` of its heap `h`: disarmed first, and armed again at half its
+    /// mark (a span freed on down is trimmed again as its count halves, until the mark is 0).
+    pub(crate) fn trim(&self, h: &ThreadHeap, s: &Span) {
+        let next = if s.low.load(Relaxed) != 0 { s.mark.get() as u32 / 2 } else { 0 };
+        s.disarm();
+        if !self.trims() {
+            return;
+        }
+        let m = s.mark_free();
+        let give = s.free_pages(&m);
+        // SAFETY: pages of `s`, a live span of this owner's heap, that no live object touches
+        // (`free_pages`); the free objects on them are dropped from the lists below (`relink`),
+        // before anything reads a link again.
+        let done = unsafe { advise_runs(s.start.load(Relaxed), give) };
+        s.given.set(s.given.get() | done);
+        if done != 0 {
+            s.backoff.set(s.backoff.get() | GAVE);
+        }
+        s.relink(&m);
+        s.arm_at(next);
+        let pages = done.count_ones() as u64;
+        h.trims.add(1);
+        h.trimmed.add(pages);
+        h.trimmed_total.add(pages);
+    }
+
+    /// Trim every listed span with live objects of heap `h` (the calling thread's own), whatever
+    /// its marks (`Allocator::drain_thread_cache`, after the empty spans went back).
+    pub(crate) fn trim_all(&self, h: &ThreadHeap) {
+        self.trim_listed(h, |s| s.used() > 0);
+    }
+
+    /// Trim the listed spans of heap `h` (the caller's own) at or below their marks: after a
+    /// sweep, which collected other threads' frees (a count brought down by them leaves no
+    /// owner's free to notice the mark).
+    pub(crate) fn trim_due_spans(&self, h: &ThreadHeap) {
+        self.trim_listed(h, Span::trim_due);
+    }
+
+    fn trim_listed(&self, h: &ThreadHeap, want: impl Fn(&Span) -> bool) {
+        if !self.trims() {
+            return;
+        }
+        for c in 0..CLASSES {
+            let mut p = h.head[c].get();
+            while !Span::is_empty_span(p) && !p.is_null() {
+                // SAFETY: a listed span of this heap (the owner's).
+                let s = unsafe { &*p };
+                p = s.next.get();
+                if s.place() == LISTED && want(s) {
+                    self.trim(h, s);
+                }
+            }
+        }
+    }
+}
+
+/// The heaps' trim counters into `s` (under the slab lock: every heap is listed).
+pub(super) fn add_to_stats(c: &Central, s: &mut Stats) {
+    let (mut now, mut trims, mut total) = (0u64, 0u64, 0u64);
+    for h in heaps(c) {
+        now = now.wrapping_add(h.trimmed.get());
+        trims = trims.wrapping_add(h.trims.get());
+        total = total.wrapping_add(h.trimmed_total.get());
+    }
+    s.small_trimmed_pages = now;
+    s.small_trims = trims;
+    s.small_trimmed_pages_total = total;
+}

@@ -1,0 +1,307 @@
+//! Trimming live spans (slab/trim.rs): the owner of a span freed down to its low mark gives the
+//! pages no live object touches back to the kernel (read with `mincore` and the statistics),
+//! keeps the live objects' contents, hands the objects of given-back pages out again reading
+//! zero, trims every span at `drain_thread_cache` and spans other threads freed down at the
+//! owner's sweep, and does not trim a span again until it has been full again; a random test
+//! with trimming on accounts for every object.
+
+mod common;
+
+use common::os::resident_pages;
+use fallow::{Allocator, Config, Flags, Tunables};
+
+const SPAN: usize = 64 << 10;
+const PAGE: usize = 4096;
+/// 1 KiB objects: 64 to a 64 KiB span, 4 a page, none across a page boundary.
+const SIZE: usize = 1024;
+const PER_SPAN: usize = SPAN / SIZE;
+
+fn cfg() -> Config {
+    Config { arena_size: 256 << 20, max_order: 12, tunables: Tunables::off(), small_objects: true, ..Config::default() }
+}
+
+/// xorshift64*, fixed seeds.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+fn fill(p: usize, len: usize, v: u8) {
+    // SAFETY: a live object of at least `len` bytes, the caller's.
+    unsafe { (p as *mut u8).write_bytes(v, len) };
+}
+
+fn holds(p: usize, len: usize, v: u8) -> bool {
+    // SAFETY: as in `fill`.
+    unsafe { std::slice::from_raw_parts(p as *const u8, len) }.iter().all(|&b| b == v)
+}
+
+/// One full span of `SIZE`-byte objects, armed (a 65th request found it full and took a second
+/// span, which that object's free leaves empty and current): its objects in address order, each
+/// filled with its index.
+fn one_full_span(a: &Allocator) -> Vec<usize> {
+    let mut objs: Vec<usize> = (0..=PER_SPAN).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    let extra = objs.pop().unwrap();
+    a.free_any(extra as *mut u8).unwrap();
+    objs.sort();
+    let base = objs[0] & !(SPAN - 1);
+    assert!(objs.iter().all(|&o| o & !(SPAN - 1) == base), "one span");
+    for (i, &o) in objs.iter().enumerate() {
+        fill(o, SIZE, i as u8 + 1);
+    }
+    objs
+}
+
+/// Free, in a random order, every object of `objs` but those of the span's first page.
+fn free_all_but_page_0(a: &Allocator, objs: &[usize], seed: u64) -> Vec<usize> {
+    let base = objs[0] & !(SPAN - 1);
+    let mut gone: Vec<usize> = objs.iter().copied().filter(|&o| o - base >= PAGE).collect();
+    Rng(seed).shuffle(&mut gone);
+    for &o in &gone {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    gone
+}
+
+#[test]
+fn a_spans_free_pages_go_back_when_its_objects_are_freed_down_to_the_mark() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE);
+    free_all_but_page_0(&a, &objs, 7);
+    a.check_invariants().unwrap();
+    // The four objects of page 0 are live: every other page went back, by the kernel's count
+    // and the statistics'.
+    assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
+    let s = a.stats();
+    assert_eq!(s.small_trimmed_pages, (SPAN / PAGE - 1) as u64, "{s}");
+    assert!(s.small_trims >= 1 && s.small_trimmed_pages_total == s.small_trimmed_pages, "{s}");
+    assert_eq!(s.small_live_objects, 4);
+    // The live objects kept their contents.
+    for (i, &o) in objs.iter().enumerate().take(4) {
+        assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
+    }
+    for &o in &objs[..4] {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.small_spans, s.small_trimmed_pages, s.bytes_in_use), (0, 0, 0), "{s}");
+}
+
+#[test]
+fn objects_on_given_back_pages_are_handed_out_again_reading_zero() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let gone = free_all_but_page_0(&a, &objs, 11);
+    // The second span (current, empty) serves the first 64 requests; then the trimmed span's
+    // objects come back, plain ones and zeroed ones.
+    let mut got = Vec::new();
+    for i in 0..PER_SPAN + gone.len() {
+        let flags = if i % 3 == 0 { Flags::ZERO } else { Flags::NONE };
+        got.push((a.malloc(SIZE, 16, flags).unwrap().as_ptr() as usize, flags));
+    }
+    a.check_invariants().unwrap();
+    let base = objs[0] & !(SPAN - 1);
+    let mut again: Vec<usize> = got.iter().map(|g| g.0).filter(|&o| o & !(SPAN - 1) == base).collect();
+    again.sort();
+    let mut want = gone.clone();
+    want.sort();
+    assert_eq!(again, want, "the freed objects of the trimmed span, each once");
+    for &(o, flags) in &got {
+        if o & !(SPAN - 1) != base {
+            continue;
+        }
+        // A plain request's object was a list's link in its first word; the rest of it, on a
+        // page given back, reads zero (it held its index before the trim). A zeroed one reads
+        // zero whole.
+        let from = if flags == Flags::ZERO { 0 } else { 8 };
+        assert!(holds(o + from, SIZE - from, 0), "object {:#x} ({flags:?}) does not read zero", o - base);
+    }
+    for (i, &o) in objs.iter().enumerate().take(4) {
+        assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
+    }
+    // No object twice.
+    let mut all: Vec<usize> = got.iter().map(|g| g.0).chain(objs[..4].iter().copied()).collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), got.len() + 4);
+    assert_eq!(a.stats().small_trimmed_pages, 0);
+    for o in all {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_spans, 0);
+}
+
+#[test]
+fn draining_the_thread_cache_trims_every_span_whatever_its_marks() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    // Half freed (pages 8-15): above the low mark, nothing given back yet.
+    for &o in &objs[PER_SPAN / 2..] {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE);
+    assert_eq!(a.stats().small_trimmed_pages, 0);
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE / 2);
+    assert_eq!(a.stats().small_trimmed_pages, (SPAN / PAGE / 2) as u64);
+    for (i, &o) in objs[..PER_SPAN / 2].iter().enumerate() {
+        assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    assert_eq!(a.stats().small_spans, 0);
+}
+
+#[test]
+fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    // Down to 12 live (below the first mark, 16): one trim.
+    let mut live: Vec<usize> = objs.clone();
+    Rng(3).shuffle(&mut live);
+    for o in live.drain(12..) {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert!(a.stats().small_trims >= 1, "trimmed at the mark");
+    assert!(resident_pages(base, SPAN).unwrap() < SPAN / PAGE);
+    // Enough requests to fill the current span and reach into the trimmed one past its kept
+    // free objects without filling it (45 of its 52 free: its refill links, so faults in, every
+    // page again), all freed again, down to 12 live:
+    // its empty pages stay (the other span, found full, is trimmed: not this one).
+    let more: Vec<usize> = (0..PER_SPAN + 45).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    assert_eq!(more.iter().filter(|&&o| o & !(SPAN - 1) == base).count(), 45, "the trimmed span served 45");
+    for o in more {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.check_invariants().unwrap();
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "trimmed again without being full");
+    // Filled up (the span found full), then freed down again: armed again, at half its first
+    // mark (8: the trim before gave pages back and the span filled again), so not trimmed at
+    // 12 live, trimmed below 8.
+    let more: Vec<usize> = (0..2 * PER_SPAN).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    let mut mine: Vec<usize> = more.iter().copied().filter(|&o| o & !(SPAN - 1) == base).collect();
+    assert_eq!(mine.len(), PER_SPAN - 12, "the span is full");
+    let others: Vec<usize> = more.iter().copied().filter(|&o| o & !(SPAN - 1) != base).collect();
+    let extra = a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize;
+    Rng(5).shuffle(&mut mine);
+    for o in mine {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "at 12 live, above the halved mark");
+    for o in live.drain(6..) {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert!(resident_pages(base, SPAN).unwrap() < SPAN / PAGE, "trimmed again after being full");
+    for o in others.into_iter().chain(live).chain([extra]) {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_spans, 0);
+}
+
+#[test]
+fn a_span_other_threads_freed_down_is_trimmed_at_the_owners_sweep() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    let rest: Vec<usize> = objs.iter().copied().filter(|&o| o - base >= PAGE).collect();
+    let b = a.clone();
+    std::thread::spawn(move || {
+        for o in rest {
+            b.free_any(o as *mut u8).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    // Other threads' frees: nothing given back until the owner looks.
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE);
+    // New spans of another class: the owner sweeps before one of them, collects the span and
+    // trims it.
+    let other: Vec<usize> = (0..6 * 32).map(|_| a.malloc(2048, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+    a.check_invariants().unwrap();
+    assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
+    for (i, &o) in objs.iter().enumerate().take(4) {
+        assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
+    }
+    for o in other.into_iter().chain(objs[..4].iter().copied()) {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_spans, 0);
+}
+
+#[test]
+fn random_sizes_frees_and_refills_with_trimming_account_for_every_object() {
+    let a = Allocator::new(cfg()).unwrap();
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    // (address, size asked, tag)
+    let mut live: Vec<(usize, usize, u8)> = Vec::new();
+    let mut tag = 0u8;
+    for round in 0..12 {
+        // Fill up to a few thousand objects, then free all but a random 5-30%.
+        let target = 2000 + r.below(3000);
+        while live.len() < target {
+            let size = match r.below(10) {
+                0..=4 => 1 + r.below(256),
+                5..=8 => 1 + r.below(4096),
+                _ => 1 + r.below(Allocator::SMALL_MAX),
+            };
+            let zero = r.below(4) == 0;
+            let p = a.malloc(size, 16, if zero { Flags::ZERO } else { Flags::NONE }).unwrap().as_ptr() as usize;
+            if zero {
+                assert!(holds(p, size, 0), "round {round}: a zeroed object of {size} bytes does not read zero");
+            }
+            tag = tag.wrapping_add(1).max(1);
+            fill(p, size, tag);
+            live.push((p, size, tag));
+        }
+        r.shuffle(&mut live);
+        let keep = live.len() * (5 + r.below(26)) / 100;
+        for (p, size, t) in live.drain(keep..) {
+            assert!(holds(p, size, t), "round {round}: object {p:#x} lost its contents");
+            a.free_any(p as *mut u8).unwrap();
+        }
+        a.check_invariants().unwrap();
+        let mut spans: Vec<(usize, usize)> = live.iter().map(|&(p, s, _)| (p, p + s)).collect();
+        spans.sort();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "round {round}: live objects overlap");
+        for &(p, size, t) in &live {
+            assert!(holds(p, size, t), "round {round}: object {p:#x} lost its contents");
+        }
+        assert_eq!(a.stats().small_live_objects, live.len() as u64, "round {round}");
+    }
+    let s = a.stats();
+    assert!(s.small_trims > 0 && s.small_trimmed_pages_total > 0, "trimming took part: {s}");
+    for (p, size, t) in live {
+        assert!(holds(p, size, t));
+        a.free_any(p as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.small_live_objects, s.small_spans, s.small_trimmed_pages, s.bytes_in_use), (0, 0, 0, 0), "{s}");
+}
