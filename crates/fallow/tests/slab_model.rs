@@ -9,19 +9,9 @@ use std::sync::{mpsc, Arc, Barrier};
 
 use fallow::{Allocator, Config, Flags, Tunables};
 
-/// xorshift64*: a fixed-seed generator (the test is deterministic per thread).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+mod common;
+use common::Rng;
+
 
 static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -48,9 +38,9 @@ fn check(o: &Obj) {
 fn random_size(r: &mut Rng) -> usize {
     // Mostly small, some up to the limit.
     match r.below(10) {
-        0..=5 => 1 + r.below(256) as usize,
-        6..=8 => 1 + r.below(4096) as usize,
-        _ => 1 + r.below(Allocator::SMALL_MAX as u64) as usize,
+        0..=5 => 1 + r.below(256),
+        6..=8 => 1 + r.below(4096),
+        _ => 1 + r.below(Allocator::SMALL_MAX),
     }
 }
 
@@ -99,7 +89,7 @@ fn threads_allocate_free_and_free_each_others_objects() {
                             live.push(o);
                         }
                         4..=5 if !live.is_empty() => {
-                            let o = live.swap_remove(r.below(live.len() as u64) as usize);
+                            let o = live.swap_remove(r.below(live.len()));
                             check(&o);
                             a.free_any(o.addr as *mut u8).unwrap();
                         }
@@ -110,9 +100,9 @@ fn threads_allocate_free_and_free_each_others_objects() {
                             if t >= peers {
                                 continue;
                             }
-                            let to = (t + 1 + r.below(peers as u64 - 1) as usize) % peers;
-                            let n = 1 + r.below(8) as usize;
-                            let batch: Vec<Obj> = (0..n).map(|_| live.swap_remove(r.below(live.len() as u64) as usize)).collect();
+                            let to = (t + 1 + r.below(peers - 1)) % peers;
+                            let n = 1 + r.below(8);
+                            let batch: Vec<Obj> = (0..n).map(|_| live.swap_remove(r.below(live.len()))).collect();
                             senders[to].send(batch).unwrap();
                         }
                         _ => {

@@ -8,6 +8,7 @@
 mod common;
 
 use common::os::resident_pages;
+use common::Rng;
 use fallow::{Allocator, Config, Flags, Tunables};
 
 const SPAN: usize = 64 << 10;
@@ -20,24 +21,6 @@ fn cfg() -> Config {
     Config { arena_size: 256 << 20, max_order: 12, tunables: Tunables::off(), small_objects: true, ..Config::default() }
 }
 
-/// xorshift64*, fixed seeds.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-    }
-}
 
 fn fill(p: usize, len: usize, v: u8) {
     // SAFETY: a live object of at least `len` bytes, the caller's.

@@ -4,6 +4,30 @@
 
 use fallow::{Allocator, Config, Flags, PageState};
 
+/// xorshift64*: a fixed-seed generator (a test is deterministic per seed).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Fisher-Yates.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
 /// The tests' own system calls (fallow's `os` module is crate-private).
 pub mod os {
     /// How many of the pages of `[addr, addr + len)` are resident, by `mincore` (which only
