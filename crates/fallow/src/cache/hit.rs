@@ -387,5 +387,5 @@ pub(super) fn slack_over(a: &Shared, slack: u32) -> bool {
     }
     let min = a.slack_blocks_min;
     let blocks = a.caches_registered.load(Relaxed).clamp(min, 2 * min);
-    a.slack_held.blocks() >= blocks || a.slack_held.pages() + slack as u64 > blocks * a.slack_pages_per_block
+    a.slack_held.blocks() >= blocks || a.slack_held.pages() + slack as u64 > blocks * a.config.cache_high_pages as u64
 }

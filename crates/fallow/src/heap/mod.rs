@@ -173,10 +173,9 @@ pub(crate) struct Shared {
     /// slack bound (`slack_over`: cache/mod.rs, "The slack bound") read it.
     pub(crate) slack_held: SlackHeld,
     /// The online CPUs: the slack bound allows one live block with slack per thread with a
-    /// cache, at least this many and at most twice as many.
+    /// cache, at least this many and at most twice as many, and the high mark
+    /// (`config.cache_high_pages`) of slack pages per block it allows.
     pub(crate) slack_blocks_min: u64,
-    /// And at most this many slack pages per block it allows, in all: the high mark.
-    pub(crate) slack_pages_per_block: u64,
     /// Per-thread caches registered (`Heap::caches`; changed where a cache is linked and
     /// unlinked, under the lock), read without it by the slack bound: `Relaxed`, a count that
     /// only sizes the bound.
@@ -271,7 +270,6 @@ impl Shared {
             pressure_injected: AtomicBool::new(false),
             slack_held: SlackHeld::default(),
             slack_blocks_min: os::online_cpus() as u64,
-            slack_pages_per_block: config.cache_high_pages as u64,
             caches_registered: AtomicU64::new(0),
             config,
         }
