@@ -202,21 +202,30 @@ impl Span {
         page_bits(0, whole - 1) & !busy & !given
     }
 
+    /// Link the objects `pick` chooses (by index, among those handed out once) in address
+    /// order in front of `head`; the new head.
+    ///
+    /// # Safety
+    /// Every object `pick` chooses is free, on no list, and the owner's (the caller's heap's).
+    unsafe fn link_objects(&self, mut head: usize, pick: impl Fn(usize) -> bool) -> usize {
+        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        for i in (0..self.fresh.load(Relaxed)).rev().filter(|&i| pick(i)) {
+            let o = start + i * size;
+            // SAFETY: the caller's contract: a free object on no list, the owner's; its first
+            // word becomes the link (on a page given back, this write faults it in again).
+            unsafe { *(o as *mut usize) = head };
+            head = o;
+        }
+        head
+    }
+
     /// The free objects that touch no given-back page become `free`, in address order;
     /// `local_free` is emptied (its objects are among them).
     fn relink(&self, m: &Marks) {
-        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
         let given = self.given.get();
-        let mut head = 0;
-        for i in (0..self.fresh.load(Relaxed)).rev() {
-            if m.has(i) && self.touches(i) & given == 0 {
-                let o = start + i * size;
-                // SAFETY: a free object of this span on kept pages (resident, the owner's): its
-                // first word becomes the link.
-                unsafe { *(o as *mut usize) = head };
-                head = o;
-            }
-        }
+        // SAFETY: the objects marked are free (`mark_free`: on `free` or `local_free`, both
+        // replaced here), on kept pages, the owner's.
+        let head = unsafe { self.link_objects(0, |i| m.has(i) && self.touches(i) & given == 0) };
         self.free.set(head);
         self.local_free.set(0);
     }
@@ -231,28 +240,16 @@ impl Span {
             return None;
         }
         let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
-        let mut head = self.free.get();
-        let mut whole = 0;
-        for i in (0..self.fresh.load(Relaxed)).rev() {
-            let t = self.touches(i);
-            if t & given == 0 {
-                continue;
-            }
-            let o = start + i * size;
-            if zero && whole == 0 && t & !given == 0 {
-                whole = o;
-                continue;
-            }
-            // SAFETY: an object touching a given-back page: free, on no list, the owner's (a
-            // page given back reads zero and is faulted in again by this write).
-            unsafe { *(o as *mut usize) = head };
-            head = o;
-        }
+        // For a request that wants zeros: the last object lying wholly on given-back pages.
+        let whole = if zero { (0..self.fresh.load(Relaxed)).rev().find(|&i| self.touches(i) & !given == 0) } else { None };
+        // SAFETY: an object touching a given-back page is free, on no list, the owner's (trim.rs,
+        // "Rules"); `whole` is handed out instead.
+        let head = unsafe { self.link_objects(self.free.get(), |i| self.touches(i) & given != 0 && Some(i) != whole) };
         self.given.set(0);
         self.free.set(head);
-        if whole != 0 {
+        if let Some(i) = whole {
             self.set_used(self.used() + 1);
-            return Some((Some((whole, true)), given.count_ones()));
+            return Some((Some((start + i * size, true)), given.count_ones()));
         }
         Some((self.pop().map(|o| (o, false)), given.count_ones()))
     }
