@@ -41,6 +41,10 @@
 //!   `pile_bound` (64 MiB, or a quarter of the memory in use if more), until it is back under
 //!   it: seed 001 reports once enough has piled up, and glibc trims its heap's top past its trim
 //!   threshold. Zeroed blocks keep the full delay: the zeroing worker made them for a demand.
+//! - WAIT, and the naps while the caches are asked to drain, last at most that tenth of the
+//!   delay (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
+//!   back sooner comes from frees during such a nap (a whole delay, before: a pile of 200 MiB
+//!   under malloc-large's churn stayed, and a 32 MiB block freed then waited the whole delay).
 //! - The lock is never held across a system call. While a block is isolated it is on no list
 //!   and tagged `Isolated`: no allocation can take it, no free can merge with it, and an
 //!   allocation that finds other memory free never waits for the report.
@@ -84,6 +88,15 @@ const PILE_MIN_PAGES: u64 = (64 << 20) >> PAGE_SHIFT;
 /// a quarter of the pages in use if more (a program's own reuse scales with what it holds).
 fn pile_bound(in_use_pages: u64) -> u64 {
     PILE_MIN_PAGES.max(in_use_pages / 4)
+}
+
+/// How long a dirty block waits when it goes sooner (big, or the pile past its bound): a tenth
+/// of the delay, at least the hot time (`zero_delay`). Also the longest nap of the reporter
+/// while blocks wait for their delay or the caches for a drain: a free wakes only an idle
+/// reporter, so a big block freed during a nap of the whole delay, or a pile grown past its
+/// bound meanwhile, would otherwise wait for the whole delay too.
+fn sooner_ms(t: &crate::config::Tunables) -> u32 {
+    (t.report_delay_ms / 10).max(t.zero_delay_ms.min(t.report_delay_ms))
 }
 
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
@@ -194,11 +207,12 @@ fn run(s: &Shared, gate: &mut crate::worker::IdleGate) {
 /// path stays free of that), so with caches on the reporter looks again after the delay (at
 /// least 1 s) for memory they hold. While the limit is passed or there is pressure (`urgent`),
 /// the caches get `limit::PERIOD_NS` to answer instead of the delay. Its naps are watched
-/// (`Watch::nap`): a limit passed or a pressure event meanwhile ends them.
+/// (`Watch::nap`): a limit passed or a pressure event meanwhile ends them; each is at most
+/// `sooner_ms`, after which the lists are scanned again (the request stands).
 fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: &mut Watch) -> Option<u64> {
-    let (report, mut delay_ms, held) = {
+    let (report, mut delay_ms, look_ms, held) = {
         let h = s.heap.lock();
-        (h.tunables.report, h.tunables.report_delay_ms, crate::cache::pages_held(&h))
+        (h.tunables.report, h.tunables.report_delay_ms, sooner_ms(&h.tunables), crate::cache::pages_held(&h))
     };
     if urgent {
         delay_ms = delay_ms.min((PERIOD_NS / 1_000_000) as u32);
@@ -217,12 +231,12 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: 
         None if held > 0 => {
             let g = crate::cache::ask_to_drain(s, &s.heap.lock());
             *asked = Some((g, now));
-            watch.nap(s, delay_ms as u64 * 1_000_000);
+            watch.nap(s, delay_ms.min(look_ms) as u64 * 1_000_000);
             None
         }
         None => Some(idle_ns),
         Some((_, at)) if now.wrapping_sub(at) < delay_ms => {
-            watch.nap(s, (delay_ms - now.wrapping_sub(at)) as u64 * 1_000_000);
+            watch.nap(s, (delay_ms - now.wrapping_sub(at)).min(look_ms) as u64 * 1_000_000);
             None
         }
         Some((g, at)) => match crate::cache::drain_unanswered(s, crate::cache::Scope::All, g, at) {
@@ -288,7 +302,7 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
     // A dirty block of BIG_ORDER or more, and dirty blocks while dirty memory is piled up past
     // `pile_bound`, are due after a tenth of the delay (module doc).
-    let big_ms = (t.report_delay_ms / 10).max(hot_ms);
+    let big_ms = sooner_ms(&t);
     let in_use = (h.counters.in_use_pages as i64).max(0) as u64;
     let mut pile = resident.saturating_sub(zeroed).saturating_sub(pile_bound(in_use));
     let batch = t.report_batch as usize;
@@ -320,7 +334,9 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let due = age >= delay;
                     if !due && (!need || age < min_age) {
                         let until = if need { min_age.min(delay) - age } else { delay - age };
-                        wait_ms = wait_ms.min(until);
+                        // At most `big_ms`: what no free announces (a big block, a pile) is
+                        // seen within a tenth of the delay.
+                        wait_ms = wait_ms.min(until).min(big_ms);
                         continue;
                     }
                     let res = size - (m.counts.reported + m.counts.lazy) as u64;

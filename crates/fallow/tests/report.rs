@@ -570,6 +570,38 @@ fn a_big_dirty_block_goes_back_after_a_tenth_of_the_delay() {
     a.free(guard).unwrap();
 }
 
+/// A big dirty block freed while the reporter waits for a smaller block's delay goes back after
+/// a tenth of the delay too: a free wakes only an idle reporter, so the waiting one looks again
+/// by then by itself (without that, at the end of the small block's delay).
+#[test]
+fn a_big_block_freed_while_the_reporter_waits_goes_back_after_a_tenth_of_the_delay() {
+    let delay = Duration::from_secs(40);
+    let a = Allocator::new(Config { max_order: 14, ..config(reporting(delay.as_millis() as u32)) }).unwrap();
+    let (small, big) = (8 << 20, 32 << 20);
+    let q = a.alloc(small, PAGE, Flags::NONE).unwrap().as_ptr();
+    let guard = a.alloc(small, PAGE, Flags::NONE).unwrap().as_ptr();
+    let p = a.alloc(big, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `q` and `p` are live blocks of `small` and `big` bytes from `alloc` above, this
+    // thread's alone.
+    unsafe {
+        fill(q, small, 1);
+        fill(p, big, 2);
+    }
+    a.free(q).unwrap();
+    // The free wakes the reporter, which finds the small block young and waits for its delay.
+    std::thread::sleep(Duration::from_millis(500));
+    a.free(p).unwrap();
+    let t0 = Instant::now();
+    // Due 4 s after its free: three quarters of the small block's delay is a wide margin.
+    while resident_bytes(p, big) != 0 && t0.elapsed() < delay * 3 / 4 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(resident_bytes(p, big), 0, "the big block waited for the small block's delay");
+    assert_eq!(resident_bytes(q, small), small, "the small block went back before its delay");
+    a.check_invariants().unwrap();
+    a.free(guard).unwrap();
+}
+
 /// Free dirty memory piled up past 64 MiB (with little in use) goes back after a tenth of the
 /// delay, oldest first, until what is left is back at 64 MiB: blocks of 16 MiB here, below the
 /// size that goes sooner by itself.
