@@ -283,8 +283,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // One still too young to merge: look again when it is old enough (idle, the reporter would
     // not look again before the next free, or its idle timeout).
     let mut merge_wait_ms = u32::MAX;
-    for ai in 0..h.narenas {
-        if let Some(ms) = h.arenas[ai].as_mut().unwrap().merge_deferred_idle(left_since) {
+    for ai in 0..h.arenas.len() {
+        if let Some(ms) = h.arenas[ai].merge_deferred_idle(left_since) {
             merge_wait_ms = merge_wait_ms.min(ms + 1);
         }
     }
@@ -312,7 +312,7 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let mut n = 0usize;
     let mut wait_ms = merge_wait_ms;
     let classes = if sq.urgent() { [Class::Zeroed, Class::Dirty] } else { [Class::Dirty, Class::Zeroed] };
-    'scan: for ai in 0..h.narenas {
+    'scan: for ai in 0..h.arenas.len() {
         let max_order = h.arena(ai).max_order;
         for i in 0..=max_order.saturating_sub(t.report_order) {
             let order = if sq.urgent() { max_order - i } else { t.report_order + i };

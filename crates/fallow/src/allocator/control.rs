@@ -137,7 +137,7 @@ impl Allocator {
         };
         let mut listed_pages = 0u64;
         let mut total = 0u64;
-        for (ai, a) in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()).enumerate() {
+        for (ai, a) in h.arenas.iter().enumerate() {
             total += a.npages as u64;
             listed_pages += a.check_lists().map_err(|e| format!("arena {ai}: {e}"))?;
         }
@@ -189,7 +189,7 @@ impl Allocator {
     #[doc(hidden)]
     pub fn free_runs_with(&self, mut f: impl FnMut(usize, usize, PageState)) {
         let h = cache::lock_owners_out(&self.shared).expect("free_runs: cannot keep other threads out of their caches");
-        for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
+        for a in h.arenas.iter() {
             a.for_each_listed(|pfn, order| {
                 a.for_each_run(pfn, 1 << order, |p, n, s| f(a.addr(p), (n as usize) << PAGE_SHIFT, s))
             });

@@ -355,7 +355,7 @@ impl Allocator {
         let mut s = Stats::default();
         let mut counts = StateCounts::default();
         let mut free_pages = 0u64;
-        for a in h.arenas[..h.narenas].iter().map(|a| a.as_ref().unwrap()) {
+        for a in h.arenas.iter() {
             for (c, row) in a.listed().blocks.iter().enumerate() {
                 for (o, n) in row.iter().enumerate() {
                     s.free_blocks[c][o] += *n as u64;
@@ -367,7 +367,7 @@ impl Allocator {
             s.reserved_bytes += a.len as u64;
         }
         let c = &h.counters;
-        s.arenas = h.narenas as u64;
+        s.arenas = h.arenas.len() as u64;
         s.free_zeroed_pages = counts.zeroed as u64;
         s.free_reported_pages = counts.reported as u64;
         s.free_lazy_pages = counts.lazy as u64;
@@ -401,9 +401,8 @@ impl Allocator {
     /// memory): `(arena base address, fd)`.
     pub fn arena_fds(&self) -> Vec<(usize, i32)> {
         let h = self.shared.heap.lock();
-        h.arenas[..h.narenas]
+        h.arenas
             .iter()
-            .map(|a| a.as_ref().unwrap())
             .filter(|a| a.fd >= 0)
             .map(|a| (a.base, a.fd))
             .collect()

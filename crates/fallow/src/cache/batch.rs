@@ -78,7 +78,7 @@ impl Entries<'_> {
         // blocks of the other orders this cache holds go back to the lists before the refill
         // would fault memory in, where they may merge into what it needs.
         let lists_resident = |h: &Heap| {
-            (0..h.narenas).any(|ai| order <= h.arena(ai).max_order && h.arena(ai).listed().resident_pages() >= n as u64)
+            (0..h.arenas.len()).any(|ai| order <= h.arena(ai).max_order && h.arena(ai).listed().resident_pages() >= n as u64)
         };
         if order >= GROUP_ORDER && self.pages.get() >= n as u64 && !lists_resident(&h) {
             self.drain_all_locked(&mut h, now);
@@ -90,11 +90,11 @@ impl Entries<'_> {
         let want = self.batch[o].min(s.cap - s.len()).min(room);
         let nz0 = s.nzero.get() as u32;
         h.counters.cache_refills += 1;
-        let narenas = h.narenas;
+        let narenas = h.arenas.len();
         let (prefs, resident) = (preference(zero), resident_preference(zero));
         let mut got = 0;
         for ai in 0..narenas {
-            let ar = h.arenas[ai].as_mut().unwrap();
+            let ar = &mut h.arenas[ai];
             if order > ar.max_order {
                 continue;
             }
@@ -228,7 +228,7 @@ impl Entries<'_> {
         self.sub_pages(o, n);
         self.accounted.sub(n);
         h.counters.cached_pages = h.counters.cached_pages.wrapping_sub(n);
-        let ar = h.arenas[e.arena()].as_mut().unwrap();
+        let ar = &mut h.arenas[e.arena()];
         let pfn = ar.pfn(e.addr());
         if ar.meta(pfn).tag() != Tag::Cached {
             return; // see "Validation" at the top

@@ -263,7 +263,7 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
             if c.large(o) {
                 large += n as u64;
             }
-            let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) else {
+            let Some(ar) = h.arenas.get(e.arena()) else {
                 err = Some(format!("cached block {:#x}: no arena {}", e.addr(), e.arena()));
                 return;
             };
@@ -314,7 +314,7 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
 pub(crate) fn free_runs(h: &FrozenHeap<'_>, f: &mut impl FnMut(usize, usize, PageState)) {
     for c in h.caches() {
         c.for_each_entry(|o, e, _| {
-            if let Some(ar) = h.arenas.get(e.arena()).and_then(|a| a.as_ref()) {
+            if let Some(ar) = h.arenas.get(e.arena()) {
                 ar.for_each_run(ar.pfn(e.addr()), 1 << o, |p, n, s| {
                     f(ar.addr(p), (n as usize) << PAGE_SHIFT, s);
                 });

@@ -27,12 +27,12 @@ pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
 impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported.
     pub(crate) fn has_unreported(&self, order: u8) -> bool {
-        (0..self.narenas).any(|i| self.arena(i).has_free(&[Class::Dirty, Class::Zeroed], order))
+        (0..self.arenas.len()).any(|i| self.arena(i).has_free(&[Class::Dirty, Class::Zeroed], order))
     }
 
     /// Whether some listed block of order >= `order` has pages that need zeroing.
     pub(crate) fn has_dirty(&self, order: u8) -> bool {
-        (0..self.narenas).any(|i| self.arena(i).has_free(&[Class::Dirty], order))
+        (0..self.arenas.len()).any(|i| self.arena(i).has_free(&[Class::Dirty], order))
     }
 
     /// Whether the zeroing worker's chunk, returned now, would merge into a free block of order
@@ -68,8 +68,8 @@ impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported, once each
     /// arena's deferred pair below `order` is merged (as `take` would merge it first).
     pub(crate) fn has_unreported_merged(&mut self, order: u8) -> bool {
-        for i in 0..self.narenas {
-            self.arenas[i].as_mut().unwrap().merge_deferred_below(order);
+        for i in 0..self.arenas.len() {
+            self.arenas[i].merge_deferred_below(order);
         }
         self.has_unreported(order)
     }
@@ -78,7 +78,7 @@ impl Heap {
     /// them the zeroed ones.
     pub(crate) fn resident_free_pages(&self) -> (u64, u64) {
         let (mut resident, mut zeroed) = (0u64, 0u64);
-        for i in 0..self.narenas {
+        for i in 0..self.arenas.len() {
             let l = self.arena(i).listed();
             resident += l.resident_pages();
             zeroed += l.counts.zeroed as u64;
@@ -90,7 +90,7 @@ impl Heap {
     /// pages that were reported (or lazily freed). Live blocks count whole (touched or not),
     /// cached and isolated pages count as resident: an estimate from above, in O(arenas).
     pub(crate) fn owned_resident_pages(&self) -> u64 {
-        (0..self.narenas)
+        (0..self.arenas.len())
             .map(|i| {
                 let a = self.arena(i);
                 let l = a.listed();
@@ -101,7 +101,7 @@ impl Heap {
 
     /// Take the listed free block at `pfn` of arena `ai` off its list and record it in `slot`.
     pub(crate) fn isolate(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
-        let a = self.arenas[ai].as_mut().unwrap();
+        let a = &mut self.arenas[ai];
         let m = a.meta(pfn).get();
         debug_assert_eq!(m.tag, Tag::Free);
         a.unlink(pfn);
@@ -121,7 +121,7 @@ impl Heap {
     /// order), choosing at each split the half that still has pages needing zeroing, and listing
     /// the other halves again. Records the piece in `slot`.
     pub(crate) fn isolate_dirty_piece(&mut self, slot: usize, ai: usize, pfn: u32, order: u8) -> Inflight {
-        let a = self.arenas[ai].as_mut().unwrap();
+        let a = &mut self.arenas[ai];
         let m = a.meta(pfn).get();
         a.unlink(pfn);
         let (p, counts) =
@@ -157,7 +157,7 @@ impl Heap {
         let rec = self.inflight[slot];
         debug_assert!(rec.used);
         self.inflight[slot].used = false;
-        let a = self.arenas[rec.arena as usize].as_mut().unwrap();
+        let a = &mut self.arenas[rec.arena as usize];
         let n = 1u32 << rec.order;
         for &(pfn, len) in reported {
             debug_assert!(pfn >= rec.pfn && pfn + len <= rec.pfn + n);

@@ -101,7 +101,7 @@ impl Shared {
             }
             // The arena count as this thread found the heap full: `grow` installs nothing if
             // another thread has grown the heap since (then the take is retried first).
-            let (isolated, seen) = (h.counters.isolated_pages, h.narenas);
+            let (isolated, seen) = (h.counters.isolated_pages, h.arenas.len());
             // Nothing free fits, but a background worker holds blocks for a moment (a chunk being
             // zeroed, a batch being reported): wait for them a little (about 3 ms at most) rather than
             // reserve a new arena and fault it in. Only when no other memory is free. Meanwhile
@@ -173,7 +173,7 @@ impl Shared {
                 return Err(Error::Lock { size: len, errno });
             }
             let mut h = self.heap.lock();
-            let a = h.arenas[p.arena].as_mut().unwrap();
+            let a = &mut h.arenas[p.arena];
             let m = a.meta(t.pfn);
             m.set_flags(m.flags() | META_LOCKED);
             h.counters.locked_bytes += len as u64;
@@ -200,7 +200,7 @@ impl Shared {
             }
         }
         let now = self.now_ms();
-        let a = h.arenas[ai].as_mut().unwrap();
+        let a = &mut h.arenas[ai];
         let locked = a.meta(pfn).flags() & META_LOCKED != 0;
         if locked {
             // munlock outside the lock; the block stays live (and ours) meanwhile.
@@ -215,7 +215,7 @@ impl Shared {
                 return Err(Error::DoubleFree { addr });
             }
         }
-        let a = h.arenas[ai].as_mut().unwrap();
+        let a = &mut h.arenas[ai];
         let slack = a.release_live(pfn, npages, PageState::Dirty, now);
         self.account_free(h, npages, slack);
         Ok((ai, npages))
@@ -229,7 +229,7 @@ impl Shared {
         let now = self.now_ms();
         let mut h = self.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
-        let a = h.arenas[ai].as_mut().unwrap();
+        let a = &mut h.arenas[ai];
         if a.meta(pfn).flags() & META_LOCKED != 0 {
             drop(h);
             return self.free_locked(addr, None);
@@ -269,7 +269,7 @@ impl Shared {
         let now = self.now_ms();
         let mut h = self.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
-        let a = h.arenas[ai].as_mut().unwrap();
+        let a = &mut h.arenas[ai];
         if a.meta(pfn).flags() & META_LOCKED != 0 && new_pages != npages as usize {
             return Ok(false);
         }
@@ -285,7 +285,7 @@ impl Shared {
                 self.slack_held.sub(slack);
             }
         }
-        let a = h.arenas[ai].as_mut().unwrap();
+        let a = &mut h.arenas[ai];
         if new_pages <= npages {
             if new_pages < npages {
                 let tail = npages - new_pages;
@@ -327,20 +327,20 @@ impl Shared {
         let need = npages << PAGE_SHIFT;
         let reserved = crate::arena::reserve_fitting(want, need, cfg.max_order, cfg.backing, cfg.thp);
         let mut h = self.heap.lock();
-        if h.narenas != seen {
+        if h.arenas.len() != seen {
             drop(h);
             drop(reserved);
             return Ok(());
         }
         let arena = reserved.map_err(|(tried, errno)| Error::OutOfMemory { size: need, tried, errno })?;
-        if h.narenas == MAX_ARENAS {
+        if h.arenas.len() == MAX_ARENAS {
             drop(h); // before the arena, whose drop unmaps it
             return Err(Error::OutOfMemory { size: need, tried: 0, errno: libc::ENOMEM });
         }
-        let i = h.narenas;
+        let i = h.arenas.len();
         self.publish(i, &arena);
-        h.arenas[i] = Some(Buddy::new(arena));
-        h.narenas += 1;
+        debug_assert!(h.arenas.capacity() > i, "the arenas' room is taken at creation");
+        h.arenas.push(Buddy::new(arena));
         Ok(())
     }
 }

@@ -82,8 +82,11 @@ pub(crate) struct Counters {
 
 /// Everything the lock guards.
 pub(crate) struct Heap {
-    pub arenas: [Option<Buddy>; MAX_ARENAS],
-    pub narenas: usize,
+    /// The arenas, in the order they were made. Its room for `MAX_ARENAS` is taken when the
+    /// allocator is made, so that adding one never allocates (the preload's `malloc` may be the
+    /// caller), and only the arenas made are written: a fixed array of them, built by value,
+    /// made 80 KiB of the creating thread's stack and of the heap resident for good.
+    pub arenas: Vec<Buddy>,
     pub counters: Counters,
     /// Settings of the background workers (changed by `Allocator::set_tunables`).
     pub tunables: Tunables,
@@ -241,12 +244,10 @@ impl Shared {
     /// one handle. `cache_id` and `cache_orders` (served, stacked) describe its per-thread caches (cache layer);
     /// `entries` its workers' threads.
     pub(crate) fn new(config: Config, cache_id: u64, cache_orders: (u32, u32), entries: WorkerEntries) -> Shared {
-        const EMPTY: Option<Buddy> = None;
         Shared {
             gap: HitGap::uninit(),
             heap: Locked::with_spin_ns(Heap {
-                arenas: [EMPTY; MAX_ARENAS],
-                narenas: 0,
+                arenas: Vec::with_capacity(MAX_ARENAS),
                 counters: Counters::default(),
                 tunables: config.tunables.clamped(&config),
                 reclaim: ReclaimCounters::default(),
@@ -304,7 +305,7 @@ fn clears_written_only(a: &Buddy, npages: u32, zero: bool) -> bool {
 
 impl Heap {
     pub(crate) fn arena(&self, ai: usize) -> &Buddy {
-        self.arenas[ai].as_ref().unwrap()
+        &self.arenas[ai]
     }
 
     /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
@@ -315,8 +316,8 @@ impl Heap {
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
         let hot_since = (zero && npages <= self.hot_zero_max_pages).then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
-        for ai in 0..self.narenas {
-            let a = self.arenas[ai].as_mut().unwrap();
+        for ai in 0..self.arenas.len() {
+            let a = &mut self.arenas[ai];
             let got = if order <= a.max_order {
                 // Resident memory first: the best-fitting run of free blocks beside a resident
                 // one (`buddy/span.rs`), else an aligned block, and only then memory the kernel
@@ -349,7 +350,7 @@ impl Heap {
 
     /// The block `t` just taken off arena `ai`'s lists, live.
     fn placed(&mut self, ai: usize, t: Taken, zero: bool) -> Placed {
-        let a = self.arenas[ai].as_mut().unwrap();
+        let a = &mut self.arenas[ai];
         a.mark_live(t.pfn, t.npages, 0);
         a.mark_used(t.pfn + t.npages);
         let addr = a.addr(t.pfn);
@@ -380,13 +381,13 @@ impl Heap {
     }
 
     pub(crate) fn arena_index(&self, addr: usize) -> Option<usize> {
-        (0..self.narenas).find(|&i| self.arenas[i].as_ref().unwrap().contains(addr))
+        (0..self.arenas.len()).find(|&i| self.arenas[i].contains(addr))
     }
 
     /// Find the live block that starts at `addr`, or say precisely why there is none.
     pub(crate) fn live_block(&self, addr: usize) -> Result<(usize, u32, u32), Error> {
         let ai = self.arena_index(addr).ok_or(Error::InvalidPointer { addr })?;
-        let a = self.arenas[ai].as_ref().unwrap();
+        let a = &self.arenas[ai];
         let pfn = a.pfn(addr);
         let m = a.meta(pfn).get();
         let aligned = addr & (PAGE_SIZE - 1) == 0;

@@ -183,7 +183,7 @@ pub static SPAN_START: AtomicUsize = AtomicUsize::new(usize::MAX);
 pub static SPAN_END: AtomicUsize = AtomicUsize::new(0);
 
 impl Shared {
-    /// Publish arena `i` (just installed, `narenas == i + 1` under the lock): the process-wide
+    /// Publish arena `i` (about to be installed, `arenas.len() == i` under the lock): the process-wide
     /// span, its view, then the count that readers load with `Acquire`.
     pub(super) fn publish(&self, i: usize, arena: &Arena) {
         SPAN_START.fetch_min(arena.base, Ordering::Relaxed);
