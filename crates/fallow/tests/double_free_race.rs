@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 
@@ -33,15 +34,16 @@ fn racing_double_frees() {
 }
 
 /// Rounds on a new allocator from `*round` on, until `ROUNDS` or a race that escaped detection
-/// (`true`).
+/// (`true`). A failed check, or a panic in a freeing thread (a debug assertion), stops the
+/// rounds and fails the test after the threads are let go: it never leaves them waiting.
 fn race_until_escape(round: &mut usize) -> bool {
     let a = small();
     let block = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     // Both sides meet twice a round: the block is published, then all frees are done.
     let barrier = Barrier::new(THREADS + 1);
-    let results: Mutex<Vec<Result<(), Error>>> = Mutex::new(Vec::new());
-    let mut escaped = false;
+    let results: Mutex<Vec<Result<Result<(), Error>, String>>> = Mutex::new(Vec::new());
+    let (mut escaped, mut failure) = (false, None);
     std::thread::scope(|s| {
         for _ in 0..THREADS {
             s.spawn(|| loop {
@@ -49,12 +51,13 @@ fn race_until_escape(round: &mut usize) -> bool {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
-                let r = a.free(block.load(Ordering::Relaxed) as *mut u8);
+                let p = block.load(Ordering::Relaxed) as *mut u8;
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| a.free(p))).map_err(|e| panic_text(&*e));
                 results.lock().unwrap().push(r);
                 barrier.wait();
             });
         }
-        while *round < ROUNDS && !escaped {
+        while *round < ROUNDS && !escaped && failure.is_none() {
             let pages = SIZES[*round % SIZES.len()];
             // Another live block beside it, so that the freed one is not always merged at once.
             let keep = a.alloc(4096, 4096, Flags::NONE).unwrap();
@@ -63,24 +66,22 @@ fn race_until_escape(round: &mut usize) -> bool {
             barrier.wait();
             barrier.wait();
             let rs = std::mem::take(&mut *results.lock().unwrap());
-            assert_eq!(rs.len(), THREADS);
-            let double = Err(Error::DoubleFree { addr: p as usize });
-            for r in &rs {
-                assert!(r.is_ok() || *r == double, "round {round}, {pages} pages: {r:?}");
+            match check_round(&a, &rs, p, *round, pages) {
+                Ok(ok) => escaped = ok > 1,
+                Err(e) => failure = Some(e),
             }
-            let ok = rs.iter().filter(|r| r.is_ok()).count();
-            assert!(ok >= 1, "round {round}, {pages} pages: no free of a live block succeeded: {rs:?}");
-            assert_eq!(a.free(p), double, "round {round}: free after the race");
             a.free(keep.as_ptr()).unwrap();
-            escaped = ok > 1;
-            if !escaped && round.is_multiple_of(10) {
-                a.check_invariants().unwrap_or_else(|e| panic!("round {round}, {pages} pages: {e}"));
+            if failure.is_none() && !escaped && round.is_multiple_of(10) {
+                failure = a.check_invariants().err().map(|e| format!("round {round}, {pages} pages: {e}"));
             }
             *round += 1;
         }
         stop.store(true, Ordering::Relaxed);
         barrier.wait();
     });
+    if let Some(f) = failure {
+        panic!("{f}");
+    }
     if !escaped {
         a.check_invariants().unwrap();
     }
@@ -90,4 +91,34 @@ fn race_until_escape(round: &mut usize) -> bool {
         a.free(p.as_ptr()).unwrap();
     }
     escaped
+}
+
+/// The frees of one round: each a success or a double free, at least one success, and a free
+/// after them a double free. The successes, or what failed.
+fn check_round(a: &fallow::Allocator, rs: &[Result<Result<(), Error>, String>], p: *mut u8, round: usize, pages: usize) -> Result<usize, String> {
+    let double = Err(Error::DoubleFree { addr: p as usize });
+    if rs.len() != THREADS {
+        return Err(format!("round {round}: {} results", rs.len()));
+    }
+    let mut ok = 0;
+    for r in rs {
+        match r {
+            Err(panic) => return Err(format!("round {round}, {pages} pages: a free panicked: {panic} (all: {rs:?})")),
+            Ok(Ok(())) => ok += 1,
+            Ok(r) if *r == double => {}
+            Ok(r) => return Err(format!("round {round}, {pages} pages: {r:?}")),
+        }
+    }
+    if ok == 0 {
+        return Err(format!("round {round}, {pages} pages: no free of a live block succeeded: {rs:?}"));
+    }
+    match a.free(p) {
+        r if r == double => Ok(ok),
+        r => Err(format!("round {round}: free after the race: {r:?}")),
+    }
+}
+
+/// The message of a caught panic.
+fn panic_text(e: &(dyn std::any::Any + Send)) -> String {
+    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
