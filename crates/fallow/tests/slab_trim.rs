@@ -2,14 +2,15 @@
 //! pages no live object touches back to the kernel (read with `mincore` and the statistics),
 //! keeps the live objects' contents, hands the objects of given-back pages out again reading
 //! zero, trims every span at `drain_thread_cache` and spans other threads freed down at the
-//! owner's sweep, and does not trim a span again until it has been full again; a random test
-//! with trimming on accounts for every object.
+//! owner's sweep, does not trim a span again until it has been full again, and lists the
+//! given-back pages of a span that empties `Reported` in the page layer; a random test with
+//! trimming on accounts for every object.
 
 mod common;
 
 use common::os::resident_pages;
 use common::Rng;
-use fallow::{Allocator, Config, Flags, Tunables};
+use fallow::{Allocator, Config, Flags, PageState, Tunables};
 
 const SPAN: usize = 64 << 10;
 const PAGE: usize = 4096;
@@ -85,6 +86,37 @@ fn a_spans_free_pages_go_back_when_its_objects_are_freed_down_to_the_mark() {
     a.check_invariants().unwrap();
     let s = a.stats();
     assert_eq!((s.small_spans, s.small_trimmed_pages, s.bytes_in_use), (0, 0, 0), "{s}");
+}
+
+/// A trimmed span that empties goes back to the page layer with its given-back pages listed
+/// `Reported` (they read zero and are not resident) and the others `Dirty`: none is counted
+/// resident that is not, and none would be zeroed (faulted back in) by the zeroing worker.
+#[test]
+fn an_emptied_spans_given_back_pages_go_back_to_the_page_layer_reported() {
+    let a = Allocator::new(cfg()).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    free_all_but_page_0(&a, &objs, 11);
+    assert_eq!(a.stats().small_trimmed_pages, (SPAN / PAGE - 1) as u64);
+    let dirty_before = a.stats().free_dirty_pages;
+    for &o in &objs[..4] {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    a.drain_thread_cache();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().small_spans, 0);
+    let runs = a.free_runs();
+    let state = |addr: usize| runs.iter().find(|r| r.0 <= addr && addr < r.0 + r.1).map(|r| r.2);
+    assert_eq!(state(base), Some(PageState::Dirty), "page 0, written and not given back: {runs:?}");
+    for k in 1..SPAN / PAGE {
+        assert_eq!(state(base + k * PAGE), Some(PageState::Reported), "page {k}: {runs:?}");
+    }
+    // Dirty free memory: page 0 of this span, and the whole second span (`one_full_span`'s,
+    // never trimmed), not the fifteen pages given back.
+    assert_eq!(a.stats().free_dirty_pages, dirty_before + 1 + (SPAN / PAGE) as u64);
+    assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
+    // SAFETY: `a` is used by this thread only.
+    unsafe { common::check_free_states(&a) }.unwrap();
 }
 
 #[test]

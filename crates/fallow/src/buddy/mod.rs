@@ -540,6 +540,17 @@ impl Buddy {
         slack
     }
 
+    /// `release_live` for a block whose pages the caller has set to their free states, which
+    /// may differ (`free_by_runs`: a run of one state at a time; no deferred merge).
+    pub fn release_live_as_set(&mut self, pfn: u32, npages: u32, now_ms: u32) -> u32 {
+        let slack = self.drop_slack(pfn, now_ms);
+        let m = self.meta(pfn);
+        let w = m.word();
+        m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
+        self.free_by_runs(pfn, npages, now_ms);
+        slack
+    }
+
     /// Give back the slack of the live block at `pfn` (`META_SLACK`: the pages of its aligned
     /// block past its page count, which kept their free states), leaving an exact live block.
     /// Returns the slack's pages (0 for a block without).

@@ -240,6 +240,37 @@ impl Shared {
         Ok(())
     }
 
+    /// Free the live block at `addr`, the pages of it set in `given` (bit i: page i) listed
+    /// `Reported`, the others `Dirty`: a span of small objects whose owner gave those pages back
+    /// (slab/trim.rs). Taken on the locked path (the caches keep blocks of one state).
+    ///
+    /// # Safety
+    /// Every page set in `given` lies in the block, reads zero and is not resident
+    /// (`MADV_DONTNEED` on private anonymous memory, not written since).
+    pub(crate) unsafe fn free_given_back(self: &Arc<Self>, addr: usize, given: u64) -> Result<(), Error> {
+        let now = self.now_ms();
+        let mut h = self.heap.lock();
+        let (ai, pfn, npages) = h.live_block(addr)?;
+        let a = &mut h.arenas[ai];
+        let beyond = if npages >= 64 { 0 } else { given >> npages };
+        if a.meta(pfn).flags() & META_LOCKED != 0 || beyond != 0 {
+            drop(h);
+            return self.free_locked(addr, None);
+        }
+        a.set_states(pfn, npages, PageState::Dirty);
+        let mut bits = given;
+        while bits != 0 {
+            let first = bits.trailing_zeros();
+            let run = (bits >> first).trailing_ones();
+            a.set_states(pfn + first, run, PageState::Reported);
+            bits &= !((u64::MAX >> (64 - run)) << first);
+        }
+        let slack = a.release_live_as_set(pfn, npages, now);
+        h.counters.freed_reported_pages += given.count_ones() as u64;
+        self.account_free(h, npages, slack);
+        Ok(())
+    }
+
     /// After a live block went back on the lists: count it, release the lock, wake a worker if
     /// the free made work for it.
     fn account_free(self: &Arc<Self>, mut h: Guard<'_, Heap>, npages: u32, slack: u32) {

@@ -307,7 +307,15 @@ impl Slab {
             }
             s.owner.store(NO_OWNER, Relaxed);
             s.heap.store(ptr::null_mut(), Relaxed);
-            let r = cache::free_pages(&self.shared, start, None);
+            let given = s.given.replace(0);
+            let r = if given == 0 {
+                cache::free_pages(&self.shared, start, None)
+            } else {
+                // SAFETY: the pages set in `given` are the span's, given back by a trim with
+                // `MADV_DONTNEED` (private anonymous memory, where it zeroes: `Slab::trims`) and
+                // not written since (no object on them was handed out: trim.rs, "Rules").
+                unsafe { self.shared.free_given_back(start, given) }
+            };
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
             self.central.lock().descriptors.give(s);
         }

@@ -32,9 +32,10 @@
 //!   never-used objects, the objects touching given-back pages are linked again (in address
 //!   order); for a request that wants zeros one that lies wholly on given-back pages is handed
 //!   out unlinked, reading zero (no memset).
-//! - **Back to the page layer.** A span that empties leaves as before; its given-back pages read
-//!   zero and are not resident, but the page layer records every page of a freed block `Dirty`,
-//!   which is true of what it may assume (unknown contents).
+//! - **Back to the page layer.** A span that empties leaves as before, its given-back pages
+//!   listed `Reported` (they read zero and are not resident: `Shared::free_given_back`), the
+//!   others `Dirty`: the zeroing worker does not fault them back in, `calloc` takes them without
+//!   a memset, and the resident counts stay true.
 
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -287,18 +288,19 @@ impl ThreadHeap {
     }
 
     /// A span leaves the heap (back to the page layer): its given-back pages are no longer
-    /// the heap's to count.
+    /// the heap's to count. (`given` stays: `Slab::give_back` lists those pages `Reported`.)
     pub(crate) fn forget_given(&self, s: &Span) {
-        self.trimmed.sub(s.given.replace(0).count_ones() as u64);
+        self.trimmed.sub(s.given.get().count_ones() as u64);
     }
 }
 
 impl Slab {
     /// Whether spans are trimmed: `Config::small_trim`, on the private anonymous backing (where
-    /// `MADV_DONTNEED` frees a page and it reads zero after) without huge pages.
+    /// `MADV_DONTNEED` frees a page and it reads zero after, as the reporter's start-up check
+    /// found) without huge pages.
     pub(crate) fn trims(&self) -> bool {
         let c = &self.shared.config;
-        c.small_trim && c.backing == Backing::Anonymous && !c.thp
+        c.small_trim && c.backing == Backing::Anonymous && !c.thp && crate::report::dontneed_zeroes()
     }
 
     /// The owner trims span `s` of its heap `h`: disarmed first, and armed again at half its
