@@ -59,14 +59,14 @@
 //! - With THP arenas `report_order >= 9` (validated): only whole, aligned 2 MiB blocks are
 //!   reported, so reporting never splits a huge page.
 
-use core::sync::atomic::{AtomicU8, Ordering};
+use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::config::ReportMode;
 use crate::heap::Shared;
 use crate::limit::{Watch, PERIOD_NS};
 use crate::worker::Worker;
-use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
+use crate::os::{self, PAGE_SHIFT};
 use crate::page::{Class, PageState};
 
 /// Batches in a row before the reporter pauses (`BUDGET_PAUSE_NS`).
@@ -102,43 +102,11 @@ fn sooner_ms(t: &crate::config::Tunables) -> u32 {
 /// Blocks examined per (class, order) list per batch: bounds the time under the lock.
 const SCAN_LIMIT: u32 = 256;
 
-/// 0: not checked yet; 1: `MADV_DONTNEED` zeroes private anonymous memory; 2: it does not.
-static DONTNEED_ZEROES: AtomicU8 = AtomicU8::new(0);
-
-/// Whether `MADV_DONTNEED` really makes private anonymous memory read zero here (some emulators
-/// get it wrong). Checked once per process on a scratch page.
-pub fn dontneed_zeroes() -> bool {
-    match DONTNEED_ZEROES.load(Ordering::Relaxed) {
-        1 => return true,
-        2 => return false,
-        _ => {}
-    }
-    let ok = match os::scratch(PAGE_SIZE) {
-        Err(_) => false,
-        Ok(p) => {
-            let offsets = [0usize, 1, 777, PAGE_SIZE - 1];
-            for &o in &offsets {
-                // SAFETY: `p` is a private scratch page of PAGE_SIZE bytes and `o < PAGE_SIZE`.
-                unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
-            }
-            // SAFETY: the private scratch page mapped above, which only this function uses.
-            let advised = unsafe { os::madvise(p, PAGE_SIZE, os::Advice::DontNeed) }.is_ok();
-            // SAFETY: as above: inside the scratch page, still mapped.
-            let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
-            // SAFETY: the scratch page, used no more.
-            unsafe { os::unmap(p, PAGE_SIZE) };
-            advised && zero
-        }
-    };
-    DONTNEED_ZEROES.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
-    ok
-}
-
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let mut gate = shared.reporter.on_thread_start();
-    dontneed_zeroes();
+    os::dontneed_zeroes();
     run(&shared, &mut gate);
     core::ptr::null_mut()
 }
@@ -403,7 +371,7 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let reads_zero = match mode {
         ReportMode::Punch => true,
         ReportMode::Free => false,
-        _ => dontneed_zeroes(),
+        _ => os::dontneed_zeroes(),
     };
 
     // RETURN, under the lock.

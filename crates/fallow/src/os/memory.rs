@@ -3,6 +3,7 @@
 
 use core::ffi::c_void;
 use core::ptr;
+use core::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use rustix::fd::{BorrowedFd, IntoRawFd};
 use rustix::mm::{MapFlags, MremapFlags, ProtFlags};
@@ -222,6 +223,38 @@ pub unsafe fn punch_hole(fd: i32, off: usize, len: usize) -> OsResult<()> {
     let file = unsafe { BorrowedFd::borrow_raw(fd) };
     let mode = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
     os_result(rustix::fs::fallocate(file, mode, off as u64, len as u64))
+}
+
+/// 0: not checked yet; 1: `MADV_DONTNEED` zeroes private anonymous memory; 2: it does not.
+static DONTNEED_ZEROES: AtomicU8 = AtomicU8::new(0);
+
+/// Whether `MADV_DONTNEED` really makes private anonymous memory read zero here (some emulators
+/// get it wrong). Checked once per process on a scratch page.
+pub fn dontneed_zeroes() -> bool {
+    match DONTNEED_ZEROES.load(Relaxed) {
+        1 => return true,
+        2 => return false,
+        _ => {}
+    }
+    let ok = match scratch(PAGE_SIZE) {
+        Err(_) => false,
+        Ok(p) => {
+            let offsets = [0usize, 1, 777, PAGE_SIZE - 1];
+            for &o in &offsets {
+                // SAFETY: `p` is a private scratch page of PAGE_SIZE bytes and `o < PAGE_SIZE`.
+                unsafe { ((p + o) as *mut u8).write_volatile(0x5a) };
+            }
+            // SAFETY: the private scratch page mapped above, which only this function uses.
+            let advised = unsafe { madvise(p, PAGE_SIZE, Advice::DontNeed) }.is_ok();
+            // SAFETY: as above: inside the scratch page, still mapped.
+            let zero = offsets.iter().all(|&o| unsafe { ((p + o) as *const u8).read_volatile() } == 0);
+            // SAFETY: the scratch page, used no more.
+            unsafe { unmap(p, PAGE_SIZE) };
+            advised && zero
+        }
+    };
+    DONTNEED_ZEROES.store(if ok { 1 } else { 2 }, Relaxed);
+    ok
 }
 
 #[cfg(test)]

@@ -300,7 +300,7 @@ impl Slab {
     /// found) without huge pages.
     pub(crate) fn trims(&self) -> bool {
         let c = &self.shared.config;
-        c.small_trim && c.backing == Backing::Anonymous && !c.thp && crate::report::dontneed_zeroes()
+        c.small_trim && c.backing == Backing::Anonymous && !c.thp && crate::os::dontneed_zeroes()
     }
 
     /// The owner trims span `s` of its heap `h`: disarmed first, and armed again at half its
