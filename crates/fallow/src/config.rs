@@ -177,8 +177,8 @@ pub struct Tunables {
     /// Smallest block reported, as an order (default 9: 2 MiB). At least 9 with THP.
     pub report_order: u8,
     /// A block is reported only after it has been free this long (ms, default 2000); a dirty
-    /// block of 32 MiB or more, and every dirty block while free dirty memory passes 64 MiB (or a
-    /// quarter of the memory in use), after a tenth of it (report.rs).
+    /// block of 32 MiB or more after a tenth of it, and every dirty block while free dirty memory
+    /// passes 64 MiB (or a quarter of the memory in use) after a twentieth (report.rs).
     pub report_delay_ms: u32,
     /// Blocks per report batch (one `process_madvise`), 1..=256, default 32.
     pub report_batch: u32,

@@ -37,10 +37,12 @@
 //!   block of that size at its `free`: a program that freed one and did not take it back within
 //!   200 ms (numpy's large temporaries, a phase's buffers) would otherwise hold it for two
 //!   seconds where glibc holds nothing; a loop on such a block takes it back within
-//!   milliseconds. So do all dirty blocks while the free dirty memory is piled up past
-//!   `pile_bound` (64 MiB, or a quarter of the memory in use if more), until it is back under
-//!   it: seed 001 reports once enough has piled up, and glibc trims its heap's top past its trim
-//!   threshold. Zeroed blocks keep the full delay: the zeroing worker made them for a demand.
+//!   milliseconds. All dirty blocks go after a twentieth of it while the free dirty memory is
+//!   piled up past `pile_bound` (64 MiB, or a quarter of the memory in use if more), until it is
+//!   back under it: seed 001 reports once enough has piled up, and glibc trims its heap's top at
+//!   the free past its trim threshold (a tenth left malloc-large's pile in place in half of the
+//!   runs: docs/measurements.md). Zeroed blocks keep the full delay: the zeroing worker made
+//!   them for a demand.
 //! - WAIT, and the naps while the caches are asked to drain, last at most that tenth of the
 //!   delay (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
 //!   back sooner comes from frees during such a nap (a whole delay, before: a pile of 200 MiB
@@ -84,14 +86,14 @@ const BIG_ORDER: u8 = 13;
 /// with its dynamic thresholds, twice the largest mmap threshold).
 const PILE_MIN_PAGES: u64 = (64 << 20) >> PAGE_SHIFT;
 
-/// The free dirty pages beyond which dirty blocks go back after a tenth of the delay: 64 MiB, or
+/// The free dirty pages beyond which dirty blocks go back after a twentieth of the delay: 64 MiB, or
 /// a quarter of the pages in use if more (a program's own reuse scales with what it holds).
 fn pile_bound(in_use_pages: u64) -> u64 {
     PILE_MIN_PAGES.max(in_use_pages / 4)
 }
 
-/// How long a dirty block waits when it goes sooner (big, or the pile past its bound): a tenth
-/// of the delay, at least the hot time (`zero_delay`). Also the longest nap of the reporter
+/// How long a big dirty block waits: a tenth of the delay, at least the hot time (`zero_delay`)
+/// (a pile's blocks wait half of it: `report_one_batch`). Also the longest nap of the reporter
 /// while blocks wait for their delay or the caches for a drain: a free wakes only an idle
 /// reporter, so a big block freed during a nap of the whole delay, or a pile grown past its
 /// bound meanwhile, would otherwise wait for the whole delay too.
@@ -268,9 +270,10 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // again every few tens of ms would only be faulted back in, freeing nothing on average).
     let hot_ms = t.zero_delay_ms.min(t.report_delay_ms);
     let idle_ms = (t.report_delay_ms / 10).min(PRESSURE_IDLE_MS).max(hot_ms);
-    // A dirty block of BIG_ORDER or more, and dirty blocks while dirty memory is piled up past
-    // `pile_bound`, are due after a tenth of the delay (module doc).
+    // A dirty block of BIG_ORDER or more is due after a tenth of the delay, and dirty blocks
+    // while dirty memory is piled up past `pile_bound` after a twentieth (module doc).
     let big_ms = sooner_ms(&t);
+    let pile_ms = (t.report_delay_ms / 20).max(hot_ms);
     let in_use = (h.counters.in_use_pages as i64).max(0) as u64;
     let mut pile = resident.saturating_sub(zeroed).saturating_sub(pile_bound(in_use));
     let batch = t.report_batch as usize;
@@ -297,8 +300,11 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                     let age = now.saturating_sub(m.freed_at_ms);
                     let need = sq.pressure || excess > 0;
                     let min_age = if excess > 0 { hot_ms } else { idle_ms };
-                    let sooner = class == Class::Dirty && (order >= BIG_ORDER || pile > 0);
-                    let delay = if sooner { big_ms } else { t.report_delay_ms };
+                    let delay = match class {
+                        Class::Dirty if pile > 0 => pile_ms,
+                        Class::Dirty if order >= BIG_ORDER => big_ms,
+                        _ => t.report_delay_ms,
+                    };
                     let due = age >= delay;
                     if !due && (!need || age < min_age) {
                         let until = if need { min_age.min(delay) - age } else { delay - age };
