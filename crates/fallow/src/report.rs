@@ -43,8 +43,8 @@
 //!   the free past its trim threshold (a tenth left malloc-large's pile in place in half of the
 //!   runs: docs/measurements.md). Zeroed blocks keep the full delay: the zeroing worker made
 //!   them for a demand.
-//! - WAIT, and the naps while the caches are asked to drain, last at most that tenth of the
-//!   delay (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
+//! - WAIT, and the naps while the caches are asked to drain, last at most a tenth of the delay
+//!   (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
 //!   back sooner comes from frees during such a nap (a whole delay, before: a pile of 200 MiB
 //!   under malloc-large's churn stayed, and a 32 MiB block freed then waited the whole delay).
 //! - The lock is never held across a system call. While a block is isolated it is on no list
@@ -253,8 +253,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     // One still too young to merge: look again when it is old enough (idle, the reporter would
     // not look again before the next free, or its idle timeout).
     let mut merge_wait_ms = u32::MAX;
-    for ai in 0..h.arenas.len() {
-        if let Some(ms) = h.arenas[ai].merge_deferred_idle(left_since) {
+    for a in &mut h.arenas {
+        if let Some(ms) = a.merge_deferred_idle(left_since) {
             merge_wait_ms = merge_wait_ms.min(ms + 1);
         }
     }

@@ -525,17 +525,13 @@ impl Buddy {
         m.set_word(w.with(Tag::Alloc, (w.flags() & !(META_FREED_START | META_SLACK | META_SLACK_MIXED)) | flags, npages));
     }
 
-    /// Give back a live block, its pages now in `state` (`Dirty` as far as we know; `Reported`
-    /// when the caller moved its pages away), and its slack if it has one. Returns the slack's
-    /// pages.
-    pub fn release_live(&mut self, pfn: u32, npages: u32, state: PageState, now_ms: u32) -> u32 {
-        let slack = self.drop_slack(pfn, now_ms);
-        let m = self.meta(pfn);
-        let w = m.word();
-        m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
-        self.set_states(pfn, npages, state);
-        if !(state == PageState::Dirty && self.free_run_deferred(pfn, npages, now_ms)) {
-            self.free_range(pfn, npages, state, now_ms);
+    /// Give back a live block, its pages `Dirty` (as far as we know), and its slack if it has
+    /// one. Returns the slack's pages.
+    pub fn release_live(&mut self, pfn: u32, npages: u32, now_ms: u32) -> u32 {
+        let slack = self.unmark_live(pfn, now_ms);
+        self.set_states(pfn, npages, PageState::Dirty);
+        if !self.free_run_deferred(pfn, npages, now_ms) {
+            self.free_range(pfn, npages, PageState::Dirty, now_ms);
         }
         slack
     }
@@ -543,11 +539,18 @@ impl Buddy {
     /// `release_live` for a block whose pages the caller has set to their free states, which
     /// may differ (`free_by_runs`: a run of one state at a time; no deferred merge).
     pub fn release_live_as_set(&mut self, pfn: u32, npages: u32, now_ms: u32) -> u32 {
+        let slack = self.unmark_live(pfn, now_ms);
+        self.free_by_runs(pfn, npages, now_ms);
+        slack
+    }
+
+    /// The live block at `pfn` is live no more: its slack given back (its pages returned), its
+    /// record marked as a freed block's start.
+    fn unmark_live(&mut self, pfn: u32, now_ms: u32) -> u32 {
         let slack = self.drop_slack(pfn, now_ms);
         let m = self.meta(pfn);
         let w = m.word();
         m.set_word(w.with(Tag::None, META_FREED_START, w.npages()));
-        self.free_by_runs(pfn, npages, now_ms);
         slack
     }
 

@@ -78,7 +78,7 @@ impl Entries<'_> {
         // blocks of the other orders this cache holds go back to the lists before the refill
         // would fault memory in, where they may merge into what it needs.
         let lists_resident = |h: &Heap| {
-            (0..h.arenas.len()).any(|ai| order <= h.arena(ai).max_order && h.arena(ai).listed().resident_pages() >= n as u64)
+            h.arenas.iter().any(|a| order <= a.max_order && a.listed().resident_pages() >= n as u64)
         };
         if order >= GROUP_ORDER && self.pages.get() >= n as u64 && !lists_resident(&h) {
             self.drain_all_locked(&mut h, now);

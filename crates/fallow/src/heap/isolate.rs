@@ -27,12 +27,12 @@ pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
 impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported.
     pub(crate) fn has_unreported(&self, order: u8) -> bool {
-        (0..self.arenas.len()).any(|i| self.arena(i).has_free(&[Class::Dirty, Class::Zeroed], order))
+        self.arenas.iter().any(|a| a.has_free(&[Class::Dirty, Class::Zeroed], order))
     }
 
     /// Whether some listed block of order >= `order` has pages that need zeroing.
     pub(crate) fn has_dirty(&self, order: u8) -> bool {
-        (0..self.arenas.len()).any(|i| self.arena(i).has_free(&[Class::Dirty], order))
+        self.arenas.iter().any(|a| a.has_free(&[Class::Dirty], order))
     }
 
     /// Whether the zeroing worker's chunk, returned now, would merge into a free block of order
@@ -68,8 +68,8 @@ impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported, once each
     /// arena's deferred pair below `order` is merged (as `take` would merge it first).
     pub(crate) fn has_unreported_merged(&mut self, order: u8) -> bool {
-        for i in 0..self.arenas.len() {
-            self.arenas[i].merge_deferred_below(order);
+        for a in &mut self.arenas {
+            a.merge_deferred_below(order);
         }
         self.has_unreported(order)
     }
@@ -78,8 +78,8 @@ impl Heap {
     /// them the zeroed ones.
     pub(crate) fn resident_free_pages(&self) -> (u64, u64) {
         let (mut resident, mut zeroed) = (0u64, 0u64);
-        for i in 0..self.arenas.len() {
-            let l = self.arena(i).listed();
+        for a in &self.arenas {
+            let l = a.listed();
             resident += l.resident_pages();
             zeroed += l.counts.zeroed as u64;
         }
@@ -90,9 +90,9 @@ impl Heap {
     /// pages that were reported (or lazily freed). Live blocks count whole (touched or not),
     /// cached and isolated pages count as resident: an estimate from above, in O(arenas).
     pub(crate) fn owned_resident_pages(&self) -> u64 {
-        (0..self.arenas.len())
-            .map(|i| {
-                let a = self.arena(i);
+        self.arenas
+            .iter()
+            .map(|a| {
                 let l = a.listed();
                 a.npages as u64 - (l.counts.reported + l.counts.lazy) as u64
             })

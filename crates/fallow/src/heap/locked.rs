@@ -216,7 +216,7 @@ impl Shared {
             }
         }
         let a = &mut h.arenas[ai];
-        let slack = a.release_live(pfn, npages, PageState::Dirty, now);
+        let slack = a.release_live(pfn, npages, now);
         self.account_free(h, npages, slack);
         Ok((ai, npages))
     }
@@ -226,18 +226,10 @@ impl Shared {
     /// # Safety
     /// As `Allocator::free_reported`: every page of the block reads zero and is not resident.
     pub(crate) unsafe fn free_reported(self: &Arc<Self>, addr: usize) -> Result<(), Error> {
-        let now = self.now_ms();
-        let mut h = self.heap.lock();
-        let (ai, pfn, npages) = h.live_block(addr)?;
-        let a = &mut h.arenas[ai];
-        if a.meta(pfn).flags() & META_LOCKED != 0 {
-            drop(h);
-            return self.free_locked(addr, None);
-        }
-        let slack = a.release_live(pfn, npages, PageState::Reported, now);
-        h.counters.freed_reported_pages += npages as u64;
-        self.account_free(h, npages, slack);
-        Ok(())
+        self.free_marked(addr, |a, pfn, npages| {
+            a.set_states(pfn, npages, PageState::Reported);
+            Some(npages as u64)
+        })
     }
 
     /// Free the live block at `addr`, the pages of it set in `given` (bit i: page i) listed
@@ -248,25 +240,37 @@ impl Shared {
     /// Every page set in `given` lies in the block, reads zero and is not resident
     /// (`MADV_DONTNEED` on private anonymous memory, not written since).
     pub(crate) unsafe fn free_given_back(self: &Arc<Self>, addr: usize, given: u64) -> Result<(), Error> {
+        self.free_marked(addr, |a, pfn, npages| {
+            if npages < 64 && given >> npages != 0 {
+                return None;
+            }
+            a.set_states(pfn, npages, PageState::Dirty);
+            let mut bits = given;
+            while bits != 0 {
+                let first = bits.trailing_zeros();
+                let run = (bits >> first).trailing_ones();
+                a.set_states(pfn + first, run, PageState::Reported);
+                bits &= !((u64::MAX >> (64 - run)) << first);
+            }
+            Some(given.count_ones() as u64)
+        })
+    }
+
+    /// Free the live block at `addr` with the free states `mark` gives its pages (it returns how
+    /// many it listed `Reported`, or `None` to free the block as `free_locked` does, changing
+    /// nothing); a locked block always goes through `free_locked` (its munlock).
+    fn free_marked(self: &Arc<Self>, addr: usize, mark: impl FnOnce(&Buddy, u32, u32) -> Option<u64>) -> Result<(), Error> {
         let now = self.now_ms();
         let mut h = self.heap.lock();
         let (ai, pfn, npages) = h.live_block(addr)?;
         let a = &mut h.arenas[ai];
-        let beyond = if npages >= 64 { 0 } else { given >> npages };
-        if a.meta(pfn).flags() & META_LOCKED != 0 || beyond != 0 {
+        let reported = if a.meta(pfn).flags() & META_LOCKED != 0 { None } else { mark(a, pfn, npages) };
+        let Some(reported) = reported else {
             drop(h);
             return self.free_locked(addr, None);
-        }
-        a.set_states(pfn, npages, PageState::Dirty);
-        let mut bits = given;
-        while bits != 0 {
-            let first = bits.trailing_zeros();
-            let run = (bits >> first).trailing_ones();
-            a.set_states(pfn + first, run, PageState::Reported);
-            bits &= !((u64::MAX >> (64 - run)) << first);
-        }
+        };
         let slack = a.release_live_as_set(pfn, npages, now);
-        h.counters.freed_reported_pages += given.count_ones() as u64;
+        h.counters.freed_reported_pages += reported;
         self.account_free(h, npages, slack);
         Ok(())
     }

@@ -387,7 +387,7 @@ impl Heap {
     }
 
     pub(crate) fn arena_index(&self, addr: usize) -> Option<usize> {
-        (0..self.arenas.len()).find(|&i| self.arenas[i].contains(addr))
+        self.arenas.iter().position(|a| a.contains(addr))
     }
 
     /// Find the live block that starts at `addr`, or say precisely why there is none.
