@@ -2,7 +2,8 @@
 //! pages no live object touches back to the kernel (read with `mincore` and the statistics),
 //! keeps the live objects' contents, hands the objects of given-back pages out again reading
 //! zero, trims every span at `drain_thread_cache` and spans other threads freed down at the
-//! owner's sweep, does not trim a span again until it has been full again, and lists the
+//! owner's sweep, does not trim a span again until it has been full again, waits at the mark
+//! before a span's first trim when the allocator has a report delay, and lists the
 //! given-back pages of a span that empties `Reported` in the page layer; a random test with
 //! trimming on accounts for every object.
 
@@ -18,8 +19,10 @@ const PAGE: usize = 4096;
 const SIZE: usize = 1024;
 const PER_SPAN: usize = SPAN / SIZE;
 
+/// No report delay: a span at its mark is trimmed at once (it waits a two-hundredth of the delay).
 fn cfg() -> Config {
-    Config { arena_size: 256 << 20, max_order: 12, tunables: Tunables::off(), small_objects: true, ..Config::default() }
+    let tunables = Tunables { report_delay_ms: 0, ..Tunables::off() };
+    Config { arena_size: 256 << 20, max_order: 12, tunables, small_objects: true, ..Config::default() }
 }
 
 
@@ -86,6 +89,34 @@ fn a_spans_free_pages_go_back_when_its_objects_are_freed_down_to_the_mark() {
     a.check_invariants().unwrap();
     let s = a.stats();
     assert_eq!((s.small_spans, s.small_trimmed_pages, s.bytes_in_use), (0, 0, 0), "{s}");
+}
+
+/// With a report delay, a span at its mark waits a two-hundredth of it before its first trim (a
+/// program that empties or refills its spans within that pays no `madvise` and no page fault);
+/// the owner's first free into it after the wait trims it.
+#[test]
+fn a_span_at_its_mark_waits_before_its_first_trim() {
+    // A wait of 100 ms: the frees below take far less.
+    let tunables = Tunables { report_delay_ms: 20_000, ..Tunables::off() };
+    let a = Allocator::new(Config { tunables, ..cfg() }).unwrap();
+    let objs = one_full_span(&a);
+    let base = objs[0] & !(SPAN - 1);
+    // Pages 0 and 1 live (8 objects, below the mark of 16), the rest freed: due, not yet trimmed.
+    let mut gone: Vec<usize> = objs.iter().copied().filter(|&o| o - base >= 2 * PAGE).collect();
+    Rng(5).shuffle(&mut gone);
+    for &o in &gone {
+        a.free_any(o as *mut u8).unwrap();
+    }
+    assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "trimmed before its wait");
+    assert_eq!(a.stats().small_trims, 0);
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    a.free_any(objs[4] as *mut u8).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(resident_pages(base, SPAN).unwrap(), 2, "not trimmed after its wait");
+    assert_eq!(a.stats().small_trimmed_pages, (SPAN / PAGE - 2) as u64);
+    for (i, &o) in objs.iter().enumerate().take(8) {
+        assert!(i == 4 || holds(o, SIZE, i as u8 + 1), "object {i}");
+    }
 }
 
 /// A trimmed span that empties goes back to the page layer with its given-back pages listed

@@ -136,6 +136,8 @@ impl ThreadHeap {
         let old = self.head[c].get();
         let me = s as *const Span as *mut Span;
         s.prev.set(ptr::null_mut());
+        // Allocated from again: a wait for its trim starts over (trim.rs, "Wait").
+        s.due_since.set(0);
         if Span::is_empty_span(old) {
             s.next.set(ptr::null_mut());
             self.tail[c].set(me);

@@ -384,7 +384,7 @@ impl Slab {
             e.next.set(ptr::null_mut());
             self.count_span(e, false);
             self.give_back(e as *const Span as *mut Span);
-        } else if s.trim_due() {
+        } else if s.trim_due() && self.trim_waited(s) {
             self.trim(h, s);
         }
     }

@@ -135,6 +135,11 @@ pub(crate) struct Span {
     /// owner's: no live object and no list link is on them, every object touching one is free
     /// and on no list. On this line, which the owner's hot paths never touch.
     pub(crate) given: Cell<u64>,
+    /// When the armed span was first seen at its mark (`Shared::now_ms` plus 1; 0: not
+    /// since it was armed or became its class's current span; `trim::AT_ONCE`: trimmed since it
+    /// was armed, so that the next trim of its cascade does not wait). The owner's; on this
+    /// line, which its hot paths never touch.
+    pub(crate) due_since: Cell<u32>,
 }
 
 // The three lines (above): each group starts a line of its own.
@@ -184,6 +189,7 @@ impl Span {
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
             given: Cell::new(0),
+            due_since: Cell::new(0),
         }
     }
 
@@ -215,6 +221,7 @@ impl Span {
         self.mark.set(0);
         self.low.store(0, Relaxed);
         self.given.set(0);
+        self.due_since.set(0);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());
