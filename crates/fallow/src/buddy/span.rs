@@ -18,8 +18,12 @@
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, one per possible
-//! order for the block before it), and a seed inside a run already measured is skipped. The request is placed at one end of the
-//! run when that covers the seed (the rest of the run stays whole), else at the seed. A seed
+//! order for the block before it), and a seed inside a run already measured is skipped (the runs
+//! measured are kept by start: a binary search). The request goes at the run's start or its end
+//! (the rest of the run stays whole), or else covering the seed, whichever takes the fewest
+//! pages that are not resident (at an end when the run is all resident: placed at its seed, a
+//! request in the middle of a run left two holes where one would do). A search ends early only at a
+//! run the request fills exactly. A seed
 //! larger than the request whose pages are in several states (merged from resident and reported
 //! parts: the class of a block is `Dirty` as soon as one page is) is first narrowed, by its half
 //! records, to its part of the request's order with the most resident pages, so that covering
@@ -32,17 +36,25 @@
 //! that does not start on its order's boundary frees as any run does (`free_range`), merging
 //! with its neighbours.
 //!
+//! When no run holds the request, memory is faulted in: a request below 32 MiB goes
+//! right after the arena's used part (`take_top`, as glibc's top chunk grows); an aligned block
+//! of reported memory instead left a gap of never-used pages before each such block, which later
+//! runs around it faulted in. Big requests (`BIG_ORDER`, 32 MiB) stay aligned to their order
+//! (freed, they merge back whole along the tree, which the reporter's rule for big blocks relies
+//! on), and so does every request with huge-page units.
+//!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
 //! side (one record read a step forward, one per possible order backward), and at most
 //! `SEEDS_WALKED` seeds looked at.
 
-use super::{suits, Buddy, Taken};
+use super::{suits, Buddy, Taken, BIG_ORDER};
 use crate::page::{Class, StateCounts, NIL};
 
-/// Runs measured per take.
-const SEED_LIMIT: u32 = 16;
-/// Seeds looked at per take (a seed inside a run already measured costs one record read).
-const SEEDS_WALKED: u32 = 64;
+/// Runs measured per take (each a record read or a few at every block it is extended by).
+const SEED_LIMIT: u32 = 64;
+/// Seeds looked at per take (a seed inside a run already measured costs a binary search of
+/// the runs measured and one record read).
+const SEEDS_WALKED: u32 = 256;
 /// Free blocks a run is extended by on each side of its seed.
 const EXTEND_LIMIT: u32 = 40;
 
@@ -50,16 +62,19 @@ impl Buddy {
     /// Take `npages` pages starting at a multiple of `align` pages (a power of two) from the
     /// best-fitting run of adjacent free blocks that holds them and a listed block of one of
     /// `classes` of order at least `order - 2` (`order`: the one `npages` rounds up to), placed
-    /// to cover that block (its best part, `best_part`) where it can: fewest pages not resident,
-    /// then the shortest run (its used part), then the lowest place. `None` when no such run exists (see the top).
+    /// at one of its ends or to cover that block (its best part, `best_part`): fewest pages not
+    /// resident, then the shortest run (its used part), then the lowest place. `None` when no
+    /// such run exists (see the top).
     pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class], zero: bool) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
         // (non-resident pages taken, run length, start of the request)
         let mut best: Option<(u32, u32, u32)> = None;
-        // The runs already measured: a seed inside one of them gives the same run.
-        let mut seen = [(0u32, 0u32); SEED_LIMIT as usize];
-        let (mut looked, mut walked) = (0, 0);
+        // The runs already measured, by start (a seed inside one of them gives the same run),
+        // each with the fewest non-resident pages a placement in it took (`u32::MAX`: none fits):
+        // a seed inside a run where a placement took none has nothing better to offer.
+        let mut seen = [(0u32, 0u32, 0u32); SEED_LIMIT as usize];
+        let (mut looked, mut walked) = (0usize, 0);
         'seeds: for &class in classes {
             let mut orders = self.nonempty[class as usize] & (!0u64 << lo);
             while orders != 0 {
@@ -67,48 +82,85 @@ impl Buddy {
                 orders &= orders - 1;
                 let mut seed = self.heads[class as usize][o as usize];
                 while seed != NIL {
-                    if looked == SEED_LIMIT || walked == SEEDS_WALKED {
+                    if looked == SEED_LIMIT as usize || walked == SEEDS_WALKED {
                         break 'seeds;
                     }
                     walked += 1;
-                    let known = seen[..looked as usize].iter().find(|&&(s, e)| s <= seed && seed < e).copied();
-                    let (start, end) = known.unwrap_or_else(|| self.free_run_around(seed, o));
-                    if known.is_none() {
-                        seen[looked as usize] = (start, end);
-                        looked += 1;
+                    let next = self.meta(seed).next();
+                    let i = seen[..looked].partition_point(|&(s, _, _)| s <= seed);
+                    let known = i.checked_sub(1).map(|k| seen[k]).filter(|&(_, e, _)| seed < e);
+                    let (start, end) = match known {
+                        Some((_, _, 0 | u32::MAX)) => {
+                            seed = next;
+                            continue;
+                        }
+                        Some((s, e, _)) => (s, e),
+                        None => {
+                            let (s, e) = self.free_run_around(seed, o);
+                            seen.copy_within(i..looked, i + 1);
+                            seen[i] = (s, e, u32::MAX);
+                            looked += 1;
+                            (s, e)
+                        }
+                    };
+                    let len = end.min(self.used_end).saturating_sub(start);
+                    // Non-resident pages taken first (reported or never used: each costs a
+                    // fault, the kernel's zeroing, and resident memory while resident free
+                    // pages idle), then the shortest run, counting its pages below `used_end`
+                    // only (the never-used rest of the arena is no fit, as glibc's top chunk
+                    // is not), then the lowest place. A run no better than the best even with
+                    // every page resident is not counted.
+                    if end - start < npages || best.is_some_and(|b| (0, len) >= (b.0, b.1)) {
+                        seed = next;
+                        continue;
                     }
                     // A seed larger than the request that mixes states (a block merged from
                     // resident and reported parts) is narrowed to its best part of the
                     // request's order: covering the seed then means covering resident pages.
                     let (part, part_len) = self.best_part(seed, o, order, zero);
-                    // Non-resident pages taken first (reported or never used: each costs a
-                    // fault, the kernel's zeroing, and resident memory while resident free
-                    // pages idle), then the shortest run, counting its pages below `used_end`
-                    // only (the never-used rest of the arena is no fit, as glibc's top chunk
-                    // is not), then the lowest place (every seed of a run places the request
-                    // its own way).
-                    // A placement no better than the best even with every page resident (another
-                    // seed of a run already measured, mostly) is not counted.
-                    let placed = place(start, end, part, part_len, npages, align)
-                        .map(|at| (at, end.min(self.used_end).saturating_sub(start)))
-                        .filter(|&(at, len)| best.is_none_or(|b| (0, len, at) < b));
-                    if let Some((at, len)) = placed {
+                    let mut placed: Option<(u32, u32)> = None;
+                    for at in placements(start, end, part, part_len, npages, align) {
                         let c = self.count_states(at, npages);
                         let absent = c.reported + c.lazy;
+                        if placed.is_none_or(|p| absent < p.0) {
+                            placed = Some((absent, at));
+                            if absent == 0 {
+                                break;
+                            }
+                        }
+                    }
+                    if let Some((absent, at)) = placed {
+                        let k = seen[..looked].partition_point(|&(s, _, _)| s < start);
+                        seen[k].2 = seen[k].2.min(absent);
                         if best.is_none_or(|b| (absent, len, at) < b) {
                             best = Some((absent, len, at));
-                            // A run that the request fills to within an eighth: good enough.
-                            if absent == 0 && len.saturating_sub(npages) <= npages / 8 {
+                            // A run the request fills exactly: nothing fits better.
+                            if absent == 0 && len == npages {
                                 break 'seeds;
                             }
                         }
                     }
-                    seed = self.meta(seed).next();
+                    seed = next;
                 }
             }
         }
         let (_, _, at) = best?;
         let counts = self.take_range(at, at + npages)?;
+        Some(Taken { pfn: at, npages, counts })
+    }
+
+    /// The request at the start of the never-used rest of the arena (`used_end`), unaligned
+    /// but for `align`: the used part grows by the request, as glibc's top chunk.
+    pub fn take_top(&mut self, npages: u32, align: u32) -> Option<Taken> {
+        // With huge-page units, a unit a live block shares must hold no `Reported` page
+        // (units.rs), which the aligned takes of reported memory keep. A big request stays
+        // aligned to its order: freed, it merges back whole along the tree, which the
+        // reporter's rule for big dirty blocks relies on.
+        if self.huge_units || npages >= 1 << BIG_ORDER {
+            return None;
+        }
+        let at = self.used_end.next_multiple_of(align);
+        let counts = self.take_range(at, at.checked_add(npages)?)?;
         Some(Taken { pfn: at, npages, counts })
     }
 
@@ -235,47 +287,38 @@ impl Buddy {
     }
 }
 
-/// Where a request of `n` pages aligned to `align` goes in the free run `[start, end)` around the
-/// seed block `[seed, seed + seed_len)`: at the run's start, or at its end, if that covers the
-/// seed (the rest of the run stays in one piece), else from the seed on or ending at the seed's
-/// end. `None` if it does not fit.
-fn place(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> Option<u32> {
-    if end - start < n {
-        return None;
-    }
-    let up = |p: u32| p.next_multiple_of(align);
+/// The places a request of `n` pages aligned to `align` may go in the free run `[start, end)`
+/// around the seed `[seed, seed + seed_len)`, best first: the run's start and its end (the rest
+/// of the run stays in one piece), then covering the seed from its start or to its end.
+fn placements(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> impl Iterator<Item = u32> {
+    let fits = move |at: u32| end - start >= n && at >= start && at + n <= end && at % align == 0;
     let seed_end = seed + seed_len;
-    let candidates = [start, (end - n) & !(align - 1), seed, seed_end.saturating_sub(n)];
-    let fits = |at: u32| at >= start && at + n <= end;
-    let covers = |at: u32| at <= seed && at + n >= seed_end.min(seed + n);
-    candidates
-        .into_iter()
-        .map(|c| if c == start { up(c) } else { c })
-        .filter(|&at| at % align == 0 && fits(at))
-        .find(|&at| covers(at))
-        .or_else(|| Some(up(start)).filter(|&at| fits(at)))
+    let cands = [start.next_multiple_of(align), end.saturating_sub(n) & !(align - 1), seed & !(align - 1), seed_end.saturating_sub(n) & !(align - 1)];
+    cands.into_iter().filter(move |&at| fits(at))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::place;
+    use super::placements;
 
-    #[test]
-    fn a_request_goes_to_an_end_of_its_run_when_that_covers_the_seed() {
-        // Run [0, 100), seed [0, 16): the start covers it.
-        assert_eq!(place(0, 100, 0, 16, 40, 1), Some(0));
-        // Seed at the run's end: the request ends there.
-        assert_eq!(place(0, 100, 84, 16, 40, 1), Some(60));
-        // Seed in the middle, request shorter than the way to either end: starts at the seed.
-        assert_eq!(place(0, 100, 48, 16, 20, 1), Some(48));
-        // Too long for the run.
-        assert_eq!(place(10, 30, 16, 8, 21, 1), None);
-        // Exactly the run.
-        assert_eq!(place(10, 30, 16, 8, 20, 1), Some(10));
+    fn all(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> Vec<u32> {
+        placements(start, end, seed, seed_len, n, align).collect()
     }
 
     #[test]
-    fn a_placed_request_is_aligned_and_inside_its_run() {
+    fn a_request_goes_to_an_end_of_its_run_first_then_to_its_seed() {
+        // Run [0, 100), seed in the middle: the start, the end, then from the seed and to its end.
+        assert_eq!(all(0, 100, 48, 16, 20, 1), vec![0, 80, 48, 44]);
+        // Aligned to 8: the end rounds down, the seed's places too.
+        assert_eq!(all(3, 100, 50, 16, 20, 8), vec![8, 80, 48, 40]);
+        // Too long for the run.
+        assert_eq!(all(10, 30, 16, 8, 21, 1), Vec::<u32>::new());
+        // Exactly the run: every place is its start.
+        assert!(all(10, 30, 16, 8, 20, 1).iter().all(|&at| at == 10));
+    }
+
+    #[test]
+    fn every_place_is_aligned_and_inside_its_run() {
         for start in 0..4u32 {
             for len in 1..24u32 {
                 let end = start + len;
@@ -283,11 +326,10 @@ mod tests {
                     for seed_len in 1..=(end - seed) {
                         for n in 1..=len {
                             for align in [1u32, 2, 4, 8] {
-                                if let Some(at) = place(start, end, seed, seed_len, n, align) {
-                                    assert!(at >= start && at + n <= end && at % align == 0, "{start} {end} {seed} {seed_len} {n} {align}: {at}");
-                                } else {
-                                    assert!(align > 1 || len < n);
-                                }
+                                let at = all(start, end, seed, seed_len, n, align);
+                                assert!(at.iter().all(|&a| a >= start && a + n <= end && a % align == 0), "{start} {end} {seed} {seed_len} {n} {align}: {at:?}");
+                                // Unaligned, a run that holds the request has a place for it.
+                                assert!(align > 1 || len < n || !at.is_empty());
                             }
                         }
                     }

@@ -343,6 +343,11 @@ impl Heap {
                     a.take_best_run(npages, size_order, align, resident, zero)
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 }
+                // Memory to fault in: the never-used rest of the arena first, right after its
+                // used part (as glibc's top chunk: aligned blocks of reported memory left a
+                // gap of reported pages beside each, which later runs faulted in), then any
+                // aligned reported block.
+                .or_else(|| if fault_in { a.take_top(npages, align) } else { None })
                 .or_else(|| if fault_in { a.take_preferring_hot(npages, order, reported, zero, None) } else { None })
             } else {
                 a.take_run(npages)
