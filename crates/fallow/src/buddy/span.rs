@@ -291,7 +291,7 @@ impl Buddy {
 /// around the seed `[seed, seed + seed_len)`, best first: the run's start and its end (the rest
 /// of the run stays in one piece), then covering the seed from its start or to its end.
 fn placements(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> impl Iterator<Item = u32> {
-    let fits = move |at: u32| end - start >= n && at >= start && at + n <= end && at % align == 0;
+    let fits = move |at: u32| end - start >= n && at >= start && at + n <= end && at.is_multiple_of(align);
     let seed_end = seed + seed_len;
     let cands = [start.next_multiple_of(align), end.saturating_sub(n) & !(align - 1), seed & !(align - 1), seed_end.saturating_sub(n) & !(align - 1)];
     cands.into_iter().filter(move |&at| fits(at))
