@@ -64,7 +64,6 @@
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::buddy::BIG_ORDER;
 use crate::config::ReportMode;
 use crate::heap::Shared;
 use crate::limit::{Watch, PERIOD_NS};
@@ -78,6 +77,10 @@ const BUDGET_PAUSE_NS: u64 = 2_000_000;
 /// Under memory pressure a block goes back early once free this long (or a tenth of the delay,
 /// if less).
 const PRESSURE_IDLE_MS: u32 = 200;
+/// Dirty free blocks of this order (32 MiB) or more go back after a tenth of `report_delay`:
+/// glibc returns every block of that size at its `free` (its largest mmap threshold), and a
+/// program that has not taken such a block back within that time is not in a loop on it.
+const BIG_ORDER: u8 = 13;
 /// Free dirty memory a process keeps for its reuse before the reporter hurries (`pile_bound`):
 /// 64 MiB, the most glibc leaves at the top of a heap before trimming it (`M_TRIM_THRESHOLD`
 /// with its dynamic thresholds, twice the largest mmap threshold).

@@ -60,7 +60,7 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
 /// glibc's top chunk grows), not to the next aligned block of its order: that left a gap of
 /// never-used pages before each such block, which the runs of later frees around it then
 /// faulted in (a program replacing 800 blocks of 256 KiB-1 MiB at random held 27% more than
-/// glibc). Big blocks (32 MiB or more) stay aligned to their order.
+/// glibc). Blocks of the workers' orders (2 MiB and more by default) stay aligned to their order.
 #[test]
 fn a_request_no_resident_run_holds_goes_right_after_the_used_part() {
     let a = allocator();
@@ -78,16 +78,15 @@ fn a_request_no_resident_run_holds_goes_right_after_the_used_part() {
         a.check_invariants().unwrap();
     }
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
-    // 32 MiB or more: aligned to its order (64 MiB here), past the used part.
-    let c = Config { arena_size: 256 << 20, max_order: 14, thp: false, tunables: Tunables::off(), cache: false, ..Config::default() };
-    let a = Allocator::new(c).unwrap();
+    // 2 MiB or more: aligned to its order (4 MiB here), past the used part.
+    let a = allocator();
     let first = take_written(&a, 16 * PAGE, false, 1);
-    let big = a.alloc(9000 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(big as usize - first as usize, 16384 * PAGE, "a big block not aligned to its order");
+    let big = a.alloc(600 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(big as usize - first as usize, 1024 * PAGE, "a big block not aligned to its order");
     a.check_invariants().unwrap();
     a.free(big).unwrap();
     a.free(first).unwrap();
-    assert!(merged_to_top(&a.stats(), 14), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
 #[test]

@@ -31,13 +31,6 @@ mod deferred;
 mod span;
 mod units;
 
-/// Blocks of this order (32 MiB) or more are big: glibc returns every block of that size at its
-/// `free` (its largest mmap threshold). The reporter sends a dirty free one back after a tenth
-/// of `report_delay` (a program that has not taken it back by then is not in a loop on it), and
-/// a request of that size faulted in takes a block aligned to its order, so that freed it
-/// merges back whole (`Buddy::take_top` places smaller ones right after the used part).
-pub(crate) const BIG_ORDER: u8 = 13;
-
 /// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
 /// records, state bytes); what it adds is the lists, which only this file changes: their heads
 /// and tails per class and order, which lists are not empty, and what they hold. A list is doubly
