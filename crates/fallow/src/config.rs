@@ -80,7 +80,8 @@ pub struct Config {
     /// off until the small-object benchmarks hold (docs/design.md, "Small objects").
     pub small_objects: bool,
     /// With small objects on, the owner of a span whose live objects fall to a quarter of its
-    /// capacity gives the span's pages that hold no live object back to the kernel (slab/trim.rs;
+    /// capacity (and stay there a two-hundredth of `report_delay_ms`) gives the span's pages that
+    /// hold no live object back to the kernel (slab/trim.rs;
     /// docs/design.md, "Small objects", "Trimming live spans"); only on the private anonymous
     /// backing without `thp`. Default on.
     pub small_trim: bool,
