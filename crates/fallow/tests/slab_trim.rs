@@ -96,8 +96,9 @@ fn a_spans_free_pages_go_back_when_its_objects_are_freed_down_to_the_mark() {
 /// the owner's first free into it after the wait trims it.
 #[test]
 fn a_span_at_its_mark_waits_before_its_first_trim() {
-    // A wait of 100 ms: the frees below take far less.
-    let tunables = Tunables { report_delay_ms: 20_000, ..Tunables::off() };
+    // A wait of a second: the few frees below take microseconds (a liveness margin, not a
+    // timing asserted).
+    let tunables = Tunables { report_delay_ms: 200_000, ..Tunables::off() };
     let a = Allocator::new(Config { tunables, ..cfg() }).unwrap();
     let objs = one_full_span(&a);
     let base = objs[0] & !(SPAN - 1);
@@ -109,7 +110,7 @@ fn a_span_at_its_mark_waits_before_its_first_trim() {
     }
     assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "trimmed before its wait");
     assert_eq!(a.stats().small_trims, 0);
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
     a.free_any(objs[4] as *mut u8).unwrap();
     a.check_invariants().unwrap();
     assert_eq!(resident_pages(base, SPAN).unwrap(), 2, "not trimmed after its wait");

@@ -90,18 +90,19 @@ impl Buddy {
                     let next = self.meta(seed).next();
                     let i = seen[..looked].partition_point(|&(s, _, _)| s <= seed);
                     let known = i.checked_sub(1).map(|k| seen[k]).filter(|&(_, e, _)| seed < e);
-                    let (start, end) = match known {
+                    // `k`: the run's entry in `seen`.
+                    let (k, start, end) = match known {
                         Some((_, _, 0 | u32::MAX)) => {
                             seed = next;
                             continue;
                         }
-                        Some((s, e, _)) => (s, e),
+                        Some((s, e, _)) => (i - 1, s, e),
                         None => {
                             let (s, e) = self.free_run_around(seed, o);
                             seen.copy_within(i..looked, i + 1);
                             seen[i] = (s, e, u32::MAX);
                             looked += 1;
-                            (s, e)
+                            (i, s, e)
                         }
                     };
                     let len = end.min(self.used_end).saturating_sub(start);
@@ -131,7 +132,6 @@ impl Buddy {
                         }
                     }
                     if let Some((absent, at)) = placed {
-                        let k = seen[..looked].partition_point(|&(s, _, _)| s < start);
                         seen[k].2 = seen[k].2.min(absent);
                         if best.is_none_or(|b| (absent, len, at) < b) {
                             best = Some((absent, len, at));

@@ -428,4 +428,3 @@ pub(super) fn add_to_stats(c: &Central, s: &mut Stats) {
     s.small_trims = trims;
     s.small_trimmed_pages_total = total;
 }
-
