@@ -169,6 +169,21 @@ pub enum MemoryLimit {
 /// Smallest `MemoryLimit::Bytes`: one page.
 pub const MIN_MEMORY_LIMIT: u64 = 4096;
 
+/// The smallest free block the workers take below their orders (`zero_order`, `report_order`),
+/// as an order (16 pages, 64 KiB). A block placed right after an arena's used part
+/// (`Buddy::take_top`) starts and ends anywhere, so freed between live neighbours it leaves
+/// aligned pieces of every order at its ends; these pieces are zeroed and reported as other
+/// free blocks are, after the blocks of the workers' orders and only once free for the whole
+/// delay (none of the reporter's early rules). Smaller pieces stay until they merge.
+pub(crate) const PIECE_ORDER: u8 = 4;
+
+/// Dirty free blocks of this order (32 MiB) or more go back after a tenth of `report_delay`
+/// (report.rs: glibc returns every block of that size at its `free`, its largest mmap
+/// threshold, and a program that has not taken such a block back within that time is not in
+/// a loop on it), and requests of this size or more keep blocks aligned to their order, so
+/// that freed they merge back whole (`Buddy::take_top`).
+pub(crate) const BIG_ORDER: u8 = 13;
+
 /// Settings of the two background workers (`report.rs`, `zero.rs`). Linux's
 /// `mm/page_reporting.c` choices are the defaults for reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,6 +254,23 @@ impl Tunables {
     /// Both workers off (nothing runs in the background).
     pub fn off() -> Tunables {
         Tunables { report: false, zeroing: false, ..Tunables::default() }
+    }
+
+    /// The smallest order the reporter takes in an arena: `report_order`, or below it down to
+    /// `PIECE_ORDER` for the pieces, but in arenas of huge-page units (a report of less than a
+    /// unit would split a huge page).
+    pub(crate) fn report_lowest(&self, huge_units: bool) -> u8 {
+        if huge_units {
+            self.report_order
+        } else {
+            self.report_order.min(PIECE_ORDER)
+        }
+    }
+
+    /// The smallest order the zeroing worker takes: `zero_order`, or below it down to
+    /// `PIECE_ORDER` for the pieces.
+    pub(crate) fn zero_lowest(&self) -> u8 {
+        self.zero_order.min(PIECE_ORDER)
     }
 
     /// The report mode in effect for this backing.

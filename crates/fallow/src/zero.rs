@@ -207,7 +207,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     // resident: the reporter is giving free memory back (limit.rs).
     let target = if s.squeezed.load(Ordering::Relaxed) { 0 } else { wanted.max(populated_target) };
     let (_, zeroed) = h.resident_free_pages();
-    let dirty_left = h.has_dirty(t.zero_order);
+    let dirty_left = h.has_dirty(t.zero_lowest());
     if zeroed >= target {
         // Nap (a free does not wake a napping worker) rather than go idle while dirty blocks
         // remain: idle, every free in a program's hot loop would wake it again.
@@ -224,7 +224,10 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
     let mut wait_ms = u32::MAX;
     'find: for ai in 0..h.arenas.len() {
         let a = h.arena(ai);
-        for order in t.zero_order..=a.max_order {
+        let report_lowest = t.report_lowest(a.huge_units);
+        // The blocks of `zero_order` and up first, then the pieces below it (config::PIECE_ORDER).
+        let pieces = (t.zero_lowest()..t.zero_order.min(a.max_order + 1)).rev();
+        for order in (t.zero_order..=a.max_order).chain(pieces) {
             let mut walk = a.oldest_first(Class::Dirty, order);
             let mut scanned = 0;
             while let Some((p, m)) = walk.next(a).filter(|_| scanned < SCAN_LIMIT) {
@@ -232,7 +235,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
                 let age = now_ms.saturating_sub(m.freed_at_ms);
                 if age < t.zero_delay_ms {
                     wait_ms = wait_ms.min(t.zero_delay_ms - age);
-                } else if !t.report || order < t.report_order || age < t.report_delay_ms || for_population {
+                } else if !t.report || order < report_lowest || age < t.report_delay_ms || for_population {
                     found = Some((ai, p, order));
                     break 'find;
                 }

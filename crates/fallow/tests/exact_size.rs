@@ -60,7 +60,7 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
 /// glibc's top chunk grows), not to the next aligned block of its order: that left a gap of
 /// never-used pages before each such block, which the runs of later frees around it then
 /// faulted in (a program replacing 800 blocks of 256 KiB-1 MiB at random held 27% more than
-/// glibc). Blocks of the workers' orders (2 MiB and more by default) stay aligned to their order.
+/// glibc). Blocks of 32 MiB and more (`BIG_ORDER`) stay aligned to their order.
 #[test]
 fn a_request_no_resident_run_holds_goes_right_after_the_used_part() {
     let a = allocator();
@@ -78,15 +78,20 @@ fn a_request_no_resident_run_holds_goes_right_after_the_used_part() {
         a.check_invariants().unwrap();
     }
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
-    // 2 MiB or more: aligned to its order (4 MiB here), past the used part.
-    let a = allocator();
+    // Below 32 MiB, a block of the workers' orders too (600 pages, order 10) goes right after
+    // the used part; 32 MiB or more: aligned to its order (64 MiB here), past the used part.
+    let c = Config { arena_size: 256 << 20, max_order: 15, thp: false, tunables: Tunables::off(), cache: false, ..Config::default() };
+    let a = Allocator::new(c).unwrap();
     let first = take_written(&a, 16 * PAGE, false, 1);
-    let big = a.alloc(600 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(big as usize - first as usize, 1024 * PAGE, "a big block not aligned to its order");
+    let mid = a.alloc(600 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(mid as usize - first as usize, 16 * PAGE, "a block below 32 MiB not right after the used part");
+    let big = a.alloc(10_000 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(big as usize - first as usize, 16_384 * PAGE, "a big block not aligned to its order");
     a.check_invariants().unwrap();
-    a.free(big).unwrap();
-    a.free(first).unwrap();
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    for q in [big, mid, first] {
+        a.free(q).unwrap();
+    }
+    assert!(merged_to_top(&a.stats(), 15), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
 #[test]

@@ -36,13 +36,14 @@
 //! that does not start on its order's boundary frees as any run does (`free_range`), merging
 //! with its neighbours.
 //!
-//! When no run holds the request, memory is faulted in: a request smaller than the blocks the
-//! workers zero and report (`zero_order`, `report_order`: 2 MiB by default) goes right after the
-//! arena's used part (`take_top`, as glibc's top chunk grows); an aligned block of reported
-//! memory instead left a gap of never-used pages before each such block, which later runs around
-//! it faulted in. Larger requests stay aligned to their order, so that freed they merge back
-//! whole and the workers zero or report them whole (unaligned, the pieces at their ends below
-//! those orders stayed dirty), and so does every request with huge-page units.
+//! When no run holds the request, memory is faulted in: a request below 32 MiB (`BIG_ORDER`)
+//! goes right after the arena's used part (`take_top`, as glibc's top chunk grows); an aligned
+//! block of reported memory instead left a gap of never-used pages before each such block,
+//! which later runs around it faulted in. Freed between live neighbours, such a block leaves
+//! pieces below the workers' orders at its ends, which the workers take too
+//! (`config::PIECE_ORDER`). Larger requests stay aligned to their order, so that freed they
+//! merge back whole for the reporter's early rule for big blocks, and so does every request
+//! with huge-page units.
 //!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
 //! side (one record read a step forward, one per possible order backward), and at most
@@ -152,7 +153,8 @@ impl Buddy {
 
     /// The request at the start of the never-used rest of the arena (`used_end`), unaligned
     /// but for `align`: the used part grows by the request, as glibc's top chunk. Only below
-    /// `max_pages` (the blocks the workers zero and report, which must merge back whole).
+    /// `max_pages` (larger blocks keep their order's alignment, so that freed they merge back
+    /// whole for the reporter's early rule for big blocks).
     pub fn take_top(&mut self, npages: u32, align: u32, max_pages: u32) -> Option<Taken> {
         // With huge-page units, a unit a live block shares must hold no `Reported` page
         // (units.rs), which the aligned takes of reported memory keep.

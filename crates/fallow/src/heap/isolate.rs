@@ -30,6 +30,12 @@ impl Heap {
         self.arenas.iter().any(|a| a.has_free(&[Class::Dirty, Class::Zeroed], order))
     }
 
+    /// Whether some listed block the reporter takes (`Tunables::report_lowest` and up) has
+    /// pages not yet reported.
+    pub(crate) fn has_unreported_for(&self, t: &crate::config::Tunables) -> bool {
+        self.arenas.iter().any(|a| a.has_free(&[Class::Dirty, Class::Zeroed], t.report_lowest(a.huge_units)))
+    }
+
     /// Whether some listed block of order >= `order` has pages that need zeroing.
     pub(crate) fn has_dirty(&self, order: u8) -> bool {
         self.arenas.iter().any(|a| a.has_free(&[Class::Dirty], order))

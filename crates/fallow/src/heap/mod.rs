@@ -26,7 +26,7 @@ mod workers;
 use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 use crate::buddy::{resident_preference, Buddy, Taken};
-use crate::config::{Config, Tunables};
+use crate::config::{Config, Tunables, BIG_ORDER};
 use crate::error::Error;
 use crate::lock::{self, Locked};
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
@@ -322,7 +322,6 @@ impl Heap {
         // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
         // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
         let hot_since = (zero && npages <= self.hot_zero_max_pages).then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
-        let top_max = 1u32 << self.tunables.zero_order.min(self.tunables.report_order).min(31);
         for ai in 0..self.arenas.len() {
             let a = &mut self.arenas[ai];
             let got = if order <= a.max_order {
@@ -344,11 +343,11 @@ impl Heap {
                     a.take_best_run(npages, size_order, align, resident, zero)
                         .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
                 }
-                // Memory to fault in: a request below the blocks the workers zero and report
-                // goes right after the arena's used part (as glibc's top chunk: aligned blocks
-                // of reported memory left a gap of reported pages beside each, which later runs
-                // faulted in), then any aligned reported block.
-                .or_else(|| if fault_in { a.take_top(npages, align, top_max) } else { None })
+                // Memory to fault in: a request below `BIG_ORDER` goes right after the arena's
+                // used part (as glibc's top chunk: aligned blocks of reported memory left a gap
+                // of reported pages beside each, which later runs faulted in), then any aligned
+                // reported block.
+                .or_else(|| if fault_in { a.take_top(npages, align, 1 << BIG_ORDER) } else { None })
                 .or_else(|| if fault_in { a.take_preferring_hot(npages, order, reported, zero, None) } else { None })
             } else {
                 a.take_run(npages)

@@ -49,11 +49,11 @@ impl Shared {
             return;
         }
         let t = &h.tunables;
-        let wake_report = asleep(&s.reporter, report_word) && t.report && h.has_unreported(t.report_order);
+        let wake_report = asleep(&s.reporter, report_word) && t.report && h.has_unreported_for(t);
         // Before any `ZERO` request the zeroing worker has nothing to do (but the opt-in
         // populated reserve): waking it would only have it look and sleep again.
         let demand = s.zero_requested.load(Ordering::Relaxed) || t.populated_reserve > 0;
-        let wake_zero = asleep(&s.zeroer, zero_word) && t.zeroing && demand && h.has_dirty(t.zero_order);
+        let wake_zero = asleep(&s.zeroer, zero_word) && t.zeroing && demand && h.has_dirty(t.zero_lowest());
         drop(h);
         if wake_report {
             self.wake(&s.reporter);
