@@ -190,7 +190,9 @@ pub(crate) const BIG_ORDER: u8 = 13;
 pub struct Tunables {
     /// Report idle free memory to the kernel.
     pub report: bool,
-    /// Smallest block reported, as an order (default 9: 2 MiB). At least 9 with THP.
+    /// Smallest block reported by the delay's rules, as an order (default 9: 2 MiB). At least 9
+    /// with THP. Below it, free blocks down to 64 KiB (`PIECE_ORDER`: the pieces a block placed
+    /// unaligned leaves between live ones) go back after the whole delay, but with THP.
     pub report_order: u8,
     /// A block is reported only after it has been free this long (ms, default 2000); a dirty
     /// block of 32 MiB or more after a tenth of it, and every dirty block while free dirty memory
@@ -203,7 +205,8 @@ pub struct Tunables {
     pub report_mode: ReportMode,
     /// Zero dirty free memory in the background, when a CPU is idle.
     pub zeroing: bool,
-    /// Smallest dirty free block zeroed in the background, as an order (default 9: 2 MiB).
+    /// Smallest dirty free block the zeroing worker takes first, as an order (default 9: 2 MiB);
+    /// after those, the pieces below it down to 64 KiB (`PIECE_ORDER`).
     pub zero_order: u8,
     /// Bytes zeroed per step (a power of two, 4 KiB..=1 GiB, default 2 MiB).
     pub zero_chunk: usize,

@@ -5,11 +5,13 @@
 //! State machine of the reporter (`run`):
 //!
 //! ```text
-//!            free of a block >= report_order while IDLE (futex wake)
+//!            free of a block >= the lowest order while IDLE (futex wake)
 //!   IDLE ---------------------------------------------------------> SCAN
 //!    ^                                                               |
-//!    | nothing unreported >= report_order                            | under the lock: walk the
+//!    | nothing unreported >= the lowest order                        | under the lock: walk the
 //!    | (or only blocks the floors protect)                           | lists, report_order up,
+//!    |                                                               | then the pieces down to
+//!    |                                                               | PIECE_ORDER (the lowest),
 //!    +----------------------------- SCAN <-------------------+       | oldest first (tails)
 //!                                    |  \  only young blocks  |       |
 //!                                    |   +--> WAIT (nap until  |       |
@@ -32,7 +34,9 @@
 //! Invariants:
 //! - A block is reported only when it has been free for at least `report_delay` (`freed_at_ms`
 //!   is the age clock; a merge takes the younger age), a dirty block of 32 MiB or more
-//!   (`BIG_ORDER`) for a tenth of it, and only if its order is >= `report_order`: memory freed and
+//!   (`BIG_ORDER`) for a tenth of it, and only if its order is >= `report_order` (or, for the
+//!   pieces below it down to `PIECE_ORDER`, after the whole delay, never in huge-page-unit
+//!   arenas; scanned after the blocks of `report_order` and up): memory freed and
 //!   reused within the delay stays resident. Big blocks go sooner because glibc gives back every
 //!   block of that size at its `free`: a program that freed one and did not take it back within
 //!   200 ms (numpy's large temporaries, a phase's buffers) would otherwise hold it for two

@@ -6,7 +6,7 @@
 //! State machine of the zeroing worker (`run`):
 //!
 //! ```text
-//!   IDLE --free of a dirty block >= zero_order, once a ZERO request was made or with a
+//!   IDLE --free of a dirty block >= zero_order (or a piece >= PIECE_ORDER below it), once a ZERO request was made or with a
 //!         populated reserve; the first ZERO request; a large block freed into a cache
 //!         (futex wake)--> GATE
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
