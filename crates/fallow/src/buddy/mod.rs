@@ -365,13 +365,9 @@ impl Buddy {
 
     /// Take a block of exactly `npages` pages aligned to `2^order` (`npages <= 2^order`), looking
     /// in the classes in the given order and, within a class, from the smallest order up. The
-    /// unused rest of the block goes back on the lists at once.
-    pub fn take(&mut self, npages: u32, order: u8, prefs: [Class; 3]) -> Option<Taken> {
-        self.take_preferring_hot(npages, order, &prefs, prefs[0] == Class::Zeroed, None)
-    }
-
-    /// `take`, except that when `hot_since` is given (a `ZERO` request small enough to be served
-    /// better from the CPU cache: see `Heap::take`), the most recently freed dirty block that
+    /// unused rest of the block goes back on the lists at once. When `hot_since` is given (a
+    /// `ZERO` request small enough to be served better from the CPU cache: see `Heap::take`),
+    /// the most recently freed dirty block that
     /// fits is taken first if it was freed at or after `hot_since` (ms): a block the program has
     /// just freed is still in its CPU cache, and a memset there plus the program's own writes
     /// cost less than writing a zeroed block that the worker's non-temporal stores left in DRAM.
