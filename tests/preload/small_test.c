@@ -20,7 +20,7 @@
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
-#define SMALL_MAX (16 * KiB)
+#define SMALL_MAX (64 * KiB)
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s\n", __FILE__, __LINE__, #c); fprintf(stderr, "  " __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 /* glibc's own allocator, which the preload does not interpose: blocks fallow never saw. */

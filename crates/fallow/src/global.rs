@@ -377,7 +377,7 @@ mod tests {
     fn small_objects_on_serve_small_requests_and_realloc_within_a_class() {
         let config = Config { arena_size: 64 << 20, max_order: 10, small_objects: true, ..Config::default() };
         static A: std::sync::OnceLock<FallowAlloc> = std::sync::OnceLock::new();
-        let fa = A.get_or_init(|| FallowAlloc::with_config(64 << 10, config));
+        let fa = A.get_or_init(|| FallowAlloc::with_config(256 << 10, config));
         let l = |size| Layout::from_size_align(size, 8).unwrap();
         // SAFETY: every pointer passed back is one `fa` returned with that same layout, and the
         // reads and writes stay inside the objects.
@@ -395,9 +395,9 @@ mod tests {
             let z = fa.alloc_zeroed(l(3000));
             assert!((0..3000).all(|i| *z.add(i) == 0));
             // Above the small limit, below the threshold: the system's.
-            let s = fa.alloc(l(20 << 10));
+            let s = fa.alloc(l(Allocator::SMALL_MAX + 4096));
             assert!(!a.owns(s));
-            fa.dealloc(s, l(20 << 10));
+            fa.dealloc(s, l(Allocator::SMALL_MAX + 4096));
             fa.dealloc(q, l(3000));
             fa.dealloc(z, l(3000));
             a.drain_thread_cache();

@@ -15,11 +15,15 @@
 //! (`aligned_class`).
 
 /// The largest small object; larger requests are page blocks.
-pub(crate) const SMALL_MAX: usize = 16 << 10;
+pub(crate) const SMALL_MAX: usize = 64 << 10;
+/// The largest request the class table covers (the hot path's); the classes above it, up to
+/// `SMALL_MAX`, are found by arithmetic on the slow path (a table to 64 KiB would not fit a
+/// thread heap's page).
+pub(crate) const TABLE_MAX: usize = 16 << 10;
 /// The alignment every small object has.
 pub(crate) const MIN_ALIGN: usize = 16;
 /// Number of size classes.
-pub(crate) const CLASSES: usize = 36;
+pub(crate) const CLASSES: usize = 44;
 /// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
 /// The largest span, in bytes.
@@ -44,15 +48,15 @@ pub(crate) const fn span_bytes(c: usize) -> usize {
     }
 }
 
-/// Entries of `CLASS_TABLE`: one per 16 bytes of request, 0 to `SMALL_MAX`.
-pub(crate) const SIZE_SLOTS: usize = SMALL_MAX / 16 + 1;
+/// Entries of `CLASS_TABLE`: one per 16 bytes of request, 0 to `TABLE_MAX`.
+pub(crate) const SIZE_SLOTS: usize = TABLE_MAX / 16 + 1;
 
-/// `CLASS_TABLE[(size + 15) / 16]` is the class of a request of `size` bytes (1..=SMALL_MAX).
+/// `CLASS_TABLE[(size + 15) / 16]` is the class of a request of `size` bytes (1..=TABLE_MAX).
 /// Every thread heap has a copy (`ThreadHeap::class_of`), which the hot path of `malloc` reads
 /// beside the heap's heads: in a shared object a static's address is one more load (its GOT
 /// word).
 pub(crate) const CLASS_TABLE: [u8; SIZE_SLOTS] = {
-    let mut t = [0u8; SMALL_MAX / 16 + 1];
+    let mut t = [0u8; SIZE_SLOTS];
     let mut i = 0;
     let mut c = 0;
     while i < t.len() {
@@ -93,13 +97,26 @@ pub(crate) unsafe fn object_size(c: usize) -> usize {
 /// The class of a request of `size` bytes (0 is the smallest class's).
 ///
 /// # Safety
-/// `size <= SMALL_MAX` (the table is read without a bounds check: the hot path has tested it).
+/// `size <= SMALL_MAX` (the table is read without a bounds check up to `TABLE_MAX`).
 #[inline(always)]
 pub(crate) unsafe fn class_of(size: usize) -> usize {
     debug_assert!(size <= SMALL_MAX);
-    // SAFETY: `size <= SMALL_MAX` (the caller's contract), so the index is at most
-    // `SMALL_MAX / 16`, the table's last.
+    if size > TABLE_MAX {
+        return large_class_of(size);
+    }
+    // SAFETY: `size <= TABLE_MAX`, tested above, so the index is at most `TABLE_MAX / 16`,
+    // the table's last.
     unsafe { *CLASS_OF.get_unchecked((size + 15) >> 4) as usize }
+}
+
+/// The class of a request of `TABLE_MAX + 1..=SMALL_MAX` bytes: with `b` the power of two
+/// below it, the `k`-th of the four classes of `(b, 2b]` (`b + k * b / 4`), as `class_size`
+/// numbers them.
+#[cold]
+fn large_class_of(size: usize) -> usize {
+    let b = 1usize << (usize::BITS - 1 - (size - 1).leading_zeros());
+    let k = (size - b).div_ceil(b / 4);
+    8 + 4 * (b.trailing_zeros() as usize - 7) + k - 1
 }
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):
@@ -147,6 +164,8 @@ pub(crate) fn object_index(off: usize, inv: u64, shift: u32) -> u64 {
 const _: () = {
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
+    // A span's pages given back by a trim are one bit each of a word (`Span::given`).
+    assert!(SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));
@@ -195,7 +214,8 @@ mod tests {
     fn aligned_classes_are_powers_of_two_that_divide_their_span() {
         assert_eq!(class_size(aligned_class(100, 64).unwrap()), 128);
         assert_eq!(class_size(aligned_class(10, 4096).unwrap()), 4096);
-        assert_eq!(aligned_class(10, 32 << 10), None);
+        assert_eq!(class_size(aligned_class(10, 32 << 10).unwrap()), 32 << 10);
+        assert_eq!(aligned_class(10, 128 << 10), None);
         for c in 0..CLASSES {
             let s = class_size(c);
             if s.is_power_of_two() {

@@ -6,7 +6,7 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{object_index, object_size, SMALL_MAX};
+use super::class::{object_index, object_size, TABLE_MAX};
 use super::heap::ThreadHeap;
 use super::span::{Span, UNLISTED};
 use super::{table, Keys, Slab};
@@ -24,20 +24,20 @@ pub(crate) enum Freed {
 }
 
 impl Keys {
-    /// The hot path alone, for a request of `size` bytes (at most `SMALL_MAX`) of the natural
+    /// The hot path alone, for a request of `size` bytes (at most `TABLE_MAX`) of the natural
     /// alignment: pop an object off the current span of its class in the heap this thread used
     /// last; `zero` (`calloc`): memset it whole (an object on a free list reads anything).
     /// `None`: nothing to pop (or a larger request), `malloc_slow` answers. No call but the
     /// memset. The size test is the callers' own, which the compiler merges with this one.
     #[inline(always)]
     pub(crate) fn malloc_hot(&self, size: usize, zero: bool) -> Option<NonNull<u8>> {
-        if size > SMALL_MAX {
+        if size > TABLE_MAX {
             return None;
         }
         // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
         // `NO_HEAP`, whose heads are `EMPTY`.
         let h = unsafe { &*table::last(self) };
-        // SAFETY: `size <= SMALL_MAX`, tested above, so the index is at most `SMALL_MAX / 16`,
+        // SAFETY: `size <= TABLE_MAX`, tested above, so the index is at most `TABLE_MAX / 16`,
         // the table's last (`class_of`, from the heap's copy of the table).
         let c = unsafe { *h.class_of.get_unchecked((size + 15) >> 4) } as usize;
         // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`

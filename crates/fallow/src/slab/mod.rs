@@ -68,7 +68,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX};
+use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -598,7 +598,7 @@ impl Keys {
     pub(crate) fn malloc(&self, slab: &Arc<Slab>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         // The natural alignments (1, 2, 4, 8, 16: bits of `NATURAL_ALIGNS`) only: any other
         // (0, not a power of two) goes to the slow path, which refuses it.
-        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= SMALL_MAX {
+        if flags.0 & !Flags::ZERO.0 == 0 && align <= MIN_ALIGN && (NATURAL_ALIGNS >> align) & 1 != 0 && size <= TABLE_MAX {
             if let Some(p) = self.malloc_hot(size, flags.0 != 0) {
                 return Ok(p);
             }
