@@ -26,7 +26,7 @@
 enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES,
        S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_N };
 static size_t (*stats_fn)(uint64_t *, size_t);
-/* FALLOW_SMALL=1: every size is fallow's (small objects up to 16 KiB in spans, page blocks above). */
+/* FALLOW_SMALL=1: every size is fallow's (small objects up to 64 KiB in spans, page blocks above). */
 static int small_on;
 
 /* S_LIVE and S_IN_USE count page blocks only: the small objects' spans (live page blocks, which

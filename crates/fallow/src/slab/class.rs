@@ -2,17 +2,24 @@
 //! the span (a power-of-two block of pages) its objects are cut from.
 //!
 //! 16-byte steps up to 128 bytes, then four classes per doubling (160, 192, 224, 256, 320, ...)
-//! up to `SMALL_MAX` (16 KiB): 36 classes, a request wasting at most 25% of its object (129 bytes
+//! up to `SMALL_MAX` (64 KiB): 44 classes, a request wasting at most 25% of its object (129 bytes
 //! in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes. Spans are 64 KiB
 //! for objects up to 4 KiB and 256 KiB above, so that a span's tail past its last whole object
-//! is at most 2.3% of it (a 2,560-byte class: 25 objects and 1,536 bytes). One 64 KiB size for
-//! every class (4 objects of 14 KiB a span) held 15% fewer span bytes at the peak of
+//! is at most 2.3% of it (a 2,560-byte class: 25 objects and 1,536 bytes), or whole pages and at
+//! most an eighth above 4 KiB (4 objects of 56 KiB and 32 KiB). One 64 KiB size for every class
+//! (4 objects of 14 KiB a span) held 15% fewer span bytes at the peak of
 //! `examples/slab_cross.rs`, where a 64 KiB block one class gave back served no 256 KiB span,
 //! but halved `fallow bench small`'s random shape (sizes up to 16 KiB in two threads: 2.1-2.4x
 //! glibc's operations per CPU-second against 4.1x) for no change in the benchmarks' max RSS.
-//! Every class size is a multiple of 16, and a power-of-two class size (16 to 16 KiB) divides its
+//! Every class size is a multiple of 16, and a power-of-two class size (16 to 64 KiB) divides its
 //! span's size: an object of such a class is aligned to its size, which serves aligned requests
 //! (`aligned_class`).
+//!
+//! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-64 KiB took
+//! power-of-two blocks with slack from the page caches or exact runs from the locked path's
+//! sampled search, and 12,800 live blocks of 16-64 KiB replaced at random held 893 MiB where
+//! glibc held 515 (as objects: 565). The hot path's table stops at 16 KiB, so that a thread
+//! heap with its copy fits in a page; above it the class is computed on the slow path.
 
 /// The largest small object; larger requests are page blocks.
 pub(crate) const SMALL_MAX: usize = 64 << 10;
