@@ -65,7 +65,7 @@ test-capi:
 	scripts/test-capi.sh
 
 # The LD_PRELOAD library with small objects on (FALLOW_SMALL=1): the preload's C tests again, the
-# small-object tests (every size, realloc across 64 KiB and the threshold, alignments, glibc's
+# small-object tests (every size, realloc across 256 KiB and the threshold, alignments, glibc's
 # pointers, threads freeing each other's objects, thread exit, fork), bad frees that must abort,
 # and real programs (python, sort, gcc, ls) with the same output as without the preload.
 test-small:

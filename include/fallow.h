@@ -123,7 +123,7 @@ int fallow_create_with_cache(const fallow_config *config, const fallow_cache_con
 
 /* Options of fallow_create_with_options (may be or-ed). */
 #define FALLOW_CREATE_FROM_ENV      1u /* the FALLOW_* variables over the settings, as from_env above */
-#define FALLOW_CREATE_SMALL_OBJECTS 2u /* small objects: requests of up to 64 KiB are objects of
+#define FALLOW_CREATE_SMALL_OBJECTS 2u /* small objects: requests of up to 256 KiB are objects of
                                         * size classes in spans of pages (see fallow_alloc) */
 
 /* fallow_create_with_cache with options instead of from_env (unknown bits: EINVAL). With
@@ -163,10 +163,10 @@ void fallow_destroy(fallow_allocator *a);
 
 /* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
  * with FALLOW_* flags; *out receives the block. With small objects on (FALLOW_CREATE_SMALL_OBJECTS,
- * or FALLOW_SMALL=1 from the environment), a request of up to 64 KiB is a small object of the
+ * or FALLOW_SMALL=1 from the environment), a request of up to 256 KiB is a small object of the
  * size class that fits it (16-byte steps to 128 bytes, then four classes per doubling), aligned to
  * 16 bytes (align 0), or to align and its size (a power-of-two class), and FALLOW_ZERO zeroes it
- * as calloc does; FALLOW_POPULATE and FALLOW_LOCK, or an alignment above 64 KiB, make it a page
+ * as calloc does; FALLOW_POPULATE and FALLOW_LOCK, or an alignment above 256 KiB, make it a page
  * block. Larger requests are page blocks, page-aligned whatever align asks. */
 int fallow_alloc(fallow_allocator *a, size_t size, size_t align, unsigned flags, void **out);
 

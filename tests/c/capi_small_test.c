@@ -1,5 +1,5 @@
 /* Test of the C API with small objects on (FALLOW_CREATE_SMALL_OBJECTS, FALLOW_SMALL=1): the
- * allocation functions serve requests of up to 64 KiB as objects of the slab layer, calloc-like
+ * allocation functions serve requests of up to 256 KiB as objects of the slab layer, calloc-like
  * with FALLOW_ZERO, measured, resized and freed, bad frees are error codes, and struct
  * fallow_stats carries the small objects' figures. Built against libfallow.so and libfallow.a by
  * scripts/test-capi.sh. Prints "ok <name>" per test; exit status = number of failures. */
@@ -16,13 +16,13 @@
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
-#define SMALL_MAX (64 * KiB)
+#define SMALL_MAX (256 * KiB)
 /* Past the class table (the hot path's): every size to here, a stride of sizes above. */
 #define TABLE_MAX (16 * KiB)
 
-/* The sizes the sizes test takes: every one to TABLE_MAX, then every 61st, and SMALL_MAX + 1
+/* The sizes the sizes test takes: every one to TABLE_MAX, then every 613th, and SMALL_MAX + 1
  * (all of them would pass the arena). */
-static int tested(size_t n) { return n <= TABLE_MAX || (n - TABLE_MAX) % 61 == 0 || n == SMALL_MAX || n == SMALL_MAX + 1; }
+static int tested(size_t n) { return n <= TABLE_MAX || (n - TABLE_MAX) % 613 == 0 || n == SMALL_MAX || n == SMALL_MAX + 1; }
 
 /* A small allocator: 256 MiB arena, workers off (nothing moves behind the test's back). */
 static int make(unsigned options, fallow_allocator **a) {
@@ -38,7 +38,7 @@ static int make(unsigned options, fallow_allocator **a) {
     return rc;
 }
 
-/* The size class the slab layer gives a request of n bytes (at most 64 KiB): 16-byte steps to
+/* The size class the slab layer gives a request of n bytes (at most 256 KiB): 16-byte steps to
  * 128, then four classes per doubling. */
 static size_t class_of(size_t n) {
     if (n <= 128) return (n + 15) & ~(size_t)15;
@@ -78,7 +78,7 @@ static int test_options(void) {
     return 0;
 }
 
-/* Sizes from 1 to 64 KiB + 1 (`tested`): its class, 16-byte aligned, apart from the others, contents
+/* Sizes from 1 to 256 KiB + 1 (`tested`): its class, 16-byte aligned, apart from the others, contents
  * kept; the statistics count them (the full struct) and not past an older struct's size. */
 static int test_sizes_and_stats(void) {
     fallow_allocator *a;
@@ -96,7 +96,7 @@ static int test_sizes_and_stats(void) {
             live++;
             live_bytes += u;
         } else {
-            CHECK(u == SMALL_MAX + 4 * KiB && (uintptr_t)p[n] % 4096 == 0, "64 KiB + 1 is a page block: usable %zu", u);
+            CHECK(u == SMALL_MAX + 4 * KiB && (uintptr_t)p[n] % 4096 == 0, "256 KiB + 1 is a page block: usable %zu", u);
         }
         memset(p[n], (int)(n & 0xff), n);
     }
@@ -149,8 +149,8 @@ static int test_zero_and_align(void) {
         for (int k = 0; k < K; k++) CHECK(fallow_free(a, z[k]) == 0, "free");
     }
     CHECK(reused > 0, "no FALLOW_ZERO object reused one just freed dirty: the memset went untested");
-    /* Alignments: to align and the size (a power-of-two class), up to 64 KiB; a page block above. */
-    static const size_t aligns[] = { 16, 32, 64, 256, 4096, 16384, 65536, 131072 };
+    /* Alignments: to align and the size (a power-of-two class), up to 256 KiB; a page block above. */
+    static const size_t aligns[] = { 16, 32, 64, 256, 4096, 16384, 65536, 262144, 524288 };
     for (unsigned i = 0; i < sizeof aligns / sizeof *aligns; i++) {
         void *p;
         CHECK(fallow_alloc(a, 100, aligns[i], 0, &p) == 0 && (uintptr_t)p % aligns[i] == 0, "100 bytes aligned to %zu: %p", aligns[i], p);
@@ -197,9 +197,9 @@ static int test_bad_frees_and_resize(void) {
     CHECK(fallow_stats_read_size(a, &s, sizeof s) == 0 && s.small_live_objects == 0, "none live: %lu", (unsigned long)s.small_live_objects);
     /* Page blocks keep their rules beside small objects. */
     void *b;
-    CHECK(fallow_alloc(a, 100 * KiB, 0, 0, &b) == 0 && fallow_usable_size(a, b) == 100 * KiB, "page block");
-    CHECK(fallow_resize_in_place(a, b, 50 * KiB, &done) == 0 && done == 1 && fallow_usable_size(a, b) == 52 * KiB, "page shrink");
-    CHECK(fallow_free_sized(a, b, 100 * KiB) == EINVAL, "page size mismatch");
+    CHECK(fallow_alloc(a, 400 * KiB, 0, 0, &b) == 0 && fallow_usable_size(a, b) == 400 * KiB, "page block");
+    CHECK(fallow_resize_in_place(a, b, 300 * KiB, &done) == 0 && done == 1 && fallow_usable_size(a, b) == 300 * KiB, "page shrink");
+    CHECK(fallow_free_sized(a, b, 400 * KiB) == EINVAL, "page size mismatch");
     CHECK(fallow_free(a, b) == 0 && fallow_free(a, b) == EINVAL, "page free, double free");
     fallow_destroy(a);
     return 0;

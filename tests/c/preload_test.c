@@ -26,8 +26,9 @@
 enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES,
        S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_N };
 static size_t (*stats_fn)(uint64_t *, size_t);
-/* FALLOW_SMALL=1: every size is fallow's (small objects up to 64 KiB in spans, page blocks above). */
+/* FALLOW_SMALL=1: every size is fallow's (small objects up to SMALL_MAX in spans, page blocks above). */
 static int small_on;
+#define SMALL_MAX (256 * 1024UL)
 
 /* S_LIVE and S_IN_USE count page blocks only: the small objects' spans (live page blocks, which
  * come and go with small objects, glibc's own included under FALLOW_SMALL=1) are left out. */
@@ -230,12 +231,13 @@ static size_t unmarked(const unsigned char *p, size_t n, size_t len, unsigned se
 
 struct edge_block { unsigned char *p; size_t n; unsigned seed; };
 
-/* A block just returned by `how` while `live` fallow blocks were live before: fallow's iff at
- * least the threshold, page-aligned and page-granular if fallow's, usable for its size. */
+/* A block just returned by `how` while `live` fallow page blocks were live before: a page block
+ * of fallow's iff at least the threshold (with small objects on, iff above SMALL_MAX: below, a
+ * small object), page-aligned and page-granular if so, usable for its size. */
 static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
     CHECK(b->p, "%s(%zu) failed", how, b->n);
-    int fallow = small_on || b->n >= THRESHOLD;
-    CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by fallow (live blocks %lu -> %lu)", how, b->n,
+    int fallow = small_on ? b->n > SMALL_MAX : b->n >= THRESHOLD;
+    CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by a fallow page block (live blocks %lu -> %lu)", how, b->n,
           fallow ? "not" : "was", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
     size_t u = malloc_usable_size(b->p);
     CHECK(u >= b->n, "%s(%zu): usable size %zu", how, b->n, u);
@@ -290,7 +292,7 @@ static int test_edges_malloc(void) {
             b[e] = (struct edge_block){ malloc(edge_size(k, e)), edge_size(k, e), (unsigned)(k * EDGES + e) };
             if (check_edge_block(&b[e], live, "malloc")) return 1;
             mark(b[e].p, b[e].n, b[e].seed);
-            if (small_on || b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
+            if (small_on ? b[e].n > SMALL_MAX : b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
         }
         CHECK(stat_of(S_LIVE) == live0 + fallow_n, "order %d: %lu live blocks, %lu expected", k,
               (unsigned long)stat_of(S_LIVE), (unsigned long)(live0 + fallow_n));
@@ -639,10 +641,12 @@ static int test_threshold(size_t t) {
     CHECK(big0, "64 MiB");
     live = stat_of(S_LIVE);
     void *below = malloc(t - 1);
-    /* FALLOW_SMALL=1: no threshold, both are fallow's page blocks. */
-    CHECK(stat_of(S_LIVE) == live + small_on, "%zu bytes (threshold - 1) %s fallow", t - 1, small_on ? "did not go to" : "went to");
+    /* FALLOW_SMALL=1: no threshold, every size is fallow's: a page block above SMALL_MAX, a
+     * small object (not counted here) up to it. */
+    int below_block = small_on && t - 1 > SMALL_MAX, at_block = !small_on || t > SMALL_MAX;
+    CHECK(stat_of(S_LIVE) == live + below_block, "%zu bytes (threshold - 1): %s a fallow page block", t - 1, below_block ? "not" : "");
     void *at = malloc(t);
-    CHECK(stat_of(S_LIVE) == live + 1 + small_on, "%zu bytes (the threshold) did not go to fallow", t);
+    CHECK(stat_of(S_LIVE) == live + below_block + at_block, "%zu bytes (the threshold): %s a fallow page block", t, at_block ? "not" : "");
     free(below); free(at); free(big0);
     return 0;
 }

@@ -20,7 +20,15 @@
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
-#define SMALL_MAX (64 * KiB)
+#define SMALL_MAX (256 * KiB)
+
+/* The sizes test_sizes takes: every one to 16 KiB (the class table), then every 509th, and the
+ * two at the limit (every size to 256 KiB would write 34 GB). */
+static size_t next_size(size_t n) {
+    if (n < 16 * KiB) return n + 1;
+    if (n + 509 < SMALL_MAX) return n + 509;
+    return n < SMALL_MAX ? SMALL_MAX : n + 1;
+}
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s\n", __FILE__, __LINE__, #c); fprintf(stderr, "  " __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 /* glibc's own allocator, which the preload does not interpose: blocks fallow never saw. */
@@ -71,17 +79,18 @@ static int by_addr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Every size from 1 to 16 KiB + 1, in windows of 256 sizes live at once: 16-byte aligned, usable
+/* Sizes from 1 to 256 KiB + 1 (`next_size`), in windows of 256 sizes live at once: 16-byte aligned, usable
  * for their size, fallow's (small ones counted as live small objects), disjoint, contents kept
  * until freed. */
 static int test_sizes(void) {
     enum { W = 256 };
     struct obj o[W];
-    for (size_t base = 1; base <= SMALL_MAX + 1; base += W) {
+    for (size_t n = 1; n <= SMALL_MAX + 1;) {
+        size_t base = n;
         int k = 0;
         uint64_t live0 = stat_of(S_SMALL_LIVE);
         int small = 0;
-        for (size_t n = base; n < base + W && n <= SMALL_MAX + 1; n++, k++) {
+        for (; k < W && n <= SMALL_MAX + 1; n = next_size(n), k++) {
             o[k].n = n;
             o[k].p = malloc(n);
             CHECK(o[k].p, "malloc(%zu)", n);

@@ -243,7 +243,7 @@ pub unsafe extern "C" fn fallow_create_with_cache(
 
 /// `fallow_create_with_cache` with options instead of its `from_env`: `FALLOW_CREATE_FROM_ENV`
 /// (the environment over everything else, as `from_env`), `FALLOW_CREATE_SMALL_OBJECTS` (small
-/// objects on: `fallow_alloc` serves requests of up to 64 KiB as objects of the slab layer).
+/// objects on: `fallow_alloc` serves requests of up to 256 KiB as objects of the slab layer).
 /// Unknown bits are EINVAL. A flag word rather than a field of `fallow_config`, whose layout
 /// programs built against an older header rely on.
 ///
@@ -377,7 +377,7 @@ pub unsafe extern "C" fn fallow_alloc(
     if flags & !ALL_FLAGS != 0 {
         return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
     }
-    // With small objects on, `Allocator::malloc`: up to 64 KiB an object of the slab layer
+    // With small objects on, `Allocator::malloc`: up to 256 KiB an object of the slab layer
     // (`POPULATE` and `LOCK` make it a page block), above a page block. Zero bytes stay an
     // error, as without (`malloc` would serve them as one byte).
     let r = if !a.config().small_objects {

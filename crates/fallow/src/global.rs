@@ -377,7 +377,7 @@ mod tests {
     fn small_objects_on_serve_small_requests_and_realloc_within_a_class() {
         let config = Config { arena_size: 64 << 20, max_order: 10, small_objects: true, ..Config::default() };
         static A: std::sync::OnceLock<FallowAlloc> = std::sync::OnceLock::new();
-        let fa = A.get_or_init(|| FallowAlloc::with_config(256 << 10, config));
+        let fa = A.get_or_init(|| FallowAlloc::with_config(1 << 20, config));
         let l = |size| Layout::from_size_align(size, 8).unwrap();
         // SAFETY: every pointer passed back is one `fa` returned with that same layout, and the
         // reads and writes stay inside the objects.

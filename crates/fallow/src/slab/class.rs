@@ -2,27 +2,30 @@
 //! the span (a power-of-two block of pages) its objects are cut from.
 //!
 //! 16-byte steps up to 128 bytes, then four classes per doubling (160, 192, 224, 256, 320, ...)
-//! up to `SMALL_MAX` (64 KiB): 44 classes, a request wasting at most 25% of its object (129 bytes
-//! in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes. Spans are 64 KiB
-//! for objects up to 4 KiB and 256 KiB above, so that a span's tail past its last whole object
-//! is at most 2.3% of it (a 2,560-byte class: 25 objects and 1,536 bytes), or whole pages and at
-//! most an eighth above 4 KiB (4 objects of 56 KiB and 32 KiB). One 64 KiB size for every class
-//! (4 objects of 14 KiB a span) held 15% fewer span bytes at the peak of
-//! `examples/slab_cross.rs`, where a 64 KiB block one class gave back served no 256 KiB span,
-//! but halved `fallow bench small`'s random shape (sizes up to 16 KiB in two threads: 2.1-2.4x
-//! glibc's operations per CPU-second against 4.1x) for no change in the benchmarks' max RSS.
-//! Every class size is a multiple of 16, and a power-of-two class size (16 to 64 KiB) divides its
-//! span's size: an object of such a class is aligned to its size, which serves aligned requests
-//! (`aligned_class`).
+//! up to `SMALL_MAX` (256 KiB): 52 classes, a request wasting at most 25% of its object (129
+//! bytes in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes (TCMalloc's
+//! reach 256 KiB too). Spans are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB
+//! above, so that a span's tail past its last whole object is at most 2.3% of it (a 2,560-byte
+//! class: 25 objects and 1,536 bytes), or whole pages and at most an eighth above 4 KiB (4
+//! objects of 56 KiB, 224 KiB). The 1 MiB spans are not trimmed (`TRIM_SPAN_MAX`): a span's
+//! given-back pages are one bit each of a word; with 4-12 objects a span, they empty and go back
+//! whole. One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15%
+//! fewer span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave
+//! back served no 256 KiB span, but halved `fallow bench small`'s random shape (sizes up to 16
+//! KiB in two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in
+//! the benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size
+//! (16 to 256 KiB) divides its span's size: an object of such a class is aligned to its size,
+//! which serves aligned requests (`aligned_class`).
 //!
-//! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-64 KiB took
-//! power-of-two blocks with slack from the page caches or exact runs from the locked path's
+//! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-256 KiB
+//! took power-of-two blocks with slack from the page caches or exact runs from the locked path's
 //! sampled search, and 12,800 live blocks of 16-64 KiB replaced at random held 893 MiB where
-//! glibc held 515 (as objects: 565). The hot path's table stops at 16 KiB, so that a thread
-//! heap with its copy fits in a page; above it the class is computed on the slow path.
+//! glibc held 515 (as objects: 565), 3,200 of 64-256 KiB 617 where glibc held 517 (570). The hot
+//! path's table stops at 16 KiB, so that a thread heap with its copy fits in a page; above it
+//! the class is computed on the slow path.
 
 /// The largest small object; larger requests are page blocks.
-pub(crate) const SMALL_MAX: usize = 64 << 10;
+pub(crate) const SMALL_MAX: usize = 256 << 10;
 /// The largest request the class table covers (the hot path's); the classes above it, up to
 /// `SMALL_MAX`, are found by arithmetic on the slow path (a table to 64 KiB would not fit a
 /// thread heap's page).
@@ -30,11 +33,14 @@ pub(crate) const TABLE_MAX: usize = 16 << 10;
 /// The alignment every small object has.
 pub(crate) const MIN_ALIGN: usize = 16;
 /// Number of size classes.
-pub(crate) const CLASSES: usize = 44;
+pub(crate) const CLASSES: usize = 52;
 /// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
 /// The largest span, in bytes.
-pub(crate) const SPAN_MAX: usize = 256 << 10;
+pub(crate) const SPAN_MAX: usize = 1 << 20;
+/// The largest span a trim gives pages of back (its pages are one bit each of a word,
+/// `Span::given`): the spans of objects above 64 KiB are not trimmed.
+pub(crate) const TRIM_SPAN_MAX: usize = 256 << 10;
 
 /// The object size of class `c`.
 pub(crate) const fn class_size(c: usize) -> usize {
@@ -50,6 +56,8 @@ pub(crate) const fn class_size(c: usize) -> usize {
 pub(crate) const fn span_bytes(c: usize) -> usize {
     if class_size(c) <= 4096 {
         1 << GRANULE_SHIFT
+    } else if class_size(c) <= 64 << 10 {
+        TRIM_SPAN_MAX
     } else {
         SPAN_MAX
     }
@@ -172,7 +180,7 @@ const _: () = {
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
     // A span's pages given back by a trim are one bit each of a word (`Span::given`).
-    assert!(SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
+    assert!(TRIM_SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));
@@ -222,7 +230,8 @@ mod tests {
         assert_eq!(class_size(aligned_class(100, 64).unwrap()), 128);
         assert_eq!(class_size(aligned_class(10, 4096).unwrap()), 4096);
         assert_eq!(class_size(aligned_class(10, 32 << 10).unwrap()), 32 << 10);
-        assert_eq!(aligned_class(10, 128 << 10), None);
+        assert_eq!(class_size(aligned_class(10, 128 << 10).unwrap()), 128 << 10);
+        assert_eq!(aligned_class(10, 512 << 10), None);
         for c in 0..CLASSES {
             let s = class_size(c);
             if s.is_power_of_two() {

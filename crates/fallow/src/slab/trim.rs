@@ -45,7 +45,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::CLASSES;
+use super::class::{CLASSES, TRIM_SPAN_MAX};
 use super::heap::ThreadHeap;
 use super::span::{Span, LISTED, UNLISTED};
 use super::{heaps, Central, Slab};
@@ -109,6 +109,12 @@ impl Span {
         (self.objects() / LOW_DIV).min(pages * PER_PAGE_8THS / 8) as u32
     }
 
+    /// Whether a trim may give back pages of this span (`class::TRIM_SPAN_MAX`): never
+    /// armed otherwise, so never trimmed.
+    pub(crate) fn trimmable(&self) -> bool {
+        self.mask.load(Relaxed) < TRIM_SPAN_MAX
+    }
+
     /// The pages object `i` touches (bits of `given`).
     fn touches(&self, i: usize) -> u64 {
         let size = self.size.load(Relaxed) as usize;
@@ -118,7 +124,8 @@ impl Span {
 
     /// Object `i` touches a page given back (it is free and on no list).
     pub(crate) fn on_given(&self, i: usize) -> bool {
-        self.touches(i) & self.given.get() != 0
+        let given = self.given.get();
+        given != 0 && self.touches(i) & given != 0
     }
 
     /// Objects handed out once that touch a page given back (free, on no list).
@@ -135,6 +142,9 @@ impl Span {
     /// again and again pays a page fault per page given back each time; halving its mark makes
     /// it wait for a lower count, which a program that keeps a steady share never reaches.
     pub(crate) fn arm(&self) {
+        if !self.trimmable() {
+            return;
+        }
         // Filled again: a trim waits again.
         self.due_since.set(0);
         let b = self.backoff.get();
@@ -361,7 +371,7 @@ impl Slab {
     pub(crate) fn trim(&self, h: &ThreadHeap, s: &Span) {
         let next = if s.low.load(Relaxed) != 0 { s.mark.get() as u32 / 2 } else { 0 };
         s.disarm();
-        if !self.trims() {
+        if !self.trims() || !s.trimmable() {
             return;
         }
         let m = s.mark_free();
