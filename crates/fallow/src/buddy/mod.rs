@@ -367,10 +367,10 @@ impl Buddy {
     /// in the classes in the given order and, within a class, from the smallest order up. The
     /// unused rest of the block goes back on the lists at once. When `hot_since` is given (a
     /// `ZERO` request small enough to be served better from the CPU cache: see `Heap::take`),
-    /// the most recently freed dirty block that
-    /// fits is taken first if it was freed at or after `hot_since` (ms): a block the program has
-    /// just freed is still in its CPU cache, and a memset there plus the program's own writes
-    /// cost less than writing a zeroed block that the worker's non-temporal stores left in DRAM.
+    /// the most recently freed dirty block that fits is taken first if it was freed at or after
+    /// `hot_since` (ms): a block the program has just freed is still in its CPU cache, and a
+    /// memset there plus the program's own writes cost less than writing a zeroed block that
+    /// the worker's non-temporal stores left in DRAM.
     /// `zero`: the request needs zeros (a mixed block keeps the halves with zeroed pages).
     pub fn take_preferring_hot(&mut self, npages: u32, order: u8, prefs: &[Class], zero: bool, hot_since: Option<u32>) -> Option<Taken> {
         debug_assert!(npages <= 1 << order && order <= self.max_order);
