@@ -20,7 +20,7 @@ use crate::flags::Flags;
 use crate::heap::{Heap, Shared, WorkerEntries};
 use crate::os::PAGE_SHIFT;
 use crate::page::StateCounts;
-use crate::slab::{Found, Freed, Keys, Slab, Span, SMALL_OBJECT_MAX};
+use crate::slab::{Found, Freed, Keys, Slab, Span, SMALL_HOT_MAX, SMALL_OBJECT_MAX};
 use crate::stats::Stats;
 
 /// What `Allocator::free_hot_step` did with a pointer.
@@ -159,10 +159,12 @@ impl Allocator {
     /// a page block is one call (`alloc` keeps the page layer's hit path inline).
     #[inline(always)]
     pub fn malloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        if size <= SMALL_OBJECT_MAX && self.keys.on {
+        // The hot path's sizes (the class table's), with the very compare the hot path makes
+        // (the compiler merges the two); the larger small objects and page blocks in one call.
+        if size <= SMALL_HOT_MAX && self.keys.on {
             return self.keys.malloc(&self.slab, size, align, flags);
         }
-        self.malloc_pages(size, align, flags)
+        self.malloc_cold(size, align, flags)
     }
 
     /// The hot path of `malloc` alone, for bindings that keep everything else out of line
@@ -212,8 +214,9 @@ impl Allocator {
         }
     }
 
-    /// `malloc` past its hot path, for a binding whose own call of `malloc_hot` found nothing:
-    /// every case, as `malloc`, without trying the hot path again.
+    /// `malloc` past its hot path: every case, as `malloc`, without trying the hot path again
+    /// (`malloc`'s own out-of-line part for sizes above the hot path's, and a binding's whose
+    /// call of `malloc_hot` found nothing).
     #[inline(never)]
     pub fn malloc_cold(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         if size <= SMALL_OBJECT_MAX && self.keys.on {
@@ -235,12 +238,6 @@ impl Allocator {
             Found::Pages => cache::free_pages(&self.shared, addr, None).map(|()| true),
             Found::Foreign => Ok(false),
         }
-    }
-
-    /// `malloc` of a page block.
-    #[inline(never)]
-    fn malloc_pages(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-        self.alloc(size.max(1), align, flags)
     }
 
     /// Free what `malloc` (or `alloc`) returned: a small object goes back to its span, a page

@@ -75,6 +75,7 @@ pub(crate) use map::Found;
 use span::{FULL, LISTED, NO_OWNER, PARKED, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
+pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
