@@ -149,12 +149,12 @@ static int test_zero_and_align(void) {
         for (int k = 0; k < K; k++) CHECK(fallow_free(a, z[k]) == 0, "free");
     }
     CHECK(reused > 0, "no FALLOW_ZERO object reused one just freed dirty: the memset went untested");
-    /* Alignments: to align and the size (a power-of-two class), up to 256 KiB; a page block above. */
+    /* Alignments: to align and the size (a power-of-two class), up to 16 KiB; a page block above. */
     static const size_t aligns[] = { 16, 32, 64, 256, 4096, 16384, 65536, 262144, 524288 };
     for (unsigned i = 0; i < sizeof aligns / sizeof *aligns; i++) {
         void *p;
         CHECK(fallow_alloc(a, 100, aligns[i], 0, &p) == 0 && (uintptr_t)p % aligns[i] == 0, "100 bytes aligned to %zu: %p", aligns[i], p);
-        size_t u = fallow_usable_size(a, p), want = aligns[i] <= 16 ? 112 : aligns[i] <= 128 ? 128 : aligns[i] <= SMALL_MAX ? aligns[i] : 4096;
+        size_t u = fallow_usable_size(a, p), want = aligns[i] <= 16 ? 112 : aligns[i] <= 128 ? 128 : aligns[i] <= TABLE_MAX ? aligns[i] : 4096;
         CHECK(u == want, "100 bytes aligned to %zu: usable %zu, %zu expected", aligns[i], u, want);
         CHECK(fallow_free(a, p) == 0, "free aligned");
     }

@@ -15,7 +15,7 @@
 //! KiB in two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in
 //! the benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size
 //! (16 to 256 KiB) divides its span's size: an object of such a class is aligned to its size,
-//! which serves aligned requests (`aligned_class`).
+//! which serves aligned requests up to 16 KiB (`aligned_class`).
 //!
 //! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-256 KiB
 //! took power-of-two blocks with slack from the page caches or exact runs from the locked path's
@@ -136,11 +136,13 @@ fn large_class_of(size: usize) -> usize {
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):
 /// the power-of-two class of at least both, whose objects are aligned to their size; `None`
-/// when that is above `SMALL_MAX`.
+/// when that is above `TABLE_MAX` (16 KiB). Above it a page block serves better: it is
+/// page-aligned and wastes less than a page, where a power-of-two class of 32-256 KiB would
+/// waste up to half (100 KiB aligned to 64 bytes, or 100 bytes aligned to 64 KiB).
 pub(crate) fn aligned_class(size: usize, align: usize) -> Option<usize> {
     let s = size.max(align).checked_next_power_of_two()?;
-    // SAFETY: `s <= SMALL_MAX`, tested first.
-    (s <= SMALL_MAX).then(|| unsafe { class_of(s) })
+    // SAFETY: `s <= TABLE_MAX <= SMALL_MAX`, tested first.
+    (s <= TABLE_MAX).then(|| unsafe { class_of(s) })
 }
 
 /// `(inv, shift)` for a class size: `size = 2^shift * odd`, `inv * odd = 1` modulo 2^64 (the
@@ -229,9 +231,9 @@ mod tests {
     fn aligned_classes_are_powers_of_two_that_divide_their_span() {
         assert_eq!(class_size(aligned_class(100, 64).unwrap()), 128);
         assert_eq!(class_size(aligned_class(10, 4096).unwrap()), 4096);
-        assert_eq!(class_size(aligned_class(10, 32 << 10).unwrap()), 32 << 10);
-        assert_eq!(class_size(aligned_class(10, 128 << 10).unwrap()), 128 << 10);
-        assert_eq!(aligned_class(10, 512 << 10), None);
+        assert_eq!(class_size(aligned_class(10, 16 << 10).unwrap()), 16 << 10);
+        assert_eq!(aligned_class(10, 32 << 10), None);
+        assert_eq!(aligned_class(20 << 10, 64), None);
         for c in 0..CLASSES {
             let s = class_size(c);
             if s.is_power_of_two() {
