@@ -276,6 +276,23 @@ impl Tunables {
         self.zero_order.min(PIECE_ORDER)
     }
 
+    /// The orders a worker scans, `lowest..=max`: from `main` (its own order, `report_order`
+    /// or `zero_order`) up, then the pieces below it downwards (`PIECE_ORDER`); with
+    /// `largest_first` (the reporter under a squeeze), from `max` down.
+    pub(crate) fn scan_orders(lowest: u8, main: u8, max: u8, largest_first: bool) -> impl Iterator<Item = u8> {
+        let main = main.min(max);
+        let lowest = lowest.min(main);
+        (0..=max - lowest).map(move |i| {
+            if largest_first {
+                max - i
+            } else if i <= max - main {
+                main + i
+            } else {
+                main - 1 - (i - (max - main + 1))
+            }
+        })
+    }
+
     /// The report mode in effect for this backing.
     pub fn effective_mode(&self, backing: Backing) -> ReportMode {
         match (self.report_mode, backing) {
@@ -343,5 +360,20 @@ impl core::str::FromStr for ReportMode {
             "punch" => Ok(ReportMode::Punch),
             _ => Err(Error::Config { setting: "report_mode", message: "accepted: auto, dontneed, free, punch" }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tunables;
+
+    #[test]
+    fn a_worker_scans_its_orders_up_then_the_pieces_down() {
+        let seq = |lowest, main, max, largest_first| Tunables::scan_orders(lowest, main, max, largest_first).collect::<Vec<u8>>();
+        assert_eq!(seq(4, 9, 12, false), vec![9, 10, 11, 12, 8, 7, 6, 5, 4]);
+        assert_eq!(seq(4, 9, 12, true), vec![12, 11, 10, 9, 8, 7, 6, 5, 4]);
+        assert_eq!(seq(9, 9, 12, false), vec![9, 10, 11, 12]);
+        assert_eq!(seq(0, 0, 3, false), vec![0, 1, 2, 3]);
+        assert_eq!(seq(4, 6, 6, false), vec![6, 5, 4]);
     }
 }

@@ -68,7 +68,7 @@
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::config::{ReportMode, BIG_ORDER};
+use crate::config::{ReportMode, Tunables, BIG_ORDER};
 use crate::heap::Shared;
 use crate::limit::{Watch, PERIOD_NS};
 use crate::worker::Worker;
@@ -90,19 +90,6 @@ const PILE_MIN_PAGES: u64 = (64 << 20) >> PAGE_SHIFT;
 /// a quarter of the pages in use if more (a program's own reuse scales with what it holds).
 fn pile_bound(in_use_pages: u64) -> u64 {
     PILE_MIN_PAGES.max(in_use_pages / 4)
-}
-
-/// The `i`-th order the reporter scans, of `lowest..=max`: from `main` (`report_order`) up,
-/// then the pieces below it downwards (`config::PIECE_ORDER`); while urgent, from `max` down.
-fn scan_order(i: u8, lowest: u8, main: u8, max: u8, urgent: bool) -> u8 {
-    debug_assert!(lowest <= main && main <= max && i <= max - lowest);
-    if urgent {
-        max - i
-    } else if i <= max - main {
-        main + i
-    } else {
-        main - 1 - (i - (max - main + 1))
-    }
 }
 
 /// How long a big dirty block waits: a tenth of the delay, at least the hot time (`zero_delay`)
@@ -298,9 +285,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     let classes = if sq.urgent() { [Class::Zeroed, Class::Dirty] } else { [Class::Dirty, Class::Zeroed] };
     'scan: for ai in 0..h.arenas.len() {
         let (max_order, huge_units) = (h.arena(ai).max_order, h.arena(ai).huge_units);
-        let lowest = t.report_lowest(huge_units);
-        for i in 0..=max_order - lowest {
-            let order = scan_order(i, lowest, t.report_order, max_order, sq.urgent());
+        let orders = Tunables::scan_orders(t.report_lowest(huge_units), t.report_order, max_order, sq.urgent());
+        for order in orders {
             let piece = order < t.report_order;
             let size = 1u64 << order;
             for class in classes {
@@ -529,19 +515,4 @@ unsafe fn punch(targets: &[Target], ok: &mut [bool]) -> u64 {
         ok[i] = t.fd >= 0 && unsafe { os::punch_hole(t.fd, t.offset, t.len) }.is_ok();
     }
     targets.len() as u64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::scan_order;
-
-    #[test]
-    fn the_scan_takes_the_main_orders_up_then_the_pieces_down() {
-        let seq = |lowest, main, max, urgent| (0..=max - lowest).map(|i| scan_order(i, lowest, main, max, urgent)).collect::<Vec<u8>>();
-        assert_eq!(seq(4, 9, 12, false), vec![9, 10, 11, 12, 8, 7, 6, 5, 4]);
-        assert_eq!(seq(4, 9, 12, true), vec![12, 11, 10, 9, 8, 7, 6, 5, 4]);
-        assert_eq!(seq(9, 9, 12, false), vec![9, 10, 11, 12]);
-        assert_eq!(seq(0, 0, 3, false), vec![0, 1, 2, 3]);
-        assert_eq!(seq(4, 6, 6, false), vec![6, 5, 4]);
-    }
 }

@@ -6,9 +6,9 @@
 //! State machine of the zeroing worker (`run`):
 //!
 //! ```text
-//!   IDLE --free of a dirty block >= zero_order (or a piece >= PIECE_ORDER below it), once a ZERO request was made or with a
-//!         populated reserve; the first ZERO request; a large block freed into a cache
-//!         (futex wake)--> GATE
+//!   IDLE --free of a dirty block >= zero_order (or a piece >= PIECE_ORDER below it), once a
+//!         ZERO request was made or with a populated reserve; the first ZERO request; a large
+//!         block freed into a cache (futex wake)--> GATE
 //!   GATE: no CPU idle -> NAP 10 ms .. 100 ms (doubling) -> GATE; else MEASURE
 //!   an allocation waits for isolated memory -> NAP 1 ms (the block it waits for comes back whole)
 //!   MEASURE: under the lock, fold the ZERO bytes requested since last time (served zeroed or
@@ -71,6 +71,7 @@
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::config::Tunables;
 use crate::cache::Scope;
 use crate::heap::{Shared, ZERO_SLOT};
 use crate::os::{self, PAGE_SHIFT};
@@ -226,8 +227,7 @@ fn zero_one_chunk(s: &Shared, d: &mut Demand, asked: &mut Option<(u64, u32)>) ->
         let a = h.arena(ai);
         let report_lowest = t.report_lowest(a.huge_units);
         // The blocks of `zero_order` and up first, then the pieces below it (config::PIECE_ORDER).
-        let pieces = (t.zero_lowest()..t.zero_order.min(a.max_order + 1)).rev();
-        for order in (t.zero_order..=a.max_order).chain(pieces) {
+        for order in Tunables::scan_orders(t.zero_lowest(), t.zero_order, a.max_order, false) {
             let mut walk = a.oldest_first(Class::Dirty, order);
             let mut scanned = 0;
             while let Some((p, m)) = walk.next(a).filter(|_| scanned < SCAN_LIMIT) {

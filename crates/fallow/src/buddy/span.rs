@@ -22,12 +22,11 @@
 //! measured are kept by start: a binary search). The request goes at the run's start or its end
 //! (the rest of the run stays whole), or else covering the seed, whichever takes the fewest
 //! pages that are not resident (at an end when the run is all resident: placed at its seed, a
-//! request in the middle of a run left two holes where one would do). A search ends early only at a
-//! run the request fills exactly. A seed
-//! larger than the request whose pages are in several states (merged from resident and reported
-//! parts: the class of a block is `Dirty` as soon as one page is) is first narrowed, by its half
-//! records, to its part of the request's order with the most resident pages, so that covering
-//! the seed covers resident pages.
+//! request in the middle of a run left two holes where one would do). A search ends early only
+//! at a run the request fills exactly. A seed larger than the request whose pages are in
+//! several states (merged from resident and reported parts: the class of a block is `Dirty` as
+//! soon as one page is) is first narrowed, by its half records, to its part of the request's
+//! order with the most resident pages, so that covering the seed covers resident pages.
 //!
 //! The pages taken are unlinked block by block and the parts of those blocks outside the request
 //! go back as the largest aligned pieces with their own counts (`take_range`, which growing in

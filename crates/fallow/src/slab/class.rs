@@ -27,8 +27,8 @@
 /// The largest small object; larger requests are page blocks.
 pub(crate) const SMALL_MAX: usize = 256 << 10;
 /// The largest request the class table covers (the hot path's); the classes above it, up to
-/// `SMALL_MAX`, are found by arithmetic on the slow path (a table to 64 KiB would not fit a
-/// thread heap's page).
+/// `SMALL_MAX`, are found by arithmetic on the slow path (a table to `SMALL_MAX` would not fit
+/// a thread heap's page).
 pub(crate) const TABLE_MAX: usize = 16 << 10;
 /// The alignment every small object has.
 pub(crate) const MIN_ALIGN: usize = 16;
