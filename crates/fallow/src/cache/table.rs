@@ -168,7 +168,12 @@ impl Slots {
         }
         // Allocate while BUSY (a re-entrant malloc takes the locked path) and without the lock.
         STATE.with(|s| s.set(BUSY));
-        let page = Box::into_raw(Box::new(CachePage { gap: MaybeUninit::uninit(), cache: ThreadCache::new(a) }));
+        // The page is set up in place (`ThreadCache::init`): a `CachePage` made by value was
+        // built on the stack and copied.
+        let page = Box::into_raw(Box::<CachePage>::new_uninit()).cast::<CachePage>();
+        // SAFETY: `page` is a fresh allocation of a `CachePage`, aligned for it; `gap` may stay
+        // uninitialised (`MaybeUninit`), `init` writes every field of `cache`.
+        unsafe { ThreadCache::init(&raw mut (*page).cache, a) };
         // SAFETY: `page` is the live allocation just made.
         let c = unsafe { &raw mut (*page).cache };
         STATE.with(|s| s.set(READY));
