@@ -250,10 +250,15 @@ rc0=$?
 rc3=$?
 "$BIN" run --json "$OUT/runk.json" -- "$OUT/probe" "$OUT/probek.txt" kill:15 5 2>"$OUT/runk.err"
 rck=$?
+# The allocator made by a library's constructor, before the preload's own initialisation.
+cc -O2 -shared -fPIC -o "$OUT/libearly.so" tests/run/early.c
+cc -O2 -o "$OUT/probe_early" tests/run/probe.c -L"$OUT" -Wl,--no-as-needed -learly -Wl,-rpath,"$OUT"
+"$BIN" run --json "$OUT/rune.json" -- "$OUT/probe_early" "$OUT/probee.txt" 0 5 2>"$OUT/rune.err"
+rce=$?
 set -e
-if [ "$rc0" != 0 ] || [ "$rc3" != 3 ] || [ "$rck" != 143 ]; then
-    echo "test-bench: FAILED: fallow run passed the statuses through as $rc0 $rc3 $rck (wanted 0 3 143)"
-    cat "$OUT/run0.err" "$OUT/run3.err" "$OUT/runk.err"
+if [ "$rc0" != 0 ] || [ "$rc3" != 3 ] || [ "$rck" != 143 ] || [ "$rce" != 0 ]; then
+    echo "test-bench: FAILED: fallow run passed the statuses through as $rc0 $rc3 $rck $rce (wanted 0 3 143 0)"
+    cat "$OUT/run0.err" "$OUT/run3.err" "$OUT/runk.err" "$OUT/rune.err"
     exit 1
 fi
 # The status comes through even when fallow run's own stderr is closed.
@@ -318,6 +323,11 @@ for name, rounds, status, ending in [("0", 20, 0, "exit 0"), ("3", 5, 3, "exit 3
         check("timeline samples", len(tl.get("RSS", [])) >= 3 and len(tl.get("fallow live", [])) >= 3,
               {k: len(v) for k, v in tl.items()})
         check("timeline PNG", open(os.path.join(out, "run0.png"), "rb").read(8).startswith(b"\x89PNG"), "not a PNG")
+# The allocator made before the preload's initialisation (tests/run/early.c): sampled all the same.
+r = json.load(open(os.path.join(out, "rune.json")))
+tl = r["timeline"]
+if len(tl.get("RSS", [])) < 3 or len(tl.get("fallow live", [])) < 3:
+    bad.append(f"rune: timeline samples with the allocator made by a library's constructor: { {k: len(v) for k, v in tl.items()} }")
 if bad:
     print("test-bench: FAILED\n  " + "\n  ".join(bad))
     sys.exit(1)

@@ -230,11 +230,32 @@ fn create() -> Option<Allocator> {
 /// What the thread that creates the allocator runs right after publishing it (`on_create`).
 static ON_CREATE: OnceLock<fn()> = OnceLock::new();
 
+/// Whether the `on_create` hook has run (it runs once).
+static ON_CREATE_RAN: AtomicBool = AtomicBool::new(false);
+
 /// Have `f` run once, by the thread that creates the allocator, right after it is published
 /// (`fallow run`'s sampler, which `lib.rs` registers at load time: a hook rather than an import,
-/// as that module imports this one).
+/// as that module imports this one). If the allocator exists already, `f` runs now: a library
+/// loaded after this one is initialised before it, and its constructor may allocate (libstdc++
+/// takes its exception pool with `malloc`), which creates the allocator before this library's
+/// own initialisation registers the hook.
 pub(crate) fn on_create(f: fn()) {
     let _ = ON_CREATE.set(f);
+    // Between the hook's store and the allocator's load, as `publish` between its publication
+    // and the hook's load: one of the two sees the other's store.
+    core::sync::atomic::fence(Ordering::SeqCst);
+    if existing().is_some() {
+        run_on_create();
+    }
+}
+
+/// Run the `on_create` hook if it is set and has not run yet.
+fn run_on_create() {
+    if let Some(f) = ON_CREATE.get() {
+        if !ON_CREATE_RAN.swap(true, Ordering::AcqRel) {
+            f();
+        }
+    }
 }
 
 /// The creating thread's last step, before any other thread sees the allocator: the largest
@@ -258,9 +279,9 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     }
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
-    if let Some(f) = ON_CREATE.get() {
-        f();
-    }
+    // See `on_create`.
+    core::sync::atomic::fence(Ordering::SeqCst);
+    run_on_create();
 }
 
 /// Held by `fork_prepare` until the parent or child handler runs, and by the creating thread
