@@ -130,10 +130,14 @@ impl Slab {
 }
 
 /// Descriptors not in use, on a list through their `next` links (under the slab lock), and the
-/// chunks they came from.
+/// chunks they came from. A new chunk's descriptors are handed out in order (`fresh`) rather
+/// than linked all at once: linking them wrote every one, 64 KiB resident for a process that
+/// uses a few spans.
 pub(crate) struct Descriptors {
     free: *mut Span,
     chunks: usize,
+    /// The next never-used slot of the newest chunk (`PER_CHUNK`: none left).
+    fresh: usize,
 }
 
 // SAFETY: only reached under the slab lock (`Locked<Descriptors>`); the pointers are to the
@@ -142,30 +146,32 @@ unsafe impl Send for Descriptors {}
 
 impl Descriptors {
     pub(crate) const fn new() -> Descriptors {
-        Descriptors { free: core::ptr::null_mut(), chunks: 0 }
+        Descriptors { free: core::ptr::null_mut(), chunks: 0, fresh: PER_CHUNK }
     }
 
-    /// A free descriptor (a new chunk from the OS when none is left).
+    /// A free descriptor: one given back, else the newest chunk's next never-used one, else the
+    /// first of a new chunk from the OS.
     pub(crate) fn take(&mut self) -> Result<*mut Span, Error> {
-        if self.free.is_null() {
+        if !self.free.is_null() {
+            let s = self.free;
+            // SAFETY: `free` is a free descriptor of a chunk that lives as long as the slab.
+            self.free = unsafe { (*s).next.get() };
+            return Ok(s);
+        }
+        if self.fresh == PER_CHUNK {
             let chunk = os::scratch(CHUNK_BYTES).map_err(|errno| Error::Os { op: "mmap (slab descriptors)", errno })?;
             // The first slot links the chunks (for the slab's drop); the rest are descriptors.
-            // SAFETY: `chunk` is a fresh mapping of `CHUNK_BYTES`, zeroed by the kernel; a
-            // zeroed `Span` is a valid free descriptor (all fields integers, null pointers or
-            // cells of them), and the first slot's word is ours.
-            unsafe {
-                *(chunk as *mut usize) = self.chunks;
-                self.chunks = chunk;
-                for i in 1..PER_CHUNK {
-                    let s = (chunk as *mut Span).add(i);
-                    (*s).next.set(self.free);
-                    self.free = s;
-                }
-            }
+            // SAFETY: `chunk` is a fresh mapping of `CHUNK_BYTES`, ours; its first word is the
+            // link.
+            unsafe { *(chunk as *mut usize) = self.chunks };
+            self.chunks = chunk;
+            self.fresh = 1;
         }
-        let s = self.free;
-        // SAFETY: `free` is a free descriptor of a chunk that lives as long as the slab.
-        self.free = unsafe { (*s).next.get() };
+        // SAFETY: slot `fresh` (1..PER_CHUNK) of the newest chunk, never handed out: zeroed by
+        // the kernel, and a zeroed `Span` is a valid free descriptor (all fields integers, null
+        // pointers or cells of them).
+        let s = unsafe { (self.chunks as *mut Span).add(self.fresh) };
+        self.fresh += 1;
         Ok(s)
     }
 
@@ -238,5 +244,44 @@ impl super::Keys {
         // the slab (recycled, never unmapped), and `self` lives in the slab or in a handle that
         // keeps it; its shared fields are atomics.
         (s != 0).then(|| unsafe { &*(s as *const Span) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages of `[addr, addr + len)` resident (`mincore`).
+    fn resident_pages(addr: usize, len: usize) -> usize {
+        let mut v = vec![0u8; len.div_ceil(PAGE_SIZE)];
+        // SAFETY: `addr` is page-aligned and mapped for `len` bytes (the caller's chunk); `v`
+        // has one byte per page.
+        let r = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().filter(|&&b| b & 1 != 0).count()
+    }
+
+    #[test]
+    fn a_new_chunk_is_written_only_where_descriptors_are_handed_out() {
+        let mut d = Descriptors::new();
+        let a = d.take().unwrap();
+        let b = d.take().unwrap();
+        // SAFETY: a descriptor just taken, this test's alone.
+        unsafe { (*b).class.set(7) };
+        let chunk = d.chunks;
+        assert_eq!((a as usize, b as usize), (chunk + size_of::<Span>(), chunk + 2 * size_of::<Span>()));
+        // The link word and two descriptors: the first page alone (linking every descriptor of
+        // the chunk at its creation wrote all 16).
+        assert_eq!(resident_pages(chunk, CHUNK_BYTES), 1);
+        // SAFETY: `b` is a descriptor of the chunk, taken above and used by nothing.
+        d.give(unsafe { &*b });
+        assert_eq!(d.take().unwrap(), b, "a descriptor given back is taken first");
+        for _ in 3..PER_CHUNK {
+            d.take().unwrap();
+        }
+        assert_eq!(d.chunks, chunk, "the chunk's last descriptor came from it");
+        d.take().unwrap();
+        assert_ne!(d.chunks, chunk, "a new chunk once every slot is used");
+        d.unmap_all();
     }
 }
