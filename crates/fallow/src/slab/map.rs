@@ -266,8 +266,11 @@ mod tests {
         let mut d = Descriptors::new();
         let a = d.take().unwrap();
         let b = d.take().unwrap();
-        // SAFETY: a descriptor just taken, this test's alone.
-        unsafe { (*b).class.set(7) };
+        // SAFETY: a descriptor just taken, this test's alone; in use as a span's would be.
+        unsafe {
+            (*b).class.set(7);
+            (*b).set_place(crate::slab::span::LEAVING);
+        }
         let chunk = d.chunks;
         assert_eq!((a as usize, b as usize), (chunk + size_of::<Span>(), chunk + 2 * size_of::<Span>()));
         // The link word and two descriptors: the first page alone (linking every descriptor of
