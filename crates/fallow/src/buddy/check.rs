@@ -67,6 +67,13 @@ impl Buddy {
                 }
             }
         }
+        // The unwritten top-level blocks (`tops.rs`): counted, on no list yet.
+        let (unwritten, top) = (self.unwritten_count(), 1u64 << self.max_order);
+        blocks[Class::Reported as usize][self.max_order as usize] += unwritten;
+        pages += unwritten as u64 * top;
+        if self.unwritten < self.used_end || (unwritten > 0 && self.heads[Class::Reported as usize][self.max_order as usize] == NIL) {
+            return Err(format!("unwritten top-level blocks from {} (used_end {}) behind an empty list", self.unwritten, self.used_end));
+        }
         if blocks != self.listed.blocks || pages != self.listed.pages {
             return Err("listed counters disagree with the lists".into());
         }

@@ -17,6 +17,9 @@
 //! - `nonempty[class]` has bit k set exactly when `heads[class][k] != NIL`.
 //! - Every page at or past `used_end` is free and `Reported` (never touched): whatever hands a
 //!   block out, caches it or populates it first moves `used_end` past it (`mark_used`).
+//! - The top-level blocks from `unwritten` up are free, `Reported` and counted in `listed`, but
+//!   their records are not written yet (`tops.rs`): they are the tail of the `Reported` list of
+//!   `max_order`, which is never empty while one is left, and `unwritten >= used_end`.
 //!
 //! Nothing here takes a lock: the caller holds the allocator lock.
 
@@ -29,6 +32,7 @@ use crate::page::{Class, PageState, Record, StateCounts, Tag, CLASSES, META_FREE
 mod check;
 mod deferred;
 mod span;
+mod tops;
 mod units;
 
 /// One arena with its free lists: the buddy allocator over it. It derefs to the arena (addresses,
@@ -49,6 +53,8 @@ pub(crate) struct Buddy {
     used_end: u32,
     /// The block listed without merging with its buddy, `(pfn, order)` (`deferred.rs`).
     unmerged: Option<(u32, u8)>,
+    /// The first top-level block whose record is not written yet (`npages`: none; `tops.rs`).
+    unwritten: u32,
 }
 
 /// Counters of the free blocks on an arena's lists.
@@ -153,8 +159,8 @@ pub struct Taken {
 
 impl Buddy {
     /// The free lists of a fresh arena, whose metadata is all zero (every page `Reported`,
-    /// every tag `None`): its top-level blocks on the reported lists (from the top down, so that
-    /// the lowest block is at the head of its list).
+    /// every tag `None`): its top-level blocks on the reported list of `max_order`, the lowest
+    /// written and at the head, the others after it with their records unwritten (`tops.rs`).
     pub fn new(arena: Arena) -> Buddy {
         let mut b = Buddy {
             arena,
@@ -164,13 +170,9 @@ impl Buddy {
             listed: Listed { blocks: [[0; ORDERS]; CLASSES], counts: StateCounts::default(), pages: 0 },
             used_end: 0,
             unmerged: None,
+            unwritten: 0,
         };
-        let top = 1u32 << b.max_order;
-        let mut pfn = b.npages;
-        while pfn > 0 {
-            pfn -= top;
-            b.push_free(pfn, b.max_order, StateCounts::uniform(PageState::Reported, top), 0);
-        }
+        b.unwritten_tops();
         b
     }
 
@@ -259,7 +261,7 @@ impl Buddy {
         } else {
             self.tails[class][order] = m.prev;
         }
-        if self.heads[class][order] == NIL {
+        if self.heads[class][order] == NIL && !self.write_top(class, order as u8) {
             self.nonempty[class] &= !(1u64 << order);
         }
         self.listed.remove_block(class, order as u8, m.counts, 1 << order);
@@ -456,7 +458,8 @@ impl Buddy {
         let mut run_len = 0u32;
         let mut p = 0u32;
         while p < self.npages {
-            if self.meta(p).is_free_of_order(self.max_order) {
+            // An unwritten top-level block is free (tops.rs).
+            if p >= self.unwritten || self.meta(p).is_free_of_order(self.max_order) {
                 if run_len == 0 {
                     run_start = p;
                 }
@@ -472,6 +475,7 @@ impl Buddy {
         if run_len < need {
             return None;
         }
+        self.write_tops_below(run_start + need * top);
         let mut counts = StateCounts::default();
         let mut t = 0;
         for i in 0..need {
@@ -564,21 +568,6 @@ impl Buddy {
         m.set_flags(w.flags() & !(META_SLACK | META_SLACK_MIXED));
         self.free_by_runs(pfn + live, size - live, now_ms);
         size - live
-    }
-}
-
-impl Buddy {
-    /// Visit every listed free block as `(pfn, order)`.
-    pub fn for_each_listed(&self, mut f: impl FnMut(u32, u8)) {
-        for class in 0..self.heads.len() {
-            for order in 0..=self.max_order {
-                let mut p = self.heads[class][order as usize];
-                while p != NIL {
-                    f(p, order);
-                    p = self.meta(p).next();
-                }
-            }
-        }
     }
 }
 

@@ -262,6 +262,7 @@ impl Buddy {
         if end > self.npages {
             return None;
         }
+        self.write_tops_below(end);
         // Every page of [start, end) must lie in a free block; find those blocks first. A run of
         // free blocks that merging left is at most two descents of `max_order` blocks.
         let mut blocks: [(u32, u8); 64] = [(0, 0); 64];
