@@ -164,11 +164,11 @@ void fallow_destroy(fallow_allocator *a);
 /* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
  * with FALLOW_* flags; *out receives the block. With small objects on (FALLOW_CREATE_SMALL_OBJECTS,
  * or FALLOW_SMALL=1 from the environment), a request of up to 256 KiB is a small object of the
- * size class that fits it (16-byte steps to 128 bytes, then four classes per doubling), aligned to
- * 16 bytes (align 0), or to align and its size (a power-of-two class, up to 16 KiB), and
- * FALLOW_ZERO zeroes it as calloc does; FALLOW_POPULATE and FALLOW_LOCK, or an alignment above
- * 16 bytes whose power-of-two class would pass 16 KiB, make it a page block. Larger requests are
- * page blocks, page-aligned whatever align asks. */
+ * size class that fits it (16-byte steps to 128 bytes, then four classes per doubling to 16 KiB,
+ * eight to 64 KiB and four above), aligned to 16 bytes (align 0), or to align and its size (a
+ * power-of-two class, up to 16 KiB), and FALLOW_ZERO zeroes it as calloc does; FALLOW_POPULATE
+ * and FALLOW_LOCK, or an alignment above 16 bytes whose power-of-two class would pass 16 KiB,
+ * make it a page block. Larger requests are page blocks, page-aligned whatever align asks. */
 int fallow_alloc(fallow_allocator *a, size_t size, size_t align, unsigned flags, void **out);
 
 /* Free a block or small object (EINVAL for an address that is not a live block, one inside a

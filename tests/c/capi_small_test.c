@@ -39,12 +39,12 @@ static int make(unsigned options, fallow_allocator **a) {
 }
 
 /* The size class the slab layer gives a request of n bytes (at most 256 KiB): 16-byte steps to
- * 128, then four classes per doubling. */
+ * 128, then four classes per doubling to 16 KiB, eight to 64 KiB and four again above. */
 static size_t class_of(size_t n) {
     if (n <= 128) return (n + 15) & ~(size_t)15;
     size_t p = 128;
     while (p * 2 < n) p *= 2;
-    size_t step = p / 4;
+    size_t step = p >= 16 * KiB && p < 64 * KiB ? p / 8 : p / 4;
     return (n + step - 1) / step * step;
 }
 

@@ -2,27 +2,48 @@
 //! the span (a power-of-two block of pages) its objects are cut from.
 //!
 //! 16-byte steps up to 128 bytes, then four classes per doubling (160, 192, 224, 256, 320, ...)
-//! up to `SMALL_MAX` (256 KiB): 52 classes, a request wasting at most 25% of its object (129
-//! bytes in 160) and 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes (TCMalloc's
-//! reach 256 KiB too). Spans are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB
-//! above, so that a span's tail past its last whole object is at most 2.3% of it (a 2,560-byte
-//! class: 25 objects and 1,536 bytes), or whole pages and at most an eighth above 4 KiB (4
-//! objects of 56 KiB, 224 KiB). The 1 MiB spans are not trimmed (`TRIM_SPAN_MAX`): a span's
-//! given-back pages are one bit each of a word; with 4-12 objects a span, they empty and go back
-//! whole. One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15%
-//! fewer span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave
-//! back served no 256 KiB span, but halved `fallow bench small`'s random shape (sizes up to 16
-//! KiB in two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in
-//! the benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size
-//! (16 to 256 KiB) divides its span's size: an object of such a class is aligned to its size,
+//! up to `TABLE_MAX` (16 KiB), eight per doubling up to `FINE_MAX` (18, 20, 22 KiB, ..., 32 KiB
+//! in 2 KiB steps, 36, 40, 44 KiB, ..., 64 KiB in 4 KiB steps) and four again up to `SMALL_MAX`
+//! (80, 96, 112, 128, 160, 192, 224, 256 KiB): 60 classes. A request wastes at most 25% of its
+//! object (129 bytes in 160), 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes
+//! (TCMalloc's reach 256 KiB too), and less than an eighth in 16-64 KiB (16 KiB + 1 in 18 KiB),
+//! where a uniformly random request is rounded up by about 4.2% on average rather than 8.3%.
+//!
+//! Spans are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB above, so that a
+//! span's tail past its last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte class:
+//! 25 objects and 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB), but
+//! for 44 and 52 KiB (5 objects of 44 KiB, 220 KiB; 4 of 52 KiB, 208 KiB: 14% and 19%); in
+//! 16-64 KiB not always whole pages (9 objects of 26 KiB and 22 KiB). Nothing writes past the
+//! last object's end: the tail's pages past the one that object ends in hold memory only when
+//! the page layer handed the span out dirty. 512 KiB spans for 44 and 52 KiB (tails of 28 and 44
+//! KiB, within an eighth) held as much or 1-2 MiB more on every shape of blocks of 16-256 KiB
+//! replaced at random that was measured (docs/measurements.md): as much where those classes
+//! alone were live, more in mixes, where one span size for every class of 4-64 KiB lets a span
+//! one class gave back serve the next span of any other. The 1 MiB spans are not trimmed
+//! (`TRIM_SPAN_MAX`): a span's given-back pages are one bit each of a word; with 4-12 objects a
+//! span, they empty and go back whole.
+//!
+//! One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15% fewer
+//! span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave back
+//! served no 256 KiB span, but halved `fallow bench small`'s random shape (sizes up to 16 KiB in
+//! two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in the
+//! benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size (16
+//! bytes to 256 KiB) divides its span's size: an object of such a class is aligned to its size,
 //! which serves aligned requests up to 16 KiB (`aligned_class`).
 //!
 //! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-256 KiB
 //! took power-of-two blocks with slack from the page caches or exact runs from the locked path's
 //! sampled search, and 12,800 live blocks of 16-64 KiB replaced at random held 893 MiB where
-//! glibc held 515 (as objects: 565), 3,200 of 64-256 KiB 617 where glibc held 517 (570). The hot
-//! path's table stops at 16 KiB, so that a thread heap with its copy fits in a page; above it
-//! the class is computed on the slow path.
+//! glibc held 515, 3,200 of 64-256 KiB 617 where glibc held 517; as objects of four classes per
+//! doubling 565 and 570. Eight per doubling took 16-64 KiB to 549. Above 64 KiB they were
+//! measured too and not kept: each class's count of a random mix varies, a class keeps the
+//! spans its highest count filled until they empty, and with twice the classes the free objects
+//! those high-water marks leave grow by about the square root of two, while the rounding saved
+//! grows with the count. With 800 live blocks of 64-256 KiB eight held 159 MiB against four's
+//! 151, with 3,200 as much (569, 570), less only with more objects a class (6,400: 1,101
+//! against 1,126; 2,000 of 128-256 KiB: 422 against 429), and 176 and 208 KiB needed 2 MiB
+//! spans. The hot path's table stops at 16 KiB, so that a thread heap with its copy fits in a
+//! page; above it the class is computed on the slow path.
 
 /// The largest small object; larger requests are page blocks.
 pub(crate) const SMALL_MAX: usize = 256 << 10;
@@ -32,31 +53,47 @@ pub(crate) const SMALL_MAX: usize = 256 << 10;
 pub(crate) const TABLE_MAX: usize = 16 << 10;
 /// The alignment every small object has.
 pub(crate) const MIN_ALIGN: usize = 16;
+/// The largest object of the classes of eight per doubling (above `TABLE_MAX`); above it, four
+/// per doubling again up to `SMALL_MAX`.
+pub(crate) const FINE_MAX: usize = 64 << 10;
 /// Number of size classes.
-pub(crate) const CLASSES: usize = 52;
+pub(crate) const CLASSES: usize = FINE_CLASSES + 8;
 /// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
-/// The largest span, in bytes.
+/// The largest span, in bytes: the spans of objects above `FINE_MAX`.
 pub(crate) const SPAN_MAX: usize = 1 << 20;
 /// The largest span a trim gives pages of back (its pages are one bit each of a word,
 /// `Span::given`): the spans of objects above 64 KiB are not trimmed.
 pub(crate) const TRIM_SPAN_MAX: usize = 256 << 10;
 
+/// Classes up to `TABLE_MAX` (the table's): 8 of 16-byte steps and 7 doublings of four.
+pub(crate) const TABLE_CLASSES: usize = 36;
+/// Classes up to `FINE_MAX`: the table's and 2 doublings of eight.
+pub(crate) const FINE_CLASSES: usize = TABLE_CLASSES + 16;
+
 /// The object size of class `c`.
 pub(crate) const fn class_size(c: usize) -> usize {
     if c < 8 {
         (c + 1) * 16
-    } else {
+    } else if c < TABLE_CLASSES {
         let base = 128 << ((c - 8) / 4);
         base + ((c - 8) % 4 + 1) * (base / 4)
+    } else if c < FINE_CLASSES {
+        let base = TABLE_MAX << ((c - TABLE_CLASSES) / 8);
+        base + ((c - TABLE_CLASSES) % 8 + 1) * (base / 8)
+    } else {
+        let base = FINE_MAX << ((c - FINE_CLASSES) / 4);
+        base + ((c - FINE_CLASSES) % 4 + 1) * (base / 4)
     }
 }
 
-/// The span size of class `c`, in bytes (a power of two, at least one granule).
+/// The span size of class `c`, in bytes (a power of two, at least one granule): 64 KiB up to
+/// 4 KiB, 256 KiB (`TRIM_SPAN_MAX`, the largest a trim takes pages of) up to `FINE_MAX` (64
+/// KiB) and `SPAN_MAX` (1 MiB) above.
 pub(crate) const fn span_bytes(c: usize) -> usize {
     if class_size(c) <= 4096 {
         1 << GRANULE_SHIFT
-    } else if class_size(c) <= 64 << 10 {
+    } else if class_size(c) <= FINE_MAX {
         TRIM_SPAN_MAX
     } else {
         SPAN_MAX
@@ -125,13 +162,18 @@ pub(crate) unsafe fn class_of(size: usize) -> usize {
 }
 
 /// The class of a request of `TABLE_MAX + 1..=SMALL_MAX` bytes: with `b` the power of two
-/// below it, the `k`-th of the four classes of `(b, 2b]` (`b + k * b / 4`), as `class_size`
-/// numbers them.
+/// below it, the `k`-th of the eight classes of `(b, 2b]` (`b + k * b / 8`) up to `FINE_MAX`,
+/// of the four (`b + k * b / 4`) above, as `class_size` numbers them.
 #[cold]
 fn large_class_of(size: usize) -> usize {
     let b = 1usize << (usize::BITS - 1 - (size - 1).leading_zeros());
-    let k = (size - b).div_ceil(b / 4);
-    8 + 4 * (b.trailing_zeros() as usize - 7) + k - 1
+    if size <= FINE_MAX {
+        let k = (size - b).div_ceil(b / 8);
+        TABLE_CLASSES + 8 * (b.trailing_zeros() - TABLE_MAX.trailing_zeros()) as usize + k - 1
+    } else {
+        let k = (size - b).div_ceil(b / 4);
+        FINE_CLASSES + 4 * (b.trailing_zeros() - FINE_MAX.trailing_zeros()) as usize + k - 1
+    }
 }
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):
@@ -179,13 +221,19 @@ pub(crate) fn object_index(off: usize, inv: u64, shift: u32) -> u64 {
 }
 
 const _: () = {
+    assert!(class_size(TABLE_CLASSES - 1) == TABLE_MAX);
+    assert!(class_size(FINE_CLASSES - 1) == FINE_MAX);
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
-    assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
     // A span's pages given back by a trim are one bit each of a word (`Span::given`).
     assert!(TRIM_SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
+    assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));
+        // Spans are aligned to their size (a free finds its span's start with `mask`); the
+        // objects of a span are one bit each of a 4,096-bit map on the stack (trim.rs, check.rs).
+        assert!(span_bytes(c).is_power_of_two() && span_bytes(c) >= 1 << GRANULE_SHIFT);
+        assert!(span_bytes(c) / class_size(c) <= 4096);
         c += 1;
     }
 };
@@ -193,23 +241,36 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::os::PAGE_SIZE;
 
     #[test]
     fn classes_bound_the_waste_and_the_span_tails() {
         for size in 1..=SMALL_MAX {
             // SAFETY: `size <= SMALL_MAX`.
             let c = unsafe { class_of(size) };
-            assert!(class_size(c) >= size && (c == 0 || class_size(c - 1) < size), "size {size}");
-            // At most 25% of the object is waste (16 bytes below 64).
-            assert!(class_size(c) - size <= (class_size(c) / 4).max(15), "size {size} class {}", class_size(c));
+            let (s, waste) = (class_size(c), class_size(c) - size);
+            assert!(s >= size && (c == 0 || class_size(c - 1) < size), "size {size}");
+            // At most 25% of the object is waste (16 bytes below 64); in (16 KiB, 64 KiB], less
+            // than an eighth (eight classes per doubling: four would waste up to a fifth, 16 KiB
+            // + 1 in 20 KiB).
+            assert!(waste <= (s / 4).max(15), "size {size} class {s}");
+            assert!(size <= TABLE_MAX || size > FINE_MAX || waste < s / 8, "size {size} class {s}");
         }
+        // Above 16 KiB: 2 KiB steps to 32 KiB and 4 KiB steps to 64 KiB, then four per doubling.
+        let above: Vec<usize> = (TABLE_CLASSES..CLASSES).map(|c| class_size(c) >> 10).collect();
+        let mut fine: Vec<usize> = (18..=32).step_by(2).chain((36..=64).step_by(4)).collect();
+        fine.extend([80, 96, 112, 128, 160, 192, 224, 256]);
+        assert_eq!(above, fine);
+        let mut wide_tails = Vec::new();
         for c in 0..CLASSES {
             let (s, span) = (class_size(c), span_bytes(c));
-            // Up to 4 KiB at most 2.3% of the span; above, whole pages (never written), at most
-            // an eighth.
+            // Up to 4 KiB at most 2.3% of the span; above (never written past the last object's
+            // end, not always whole pages: 22 KiB past 9 objects of 26 KiB), at most 3/16 (48
+            // KiB past 4 objects of 52 KiB), an eighth but for 44 and 52 KiB.
             let tail = span % s;
-            assert!(tail <= span * 3 / 128 || (s > 4096 && tail.is_multiple_of(PAGE_SIZE) && tail <= span / 8), "class {s}: tail {tail} of {span}");
+            assert!(tail <= span * 3 / 128 || (s > 4096 && tail <= span * 3 / 16), "class {s}: tail {tail} of {span}");
+            if tail > span / 8 {
+                wide_tails.push(s >> 10);
+            }
             let (inv, shift) = divider(s);
             assert_eq!((inv.wrapping_mul((s >> shift) as u64), s >> shift & 1), (1, 1), "class {s}");
             // Every offset in the span and around it, and wrapped ones (a pointer below the
@@ -225,6 +286,7 @@ mod tests {
                 }
             }
         }
+        assert_eq!(wide_tails, [44, 52]);
     }
 
     #[test]

@@ -21,8 +21,8 @@ use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
 /// Spare spans a heap keeps at most, over all classes: a spare is memory no other class can use,
-/// and a heap that touched every class and went idle would otherwise keep 36 of them (2.25 MiB)
-/// beside its 36 current spans.
+/// and a heap that touched every class and went idle would otherwise keep 60 of them (16 MiB)
+/// beside its 60 current spans.
 const SPARES_MAX: u64 = 4;
 
 #[repr(C, align(64))]
