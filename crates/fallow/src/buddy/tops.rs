@@ -21,17 +21,12 @@ impl Buddy {
     /// counted only.
     pub(super) fn unwritten_tops(&mut self) {
         let top = 1u32 << self.max_order;
+        debug_assert!(self.npages >= top && self.npages.is_multiple_of(top), "an arena is whole top-level blocks");
         let all = StateCounts::uniform(PageState::Reported, top);
-        if self.npages < top {
-            self.unwritten = self.npages;
-            return;
-        }
         self.push_free(0, self.max_order, all, 0);
         self.unwritten = top;
-        let mut pfn = top;
-        while pfn < self.npages {
+        for _ in 1..self.npages / top {
             self.listed.add_block(Class::Reported as usize, self.max_order, all, top);
-            pfn += top;
         }
     }
 
@@ -69,7 +64,7 @@ impl Buddy {
 
     /// The unwritten top-level blocks, for the checks: how many.
     pub(super) fn unwritten_count(&self) -> u32 {
-        (self.npages - self.unwritten.min(self.npages)) >> self.max_order
+        (self.npages - self.unwritten) >> self.max_order
     }
 
     /// Visit every listed free block as `(pfn, order)`, the unwritten top-level blocks too.
