@@ -227,7 +227,8 @@ fn create() -> Option<Allocator> {
     }
 }
 
-/// What the thread that creates the allocator runs right after publishing it (`on_create`).
+/// What runs once the allocator exists: by the thread that creates it, right after publishing
+/// it, or by `on_create` if that comes later.
 static ON_CREATE: OnceLock<fn()> = OnceLock::new();
 
 /// Whether the `on_create` hook has run (it runs once).

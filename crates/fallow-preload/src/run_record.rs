@@ -13,7 +13,8 @@
 //! When the library is loaded (the `.init_array` function of `lib.rs` calls `init`), never inside
 //! a `malloc`, the path is copied and the exit handler registered. The sampler thread is started
 //! by the thread that creates the allocator, right after it (`start_sampler`, through
-//! `process::on_create`), as the allocator's own workers are: a process that never makes a large
+//! `process::on_create`), as the allocator's own workers are (or at load time, if a library's
+//! constructor made the allocator before this library was initialised): a process that never makes a large
 //! request stays single-threaded (one that must, to `unshare` a namespace for instance, still
 //! can). The sampler is a thread of this library's own: it sleeps between samples, with every
 //! signal blocked (the program's signals go to the program's threads), and takes a snapshot of the
@@ -42,9 +43,10 @@ const SAMPLE_MS: u64 = 100;
 
 /// The record file's path, NUL-terminated; written once by `init`, at load time.
 struct Path(UnsafeCell<[u8; PATH_MAX]>);
-// SAFETY: written only by `init`, which runs once, from the loader's `.init_array` call before any
-// thread of the program or of this library exists, and before `ENABLED` is set (Release); read only
-// after `ENABLED` is seen set (Acquire), never written again.
+// SAFETY: written only by `init`, which runs once, from the loader's `.init_array` call, before
+// `ENABLED` is set (Release); read only after `ENABLED` is seen set (Acquire), never written again.
+// (The allocator's workers may exist by then, if a library's constructor made it; they never
+// read the path.)
 unsafe impl Sync for Path {}
 
 const PATH_MAX: usize = 4096;
@@ -76,8 +78,8 @@ pub fn init() -> bool {
 }
 
 /// Start the sampler thread, detached, with every signal blocked (a new thread inherits the mask
-/// of its creator, whose mask is restored right after). Run by the thread that created the
-/// allocator, once (`process::on_create`).
+/// of its creator, whose mask is restored right after). Run once (`process::on_create`): by the
+/// thread that created the allocator, or at load time if the allocator came first.
 pub fn start_sampler() {
     // SAFETY: plain-data structures initialised by their own libc calls before any other use; the
     // creating thread's signal mask is saved and restored around `pthread_create`; `sampler` is

@@ -403,3 +403,29 @@ proptest! {
         run_model(&Allocator::new(c).unwrap(), ops)?;
     }
 }
+
+/// A run that reaches the unwritten top-level blocks (`buddy/tops.rs`: a fresh arena writes the
+/// record of one at a time) goes on through them as through any free block: a request finds the
+/// dirty pages at the end of the used part rather than going past them to fresh memory.
+#[test]
+fn a_run_reaching_the_unwritten_top_level_blocks_is_as_long_as_before() {
+    // 1 MiB top-level blocks, the caches off.
+    let t = Tunables { report: true, report_delay_ms: 0, report_order: 4, ..Tunables::off() };
+    let a = Allocator::new(Config { arena_size: 8 << 20, max_order: 8, thp: false, tunables: t, cache: false, ..Config::default() }).unwrap();
+    // A whole top-level block, freed and given back: it stays on the reported list, so the next
+    // takes do not write the next block.
+    let first = side_by_side(&a, 1, 256)[0];
+    a.free(first).unwrap();
+    wait_reported(&a, 256);
+    a.set_tunables(calm(&a)).unwrap();
+    // 200 pages, then 50 written and freed: the free run at the end of the second block,
+    // [456, 512), ends where the unwritten blocks start.
+    let _b = side_by_side(&a, 1, 200);
+    let c = side_by_side(&a, 1, 50)[0];
+    a.free(c).unwrap();
+    a.check_invariants().unwrap();
+    // 100 pages: on the 50 dirty pages and 50 after them, not past them.
+    let d = a.alloc(100 * PAGE, PAGE, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(d, c, "the request went past the dirty pages of the run");
+    a.check_invariants().unwrap();
+}

@@ -42,6 +42,9 @@ impl Buddy {
                     if p & (size - 1) != 0 || p + size > self.npages {
                         return Err(format!("block {p} of order {order} misaligned or out of range"));
                     }
+                    if p + size > self.unwritten {
+                        return Err(format!("block {p} of order {order} listed past the unwritten top-level blocks at {}", self.unwritten));
+                    }
                     let real = self.count_states(p, size);
                     if real != m.counts || m.counts.class(size) as usize != class {
                         return Err(format!("block {p}: counts {:?}, pages say {real:?}", m.counts));
@@ -71,8 +74,11 @@ impl Buddy {
         let (unwritten, top) = (self.unwritten_count(), 1u64 << self.max_order);
         blocks[Class::Reported as usize][self.max_order as usize] += unwritten;
         pages += unwritten as u64 * top;
-        if self.unwritten < self.used_end || (unwritten > 0 && self.heads[Class::Reported as usize][self.max_order as usize] == NIL) {
-            return Err(format!("unwritten top-level blocks from {} (used_end {}) behind an empty list", self.unwritten, self.used_end));
+        if self.unwritten < self.used_end || self.unwritten > self.npages || !self.unwritten.is_multiple_of(top as u32) {
+            return Err(format!("unwritten top-level blocks from {}: below used_end {}, past the arena or misaligned", self.unwritten, self.used_end));
+        }
+        if unwritten > 0 && self.heads[Class::Reported as usize][self.max_order as usize] == NIL {
+            return Err(format!("unwritten top-level blocks from {} behind an empty list", self.unwritten));
         }
         if blocks != self.listed.blocks || pages != self.listed.pages {
             return Err("listed counters disagree with the lists".into());

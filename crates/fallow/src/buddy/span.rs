@@ -244,6 +244,11 @@ impl Buddy {
             if end >= self.npages {
                 break;
             }
+            // An unwritten top-level block (tops.rs) is free, its record not yet written.
+            if end >= self.unwritten {
+                end += 1u32 << self.max_order;
+                continue;
+            }
             let m = self.meta(end);
             let k = m.word().order();
             if !m.is_free_of_order(k) || end & ((1u32 << k) - 1) != 0 {
@@ -257,18 +262,23 @@ impl Buddy {
     /// Take the free pages `[start, end)` off the lists: every free block holding one of them is
     /// unlinked and its parts outside the range freed again as the largest aligned pieces, with
     /// their own counts. Returns the counts of the pages taken (huge-page units settled), or
-    /// `None`, changing nothing, when some page of the range is not free.
+    /// `None`, changing no block's state, when some page of the range is not free (the unwritten
+    /// top-level blocks it reached may have been written: tops.rs).
     pub(super) fn take_range(&mut self, start: u32, end: u32) -> Option<StateCounts> {
         if end > self.npages {
             return None;
         }
-        self.write_tops_below(end);
         // Every page of [start, end) must lie in a free block; find those blocks first. A run of
         // free blocks that merging left is at most two descents of `max_order` blocks.
         let mut blocks: [(u32, u8); 64] = [(0, 0); 64];
         let mut nb = 0;
         let mut p = start;
         while p < end {
+            if p >= self.unwritten {
+                // The rest of the range lies in unwritten top-level blocks, all free: written
+                // now, only once the pages before them are known free.
+                self.write_tops_below(end);
+            }
             let head = self.free_block_containing(p)?;
             if nb == blocks.len() {
                 return None;

@@ -8,10 +8,11 @@
 //! from `unwritten` up, are counted in `listed` (the statistics and the checks see every free
 //! page) and stand at the tail of that list, unwritten. One is written and put at the list's
 //! tail when the list would otherwise become empty (`unlink`, so a take of the reported list
-//! always finds its head), and all those below a range before `take_range` takes it (the top
-//! path at `used_end`, growth in place). Nothing else reaches them: merges stay inside a top
-//! block, the workers take no `Reported` block, and a run found from its records stops at an
-//! unwritten block's start, which lies past `used_end`, where a run's length is not counted.
+//! always finds its head), and those a range reaches when `take_range` takes it (the top path
+//! at `used_end`, growth in place, a run), once the pages before them are known free. A run
+//! found from its records (`free_run_around`) goes on through them as through any free block.
+//! Nothing else reaches them: merges stay inside a top-level block and the workers take no
+//! `Reported` block.
 
 use super::Buddy;
 use crate::page::{Class, PageState, StateCounts, NIL};

@@ -520,7 +520,7 @@ impl Drop for Inside<'_> {
 
 impl Drop for ThreadCache {
     fn drop(&mut self) {
-        // SAFETY: `entries` and `mixed` were made in `new` by `Box::into_raw` of boxed slices of
+        // SAFETY: `entries` and `mixed` were made in `init` by `Box::into_raw` of boxed slices of
         // `nentries()` elements each, and are freed only here, once.
         unsafe {
             let n = self.nentries();

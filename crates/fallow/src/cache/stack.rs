@@ -125,7 +125,7 @@ impl Entries<'_> {
     pub(super) fn entry(&self, i: u32) -> *mut Entry {
         debug_assert!((i as usize) < self.nentries());
         // SAFETY: `i < nentries()` (callers index inside one stack's `base..base + cap`), the length
-        // of the `entries` allocation made in `new`.
+        // of the `entries` allocation made in `init`.
         unsafe { self.entries.add(i as usize) }
     }
 

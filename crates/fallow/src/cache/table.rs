@@ -181,7 +181,7 @@ impl Slots {
             let mut h = a.heap.lock();
             // SAFETY: `c` is the live cache just made, not yet shared with any other thread.
             // Under the lock, so that no drain request falls between the generation it took in
-            // `new` and its registration, which the request would miss (`ask_to_drain`).
+            // `init` and its registration, which the request would miss (`ask_to_drain`).
             unsafe { (*c).seen_generation.set(a.hit.drain_generation.load(Relaxed)) };
             h.caches.push(c);
             a.caches_registered.fetch_add(1, Relaxed);
