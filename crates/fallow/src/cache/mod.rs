@@ -282,6 +282,20 @@ pub(crate) struct ThreadCache {
 
 const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64 && core::mem::offset_of!(ThreadCache, hot) < 64);
 
+/// `write_every_field!(dst, Type { field: value, ... })`: write each field of `*dst` through its
+/// raw place (`dst` a `*mut Type`; no reference to the whole, which may be uninitialised), with
+/// a never-called closure that destructures a `Type` naming the same fields, so that a field of
+/// `Type` left out of the list does not compile. Expands to raw-pointer writes: the caller's
+/// `unsafe` block says why `dst` is valid for them.
+macro_rules! write_every_field {
+    ($dst:expr, $ty:ident { $($field:ident: $value:expr),* $(,)? }) => {{
+        let _every_field_named = |v: $ty| {
+            let $ty { $($field: _),* } = v;
+        };
+        $( (&raw mut (*$dst).$field).write($value); )*
+    }};
+}
+
 impl ThreadCache {
     /// Set up a cache of `a` at `dst`, in place. Built by value, the cache (most of a page) was
     /// made on the stack and copied on its way to the page, which touched 20 KiB of the stack of
@@ -295,14 +309,9 @@ impl ThreadCache {
         let cfg = &a.config;
         let orders = a.hit.cache_orders as usize;
         let stacked = a.hit.cache_stacked_orders as usize;
-        // SAFETY: `dst` is valid for writes (the caller's contract); each field is written once
-        // through a raw place, no reference to the uninitialised whole is made.
-        unsafe {
-            (&raw mut (*dst).stacks).write(Default::default());
-            (&raw mut (*dst).batch).write([0u32; MAX_ORDERS]);
-        }
-        // SAFETY: both arrays were written just above; these borrows are of those fields alone.
-        let (stacks, batch) = unsafe { (&mut (*dst).stacks, &mut (*dst).batch) };
+        // The stacks and batch sizes on the stack (1.4 KiB), the rest written in place.
+        let mut stacks: [Stack; MAX_ORDERS] = Default::default();
+        let mut batch = [0u32; MAX_ORDERS];
         let mut total = 0u32;
         for o in 0..orders {
             // A stacked order's capacity under the high mark; one block for a large order.
@@ -322,52 +331,45 @@ impl ThreadCache {
             s.first = unsafe { (entries as *mut Entry).add(s.base as usize) };
         }
         let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
-        // SAFETY: as above: every other field, once each, through its raw place.
+        // SAFETY: `dst` is valid for writes of a `ThreadCache` (the caller's contract);
+        // `write_every_field!` writes each field once through its raw place (no reference to the
+        // uninitialised whole) and fails to compile unless it names every field.
         unsafe {
-            (&raw mut (*dst).entries).write(entries as *mut Entry);
-            (&raw mut (*dst).mixed).write(mixed as *mut Mixed);
-            (&raw mut (*dst).pages).write(Owned::default());
-            (&raw mut (*dst).limit).write(Owned(AtomicU64::new(cfg.cache_high_pages as u64)));
-            (&raw mut (*dst).high).write(cfg.cache_high_pages as u64);
-            (&raw mut (*dst).stacked).write(stacked);
-            (&raw mut (*dst).seen_large).write(Owned(AtomicU64::new(a.large_generation.load(Relaxed))));
-            (&raw mut (*dst).alloc_hits).write(Owned::default());
-            (&raw mut (*dst).free_hits).write(Owned::default());
-            (&raw mut (*dst).busy).write(AtomicU32::new(0));
-            (&raw mut (*dst).frozen).write(AtomicU32::new(0));
-            // Set again under the lock when the cache is registered (table.rs), so that no
-            // request falls in between (`ask_to_drain`).
-            (&raw mut (*dst).seen_generation).write(Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))));
-            (&raw mut (*dst).drain_asked).write(AtomicU32::new(0));
-            (&raw mut (*dst).hot).write(Owned::default());
-            (&raw mut (*dst).orders).write(orders);
-            (&raw mut (*dst).max_pages).write(1 << (orders - 1));
-            (&raw mut (*dst).hit_max_pages).write((a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32);
-            (&raw mut (*dst).accounted).write(Owned::default());
-            (&raw mut (*dst).extra_pages).write(Default::default());
-            (&raw mut (*dst).class_blocks).write(Default::default());
-            (&raw mut (*dst).events).write(Events::default());
-            (&raw mut (*dst).locked_hot).write(Owned::default());
-            (&raw mut (*dst).locked_hot_pages).write(Owned::default());
-            (&raw mut (*dst).locked_hot_last).write(Owned::default());
-            (&raw mut (*dst).owner).write(Arc::downgrade(a));
-            (&raw mut (*dst).id).write(a.hit.cache_id);
-            (&raw mut (*dst).next).write(Cell::new(ptr::null_mut()));
-            (&raw mut (*dst).prev).write(Cell::new(ptr::null_mut()));
+            write_every_field!(dst, ThreadCache {
+                entries: entries as *mut Entry,
+                mixed: mixed as *mut Mixed,
+                pages: Owned::default(),
+                limit: Owned(AtomicU64::new(cfg.cache_high_pages as u64)),
+                high: cfg.cache_high_pages as u64,
+                stacked: stacked,
+                seen_large: Owned(AtomicU64::new(a.large_generation.load(Relaxed))),
+                alloc_hits: Owned::default(),
+                free_hits: Owned::default(),
+                busy: AtomicU32::new(0),
+                frozen: AtomicU32::new(0),
+                // Set again under the lock when the cache is registered (table.rs), so that no
+                // request falls in between (`ask_to_drain`).
+                seen_generation: Owned(AtomicU64::new(a.hit.drain_generation.load(Relaxed))),
+                drain_asked: AtomicU32::new(0),
+                hot: Owned::default(),
+                orders: orders,
+                max_pages: 1 << (orders - 1),
+                hit_max_pages: (a.hit.cache_hit_max_bytes >> PAGE_SHIFT) as u32,
+                stacks: stacks,
+                accounted: Owned::default(),
+                batch: batch,
+                extra_pages: Default::default(),
+                class_blocks: Default::default(),
+                events: Events::default(),
+                locked_hot: Owned::default(),
+                locked_hot_pages: Owned::default(),
+                locked_hot_last: Owned::default(),
+                owner: Arc::downgrade(a),
+                id: a.hit.cache_id,
+                next: Cell::new(ptr::null_mut()),
+                prev: Cell::new(ptr::null_mut()),
+            });
         }
-    }
-
-    /// Names every field of `ThreadCache` once, as `init` writes them: a field added to the
-    /// struct and not here fails to compile, a reminder that `init` must write it too.
-    #[allow(dead_code)]
-    fn init_writes_these(c: ThreadCache) {
-        let ThreadCache {
-            entries: _, busy: _, frozen: _, pages: _, limit: _, alloc_hits: _, free_hits: _, hot: _,
-            drain_asked: _, hit_max_pages: _, mixed: _, orders: _, stacks: _, seen_generation: _,
-            max_pages: _, high: _, stacked: _, seen_large: _, accounted: _, batch: _,
-            extra_pages: _, class_blocks: _, events: _, locked_hot: _, locked_hot_pages: _,
-            locked_hot_last: _, owner: _, id: _, next: _, prev: _,
-        } = c;
     }
 
     /// The owner starts using the cache without the lock: `false` if the reporting worker has
