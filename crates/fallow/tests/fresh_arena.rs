@@ -7,14 +7,9 @@
 
 mod common;
 
+use common::os::resident_set_bytes as resident_bytes;
 use common::Rng;
 use fallow::{Allocator, Config, Flags, Tunables};
-
-/// This process's resident bytes (`/proc/self/statm`).
-fn resident_bytes() -> usize {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 4096
-}
 
 #[test]
 fn top_level_blocks_are_written_as_takes_reach_them() {

@@ -112,11 +112,7 @@ fn a_request_the_new_arena_cannot_serve_still_grows() {
     }
 }
 
-/// This process's address-space size in bytes (`/proc/self/statm`, first field).
-fn vm_size() -> usize {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-    s.split_whitespace().next().unwrap().parse::<usize>().unwrap() * 4096
-}
+use os::mapped_bytes as vm_size;
 
 #[test]
 fn surplus_reservations_are_unmapped() {

@@ -6,15 +6,12 @@
 //! wrong on stderr and through its exit status.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod common;
+
+use common::os::mapped_bytes as mapped;
 use fallow::{Allocator, Config, Error, Flags};
 
 const GIB: usize = 1 << 30;
-
-/// This process's address-space size, from `/proc/self/statm`.
-fn mapped() -> usize {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-    s.split_whitespace().next().unwrap().parse::<usize>().unwrap() * 4096
-}
 
 /// Run `f` in a child whose `RLIMIT_AS` leaves `room` bytes beyond what is mapped now.
 fn in_child_with_room(room: usize, f: fn() -> Result<(), String>) {

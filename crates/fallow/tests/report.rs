@@ -93,11 +93,7 @@ fn resident_size_falls_and_reported_memory_is_zero_without_memset() {
     a.check_invariants().unwrap();
 }
 
-/// This process's resident set in bytes (`/proc/self/statm`, second field).
-fn rss() -> usize {
-    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-    s.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * PAGE
-}
+use os::resident_set_bytes as rss;
 
 #[test]
 fn reporting_lowers_the_process_resident_set() {

@@ -76,15 +76,19 @@ pub(crate) const fn class_size(c: usize) -> usize {
     if c < 8 {
         (c + 1) * 16
     } else if c < TABLE_CLASSES {
-        let base = 128 << ((c - 8) / 4);
-        base + ((c - 8) % 4 + 1) * (base / 4)
+        stepped(128, 4, c - 8)
     } else if c < FINE_CLASSES {
-        let base = TABLE_MAX << ((c - TABLE_CLASSES) / 8);
-        base + ((c - TABLE_CLASSES) % 8 + 1) * (base / 8)
+        stepped(TABLE_MAX, 8, c - TABLE_CLASSES)
     } else {
-        let base = FINE_MAX << ((c - FINE_CLASSES) / 4);
-        base + ((c - FINE_CLASSES) % 4 + 1) * (base / 4)
+        stepped(FINE_MAX, 4, c - FINE_CLASSES)
     }
+}
+
+/// The `i`-th size of a run of classes `per` per doubling above `start`: with `b` the power of
+/// two `start << (i / per)`, `b` and `i % per + 1` of its `per`-ths.
+const fn stepped(start: usize, per: usize, i: usize) -> usize {
+    let base = start << (i / per);
+    base + (i % per + 1) * (base / per)
 }
 
 /// The span size of class `c`, in bytes (a power of two, at least one granule): 64 KiB up to
@@ -167,13 +171,10 @@ pub(crate) unsafe fn class_of(size: usize) -> usize {
 #[cold]
 fn large_class_of(size: usize) -> usize {
     let b = 1usize << (usize::BITS - 1 - (size - 1).leading_zeros());
-    if size <= FINE_MAX {
-        let k = (size - b).div_ceil(b / 8);
-        TABLE_CLASSES + 8 * (b.trailing_zeros() - TABLE_MAX.trailing_zeros()) as usize + k - 1
-    } else {
-        let k = (size - b).div_ceil(b / 4);
-        FINE_CLASSES + 4 * (b.trailing_zeros() - FINE_MAX.trailing_zeros()) as usize + k - 1
-    }
+    // The run of classes (`stepped`) the size falls in: its first class, start and steps.
+    let (first, start, per) = if size <= FINE_MAX { (TABLE_CLASSES, TABLE_MAX, 8) } else { (FINE_CLASSES, FINE_MAX, 4) };
+    let k = (size - b).div_ceil(b / per);
+    first + per * (b.trailing_zeros() - start.trailing_zeros()) as usize + k - 1
 }
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):

@@ -41,6 +41,22 @@ pub mod os {
         }
         Ok(buf.iter().filter(|b| **b & 1 != 0).count())
     }
+
+    /// Field `i` of `/proc/self/statm` in bytes: 0 the address space's size, 1 the resident set.
+    fn statm_bytes(i: usize) -> usize {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        s.split_whitespace().nth(i).unwrap().parse::<usize>().unwrap() * 4096
+    }
+
+    /// This process's resident set, in bytes.
+    pub fn resident_set_bytes() -> usize {
+        statm_bytes(1)
+    }
+
+    /// This process's address-space size, in bytes.
+    pub fn mapped_bytes() -> usize {
+        statm_bytes(0)
+    }
 }
 
 /// Whether every free block of `s` (an allocator with nothing live or cached) is of the top
