@@ -28,6 +28,13 @@ cargo build --release -p fallow-capi -p fallow-preload
 for f in libfallow.so libfallow.a libfallow_preload.so fallow.pc; do
     [[ -f target/release/$f ]] || fail "target/release/$f missing"
 done
+# The two shared libraries carry their unwinder (crates/static_unwinder.rs): a process they are
+# loaded into does not load libgcc_s for them.
+for f in libfallow.so libfallow_preload.so; do
+    needed=$(readelf -d "target/release/$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+    echo "$f needs: $needed"
+    [[ $needed == *libc.so.6* && $needed != *libgcc_s* ]] || fail "$f needs $needed"
+done
 # In release, as `make test`'s other phases build (run from `make test`, test-rust ran these
 # already and nothing is rebuilt).
 cargo test -q --release -p fallow-preload

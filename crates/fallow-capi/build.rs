@@ -1,7 +1,11 @@
 //! Writes `fallow.pc` (pkg-config) next to the libraries in the target directory, from
-//! `fallow.pc.in`, with the repository's `include/` and the target directory as paths.
+//! `fallow.pc.in`, with the repository's `include/` and the target directory as paths, and
+//! links the unwinder into `libfallow.so` (`../static_unwinder.rs`).
 
 use std::path::PathBuf;
+
+#[path = "../static_unwinder.rs"]
+mod static_unwinder;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -15,6 +19,7 @@ fn main() {
         .replace("@LIBDIR@", &libdir.display().to_string())
         .replace("@VERSION@", &std::env::var("CARGO_PKG_VERSION").unwrap());
     std::fs::write(libdir.join("fallow.pc"), pc).unwrap();
+    static_unwinder::link_unwinder_statically();
     println!("cargo:rerun-if-changed=fallow.pc.in");
     println!("cargo:rerun-if-changed=build.rs");
 }
