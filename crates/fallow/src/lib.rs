@@ -46,6 +46,22 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
 
+/// `write_every_field!(dst, Type { field: value, ... })`: write each field of `*dst` through its
+/// raw place (`dst` a `*mut Type`; no reference to the whole, which may be uninitialised), with
+/// a never-called closure that destructures a `Type` naming the same fields, so that a field of
+/// `Type` left out of the list does not compile. Fields the caller wrote in place before are
+/// named after a `;` (`Type { a: 1, b: 2; c }`): checked, not written. Expands to raw-pointer
+/// writes: the caller's `unsafe` block says why `dst` is valid for them. Used where a value too
+/// large for the stack is set up where it lives (a thread's cache, an allocator's shared state).
+macro_rules! write_every_field {
+    ($dst:expr, $ty:ident { $($field:ident: $value:expr),* $(,)? $(; $($done:ident),* $(,)?)? }) => {{
+        let _every_field_named = |v: $ty| {
+            let $ty { $($field: _,)* $($($done: _,)*)? } = v;
+        };
+        $( (&raw mut (*$dst).$field).write($value); )*
+    }};
+}
+
 pub(crate) mod allocator;
 pub(crate) mod arena;
 pub(crate) mod buddy;

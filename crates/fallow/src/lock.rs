@@ -134,6 +134,21 @@ impl<T> Locked<T> {
         Locked { lock: RawLock::with_spin_ns(spin_ns), data: UnsafeCell::new(data) }
     }
 
+    /// Set up a `Locked` at `dst` in place, free, its waiters spinning for `spin_ns`: `init`
+    /// writes the data at the pointer it is given (for data too large to build on the stack
+    /// and move).
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of a `Locked<T>` and aligned for it; whatever it held is
+    /// overwritten without being dropped. `init` must write a whole valid `T` at its pointer
+    /// (valid for writes of a `T`, aligned, uninitialised) before it returns.
+    pub unsafe fn init_in(dst: *mut Self, spin_ns: u32, init: impl FnOnce(*mut T)) {
+        // SAFETY: `dst` is valid for writes (the caller's contract); the places are its fields.
+        unsafe { (&raw mut (*dst).lock).write(RawLock::with_spin_ns(spin_ns)) };
+        // SAFETY: as above; `raw_get` gives the data's place without a reference to it.
+        init(UnsafeCell::raw_get(unsafe { &raw const (*dst).data }));
+    }
+
     #[inline]
     pub fn lock(&self) -> Guard<'_, T> {
         self.lock.lock();

@@ -87,8 +87,14 @@ impl Allocator {
         config.max_order = crate::arena::fitting_max_order(config.max_order, config.max_order.min(9), config.thp);
         let cache_orders = cache::orders_served(&config);
         let entries = WorkerEntries { report: crate::report::thread_main, zero: crate::zero::thread_main };
-        let shared = Shared::new(config, cache::new_allocator_id(), cache_orders, entries);
-        let shared = Arc::new(shared);
+        // The shared state is set up in its `Arc`'s memory (`Shared::init`: 12 KiB, too large
+        // to build on the stack and move).
+        let mut shared = Arc::<Shared>::new_uninit();
+        let slot = Arc::get_mut(&mut shared).expect("a new Arc has one handle");
+        // SAFETY: `slot` is the `Arc`'s own memory, valid for writes of a `Shared` and aligned.
+        unsafe { Shared::init(slot.as_mut_ptr(), config, cache::new_allocator_id(), cache_orders, entries) };
+        // SAFETY: `Shared::init` wrote every field.
+        let shared = unsafe { shared.assume_init() };
         shared.grow(0, 0)?;
         let slab = Arc::new(Slab::new(shared.clone())?);
         let keys = slab.keys.clone();

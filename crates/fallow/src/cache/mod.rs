@@ -282,20 +282,6 @@ pub(crate) struct ThreadCache {
 
 const _: () = assert!(core::mem::offset_of!(ThreadCache, hit_max_pages) < 64 && core::mem::offset_of!(ThreadCache, hot) < 64);
 
-/// `write_every_field!(dst, Type { field: value, ... })`: write each field of `*dst` through its
-/// raw place (`dst` a `*mut Type`; no reference to the whole, which may be uninitialised), with
-/// a never-called closure that destructures a `Type` naming the same fields, so that a field of
-/// `Type` left out of the list does not compile. Expands to raw-pointer writes: the caller's
-/// `unsafe` block says why `dst` is valid for them.
-macro_rules! write_every_field {
-    ($dst:expr, $ty:ident { $($field:ident: $value:expr),* $(,)? }) => {{
-        let _every_field_named = |v: $ty| {
-            let $ty { $($field: _),* } = v;
-        };
-        $( (&raw mut (*$dst).$field).write($value); )*
-    }};
-}
-
 impl ThreadCache {
     /// Set up a cache of `a` at `dst`, in place. Built by value, the cache (most of a page) was
     /// made on the stack and copied on its way to the page, which touched 20 KiB of the stack of

@@ -246,39 +246,67 @@ impl Shared {
         }
     }
 
-    /// The shared state of a new allocator with no arena yet (`grow` installs the first), with
-    /// one handle. `cache_id` and `cache_orders` (served, stacked) describe its per-thread caches (cache layer);
-    /// `entries` its workers' threads.
-    pub(crate) fn new(config: Config, cache_id: u64, cache_orders: (u32, u32), entries: WorkerEntries) -> Shared {
-        Shared {
-            gap: HitGap::uninit(),
-            heap: Locked::with_spin_ns(Heap {
-                arenas: Vec::with_capacity(MAX_ARENAS),
-                counters: Counters::default(),
-                tunables: config.tunables.clamped(&config),
-                reclaim: ReclaimCounters::default(),
-                inflight: [Inflight::default(); INFLIGHT],
-                isolation_waiters: 0,
-                caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
-                hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
-            }, lock::SPIN_NS_LONG),
-            views: core::array::from_fn(|_| ArenaView::empty()),
-            hit: HitPath::new(cache_id, cache_orders.0, cache_orders.1),
-            epoch_ns: os::now_ns(),
-            reporter: Worker::new(b"fallow-report"),
-            zeroer: Worker::new(b"fallow-zero"),
-            handles: AtomicUsize::new(1),
-            pidfd: AtomicI32::new(-1),
-            entries,
-            zero_requested: AtomicBool::new(false),
-            large_cached: AtomicBool::new(false),
-            large_generation: AtomicU64::new(0),
-            squeezed: AtomicBool::new(false),
-            pressure_injected: AtomicBool::new(false),
-            slack_held: SlackHeld::default(),
-            slack_blocks_min: os::online_cpus() as u64,
-            caches_registered: AtomicU64::new(0),
-            config,
+    /// Set up at `dst` the shared state of a new allocator with no arena yet (`grow` installs
+    /// the first), with one handle. `cache_id` and `cache_orders` (served, stacked) describe its
+    /// per-thread caches (cache layer); `entries` its workers' threads. In place: built by
+    /// value (12 KiB, the heap in it 6.6 KiB) and moved into its `Arc`, it took 36 KiB more of
+    /// the stack of the thread that made the allocator (the main thread's, for the preload:
+    /// resident for the process's life; `tests/thread_stack.rs`).
+    ///
+    /// # Safety
+    /// `dst` is valid for writes of a `Shared` and aligned for it; whatever it held is
+    /// overwritten without being dropped.
+    pub(crate) unsafe fn init(dst: *mut Shared, config: Config, cache_id: u64, cache_orders: (u32, u32), entries: WorkerEntries) {
+        let tunables = config.tunables.clamped(&config);
+        let heap_init = |h: *mut Heap| {
+            // SAFETY: `h` is the place of the lock's data, valid for writes and aligned
+            // (`Locked::init_in`); every field of `Heap` is written (`write_every_field!`).
+            unsafe {
+                write_every_field!(h, Heap {
+                    arenas: Vec::with_capacity(MAX_ARENAS),
+                    counters: Counters::default(),
+                    tunables: tunables,
+                    reclaim: ReclaimCounters::default(),
+                    inflight: [Inflight::default(); INFLIGHT],
+                    isolation_waiters: 0,
+                    caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
+                    hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
+                })
+            }
+        };
+        // SAFETY: `dst` is valid for writes of a `Shared` (the caller's contract), so its
+        // `heap` place is valid for a `Locked<Heap>`; `heap_init` writes every field of the
+        // `Heap`.
+        unsafe { Locked::init_in(&raw mut (*dst).heap, lock::SPIN_NS_LONG, heap_init) };
+        // SAFETY: `dst` is valid for writes (the caller's contract); the place of a field.
+        let views = unsafe { &raw mut (*dst).views };
+        for i in 0..MAX_ARENAS {
+            // SAFETY: `i < MAX_ARENAS`, within the array's place in `*dst`.
+            unsafe { (views as *mut ArenaView).add(i).write(ArenaView::empty()) };
+        }
+        // SAFETY: as above; every other field is written here (`write_every_field!` names
+        // `heap` and `views`, written above, after the `;`).
+        unsafe {
+            write_every_field!(dst, Shared {
+                gap: HitGap::uninit(),
+                hit: HitPath::new(cache_id, cache_orders.0, cache_orders.1),
+                epoch_ns: os::now_ns(),
+                reporter: Worker::new(b"fallow-report"),
+                zeroer: Worker::new(b"fallow-zero"),
+                handles: AtomicUsize::new(1),
+                pidfd: AtomicI32::new(-1),
+                entries: entries,
+                zero_requested: AtomicBool::new(false),
+                large_cached: AtomicBool::new(false),
+                large_generation: AtomicU64::new(0),
+                squeezed: AtomicBool::new(false),
+                pressure_injected: AtomicBool::new(false),
+                slack_held: SlackHeld::default(),
+                slack_blocks_min: os::online_cpus() as u64,
+                caches_registered: AtomicU64::new(0),
+                config: config;
+                heap, views
+            })
         }
     }
 }
