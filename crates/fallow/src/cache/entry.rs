@@ -22,8 +22,8 @@ const _: () = assert!(core::mem::size_of::<ArenaView>() == 1 << ARENA_SHIFT);
 impl Entry {
     #[inline(always)]
     pub(super) fn new(addr: usize, arena: usize, mixed: bool) -> Entry {
-        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0 (the
-        // placeholder entries of `ThreadCache::init` use `1 << PAGE_SHIFT`), so the word is non-zero.
+        // SAFETY: `addr` is the page-aligned address of a block inside a mapped arena, never 0,
+        // so the word is non-zero.
         Entry(unsafe { NonZeroUsize::new_unchecked(addr | arena << ARENA_SHIFT | mixed as usize) })
     }
     #[inline(always)]

@@ -125,6 +125,7 @@ mod remote;
 mod table;
 
 use core::cell::Cell;
+use core::mem::MaybeUninit;
 use core::ptr;
 use core::sync::atomic::{compiler_fence, AtomicU32, AtomicU64, AtomicU8, Ordering, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -311,19 +312,23 @@ impl ThreadCache {
             batch[o] = (cfg.cache_batch_pages >> o).clamp(1, cap);
             total += cap;
         }
-        let entries = Box::into_raw(vec![Entry::new(1 << PAGE_SHIFT, 0, false); total as usize].into_boxed_slice());
+        // The entries and their counts are left unwritten: only those below a stack's size are
+        // ever read (each written by its push), so a thread's cache makes resident only the
+        // entries it uses. Written whole (14 KiB with the defaults), they were resident in
+        // every thread with a cache.
+        let entries = Box::into_raw(Box::<[Entry]>::new_uninit_slice(total as usize)).cast::<Entry>();
         for s in &mut stacks[..orders] {
             // SAFETY: `base < total`, the length of the array.
-            s.first = unsafe { (entries as *mut Entry).add(s.base as usize) };
+            s.first = unsafe { entries.add(s.base as usize) };
         }
-        let mixed = Box::into_raw(vec![Mixed::default(); total as usize].into_boxed_slice());
+        let mixed = Box::into_raw(Box::<[Mixed]>::new_uninit_slice(total as usize)).cast::<Mixed>();
         // SAFETY: `dst` is valid for writes of a `ThreadCache` (the caller's contract);
         // `write_every_field!` writes each field once through its raw place (no reference to the
         // uninitialised whole) and fails to compile unless it names every field.
         unsafe {
             write_every_field!(dst, ThreadCache {
-                entries: entries as *mut Entry,
-                mixed: mixed as *mut Mixed,
+                entries: entries,
+                mixed: mixed,
                 pages: Owned::default(),
                 limit: Owned(AtomicU64::new(cfg.cache_high_pages as u64)),
                 high: cfg.cache_high_pages as u64,
@@ -509,11 +514,12 @@ impl Drop for Inside<'_> {
 impl Drop for ThreadCache {
     fn drop(&mut self) {
         // SAFETY: `entries` and `mixed` were made in `init` by `Box::into_raw` of boxed slices of
-        // `nentries()` elements each, and are freed only here, once.
+        // `nentries()` uninitialised elements each (freed as such: nothing to drop in them), and
+        // are freed only here, once.
         unsafe {
             let n = self.nentries();
-            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries, n)));
-            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed, n)));
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.entries.cast::<MaybeUninit<Entry>>(), n)));
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(self.mixed.cast::<MaybeUninit<Mixed>>(), n)));
         }
     }
 }
