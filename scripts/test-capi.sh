@@ -34,6 +34,10 @@ for f in libfallow.so libfallow_preload.so; do
     needed=$(readelf -d "target/release/$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
     echo "$f needs: $needed"
     [[ $needed == *libc.so.6* && $needed != *libgcc_s* ]] || fail "$f needs $needed"
+    # Its copy stays private: a program's own C++ exceptions keep libgcc_s's.
+    if nm -D --defined-only "target/release/$f" | grep -E '_Unwind_|__register_frame|__gcc_personality'; then
+        fail "$f exports the unwinder"
+    fi
 done
 # In release, as `make test`'s other phases build (run from `make test`, test-rust ran these
 # already and nothing is rebuilt).

@@ -136,9 +136,19 @@ impl Entries<'_> {
         unsafe { self.mixed.add(i as usize) }
     }
 
-    /// The entry at index `i`, with its counts.
+    /// Whether index `i` is below its stack's size: the only entries ever read, as the others
+    /// may never have been written (`ThreadCache::init` leaves them so). For debug checks.
+    fn is_live(&self, i: u32) -> bool {
+        self.stacks[..self.orders].iter().any(|s| {
+            let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
+            (s.base..s.base + nd).contains(&i) || (s.base + s.cap - nz..s.base + s.cap).contains(&i)
+        })
+    }
+
+    /// The entry at index `i`, with its counts (`i` below its stack's size: `is_live`).
     #[inline(always)]
     pub(super) fn read(&self, i: u32) -> (Entry, Mixed) {
+        debug_assert!(self.is_live(i), "entry {i} read outside its stack's live part");
         // SAFETY: `entry(i)` is in bounds; the read is a plain one, by the owner, or by another thread
         // while the owner is kept out: a drain under the lock after the `membarrier` handshake
         // ("Draining an idle thread's cache"), or `check` / `free_runs` through a `FrozenHeap`.
@@ -184,8 +194,8 @@ impl Entries<'_> {
         if nd == 0 {
             return None;
         }
-        s.ndirty.set(nd as u64 - 1);
         let (e, m) = self.read(s.base + nd - 1);
+        s.ndirty.set(nd as u64 - 1);
         if e.mixed() {
             self.gauge_mixed(m, o, false);
         }
@@ -199,8 +209,8 @@ impl Entries<'_> {
         if nz == 0 {
             return None;
         }
-        s.set_nzero(nz - 1);
         let (e, m) = self.read(s.base + s.cap - nz);
+        s.set_nzero(nz - 1);
         self.gauge_mixed(m, o, false);
         Some((e, m))
     }
