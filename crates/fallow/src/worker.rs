@@ -41,6 +41,14 @@ pub const NAPPING: u32 = 2;
 /// Woken: the next sleep returns at once.
 pub const KICKED: u32 = 3;
 
+/// Longest nap of a worker's thread before it sets itself up (`Worker::start_nap`): 20 ms, the
+/// default `zero_delay`. The set-up (its name, its scheduling policy, the CPU load's and the
+/// cgroup's files, the reporter's probe of `MADV_DONTNEED`, memory limit and pressure file) is
+/// about 50 system calls a worker: with small objects on, the allocator is made at a program's
+/// first `malloc`, and that set-up was a tenth of the CPU time of a shell's `ls` (0.2 of 1.9 ms,
+/// docs/measurements.md).
+pub const START_NAP_NS: u64 = 20_000_000;
+
 pub struct Worker {
     pub word: AtomicU32,
     stop: AtomicBool,
@@ -51,6 +59,9 @@ pub struct Worker {
     /// Set in a `fork` child whose parent ran this worker: restart it when work appears.
     pub restart_wanted: AtomicBool,
     pub name: &'static [u8],
+    /// Times the thread set itself up (`on_thread_start`), for the tests.
+    #[cfg(test)]
+    pub(crate) setups: core::sync::atomic::AtomicU32,
 }
 
 pub type Entry = os::ThreadEntry;
@@ -65,6 +76,8 @@ impl Worker {
             pid: AtomicI32::new(0),
             restart_wanted: AtomicBool::new(false),
             name,
+            #[cfg(test)]
+            setups: core::sync::atomic::AtomicU32::new(0),
         }
     }
 
@@ -102,9 +115,25 @@ impl Worker {
         self.word.store(ABSENT, Ordering::SeqCst);
     }
 
-    /// Called by the thread itself first: name it and schedule it as a background thread (see
-    /// `IdleGate` for how it keeps to idle CPU time).
+    /// Called by the thread itself first, before it sets itself up (`on_thread_start`, and
+    /// the reporter's limit and pressure watch): sleep `min(delay_ns, START_NAP_NS)`, `delay_ns`
+    /// being how long the worker's work waits anyway (a block is zeroed once it stayed free
+    /// `zero_delay`, reported once it stayed free `report_delay`). A kick (settings changed,
+    /// stop) ends the nap early. So a process that lives a few milliseconds never pays for the
+    /// workers' set-up. `false`: asked to stop meanwhile, the thread sets nothing up and ends.
+    pub fn start_nap(&self, delay_ns: u64) -> bool {
+        let ns = delay_ns.min(START_NAP_NS);
+        if ns > 0 {
+            self.nap_unless_kicked(ns);
+        }
+        !self.stopping()
+    }
+
+    /// Called by the thread itself after `start_nap`: name it and schedule it as a background
+    /// thread (see `IdleGate` for how it keeps to idle CPU time).
     pub fn on_thread_start(&self) -> IdleGate {
+        #[cfg(test)]
+        self.setups.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         os::set_thread_name(self.name);
         let load = os::CpuLoad::open();
         let wanted = if load.is_some() { BackgroundPolicy::Batch } else { BackgroundPolicy::Idle };

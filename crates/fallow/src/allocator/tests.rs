@@ -1,6 +1,7 @@
 //! Tests of the locked allocator together with the workers' interface, driven by hand: what an
 //! allocation does while a worker holds a block.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use crate::config::{Config, Tunables};
@@ -144,4 +145,24 @@ fn every_arena_lies_in_the_process_wide_span() {
     for p in blocks {
         a.free(p as *mut u8).unwrap();
     }
+}
+
+/// The workers nap before they set themselves up (`Worker::start_nap`): an allocator dropped
+/// at once has its workers stopped before they set anything up (before the nap, each set itself
+/// up first, whatever came next); one that lives on has them set up once the nap is over.
+#[test]
+fn workers_set_themselves_up_only_after_their_start_nap() {
+    let config = || Config { arena_size: 64 << 20, thp: false, ..Config::default() };
+    let a = Allocator::new(config()).unwrap();
+    let shared = a.shared.clone();
+    // The last handle stops the workers and joins them.
+    drop(a);
+    let setups = |s: &crate::heap::Shared| (s.reporter.setups.load(Relaxed), s.zeroer.setups.load(Relaxed));
+    assert_eq!(setups(&shared), (0, 0), "workers stopped during their start nap set themselves up");
+    let a = Allocator::new(config()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while setups(&a.shared) != (1, 1) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(setups(&a.shared), (1, 1), "the workers of a living allocator never set themselves up");
 }
