@@ -320,3 +320,27 @@ fn a_heap_keeps_a_few_spare_spans_over_all_classes() {
     }
     all_returned(&a);
 }
+
+/// Spans come from the page layer's locked path and go back to it, never through a per-thread
+/// page cache: the caches then hold no span memory, neither a refill's batch when spans are
+/// made nor the spans given back (docs/design.md, "Spans and the page caches").
+#[test]
+fn spans_leave_no_memory_in_the_page_caches() {
+    let a = Allocator::new(cfg()).unwrap();
+    let b = a.clone();
+    // Joined, not scoped: the thread's heap is given up by its thread-local destructor, which
+    // a scope's end does not wait for.
+    std::thread::spawn(move || {
+        let objects: Vec<_> = (0..20_000).map(|i| b.malloc(16 + (i % 64) * 16, 16, Flags::NONE).unwrap()).collect();
+        let made = b.stats();
+        for p in objects {
+            b.free_any(p.as_ptr()).unwrap();
+        }
+        let freed = b.stats();
+        assert!(made.small_spans > 64, "{made}");
+        assert_eq!((made.cached_pages, freed.cached_pages), (0, 0), "made: {made}\nfreed: {freed}");
+    })
+    .join()
+    .unwrap();
+    all_returned(&a);
+}

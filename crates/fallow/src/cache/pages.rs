@@ -57,18 +57,34 @@ fn cached_order(s: &Shared, size: usize, align: usize) -> Option<u8> {
 /// Everything but the hit path: the cache's out-of-line paths, then the locked path.
 #[inline(never)]
 pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
-    // Relaxed: the worker only needs to see it eventually; a load first keeps the line shared.
-    if flags.contains(Flags::ZERO) && !s.zero_requested.load(Relaxed) {
-        s.zero_requested.store(true, Relaxed);
-        // The first one: dirty memory freed until now did not wake the zeroing worker.
-        s.wake_workers_after_free(s.heap.lock());
-    }
+    note_zero_request(s, flags);
     if let Some(p) = alloc_cached(s, size, align, flags) {
         return Ok(p);
     }
     // Before memory is faulted in or the heap grows, this thread's own cache gives back what it
     // holds.
     s.alloc_locked(size, align, flags, &mut OwnCache(s))
+}
+
+/// A block from the locked path alone, never from a per-thread cache (which then keeps no
+/// batch of its order either): the slab's spans, which the slab keeps spares of itself and
+/// gives back on the locked path (docs/design.md, "Spans and the page caches"). As on the
+/// locked path of `alloc_pages_slow`, this thread's own cache gives back what it holds before
+/// memory is faulted in.
+pub(crate) fn alloc_pages_uncached(s: &Arc<Shared>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+    note_zero_request(s, flags);
+    s.alloc_locked(size, align, flags, &mut OwnCache(s))
+}
+
+/// The first `ZERO` request: until then the zeroing worker zeroes nothing but the populated
+/// reserve, and dirty memory freed did not wake it.
+#[inline(always)]
+fn note_zero_request(s: &Arc<Shared>, flags: Flags) {
+    // Relaxed: the worker only needs to see it eventually; a load first keeps the line shared.
+    if flags.contains(Flags::ZERO) && !s.zero_requested.load(Relaxed) {
+        s.zero_requested.store(true, Relaxed);
+        s.wake_workers_after_free(s.heap.lock());
+    }
 }
 
 /// The calling thread's cache, as the locked path may ask it back (`heap::Reclaim`).

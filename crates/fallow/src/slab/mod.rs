@@ -9,9 +9,9 @@
 //! thread's heap and the owner's slow paths; `sweep` the owner's sweep before new spans; `map`
 //! the side metadata (page map, descriptors); `table` the thread-local table that finds a
 //! thread's heap.
-//! It sits on `cache` (its spans are page blocks taken and given back through
-//! `cache::alloc_pages` / `free_pages`, as `Allocator::alloc` / `free` serve them) and nothing
-//! above it.
+//! It sits on `cache` and `heap` (its spans are page blocks taken on the locked path,
+//! `cache::alloc_pages_uncached`, and given back on it, `Shared::free_locked`: never through a
+//! per-thread page cache, docs/design.md "Spans and the page caches") and nothing above them.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live
 //! page block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread
@@ -229,16 +229,16 @@ impl Slab {
         }
     }
 
-    /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer
-    /// (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
+    /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer's
+    /// locked path (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
     fn new_span(&self, c_class: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
         let bytes = span_bytes(c_class);
         let flags = if zero { Flags::ZERO } else { Flags::NONE };
-        let start = cache::alloc_pages(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
+        let start = cache::alloc_pages_uncached(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
         let entries = match self.map_entries(start, bytes) {
             Ok(e) => e,
             Err(e) => {
-                let _ = cache::free_pages(&self.shared, start, None);
+                let _ = self.shared.free_locked(start, None);
                 return Err(e);
             }
         };
@@ -251,7 +251,7 @@ impl Slab {
             Ok(s) => s,
             Err(e) => {
                 drop(c);
-                let _ = cache::free_pages(&self.shared, start, None);
+                let _ = self.shared.free_locked(start, None);
                 return Err(e);
             }
         };
@@ -310,7 +310,7 @@ impl Slab {
             s.heap.store(ptr::null_mut(), Relaxed);
             let given = s.given.replace(0);
             let r = if given == 0 {
-                cache::free_pages(&self.shared, start, None)
+                self.shared.free_locked(start, None)
             } else {
                 // SAFETY: the pages set in `given` are the span's, given back by a trim with
                 // `MADV_DONTNEED` (private anonymous memory, where it zeroes: `Slab::trims`) and
