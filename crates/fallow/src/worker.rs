@@ -45,8 +45,8 @@ pub const KICKED: u32 = 3;
 /// default `zero_delay`. The set-up (its name, its scheduling policy, the CPU load's and the
 /// cgroup's files, the reporter's probe of `MADV_DONTNEED`, memory limit and pressure file) is
 /// about 50 system calls a worker: with small objects on, the allocator is made at a program's
-/// first `malloc`, and that set-up was a tenth of the CPU time of a shell's `ls` (0.2 of 1.9 ms,
-/// docs/measurements.md).
+/// first `malloc`, and that set-up was a sixth of the CPU time of a shell's `ls` (0.41 of 2.47
+/// ms, docs/measurements.md).
 pub const START_NAP_NS: u64 = 20_000_000;
 
 pub struct Worker {
