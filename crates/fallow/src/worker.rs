@@ -41,7 +41,7 @@ pub const NAPPING: u32 = 2;
 /// Woken: the next sleep returns at once.
 pub const KICKED: u32 = 3;
 
-/// Longest nap of a worker's thread before it sets itself up (`Worker::start_nap`): 20 ms, the
+/// Longest nap of a worker's thread before it sets itself up (`Worker::start_after_nap`): 20 ms, the
 /// default `zero_delay`. The set-up (its name, its scheduling policy, the CPU load's and the
 /// cgroup's files, the reporter's probe of `MADV_DONTNEED`, memory limit and pressure file) is
 /// about 50 system calls a worker: with small objects on, the allocator is made at a program's
@@ -115,23 +115,24 @@ impl Worker {
         self.word.store(ABSENT, Ordering::SeqCst);
     }
 
-    /// Called by the thread itself first, before it sets itself up (`on_thread_start`, and
-    /// the reporter's limit and pressure watch): sleep `min(delay_ns, START_NAP_NS)`, `delay_ns`
-    /// being how long the worker's work waits anyway (a block is zeroed once it stayed free
-    /// `zero_delay`, reported once it stayed free `report_delay`). A kick (settings changed,
-    /// stop) ends the nap early. So a process that lives a few milliseconds never pays for the
-    /// workers' set-up. `false`: asked to stop meanwhile, the thread sets nothing up and ends.
-    pub fn start_nap(&self, delay_ns: u64) -> bool {
-        let ns = delay_ns.min(START_NAP_NS);
+    /// Called by the thread itself first: sleep `min(delay_ms, START_NAP_NS)`, `delay_ms` being
+    /// how long the worker's work waits anyway (a block is zeroed once it stayed free
+    /// `zero_delay`, reported once it stayed free `report_delay`), then set the thread up
+    /// (`on_thread_start`; the reporter then sets up its limit and pressure watch). A kick
+    /// (settings changed, stop) ends the nap early. So a process that lives a few milliseconds
+    /// never pays for the workers' set-up. `None`: asked to stop meanwhile, the thread sets
+    /// nothing up and ends.
+    pub fn start_after_nap(&self, delay_ms: u32) -> Option<IdleGate> {
+        let ns = (delay_ms as u64 * 1_000_000).min(START_NAP_NS);
         if ns > 0 {
             self.nap_unless_kicked(ns);
         }
-        !self.stopping()
+        (!self.stopping()).then(|| self.on_thread_start())
     }
 
-    /// Called by the thread itself after `start_nap`: name it and schedule it as a background
-    /// thread (see `IdleGate` for how it keeps to idle CPU time).
-    pub fn on_thread_start(&self) -> IdleGate {
+    /// Name the calling thread and schedule it as a background thread (see `IdleGate` for how
+    /// it keeps to idle CPU time).
+    fn on_thread_start(&self) -> IdleGate {
         #[cfg(test)]
         self.setups.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         os::set_thread_name(self.name);

@@ -90,10 +90,7 @@ pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_voi
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
     let delay_ms = shared.heap.lock().tunables.zero_delay_ms;
-    if !shared.zeroer.start_nap(delay_ms as u64 * 1_000_000) {
-        return core::ptr::null_mut();
-    }
-    let mut gate = shared.zeroer.on_thread_start();
+    let Some(mut gate) = shared.zeroer.start_after_nap(delay_ms) else { return core::ptr::null_mut() };
     run(&shared, &mut gate);
     core::ptr::null_mut()
 }

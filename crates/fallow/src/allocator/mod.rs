@@ -116,8 +116,7 @@ impl Allocator {
     ///
     /// Always inlined: the hit path is a few dozen instructions and no call, as a malloc's
     /// thread-cache hit; out of line it would also return its `Result` through memory. The
-    /// path itself is the cache layer's (`cache::alloc_pages`), which the slab layer's spans
-    /// take too.
+    /// path itself is the cache layer's (`cache::alloc_pages`).
     #[inline(always)]
     pub fn alloc(&self, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
         cache::alloc_pages(&self.shared, size, align, flags)

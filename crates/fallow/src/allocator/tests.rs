@@ -147,7 +147,7 @@ fn every_arena_lies_in_the_process_wide_span() {
     }
 }
 
-/// The workers nap before they set themselves up (`Worker::start_nap`): an allocator dropped
+/// The workers nap before they set themselves up (`Worker::start_after_nap`): an allocator dropped
 /// at once has its workers stopped before they set anything up (before the nap, each set itself
 /// up first, whatever came next); one that lives on has them set up once the nap is over.
 #[test]
