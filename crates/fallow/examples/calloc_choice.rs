@@ -3,8 +3,9 @@
 //! (no memset; cold, since the worker's non-temporal stores bypass the cache)? Measures, per size,
 //! a `ZERO` allocation followed by the program writing the whole block once (the hot reuse loop:
 //! `calloc`, `memset`, `free`) in both cases, medians of interleaved repetitions, and prints the
-//! ratio. The rule in `Heap::take` / `Buddy::take_preferring_hot` and docs/design.md
-//! ("Reuse-aware zeroing") come from this. In the cold case the hot block, just written, stays
+//! ratio. A rule that took the hot block first for requests up to a sixteenth of the last-level
+//! cache came from this (docs/design.md, "Reuse-aware zeroing", point 3; the best fit now comes
+//! first, zeroed pages breaking ties). In the cold case the hot block, just written, stays
 //! live, so that the zeroed block is the only resident one the request can take; the worker is
 //! switched off once it has zeroed it, so that nothing runs beside the timed part.
 //!

@@ -181,12 +181,12 @@ fn a_hot_loop_does_not_wake_the_worker_at_every_free() {
     a.check_invariants().unwrap();
 }
 
-/// A `ZERO` request small enough for the CPU cache takes the dirty block the program has just
-/// freed (hot) over a block the worker zeroed earlier (cold); a larger one takes the zeroed block.
+/// Of two blocks as good fits, a dirty block the program has just freed (hot) and one the worker
+/// zeroed earlier (cold), which a `ZERO` request takes: (the hot one, the cold one).
 fn zero_request_takes(len: usize) -> (bool, bool) {
     let t = Tunables { zero_delay_ms: 0, zero_order: 0, ..zeroing(256 << 20) };
     // Caches off: a 1 MiB block freed into this thread's cache would be on no list, invisible to
-    // the worker (and the rule is the locked path's).
+    // the worker.
     let a = Allocator::new(Config { arena_size: 512 << 20, max_order: 16, tunables: t, cache: false, ..Config::default() })
         .unwrap();
     ask_for_zeroed_memory(&a);
@@ -196,7 +196,7 @@ fn zero_request_takes(len: usize) -> (bool, bool) {
     unsafe { core::ptr::write_bytes(cold, 0x11, len) };
     a.free(cold).unwrap();
     wait_for("the cold block zeroed", || bytes_in_state(&a, cold as usize, len, PageState::Zeroed) == len);
-    // From now on a block counts as hot for ten minutes, and the worker leaves it alone.
+    // From now on the worker leaves every block alone: the hot one stays dirty.
     a.set_tunables(Tunables { zero_delay_ms: 600_000, ..a.tunables() }).unwrap();
     // SAFETY: `hot` is a live block of `len` bytes.
     unsafe { core::ptr::write_bytes(hot, 0x22, len) };
@@ -209,15 +209,14 @@ fn zero_request_takes(len: usize) -> (bool, bool) {
     (q == hot, q == cold)
 }
 
+/// Zeroed pages break ties of fit: between two blocks as good, a `ZERO` request takes the zeroed
+/// one (no memset), at every size (a rule that took the hot block first for requests that fit
+/// in the CPU cache took it whatever the fit; see docs/design.md, "Reuse-aware zeroing").
 #[test]
-fn a_small_zero_request_takes_the_hot_dirty_block() {
-    assert_eq!(zero_request_takes(1 << 20), (true, false), "1 MiB ZERO request did not take the just-freed block");
-}
-
-#[test]
-fn a_large_zero_request_takes_the_zeroed_block() {
-    // Above what the rule allows for any last-level cache (at most 8 MiB).
-    assert_eq!(zero_request_takes(32 << 20), (false, true), "32 MiB ZERO request did not take the zeroed block");
+fn a_zero_request_takes_the_zeroed_one_of_two_blocks_as_good() {
+    for len in [1 << 20, 32 << 20] {
+        assert_eq!(zero_request_takes(len), (false, true), "a ZERO request of {len} bytes did not take the zeroed block");
+    }
 }
 
 #[test]
@@ -518,4 +517,73 @@ fn a_large_zero_request_memsets_written_pages_shared_with_a_fork_child() {
     }
     assert!(zero, "a ZERO block over pages shared with a child is not zero");
     a.free(q).unwrap();
+}
+
+/// Where a `ZERO` request of `len` bytes goes when a zeroed block at least four times its size
+/// (and of at least 32 MiB: taken aligned, so listed whole once freed, not as the pieces of a
+/// block placed at the arena's used part) and a dirty block of its size are free: (the dirty
+/// block's address, the request's, whether the zeroed block is still zeroed and free whole
+/// afterwards). `len` above
+/// the caches' largest order takes the locked path; at or below it, a refill of the cache
+/// (one block a refill, so that the request gets the block the refill chose).
+fn zero_request_between_a_dirty_fit_and_a_larger_zeroed_block(len: usize) -> (usize, usize, bool) {
+    let big = (4 * len).max(32 << 20);
+    let t = Tunables { zero_delay_ms: 0, zero_order: 0, ..zeroing(big) };
+    let a = Allocator::new(Config {
+        arena_size: 512 << 20,
+        max_order: 14,
+        thp: false,
+        cache_max_order: 9,
+        cache_batch_pages: 1,
+        tunables: t,
+        ..Config::default()
+    })
+    .unwrap();
+    // Demand for zeroed memory, its page kept live: freed and drained below, it would merge with
+    // the zeroed block and make it dirty.
+    let demand = a.alloc(PAGE, PAGE, Flags::ZERO).unwrap().as_ptr();
+    // Live neighbours above the caches' orders (taken on the locked path, never cached) keep the
+    // dirty block from merging with anything.
+    let zeroed = a.alloc(big, PAGE, Flags::NONE).unwrap().as_ptr();
+    let before = a.alloc(3 << 20, PAGE, Flags::NONE).unwrap().as_ptr();
+    let dirty = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+    let after = a.alloc(3 << 20, PAGE, Flags::NONE).unwrap().as_ptr();
+    // SAFETY: `zeroed` is a live block of `big` bytes.
+    unsafe { core::ptr::write_bytes(zeroed, 0x11, big) };
+    a.free(zeroed).unwrap();
+    wait_for("the large block zeroed", || bytes_in_state(&a, zeroed as usize, big, PageState::Zeroed) == big);
+    // From now on the worker leaves every block alone: the dirty one stays dirty.
+    a.set_tunables(Tunables { zero_delay_ms: 600_000, ..a.tunables() }).unwrap();
+    // SAFETY: `dirty` is a live block of `len` bytes.
+    unsafe { core::ptr::write_bytes(dirty, 0x22, len) };
+    a.free(dirty).unwrap();
+    // Freed into this thread's cache when cached: back to the lists, where a refill looks.
+    a.drain_thread_cache();
+    assert_eq!(bytes_in_state(&a, dirty as usize, len, PageState::Dirty), len);
+    let q = a.alloc(len, PAGE, Flags::ZERO).unwrap().as_ptr();
+    // SAFETY: `q` is a live block of `len` bytes from `alloc` above, used by this thread only.
+    assert!(unsafe { all_bytes(q, len, 0) }, "a ZERO block is not zero");
+    let whole = bytes_in_state(&a, zeroed as usize, big, PageState::Zeroed) == big;
+    for p in [q, before, after, demand] {
+        a.free(p).unwrap();
+    }
+    a.check_invariants().unwrap();
+    (dirty as usize, q as usize, whole)
+}
+
+/// Best fit before the pages a request prefers: a `ZERO` request takes the free block of its
+/// size, dirty (a memset), rather than split a larger zeroed one, whose rest would be left where
+/// a larger request needed the block whole.
+#[test]
+fn a_zero_request_above_the_caches_takes_a_dirty_fit_before_splitting_a_zeroed_block() {
+    let (dirty, q, whole) = zero_request_between_a_dirty_fit_and_a_larger_zeroed_block(16 << 20);
+    assert_eq!(q, dirty, "the 16 MiB ZERO request did not take the free 16 MiB block");
+    assert!(whole, "the 64 MiB zeroed block was split");
+}
+
+#[test]
+fn a_cache_refill_for_a_zero_request_takes_a_dirty_fit_before_splitting_a_zeroed_block() {
+    let (dirty, q, whole) = zero_request_between_a_dirty_fit_and_a_larger_zeroed_block(1 << 20);
+    assert_eq!(q, dirty, "the 1 MiB ZERO request did not take the free 1 MiB block");
+    assert!(whole, "the 32 MiB zeroed block was split");
 }

@@ -14,7 +14,9 @@
 //! block of one of the classes asked for), as TCMalloc's page heap takes the best-fitting span.
 //! A run's length counts its pages below `used_end` only (the never-used rest of the arena is no
 //! fit, as glibc's top chunk is not), and the placement taking the fewest pages that are not
-//! resident (reported, lazily freed or never used) wins first.
+//! resident (reported, lazily freed or never used) wins first; between runs as long, the one
+//! with fewer resident pages of the kind the request does not prefer (dirty ones for a `ZERO`
+//! request, zeroed ones for a plain one).
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, one per possible
@@ -49,7 +51,7 @@
 //! `SEEDS_WALKED` seeds looked at.
 
 use super::{suits, Buddy, Taken};
-use crate::page::{Class, StateCounts, NIL};
+use crate::page::{Class, StateCounts, CLASSES, NIL};
 
 /// Runs measured per take (each a record read or a few at every block it is extended by).
 const SEED_LIMIT: u32 = 64;
@@ -64,13 +66,15 @@ impl Buddy {
     /// best-fitting run of adjacent free blocks that holds them and a listed block of one of
     /// `classes` of order at least `order - 2` (`order`: the one `npages` rounds up to), placed
     /// at one of its ends or to cover that block (its best part, `best_part`): fewest pages not
-    /// resident, then the shortest run (its used part), then the lowest place. `None` when no
+    /// resident, then the shortest run (its used part), then the fewest resident pages the
+    /// request does not prefer, then the lowest place. `None` when no
     /// such run exists (see the top).
     pub fn take_best_run(&mut self, npages: u32, order: u8, align: u32, classes: &[Class], zero: bool) -> Option<Taken> {
         debug_assert!(align.is_power_of_two() && npages > 0);
         let lo = order.saturating_sub(2);
-        // (non-resident pages taken, run length, start of the request)
-        let mut best: Option<(u32, u32, u32)> = None;
+        // (non-resident pages taken, run length, resident pages of the other kind, start of the
+        // request)
+        let mut best: Option<(u32, u32, u32, u32)> = None;
         // The runs already measured, by start (a seed inside one of them gives the same run),
         // each with the fewest non-resident pages a placement in it took (`u32::MAX`: none fits):
         // a seed inside a run where a placement took none has nothing better to offer.
@@ -110,9 +114,11 @@ impl Buddy {
                     // fault, the kernel's zeroing, and resident memory while resident free
                     // pages idle), then the shortest run, counting its pages below `used_end`
                     // only (the never-used rest of the arena is no fit, as glibc's top chunk
-                    // is not), then the lowest place. A run no better than the best even with
-                    // every page resident is not counted.
-                    if end - start < npages || best.is_some_and(|b| (0, len) >= (b.0, b.1)) {
+                    // is not), then the fewest resident pages of the kind the request does not
+                    // prefer (dirty ones for `ZERO`, each a memset; zeroed ones otherwise, left
+                    // for those who need them), then the lowest place. A run no better than the
+                    // best even with every page resident and preferred is not counted.
+                    if end - start < npages || best.is_some_and(|b| (0, len, 0) >= (b.0, b.1, b.2)) {
                         seed = next;
                         continue;
                     }
@@ -120,23 +126,25 @@ impl Buddy {
                     // resident and reported parts) is narrowed to its best part of the
                     // request's order: covering the seed then means covering resident pages.
                     let (part, part_len) = self.best_part(seed, o, order, zero);
-                    let mut placed: Option<(u32, u32)> = None;
+                    let mut placed: Option<(u32, u32, u32)> = None;
                     for at in placements(start, end, part, part_len, npages, align) {
                         let c = self.count_states(at, npages);
                         let absent = c.reported + c.lazy;
-                        if placed.is_none_or(|p| absent < p.0) {
-                            placed = Some((absent, at));
-                            if absent == 0 {
+                        let other = if zero { npages - absent - c.zeroed } else { c.zeroed };
+                        if placed.is_none_or(|p| (absent, other) < (p.0, p.1)) {
+                            placed = Some((absent, other, at));
+                            if (absent, other) == (0, 0) {
                                 break;
                             }
                         }
                     }
-                    if let Some((absent, at)) = placed {
+                    if let Some((absent, other, at)) = placed {
                         seen[k].2 = seen[k].2.min(absent);
-                        if best.is_none_or(|b| (absent, len, at) < b) {
-                            best = Some((absent, len, at));
-                            // A run the request fills exactly: nothing fits better.
-                            if absent == 0 && len == npages {
+                        if best.is_none_or(|b| (absent, len, other, at) < b) {
+                            best = Some((absent, len, other, at));
+                            // A run the request fills exactly with pages it prefers: nothing
+                            // fits better.
+                            if absent == 0 && len == npages && other == 0 {
                                 break 'seeds;
                             }
                         }
@@ -145,7 +153,7 @@ impl Buddy {
                 }
             }
         }
-        let (_, _, at) = best?;
+        let (_, _, _, at) = best?;
         let counts = self.take_range(at, at + npages)?;
         Some(Taken { pfn: at, npages, counts })
     }
@@ -165,10 +173,11 @@ impl Buddy {
         Some(Taken { pfn: at, npages, counts })
     }
 
-    /// `take_preferring_hot` without the hot choice, for a request of `live` pages (the rest of
-    /// the block of `order` is slack) that wants resident memory, from a cache refill: the first
-    /// listed block of `classes` that fits, class by class, whose part a split would keep has at
-    /// most an eighth of `live` in pages that are not resident. A block of a resident class is
+    /// `take_aligned` for a request of `live` pages (the rest of the block of `order` is slack)
+    /// that wants resident memory, from a cache refill: of the first listed block of each of
+    /// `classes` that fits, smallest order first (a class earlier in `classes` winning a tie, as
+    /// `first_fit_in`), the first whose part a split would keep has at most an eighth of `live`
+    /// in pages that are not resident. A block of a resident class is
     /// one with a resident page at least: merged from resident and reported parts, a large one is
     /// listed `Dirty` while most of it is reported, and a split of it would fault memory in while
     /// resident pages lay free elsewhere, in a run the locked path can take (`take_best_run`).
@@ -180,10 +189,17 @@ impl Buddy {
         let n = 1u32 << order;
         debug_assert!(live <= n && order <= self.max_order);
         self.merge_deferred_below(order);
+        // The first fit of each class, by (order, place in `classes`).
+        let mut fits = [(u8::MAX, 0usize, 0u32); CLASSES];
+        for (i, &class) in classes.iter().enumerate() {
+            if let Some(pfn) = self.first_fit(class, order) {
+                fits[i] = (self.meta(pfn).word().order(), i, pfn);
+            }
+        }
+        let fits = &mut fits[..classes.len()];
+        fits.sort_unstable_by_key(|&(from, i, _)| (from, i));
         let mut first = None;
-        for &class in classes {
-            let Some(pfn) = self.first_fit(class, order) else { continue };
-            let from = self.meta(pfn).word().order();
+        for &(from, _, pfn) in fits.iter().filter(|f| f.0 != u8::MAX) {
             let (part, _) = self.best_part(pfn, from, order, zero);
             let c = self.count_states(part, live);
             if c.reported + c.lazy <= live / 8 {

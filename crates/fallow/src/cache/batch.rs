@@ -125,7 +125,7 @@ impl Entries<'_> {
                     let group = if ar.listed().resident_pages() >= 1 << GROUP_ORDER {
                         ar.take_resident(1 << GROUP_ORDER, GROUP_ORDER, &resident, zero)
                     } else {
-                        ar.take_preferring_hot(1 << GROUP_ORDER, GROUP_ORDER, &prefs, zero, None)
+                        ar.take_aligned(1 << GROUP_ORDER, GROUP_ORDER, &prefs, zero)
                     };
                     if let Some(t) = group {
                         ar.mark_used(t.pfn + (1 << GROUP_ORDER));
@@ -147,7 +147,7 @@ impl Entries<'_> {
                 let t = if resident_only {
                     ar.take_resident(if got == 0 { live } else { n }, order, classes, zero)
                 } else {
-                    ar.take_preferring_hot(n, order, classes, zero, None)
+                    ar.take_aligned(n, order, classes, zero)
                 };
                 let Some(t) = t else { break };
                 ar.mark_used(t.pfn + n);

@@ -62,8 +62,6 @@ impl Shared {
         let (npages, order) = self.shape(size, align)?;
         let align_pages = (align.max(PAGE_SIZE) >> PAGE_SHIFT) as u32;
         let zero = flags.contains(Flags::ZERO);
-        // The clock only for a ZERO request, the one that may prefer a hot block (`Heap::take`).
-        let now = if zero { self.now_ms() } else { 0 };
         let mut waits = 0u32;
         let mut waiting = false;
         let mut reclaimable = true;
@@ -88,7 +86,7 @@ impl Shared {
                 && h.zeroing_holds_part_of(order)
                 && !h.has_unreported_merged(order);
             if !for_chunk {
-                if let Some(p) = h.take(npages, order, align_pages, zero, now, fault_in) {
+                if let Some(p) = h.take(npages, order, align_pages, zero, fault_in) {
                     break p;
                 }
                 if !fault_in {

@@ -105,9 +105,6 @@ pub(crate) struct Heap {
     /// caches themselves. The cache layer above owns every operation on it (cache/table.rs); the
     /// heap only keeps it under its lock, so that the reporter and the checks can walk it.
     pub caches: CacheList,
-    /// Largest `ZERO` request, in pages, that prefers a hot dirty block to a zeroed one
-    /// (`os::hot_zero_max_bytes`: a sixteenth of the last-level cache).
-    pub hot_zero_max_pages: u32,
 }
 
 /// The head of the list of an allocator's per-thread caches (see `Heap::caches`). A cache is
@@ -270,7 +267,6 @@ impl Shared {
                     inflight: [Inflight::default(); INFLIGHT],
                     isolation_waiters: 0,
                     caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
-                    hot_zero_max_pages: (os::hot_zero_max_bytes() >> PAGE_SHIFT) as u32,
                 })
             }
         };
@@ -345,38 +341,27 @@ impl Heap {
     /// Take `npages` pages aligned to `align` pages (a power of two; `order` covers both) for a
     /// request that needs zeros or not. Without `fault_in`, only the placements that look for
     /// resident memory are tried (the caller has resident memory to give back first).
-    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, now_ms: u32, fault_in: bool) -> Option<Placed> {
-        // A ZERO request that fits in the CPU cache prefers a block freed within `zero_delay`
-        // (hot, never touched by the worker) to a zeroed one (docs/design.md, "Reuse-aware
-        // zeroing": up to 2 MiB here the hot block with a memset was mostly 1.1-1.8x faster).
-        let hot_since = (zero && npages <= self.hot_zero_max_pages).then(|| now_ms.saturating_sub(self.tunables.zero_delay_ms));
+    fn take(&mut self, npages: u32, order: u8, align: u32, zero: bool, fault_in: bool) -> Option<Placed> {
         for ai in 0..self.arenas.len() {
             let a = &mut self.arenas[ai];
             let got = if order <= a.max_order {
                 // Resident memory first: the best-fitting run of free blocks beside a resident
-                // one (`buddy/span.rs`), else an aligned block, and only then memory the kernel
-                // must fault in. A ZERO request, while enough zeroed pages are listed, first
-                // takes a hot dirty block or else an aligned zeroed one ("Reuse-aware zeroing",
-                // point 3: the choice between a memset in the CPU cache and none in DRAM).
-                // Otherwise it places as a plain request does: a first fit by order, hot or
-                // not, split free runs a best fit would have kept (measured: 10-20% more peak
-                // RSS than `malloc` under random 64 KiB-4 MiB `calloc`s; docs/design.md, "Runs").
+                // one (`buddy/span.rs`), else an aligned block (the smallest order that fits),
+                // and only then memory the kernel must fault in. The pages a request prefers
+                // (zeroed ones for ZERO) only break ties of fit: a ZERO request that took an
+                // aligned zeroed block first split large blocks a best fit keeps whole (under
+                // random 64 KiB-4 MiB `calloc`s in two threads, 10-15% more peak resident memory
+                // than with the zeroing worker off; docs/design.md, "Placement").
                 let (resident, reported) = (&resident_preference(zero), &[Class::Reported]);
                 let size_order = npages.next_power_of_two().trailing_zeros() as u8;
-                if zero && a.listed().counts.zeroed >= npages {
-                    a.take_preferring_hot(npages, order, &[Class::Zeroed], zero, hot_since)
-                        .or_else(|| a.take_best_run(npages, size_order, align, resident, zero))
-                        .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
-                } else {
-                    a.take_best_run(npages, size_order, align, resident, zero)
-                        .or_else(|| a.take_preferring_hot(npages, order, resident, zero, None))
-                }
+                a.take_best_run(npages, size_order, align, resident, zero)
+                    .or_else(|| a.take_aligned(npages, order, resident, zero))
                 // Memory to fault in: a request below `BIG_ORDER` goes right after the arena's
                 // used part (as glibc's top chunk: aligned blocks of reported memory left a gap
                 // of reported pages beside each, which later runs faulted in), then any aligned
                 // reported block.
                 .or_else(|| if fault_in { a.take_top(npages, align, 1 << BIG_ORDER) } else { None })
-                .or_else(|| if fault_in { a.take_preferring_hot(npages, order, reported, zero, None) } else { None })
+                .or_else(|| if fault_in { a.take_aligned(npages, order, reported, zero) } else { None })
             } else {
                 a.take_run(npages)
             };

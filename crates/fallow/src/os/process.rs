@@ -180,22 +180,6 @@ pub fn physical_memory() -> usize {
     bytes
 }
 
-/// The largest `ZERO` request that is served faster by a hot dirty block and a memset than by a
-/// block zeroed earlier (cold: the zeroing worker's non-temporal stores leave it in DRAM): a
-/// sixteenth of the last-level cache, 512 KiB to 8 MiB, 2 MiB where the cache size is unknown.
-/// Measured on a 32 MiB L3 shared with other tenants (`examples/calloc_choice.rs`, four runs):
-/// hot won by 1.1-1.8x up to 2 MiB in most runs, the two were even at 4 MiB, and cold won by
-/// 1.3-1.9x from 8 MiB in three runs of four (docs/design.md, "Reuse-aware zeroing").
-pub fn hot_zero_max_bytes() -> usize {
-    // Not a system call: glibc answers from `cpuid`, without allocating.
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let l3 = unsafe { libc::sysconf(libc::_SC_LEVEL3_CACHE_SIZE) };
-    if l3 <= 0 {
-        return 2 << 20;
-    }
-    (l3 as usize / 16).clamp(512 << 10, 8 << 20)
-}
-
 /// Address space this process may still map: `RLIMIT_AS` less its current size (the first field
 /// of `/proc/self/statm`, read into a stack buffer: no allocation). `None` when the limit is
 /// infinite. When the size cannot be read the whole limit is returned (the caller retries
