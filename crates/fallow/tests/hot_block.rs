@@ -362,3 +362,21 @@ fn a_request_the_block_freed_last_on_the_locked_path_could_hold_goes_there() {
     a.free(p).unwrap();
     check(&a);
 }
+
+/// A request larger than the caches' largest block, after the thread freed a block of that
+/// largest order into its cache: the cached block goes back to the lists first, and the request
+/// takes the run that starts where it was (the loop stays in one region), not memory elsewhere.
+/// Back and forth across the caches' largest order, the loop keeps to that region.
+#[test]
+fn a_request_above_the_caches_takes_the_run_of_the_cached_block_freed_last() {
+    // The default caches (up to 8 MiB); an arena with room for the run beside the block.
+    let c = Config { arena_size: 128 * MIB, max_order: 14, thp: false, tunables: Tunables::off(), ..Config::default() };
+    let a = Allocator::new(c).unwrap();
+    let p = take_and_free(&a, 8 * MIB, false, 1);
+    assert_eq!(a.stats().cached_pages, 2048, "the 8 MiB block was not cached");
+    let q = take_and_free(&a, 8 * MIB + 256 * KIB, false, 2);
+    assert_eq!(q, p, "8.25 MiB after a cached 8 MiB block went elsewhere");
+    for (i, len) in [6 * MIB, 8 * MIB + 100 * KIB, 5 * MIB, 8 * MIB, 8 * MIB + 200 * KIB].into_iter().enumerate() {
+        assert_eq!(take_and_free(&a, len, i % 2 == 1, 3 + i as u8), p, "request {i} of {len} bytes left the region");
+    }
+}

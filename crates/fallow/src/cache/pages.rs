@@ -61,6 +61,13 @@ pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags
     if let Some(p) = alloc_cached(s, size, align, flags) {
         return Ok(p);
     }
+    // Larger than the caches' largest block: this thread's large cached blocks go back first,
+    // where the locked path's run may take them (`cache/hot.rs`).
+    if size > s.hit.cache_max_bytes && s.hit.cache_orders > 0 {
+        if let Some(tc) = current(s) {
+            tc.inside(|tc| tc.give_back_large_for(s, (size >> PAGE_SHIFT) as u64));
+        }
+    }
     // Before memory is faulted in or the heap grows, this thread's own cache gives back what it
     // holds.
     s.alloc_locked(size, align, flags, &mut OwnCache(s))
