@@ -587,3 +587,13 @@ fn a_cache_refill_for_a_zero_request_takes_a_dirty_fit_before_splitting_a_zeroed
     assert_eq!(q, dirty, "the 1 MiB ZERO request did not take the free 1 MiB block");
     assert!(whole, "the 32 MiB zeroed block was split");
 }
+
+/// Below the groups' order a refill takes an aligned block of the request's order (no check of
+/// how resident it is): the smallest order that fits among the resident classes, not a zeroed
+/// block of any order first.
+#[test]
+fn a_small_refill_for_a_zero_request_takes_a_dirty_fit_before_splitting_a_zeroed_block() {
+    let (dirty, q, whole) = zero_request_between_a_dirty_fit_and_a_larger_zeroed_block(64 << 10);
+    assert_eq!(q, dirty, "the 64 KiB ZERO request did not take the free 64 KiB block");
+    assert!(whole, "the 32 MiB zeroed block was split");
+}

@@ -76,9 +76,10 @@ impl Buddy {
         // request)
         let mut best: Option<(u32, u32, u32, u32)> = None;
         // The runs already measured, by start (a seed inside one of them gives the same run),
-        // each with the fewest non-resident pages a placement in it took (`u32::MAX`: none fits):
-        // a seed inside a run where a placement took none has nothing better to offer.
-        let mut seen = [(0u32, 0u32, 0u32); SEED_LIMIT as usize];
+        // each with the best (non-resident pages, pages of the other kind) a placement in it took,
+        // as one key (`u64::MAX`: none fits): a seed inside a run where a placement took neither
+        // has nothing better to offer.
+        let mut seen = [(0u32, 0u32, 0u64); SEED_LIMIT as usize];
         let (mut looked, mut walked) = (0usize, 0);
         'seeds: for &class in classes {
             let mut orders = self.nonempty[class as usize] & (!0u64 << lo);
@@ -96,7 +97,7 @@ impl Buddy {
                     let known = i.checked_sub(1).map(|k| seen[k]).filter(|&(_, e, _)| seed < e);
                     // `k`: the run's entry in `seen`.
                     let (k, start, end) = match known {
-                        Some((_, _, 0 | u32::MAX)) => {
+                        Some((_, _, 0 | u64::MAX)) => {
                             seed = next;
                             continue;
                         }
@@ -104,7 +105,7 @@ impl Buddy {
                         None => {
                             let (s, e) = self.free_run_around(seed, o);
                             seen.copy_within(i..looked, i + 1);
-                            seen[i] = (s, e, u32::MAX);
+                            seen[i] = (s, e, u64::MAX);
                             looked += 1;
                             (i, s, e)
                         }
@@ -139,7 +140,7 @@ impl Buddy {
                         }
                     }
                     if let Some((absent, other, at)) = placed {
-                        seen[k].2 = seen[k].2.min(absent);
+                        seen[k].2 = seen[k].2.min((absent as u64) << 32 | other as u64);
                         if best.is_none_or(|b| (absent, len, other, at) < b) {
                             best = Some((absent, len, other, at));
                             // A run the request fills exactly with pages it prefers: nothing

@@ -165,6 +165,7 @@ impl Entries<'_> {
         let now = a.now_ms();
         let mut h = a.heap.lock();
         self.fold(&mut h);
+        self.obey_drain_request(a, &mut h, now);
         self.drain_large_locked(&mut h, now);
         a.wake_workers_after_free(h);
     }

@@ -64,7 +64,7 @@ pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags
     // Larger than the caches' largest block: this thread's large cached blocks go back first,
     // where the locked path's run may take them (`cache/hot.rs`).
     if size > s.hit.cache_max_bytes && s.hit.cache_orders > 0 {
-        if let Some(tc) = current(s) {
+        if let Some(tc) = last(s) {
             tc.inside(|tc| tc.give_back_large_for(s, (size >> PAGE_SHIFT) as u64));
         }
     }
