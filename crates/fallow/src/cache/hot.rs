@@ -143,9 +143,7 @@ impl Entries<'_> {
         self.locked_hot_last.set(0);
         live as u64 * 4 > last && live as u64 <= self.locked_hot_pages.get()
     }
-}
 
-impl Entries<'_> {
     /// A request of `live` pages larger than the caches' largest block is about to take the
     /// locked path: if this cache holds large blocks (its one block an order, orders from
     /// `stacked` up) of more than a quarter of the request's pages in all, they go back to the
@@ -158,7 +156,7 @@ impl Entries<'_> {
     /// starts where the loop already writes; the next requests of the loop come back to that
     /// run (the locked hot block, and a refill's smallest aligned block).
     pub(crate) fn give_back_large_for(&self, a: &Arc<Shared>, live: u64) {
-        let held: u64 = (self.stacked..self.orders).map(|o| (self.stacks[o].len() as u64) << o).sum();
+        let held = self.large_pages();
         if held == 0 || held * 4 <= live {
             return;
         }

@@ -408,9 +408,14 @@ impl ThreadCache {
         o >= self.stacked
     }
 
+    /// Pages in the large orders' entries (`limit` is the high mark plus them).
+    fn large_pages(&self) -> u64 {
+        self.limit.get().wrapping_sub(self.high)
+    }
+
     /// Pages in the stacked orders' entries.
     fn stacked_pages(&self) -> u64 {
-        self.pages.get() - (self.limit.get() - self.high)
+        self.pages.get() - self.large_pages()
     }
 
     /// A block of order `o` (`n` pages) comes into the entries, or leaves them.

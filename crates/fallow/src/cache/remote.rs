@@ -14,7 +14,7 @@ pub(crate) fn pages_held(h: &Heap) -> u64 {
 
 /// Pages of the large blocks (4 and 8 MiB) held by all caches, as `pages_held`.
 pub(crate) fn large_pages_held(h: &Heap) -> u64 {
-    h.caches.iter().map(|c| c.limit.get().wrapping_sub(c.high)).fold(0, u64::wrapping_add)
+    h.caches.iter().map(|c| c.large_pages()).fold(0, u64::wrapping_add)
 }
 
 /// A drain request (`Allocator::request_cache_drain`, the reporter's `caches_step`): a new
