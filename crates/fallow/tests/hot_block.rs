@@ -380,3 +380,28 @@ fn a_request_above_the_caches_takes_the_run_of_the_cached_block_freed_last() {
         assert_eq!(take_and_free(&a, len, i % 2 == 1, 3 + i as u8), p, "request {i} of {len} bytes left the region");
     }
 }
+
+#[test]
+fn a_loop_across_the_caches_largest_order_stays_in_one_region() {
+    // The default caches (up to 8 MiB), as above: 400 requests of 3-8.25 MiB, each written and
+    // freed (xorshift, a fixed seed). Every request overlaps the one before it: the loop never
+    // moves to a second region, which it would write in turn with the first.
+    let c = Config { arena_size: 128 * MIB, max_order: 14, thp: false, tunables: Tunables::off(), ..Config::default() };
+    let a = Allocator::new(c).unwrap();
+    let (lo, span) = (3 * MIB as u64, (6 * MIB as u64) * 11 / 8 - 3 * MIB as u64);
+    let mut x: u64 = 88172645463325252;
+    let mut prev: Option<(usize, usize)> = None;
+    for i in 0..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (lo + x % span) as usize;
+        let p = take_written(&a, len, i % 3 == 0, i as u8) as usize;
+        if let Some((q, n)) = prev {
+            assert!(p < q + n && q < p + len, "request {i} of {len} bytes at {p:#x} left the region of the one before ({n} bytes at {q:#x})");
+        }
+        a.free(p as *mut u8).unwrap();
+        prev = Some((p, len));
+    }
+    check(&a);
+}

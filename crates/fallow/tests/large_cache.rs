@@ -45,7 +45,9 @@ fn a_large_block_freed_and_asked_for_again_is_a_hit() {
         check(&a);
     }
     let s = a.stats();
-    assert_eq!(s.cached_pages, 1024 + 2048, "one 4 MiB and one 8 MiB block: {s}");
+    // The 4 MiB block went back to the lists at the first 8 MiB request's refill (a refill of a
+    // large order gives the other large blocks back first, cache/batch.rs).
+    assert_eq!(s.cached_pages, 2048, "one 8 MiB block: {s}");
     assert_eq!(s.bytes_in_use, 0);
     assert!(matches!(a.free(last[1].unwrap()), Err(Error::DoubleFree { .. })), "a second free of a cached block was not caught");
     a.drain_thread_cache();
