@@ -196,7 +196,7 @@ pub struct Tunables {
     pub report_order: u8,
     /// A block is reported only after it has been free this long (ms, default 2000); a dirty
     /// block of 32 MiB or more after a tenth of it, and every dirty block while free dirty memory
-    /// passes 64 MiB (or a quarter of the memory in use) after a twentieth (report.rs).
+    /// passes 64 MiB (or the memory in use, if more) after a twentieth (report.rs).
     pub report_delay_ms: u32,
     /// Blocks per report batch (one `process_madvise`), 1..=256, default 32.
     pub report_batch: u32,

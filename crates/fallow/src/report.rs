@@ -42,10 +42,11 @@
 //!   200 ms (numpy's large temporaries, a phase's buffers) would otherwise hold it for two
 //!   seconds where glibc holds nothing; a loop on such a block takes it back within
 //!   milliseconds. All dirty blocks go after a twentieth of it while the free dirty memory is
-//!   piled up past `pile_bound` (64 MiB, or a quarter of the memory in use if more), until it is
-//!   back under it: seed 001 reports once enough has piled up, and glibc trims its heap's top at
-//!   the free past its trim threshold (a tenth left malloc-large's pile in place in half of the
-//!   runs: docs/measurements.md). Zeroed blocks keep the full delay: the zeroing worker made
+//!   piled up past `pile_bound` (64 MiB, or the memory in use if more), until it is back under
+//!   it: seed 001 reports once enough has piled up, and glibc trims its heap's top at the free
+//!   past its trim threshold. Free memory under what is in use is the program's own working
+//!   room (malloc-large's holes between 20 live buffers, 100-200 MiB, filled again and again):
+//!   reported early, it was faulted back in (docs/measurements.md). Zeroed blocks keep the full delay: the zeroing worker made
 //!   them for a demand.
 //! - WAIT, and the naps while the caches are asked to drain, last at most a tenth of the delay
 //!   (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
@@ -87,9 +88,11 @@ const PRESSURE_IDLE_MS: u32 = 200;
 const PILE_MIN_PAGES: u64 = (64 << 20) >> PAGE_SHIFT;
 
 /// The free dirty pages beyond which dirty blocks go back after a twentieth of the delay: 64 MiB, or
-/// a quarter of the pages in use if more (a program's own reuse scales with what it holds).
+/// the pages in use if more (a program's own reuse scales with what it holds: a program of many
+/// large live buffers replaced at random keeps holes of free memory as large as half of what it
+/// holds, which it fills again and again).
 fn pile_bound(in_use_pages: u64) -> u64 {
-    PILE_MIN_PAGES.max(in_use_pages / 4)
+    PILE_MIN_PAGES.max(in_use_pages)
 }
 
 /// How long a big dirty block waits: a tenth of the delay, at least the hot time (`zero_delay`)

@@ -619,3 +619,33 @@ fn dirty_memory_piled_up_past_the_bound_goes_back_down_to_it() {
     assert_eq!(dirty(), 64 << 20, "reported past the bound");
     a.check_invariants().unwrap();
 }
+
+/// Free dirty memory less than the memory in use is not a pile, however large: a program of many
+/// large live buffers replaced at random keeps holes as large as half of what it holds and fills
+/// them again, so they wait the whole delay. 192 MiB in use and 96 MiB freed: past 64 MiB and a
+/// quarter of what is in use, not past what is in use.
+#[test]
+fn free_dirty_memory_under_the_memory_in_use_waits_the_whole_delay() {
+    let delay_ms = 20_000;
+    let a = Allocator::new(Config { arena_size: 512 << 20, max_order: 12, ..config(reporting(delay_ms)) }).unwrap();
+    let block = 16 << 20;
+    let live: Vec<*mut u8> = (0..12).map(|_| a.alloc(block, PAGE, Flags::NONE).unwrap().as_ptr()).collect();
+    let freed: Vec<*mut u8> = (0..6).map(|_| a.alloc(block, PAGE, Flags::NONE).unwrap().as_ptr()).collect();
+    for &b in live.iter().chain(&freed) {
+        // SAFETY: `b` is a live block of `block` bytes from `alloc` above, this thread's alone.
+        unsafe { fill(b, block, 4) };
+    }
+    for &b in &freed {
+        a.free(b).unwrap();
+    }
+    let dirty = || a.stats().free_dirty_pages as usize * PAGE;
+    assert_eq!(dirty(), 6 * block);
+    // A pile would go back after a twentieth of the delay (1 s), seen within a tenth of it (the
+    // reporter's longest nap): twice that is past both.
+    std::thread::sleep(Duration::from_millis(delay_ms as u64 / 5));
+    assert_eq!(dirty(), 6 * block, "free memory under what is in use went back before its delay");
+    for &b in &live {
+        a.free(b).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
