@@ -46,8 +46,8 @@
 //!   it: seed 001 reports once enough has piled up, and glibc trims its heap's top at the free
 //!   past its trim threshold. Free memory under what is in use is the program's own working
 //!   room (malloc-large's holes between 20 live buffers, 100-200 MiB, filled again and again):
-//!   reported early, it was faulted back in (docs/measurements.md). Zeroed blocks keep the full delay: the zeroing worker made
-//!   them for a demand.
+//!   reported early, it was faulted back in (docs/measurements.md). Zeroed blocks keep the
+//!   full delay: the zeroing worker made them for a demand.
 //! - WAIT, and the naps while the caches are asked to drain, last at most a tenth of the delay
 //!   (`sooner_ms`): a free wakes only an IDLE reporter, and the memory these rules send
 //!   back sooner comes from frees during such a nap (a whole delay, before: a pile of 200 MiB

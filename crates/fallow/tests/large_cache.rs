@@ -46,7 +46,7 @@ fn a_large_block_freed_and_asked_for_again_is_a_hit() {
     }
     let s = a.stats();
     // The 4 MiB block went back to the lists at the first 8 MiB request's refill (a refill of a
-    // large order gives the other large blocks back first, cache/batch.rs).
+    // large order gives the smaller large blocks back first, cache/batch.rs).
     assert_eq!(s.cached_pages, 2048, "one 8 MiB block: {s}");
     assert_eq!(s.bytes_in_use, 0);
     assert!(matches!(a.free(last[1].unwrap()), Err(Error::DoubleFree { .. })), "a second free of a cached block was not caught");
@@ -147,4 +147,31 @@ fn a_large_block_left_in_an_idle_threads_cache_is_zeroed_for_the_next_zero_reque
     assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "the ZERO request paid a memset: {s}");
     assert!(s.cache_remote_drains > 0, "{s}");
     a.check_invariants().unwrap();
+}
+
+/// A refill of a large order gives back only the cache's smaller large blocks (the pieces of
+/// the block it wants): a loop of 4 and 8 MiB requests with smaller frees between them, which
+/// move the hot block, keeps one block of each order and refills neither.
+#[test]
+fn a_refill_of_a_large_order_leaves_a_larger_cached_block_alone() {
+    let a = allocator(64 * MIB);
+    let round = |byte: u8| {
+        for (i, len) in [4 * MIB, 256 << 10, 8 * MIB, 256 << 10].into_iter().enumerate() {
+            let p = take_written(&a, len, false, byte + i as u8);
+            a.free(p).unwrap();
+        }
+    };
+    // Three rounds to settle (the first 8 MiB refill gives the 4 MiB block back; then each
+    // order refills once from the lists).
+    for r in 0..3 {
+        round(1 + 4 * r);
+    }
+    let before = a.stats();
+    for r in 0..10 {
+        round(20 + 4 * r);
+    }
+    let after = a.stats();
+    assert_eq!(after.cache_refills, before.cache_refills, "the loop refilled: {after}");
+    assert_eq!(after.cached_pages, 1024 + 2048 + 64, "a 4 MiB, an 8 MiB and a 256 KiB block: {after}");
+    check(&a);
 }

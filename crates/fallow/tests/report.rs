@@ -598,7 +598,7 @@ fn a_big_block_freed_while_the_reporter_waits_goes_back_after_a_tenth_of_the_del
     a.free(guard).unwrap();
 }
 
-/// Free dirty memory piled up past 64 MiB (with little in use) goes back after a tenth of the
+/// Free dirty memory piled up past 64 MiB (with little in use) goes back after a twentieth of the
 /// delay, oldest first, until what is left is back at 64 MiB: blocks of 16 MiB here, below the
 /// size that goes sooner by itself.
 #[test]

@@ -74,14 +74,21 @@ impl Entries<'_> {
             self.drain_to_half(&mut h, o, now);
             drained = true;
         }
-        // A large order: the cache's other large blocks go back first, where they merge with
-        // the free blocks beside them, so that the refill's best aligned block may be the one a
-        // smaller block was cut from. A loop of 3-8.25 MiB whose 3.5 MiB request took a 4 MiB
+        // A large order: the cache's smaller large blocks go back first, where they merge with
+        // the free blocks beside them, so that the refill's best aligned block may be the one
+        // such a block was cut from. A loop of 3-8.25 MiB whose 3.5 MiB request took a 4 MiB
         // block from the start of its 8 MiB region (cached) sent its next 5 MiB request to the
-        // 8 MiB block beside it, and then wrote both regions in turn.
-        if large && self.large_pages() > 0 {
-            self.drain_large_locked(&mut h, now);
-            drained = true;
+        // 8 MiB block beside it, and then wrote both regions in turn. Only the smaller ones: a
+        // larger block holds no piece of the refill's, and giving it back before every refill
+        // of a smaller order made a loop of 4 and 8 MiB requests with other frees between them
+        // (which move the hot block) take the lock twice a round instead of hitting.
+        if large {
+            for k in self.stacked..o {
+                if self.stacks[k].len() > 0 {
+                    self.drain_locked(&mut h, k, self.stacks[k].cap, now);
+                    drained = true;
+                }
+            }
         }
         // Resident memory first: when no arena lists a block's worth of resident pages, the
         // blocks of the other orders this cache holds go back to the lists before the refill
