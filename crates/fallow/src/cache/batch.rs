@@ -82,13 +82,8 @@ impl Entries<'_> {
         // larger block holds no piece of the refill's, and giving it back before every refill
         // of a smaller order made a loop of 4 and 8 MiB requests with other frees between them
         // (which move the hot block) take the lock twice a round instead of hitting.
-        if large {
-            for k in self.stacked..o {
-                if self.stacks[k].len() > 0 {
-                    self.drain_locked(&mut h, k, self.stacks[k].cap, now);
-                    drained = true;
-                }
-            }
+        if large && self.drain_large_below(&mut h, o, now) {
+            drained = true;
         }
         // Resident memory first: when no arena lists a block's worth of resident pages, the
         // blocks of the other orders this cache holds go back to the lists before the refill
@@ -209,11 +204,21 @@ impl Entries<'_> {
         }
     }
 
-    /// The large orders' blocks only (the zeroing worker's drain of an idle thread's cache).
+    /// The large orders' blocks only (the zeroing worker's drain of an idle thread's cache, the
+    /// give-back before a request above the caches).
     pub(super) fn drain_large_locked(&self, h: &mut Heap, now: u32) {
-        for o in self.stacked..self.orders {
+        self.drain_large_below(h, self.orders, now);
+    }
+
+    /// The blocks of the large orders below `below` (a refill of order `below` gives back the
+    /// smaller large blocks). `true` if there were any.
+    pub(super) fn drain_large_below(&self, h: &mut Heap, below: usize, now: u32) -> bool {
+        let mut any = false;
+        for o in self.stacked..below {
+            any |= self.stacks[o].len() > 0;
             self.drain_locked(h, o, self.stacks[o].cap, now);
         }
+        any
     }
 
     /// Give back the `k` oldest blocks of order `o` (dirty ones first).
