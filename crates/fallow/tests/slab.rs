@@ -344,37 +344,3 @@ fn spans_leave_no_memory_in_the_page_caches() {
     .unwrap();
     all_returned(&a);
 }
-
-#[test]
-fn a_heaps_spans_of_a_class_start_at_one_object_and_double() {
-    let a = Allocator::new(cfg()).unwrap();
-    let span_bytes = |a: &Allocator| a.stats().small_span_bytes;
-    // 56 KiB is a class: the first span holds one object (64 KiB), the next two (128 KiB),
-    // then four (256 KiB, the class's span size), and so on at that size.
-    let size = 56 << 10;
-    let mut held = vec![a.malloc(size, 16, Flags::NONE).unwrap()];
-    assert_eq!(span_bytes(&a), 64 << 10);
-    let mut expect = 64 << 10;
-    for (objects, bytes) in [(2, 128 << 10), (4, 256 << 10), (4, 256 << 10)] {
-        for _ in 0..objects {
-            held.push(a.malloc(size, 16, Flags::NONE).unwrap());
-        }
-        expect += bytes;
-        assert_eq!(span_bytes(&a), expect, "{} objects", held.len());
-    }
-    a.check_invariants().unwrap();
-    // Above 64 KiB the spans are one size: one object of the 224 KiB class takes 1 MiB.
-    let large = a.malloc(200 << 10, 16, Flags::NONE).unwrap();
-    assert_eq!(span_bytes(&a), expect + (1 << 20));
-    for p in held.into_iter().chain([large]) {
-        // SAFETY: each is a live object of at least its size, written whole once.
-        unsafe { p.as_ptr().write_bytes(0x5a, size) };
-        a.free_any(p.as_ptr()).unwrap();
-    }
-    all_returned(&a);
-    // With no span of the class left, the next one holds one object again.
-    let p = a.malloc(size, 16, Flags::NONE).unwrap();
-    assert_eq!(span_bytes(&a), 64 << 10);
-    a.free_any(p.as_ptr()).unwrap();
-    all_returned(&a);
-}

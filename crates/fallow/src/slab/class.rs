@@ -9,20 +9,19 @@
 //! (TCMalloc's reach 256 KiB too), and less than an eighth in 16-64 KiB (16 KiB + 1 in 18 KiB),
 //! where a uniformly random request is rounded up by about 4.2% on average rather than 8.3%.
 //!
-//! A class's spans (`span_bytes`; a thread's first spans of a class are smaller,
-//! `first_span_bytes`) are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB above, so
-//! that a span's tail past its last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte
-//! class: 25 objects and 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB),
-//! but for 44 and 52 KiB (5 objects of 44 KiB, 220 KiB; 4 of 52 KiB, 208 KiB: 14% and 19%); in
-//! 16-64 KiB not always whole pages (9 objects of 26 KiB and 22 KiB). Nothing writes past the last
-//! object's end: the tail's pages past the one that object ends in hold memory only when the page
-//! layer handed the span out dirty. 512 KiB spans for 44 and 52 KiB (tails of 28 and 44 KiB, within
-//! an eighth) held as much or 1-2 MiB more on every shape of blocks of 16-256 KiB replaced at
-//! random that was measured (docs/measurements.md): as much where those classes alone were live,
-//! more in mixes, where one span size for every class of 4-64 KiB lets a span one class gave back
-//! serve the next span of any other. The 1 MiB spans are not trimmed (`TRIM_SPAN_MAX`): a span's
-//! given-back pages are one bit each of a word; with 4-12 objects a span, they empty and go back
-//! whole.
+//! Spans are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB above, so that a
+//! span's tail past its last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte class:
+//! 25 objects and 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB), but
+//! for 44 and 52 KiB (5 objects of 44 KiB, 220 KiB; 4 of 52 KiB, 208 KiB: 14% and 19%); in
+//! 16-64 KiB not always whole pages (9 objects of 26 KiB and 22 KiB). Nothing writes past the
+//! last object's end: the tail's pages past the one that object ends in hold memory only when
+//! the page layer handed the span out dirty. 512 KiB spans for 44 and 52 KiB (tails of 28 and 44
+//! KiB, within an eighth) held as much or 1-2 MiB more on every shape of blocks of 16-256 KiB
+//! replaced at random that was measured (docs/measurements.md): as much where those classes
+//! alone were live, more in mixes, where one span size for every class of 4-64 KiB lets a span
+//! one class gave back serve the next span of any other. The 1 MiB spans are not trimmed
+//! (`TRIM_SPAN_MAX`): a span's given-back pages are one bit each of a word; with 4-12 objects a
+//! span, they empty and go back whole.
 //!
 //! One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15% fewer
 //! span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave back
@@ -102,20 +101,6 @@ pub(crate) const fn span_bytes(c: usize) -> usize {
         TRIM_SPAN_MAX
     } else {
         SPAN_MAX
-    }
-}
-
-/// The size of a thread heap's first span of class `c` (while it holds none of the class): 64
-/// KiB (a granule, the smallest span) up to `FINE_MAX`, where each span of the class the heap
-/// holds doubles the next up to `span_bytes` (`ThreadHeap::next_span_bytes`: 64, 128, then 256
-/// KiB); the 1 MiB spans above stay one size. Grown from 128 KiB too, they held 2-4 MiB more with
-/// 100-400 live blocks of 64-256 KiB replaced at random (spans of several sizes, given back,
-/// served each other's next less often), where glibc holds less than fallow already.
-pub(crate) const fn first_span_bytes(c: usize) -> usize {
-    if class_size(c) <= FINE_MAX {
-        1 << GRANULE_SHIFT
-    } else {
-        span_bytes(c)
     }
 }
 
@@ -250,10 +235,6 @@ const _: () = {
         // objects of a span are one bit each of a 4,096-bit map on the stack (trim.rs, check.rs).
         assert!(span_bytes(c).is_power_of_two() && span_bytes(c) >= 1 << GRANULE_SHIFT);
         assert!(span_bytes(c) / class_size(c) <= 4096);
-        // A first span is one of the same kind, no larger (and so aligned objects stay
-        // aligned: a power-of-two class size divides it too).
-        assert!(first_span_bytes(c).is_power_of_two() && first_span_bytes(c) >= 1 << GRANULE_SHIFT);
-        assert!(first_span_bytes(c) <= span_bytes(c) && first_span_bytes(c) >= class_size(c));
         c += 1;
     }
 };

@@ -16,7 +16,7 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
 
-use super::class::{first_span_bytes, span_bytes, CLASSES, CLASS_TABLE, SIZE_SLOTS};
+use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
 use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
@@ -44,9 +44,6 @@ pub(crate) struct ThreadHeap {
     /// Spans held, of which spares (the statistics).
     pub(crate) spans: Owned,
     pub(crate) spares: Owned,
-    /// Per class, the spans of that class held (spares too): the size of the class's next span
-    /// (`next_span_bytes`).
-    pub(crate) class_spans: [Cell<u32>; CLASSES],
     /// Pages of its spans given back by trims now, trims made and pages they gave back in all
     /// (trim.rs; the statistics).
     pub(crate) trimmed: Owned,
@@ -87,7 +84,6 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     abandoned: AtomicBool::new(false),
     spans: Owned::new(),
     spares: Owned::new(),
-    class_spans: [const { Cell::new(0) }; CLASSES],
     trimmed: Owned::new(),
     trims: Owned::new(),
     trimmed_total: Owned::new(),
@@ -297,24 +293,7 @@ impl ThreadHeap {
     /// span of its class.
     pub(crate) fn install(&self, s: &Span) {
         self.spans.add(1);
-        self.count_class(s, 1);
         self.push_head(s);
-    }
-
-    /// The size of the next span of class `c` this heap takes: `first_span_bytes` while it
-    /// holds none of the class, doubled for each span of the class it holds, up to
-    /// `span_bytes` (for objects of 4-64 KiB: 64, 128, then 256 KiB). A class a thread keeps a
-    /// few objects of holds about their memory rather than 256 KiB; a class in demand reaches
-    /// its size at its third span, and its refills stay as few.
-    pub(crate) fn next_span_bytes(&self, c: usize) -> usize {
-        let held = self.class_spans[c].get().min(4);
-        (first_span_bytes(c) << held).min(span_bytes(c))
-    }
-
-    /// One more (`1`) or one fewer (`-1`) span of `s`'s class held.
-    fn count_class(&self, s: &Span, by: i32) {
-        let n = &self.class_spans[s.class.get() as usize];
-        n.set(n.get().wrapping_add_signed(by));
     }
 
     // ---- Frees (owner) ----
@@ -350,7 +329,6 @@ impl ThreadHeap {
             return None;
         }
         self.spans.sub(1);
-        self.count_class(s, -1);
         self.forget_given(s);
         s.set_place(LEAVING);
         Some(s)
@@ -366,7 +344,6 @@ impl ThreadHeap {
         }
         self.unlink(s);
         self.spans.sub(1);
-        self.count_class(s, -1);
         self.forget_given(s);
         s.set_place(LEAVING);
         Some(s as *const Span as *mut Span)
@@ -421,7 +398,6 @@ impl ThreadHeap {
         self.spans.sub(1);
         // SAFETY: the spare, this heap's, on no list.
         let spare_span = unsafe { &*spare };
-        self.count_class(spare_span, -1);
         self.forget_given(spare_span);
         spare_span.set_place(LEAVING);
         Some(spare)

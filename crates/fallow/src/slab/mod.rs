@@ -68,7 +68,7 @@ use crate::lock::Locked;
 use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
-use class::{aligned_class, class_of, class_size, object_index, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
+use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
@@ -200,7 +200,7 @@ impl Slab {
                 // first use), which may come back to this heap; the loop looks again after.
                 Got::NeedSpan if h.sweep_due() => self.sweep(h),
                 Got::NeedSpan => {
-                    let s = self.new_span(c, h.next_span_bytes(c), zero, h)?;
+                    let s = self.new_span(c, zero, h)?;
                     h.install(s);
                     self.count_span(s, true);
                 }
@@ -213,16 +213,15 @@ impl Slab {
     #[cold]
     fn alloc_locked(&self, c: usize, zero: bool) -> Result<(usize, bool), Error> {
         loop {
-            let bytes = {
+            {
                 let _g = self.central.lock();
                 // SAFETY: the locked heap, always abandoned: the lock holder is its owner.
                 let h = unsafe { &*self.locked_heap };
                 if let Got::Object(o, z) = h.alloc(c, zero, false) {
                     return Ok((o, z));
                 }
-                h.next_span_bytes(c)
-            };
-            let s = self.new_span(c, bytes, zero, self.locked_heap)?;
+            }
+            let s = self.new_span(c, zero, self.locked_heap)?;
             let _g = self.central.lock();
             // SAFETY: as above.
             unsafe { &*self.locked_heap }.install(s);
@@ -230,10 +229,10 @@ impl Slab {
         }
     }
 
-    /// A new span of class `c` and `bytes` bytes (`ThreadHeap::next_span_bytes`) for heap `h`,
-    /// in the page map: its pages from the page layer's locked path (`Flags::ZERO` for a
-    /// request that wants zeros), a descriptor under the lock.
-    fn new_span(&self, c_class: usize, bytes: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
+    /// A new span of class `c` for heap `h`, in the page map: its pages from the page layer's
+    /// locked path (`Flags::ZERO` for a request that wants zeros), a descriptor under the lock.
+    fn new_span(&self, c_class: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
+        let bytes = span_bytes(c_class);
         let flags = if zero { Flags::ZERO } else { Flags::NONE };
         let start = cache::alloc_pages_uncached(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
         let entries = match self.map_entries(start, bytes) {
@@ -260,7 +259,7 @@ impl Slab {
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
         // SAFETY: `h` is a heap of this slab (the caller's), live as long as the slab.
-        s.init(c_class, bytes, start, zero, h as *mut ThreadHeap, unsafe { (*h).id.get() });
+        s.init(c_class, start, zero, h as *mut ThreadHeap, unsafe { (*h).id.get() });
         for e in entries {
             span::publish(e, s);
         }
@@ -272,7 +271,7 @@ impl Slab {
     /// totals, at the same step as the heap's own count (under the lock for an abandoned heap),
     /// so that `check` sees the two agree.
     fn count_span(&self, s: &Span, add: bool) {
-        let bytes = s.bytes() as u64;
+        let bytes = span_bytes(s.class.get() as usize) as u64;
         if add {
             self.spans.fetch_add(1, Relaxed);
             self.span_bytes.fetch_add(bytes, Relaxed);
@@ -301,7 +300,7 @@ impl Slab {
             let s = unsafe { &*list };
             list = s.next.get();
             let start = s.start.load(Relaxed);
-            let bytes = s.bytes();
+            let bytes = span_bytes(s.class.get() as usize);
             if let Ok(entries) = self.map_entries(start, bytes) {
                 for e in entries {
                     e.store(0, Relaxed);

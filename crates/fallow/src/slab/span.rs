@@ -22,7 +22,7 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
 
-use super::class::{class_size, divider};
+use super::class::{class_size, divider, span_bytes};
 use super::heap::ThreadHeap;
 
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
@@ -201,12 +201,12 @@ impl Span {
         ptr::eq(s, &EMPTY)
     }
 
-    /// Set up a free descriptor for a span of class `c` and `bytes` bytes (`span_bytes` or
-    /// `first_span_bytes` of the class) at `start` owned by `heap` (whose id is `owner`);
-    /// `zeroed`: its pages read zero. Called by the owner before the span is in the page map.
-    pub(crate) fn init(&self, c: usize, bytes: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
+    /// Set up a free descriptor for a span of class `c` at `start` owned by `heap` (whose id
+    /// is `owner`); `zeroed`: its pages read zero. Called by the owner before the span is in
+    /// the page map.
+    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
         let size = class_size(c);
-        let n = bytes / size;
+        let n = span_bytes(c) / size;
         let (inv, shift) = divider(size);
         self.free.set(0);
         self.local_free.set(0);
@@ -227,7 +227,7 @@ impl Span {
         self.prev.set(ptr::null_mut());
         self.fresh.store(0, Relaxed);
         self.start.store(start, Relaxed);
-        self.mask.store(bytes - 1, Relaxed);
+        self.mask.store(span_bytes(c) - 1, Relaxed);
         self.inv.store(inv, Relaxed);
         self.size.store(size as u32, Relaxed);
         self.shift.store(shift as u8, Relaxed);
@@ -235,11 +235,6 @@ impl Span {
         self.heap.store(heap, Relaxed);
         self.thread_free.store(0, Relaxed);
         self.returned_next.store(ptr::null_mut(), Relaxed);
-    }
-
-    /// The span's size in bytes (`init`'s, kept as `mask`).
-    pub(crate) fn bytes(&self) -> usize {
-        self.mask.load(Relaxed) + 1
     }
 
     /// Objects counted as used (the owner's count; any thread may read it).
