@@ -344,3 +344,23 @@ fn spans_leave_no_memory_in_the_page_caches() {
     .unwrap();
     all_returned(&a);
 }
+
+#[test]
+fn the_object_a_thread_freed_last_serves_its_next_request() {
+    let a = Allocator::new(cfg()).unwrap();
+    // A class's first span hands out a page of never-used objects at a time: without the
+    // LIFO pop the request after a free took the next never-used one.
+    let objects: Vec<_> = (0..8).map(|_| a.malloc(64, 16, Flags::NONE).unwrap().as_ptr()).collect();
+    for &p in [objects[5], objects[2], objects[6]].iter() {
+        a.free_any(p).unwrap();
+    }
+    // The frees come back last first.
+    for want in [objects[6], objects[2], objects[5]] {
+        assert_eq!(a.malloc(64, 16, Flags::NONE).unwrap().as_ptr(), want);
+    }
+    a.check_invariants().unwrap();
+    for p in objects {
+        a.free_any(p).unwrap();
+    }
+    all_returned(&a);
+}

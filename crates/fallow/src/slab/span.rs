@@ -297,23 +297,29 @@ impl Span {
         self.start.load(Relaxed) + self.fresh.load(Relaxed) * self.size.load(Relaxed) as usize
     }
 
-    /// The owner pops an object off `free`, or, when `free` is empty, takes its own frees
-    /// (`local_free`) as the new `free` first (the hot path: a class with few live objects
-    /// would otherwise leave it at every other call).
+    /// The owner pops an object off its own frees (`local_free`), the one it freed last first
+    /// (still in the cache: the next request of the class reuses it, as a LIFO thread cache
+    /// does), or else off `free` (never-used objects and collected frees). The hot path: a
+    /// class with few live objects never leaves it.
     #[inline(always)]
     pub(crate) fn pop(&self) -> Option<usize> {
-        let mut o = self.free.get();
-        if o == 0 {
-            o = self.local_free.get();
+        let o = self.local_free.get();
+        if o != 0 {
+            // SAFETY: `o` heads this live span's `local_free`: a free object whose first word
+            // is the list's link, written by this owner; the owner alone reads it.
+            self.local_free.set(unsafe { *(o as *const usize) });
+        } else {
+            let o = self.free.get();
             if o == 0 {
                 return None;
             }
-            self.local_free.set(0);
+            // SAFETY: `o` heads `free`: a free object of this live span whose first word is the
+            // list's link, written by this owner (or by a remote free ordered before the
+            // owner's swap of `thread_free`); the owner alone reads it.
+            self.free.set(unsafe { *(o as *const usize) });
+            self.used.store(self.used.load(Relaxed) + 1, Relaxed);
+            return Some(o);
         }
-        // SAFETY: `o` is a free object of this live span, on its `free` or `local_free` list:
-        // its first word is the list's link, written by this owner (or by a remote free
-        // ordered before the owner's swap of `thread_free`); the owner alone reads it.
-        self.free.set(unsafe { *(o as *const usize) });
         // One more used, `UNLISTED` kept: the count (at most a span's objects) never carries
         // into bit 31.
         self.used.store(self.used.load(Relaxed) + 1, Relaxed);
