@@ -13,16 +13,17 @@
 //! `cache::alloc_pages_uncached`, and given back on it, `Shared::free_locked`: never through a
 //! per-thread page cache, docs/design.md "Spans and the page caches") and nothing above them.
 //!
-//! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live
-//! page block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread
-//! has a heap per allocator; a span belongs to one heap. The owner pops objects off the span's
-//! `free` list and pushes its frees on `local_free` (plain memory: no atomic read-modify-write,
-//! no lock); another thread's free is a compare-and-swap push on the span's `thread_free`,
-//! which the owner takes whole with one swap when `free` runs out (snmalloc's message passing
-//! in its simplest form). Finding a pointer's span reads the page map (side metadata, map.rs),
-//! never a header in front of the object. Objects never handed out are not on any list (`fresh`
-//! up to `end`): a span asked for with `Flags::ZERO` (a `calloc` needing a span) knows they read
-//! zero, so `calloc` from them needs no memset; an object handed out before is memset.
+//! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live page
+//! block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread has a
+//! heap per allocator; a span belongs to one heap. The owner pushes its frees on the span's
+//! `local_free` and pops them first (the last freed first), then its `free` list (plain memory: no
+//! atomic read-modify-write, no lock); another thread's free is a compare-and-swap push on the
+//! span's `thread_free`, which the owner takes whole with one swap when both lists run out
+//! (snmalloc's message passing in its simplest form). Finding a pointer's span reads the page map
+//! (side metadata, map.rs), never a header in front of the object. Objects never handed out are not
+//! on any list (`fresh` up to `end`): a span asked for with `Flags::ZERO` (a `calloc` needing a
+//! span) knows they read zero, so `calloc` from them needs no memset; an object handed out before
+//! is memset.
 //!
 //! Span states: listed (on its class list; the head is the current span), full (parked off the
 //! list; the first push after parking hands it back), spare (empty, one kept per class, 4 a

@@ -68,9 +68,10 @@ pub(crate) const LEAVING: u8 = 4;
 #[repr(C, align(64))]
 pub(crate) struct Span {
     // The owner's line: what its allocations and frees touch.
-    /// Head of the list allocations pop (0: empty).
+    /// Head of the never-used objects handed out a page at a time and the collected frees,
+    /// popped once `local_free` is empty (0: empty).
     pub(crate) free: Cell<usize>,
-    /// Head of the owner's frees (0: empty), moved to `free` when that runs out.
+    /// Head of the owner's frees (0: empty), popped first: the last freed first.
     pub(crate) local_free: Cell<usize>,
     /// Objects handed out and not yet back on `free` or `local_free` (those on `thread_free`
     /// still count: the owner subtracts them when it collects them), plus 1 while `current`,
