@@ -233,8 +233,8 @@ impl ThreadHeap {
 
     // ---- Allocation (owner) ----
 
-    /// An object of class `c` when the current span's `free` is empty: the current span's own
-    /// and other threads' frees, its never-used objects, the next span with room (parking the
+    /// An object of class `c` when the current span's `local_free` and `free` are empty: other
+    /// threads' frees into it, its never-used objects, the next span with room (parking the
     /// full ones), spans handed back, the spare; else `NeedSpan`. `zero`: the request wants zeros
     /// (a never-used object of a zeroed span is then handed out as reading zero). Before the
     /// never-used objects, those on pages a trim gave back (trim.rs); `trim`: a span found full

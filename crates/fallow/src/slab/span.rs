@@ -1,8 +1,9 @@
 //! A span's descriptor (`Span`, in the slab's own metadata, never in the span's pages) and its
-//! three free lists: `free` (the owner pops), `local_free` (the owner's frees) and `thread_free`
-//! (other threads' frees, pushed with a compare-and-swap, taken by the owner with one swap), as
-//! mimalloc's free-list sharding. The links of all three live in the free objects themselves
-//! (the first word of each): a live span's free objects are the slab's, not free pages.
+//! three free lists: `local_free` (the owner's frees, popped first), `free` (never-used objects and
+//! collected frees, popped next) and `thread_free` (other threads' frees, pushed with a
+//! compare-and-swap, taken by the owner with one swap), as mimalloc's free-list sharding. The links
+//! of all three live in the free objects themselves (the first word of each): a live span's free
+//! objects are the slab's, not free pages.
 //!
 //! Who touches what (docs/design.md, "Access rules"): the fields in `Cell`s are the owner's, the
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
@@ -327,12 +328,9 @@ impl Span {
         Some(o)
     }
 
-    /// The owner moves its own frees, then the other threads', to `free`: how many objects it
-    /// took back from other threads (already out of `used`).
+    /// The owner moves the other threads' frees to `free` (its own stay on `local_free`, popped
+    /// first): how many objects it took back (already out of `used`).
     pub(crate) fn collect(&self) -> u32 {
-        if self.free.get() == 0 {
-            self.free.set(self.local_free.replace(0));
-        }
         // A listed span's word has no `PARKED` bit; Acquire: the pushers' links are visible.
         let mut head = self.thread_free.load(Relaxed);
         if head & !PARKED == 0 {
