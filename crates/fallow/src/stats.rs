@@ -219,6 +219,10 @@ macro_rules! stats_table {
         /// Trims of live spans made, and the pages they gave back in all.
         small_trims: Count,
         small_trimmed_pages_total: Pages,
+        /// Spans given back by another thread than their owner: spans the owner found full and
+        /// parked, whose every object other threads then freed while the owner did not take
+        /// them back (an owner that sleeps would hold them for as long as it sleeps).
+        small_claimed_spans: Count,
     }
     } };
 }

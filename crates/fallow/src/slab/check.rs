@@ -4,7 +4,7 @@
 //! lock is held (the slab may be the program's allocator): a finding is formatted after.
 
 use super::*;
-use super::span::UNLISTED;
+use super::span::{CLAIMED, HEAD, UNLISTED, UNTOUCHED};
 
 /// What `check` found wrong: what, and two numbers (formatted once the lock is released).
 pub(super) struct Bad(&'static str, usize, usize);
@@ -28,7 +28,9 @@ impl Slab {
             for h in heaps(&c) {
                 spans += h.spans.get();
                 if ptr::eq(h, mine) || h.abandoned.load(SeqCst) {
-                    found = found.and_then(|()| self.check_heap(h));
+                    // Claimed spans still on a heap's full list count in its spans, no longer
+                    // in the slab's (their pages are the page layer's).
+                    found = found.and_then(|()| self.check_heap(h)).map(|claimed| spans -= claimed);
                 } else {
                     all_checked = false;
                 }
@@ -43,8 +45,11 @@ impl Slab {
         found.map_err(|Bad(what, a, b)| format!("slab: {what} ({a:#x}, {b:#x})"))
     }
 
-    fn check_heap(&self, h: &ThreadHeap) -> Result<(), Bad> {
+    /// Check heap `h` (the caller owns it): the spans other threads claimed that it has not
+    /// dropped yet.
+    fn check_heap(&self, h: &ThreadHeap) -> Result<u64, Bad> {
         let mut n = 0u64;
+        let mut claimed = 0u64;
         let mut spares = 0u64;
         // `current`: the span is the head of its class list.
         let mut visit = |s: &Span, place: u8, current: bool| -> Result<(), Bad> {
@@ -64,7 +69,17 @@ impl Slab {
                 // SAFETY: a listed span of a heap the caller owns (its own, or abandoned under
                 // the lock held).
                 let s = unsafe { &*p };
-                visit(s, LISTED, last.is_null())?;
+                // The head is taken (the hot path pops from it); the spans behind it are left
+                // untouched, or claimed by another thread and not yet dropped (span.rs).
+                let word = s.thread_free.load(SeqCst);
+                if last.is_null() == (word & (UNTOUCHED | CLAIMED) != 0) {
+                    return Err(Bad("a listed span is untouched at the head, or taken behind it (span, word)", s.start.load(Relaxed), word));
+                }
+                if word & CLAIMED != 0 {
+                    claimed += 1;
+                } else {
+                    visit(s, LISTED, last.is_null())?;
+                }
                 last = p;
                 p = s.next.get();
             }
@@ -86,13 +101,22 @@ impl Slab {
         while !p.is_null() {
             // SAFETY: as above, a parked span.
             let s = unsafe { &*p };
-            visit(s, FULL, false)?;
+            if s.is_claimed() {
+                // Its pages are the page layer's (out of the map), its descriptor the owner's
+                // until it takes its spans back.
+                claimed += 1;
+                if s.place() != FULL || !ptr::eq(s.heap.load(Relaxed), h) {
+                    return Err(Bad("a claimed span is off the full list (span, place)", s.start.load(Relaxed), s.place() as usize));
+                }
+            } else {
+                visit(s, FULL, false)?;
+            }
             p = s.next.get();
         }
-        if n != h.spans.get() || spares != h.spares.get() {
-            return Err(Bad("a heap's span count is wrong (spans found, counted)", n as usize, h.spans.get() as usize));
+        if n + claimed != h.spans.get() || spares != h.spares.get() {
+            return Err(Bad("a heap's span count is wrong (spans found, counted)", (n + claimed) as usize, h.spans.get() as usize));
         }
-        Ok(())
+        Ok(claimed)
     }
 
     /// Check one span: alignment, the page map, and its lists: distinct objects of its own
@@ -117,7 +141,7 @@ impl Slab {
         // One bit per object (at most 4,096 in a span), on the stack.
         let mut seen = [0u64; 64];
         let mut count = |head: usize| -> Result<u32, Bad> {
-            let mut o = head & !PARKED;
+            let mut o = head & HEAD;
             let mut k = 0;
             while o != 0 {
                 let i = (o.wrapping_sub(start)) / size;

@@ -14,10 +14,10 @@
 
 use core::cell::Cell;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, Ordering::Relaxed};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::Relaxed};
 
 use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
-use super::span::{take_returned, Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
+use super::span::{take_returned, Span, TakenBack, EMPTY, FULL, LEAVING, LISTED, SPARE};
 use crate::cache::Owned;
 
 /// Spare spans a heap keeps at most, over all classes: a spare is memory no other class can use,
@@ -39,6 +39,14 @@ pub(crate) struct ThreadHeap {
     pub(crate) full: Cell<*mut Span>,
     /// Spans other threads handed back (span.rs, the remote-free protocol).
     pub(crate) returned: AtomicPtr<Span>,
+    /// Descriptors of spans other threads claimed (span.rs), dropped by the owner from its
+    /// lists and waiting to go back to the pool under the slab lock (`Slab::release_dropped`),
+    /// linked through `next`.
+    pub(crate) dropped: Cell<*mut Span>,
+    /// The owner's slow paths (`alloc`), counted: a push claims a span only if its owner ran
+    /// none since the first push of the span's list (span.rs). Owner-written (a load and a
+    /// store), read by the pushers.
+    pub(crate) slow_paths: AtomicU32,
     /// Bound to no thread: the slab lock holder is the owner (set and cleared under the lock).
     pub(crate) abandoned: AtomicBool,
     /// Spans held, of which spares (the statistics).
@@ -81,6 +89,8 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     spare: [const { Cell::new(ptr::null_mut()) }; CLASSES],
     full: Cell::new(ptr::null_mut()),
     returned: AtomicPtr::new(ptr::null_mut()),
+    dropped: Cell::new(ptr::null_mut()),
+    slow_paths: AtomicU32::new(0),
     abandoned: AtomicBool::new(false),
     spans: Owned::new(),
     spares: Owned::new(),
@@ -148,7 +158,11 @@ impl ThreadHeap {
         }
         if !Span::is_empty_span(old) {
             // SAFETY: as above.
-            unsafe { (*old).set_current(false) };
+            unsafe {
+                (*old).set_current(false);
+                // Behind the head now: left untouched (span.rs).
+                (*old).release();
+            }
         }
         self.head[c].set(me);
         s.set_place(LISTED);
@@ -173,6 +187,8 @@ impl ThreadHeap {
         unsafe { (*last).next.set(me) };
         self.tail[c].set(me);
         s.set_place(LISTED);
+        // Behind the head: left untouched (span.rs).
+        s.release();
     }
 
     fn unlink(&self, s: &Span) {
@@ -191,14 +207,60 @@ impl ThreadHeap {
             } else {
                 // The head: the next span becomes its class's current one.
                 s.set_current(false);
-                if !n.is_null() {
-                    (*n).set_current(true);
-                }
                 self.head[s.class.get() as usize].set(if n.is_null() { Span::empty() } else { n });
+                if !n.is_null() {
+                    self.make_current(s.class.get() as usize);
+                }
             }
         }
         s.next.set(ptr::null_mut());
         s.prev.set(ptr::null_mut());
+    }
+
+    /// The head of class `c`'s list becomes its current span: taken first (span.rs); one
+    /// another thread claimed is dropped, and the next one tried.
+    fn make_current(&self, c: usize) {
+        loop {
+            let h = self.head[c].get();
+            if Span::is_empty_span(h) {
+                return;
+            }
+            // SAFETY: the head of a class list of this heap (owner's).
+            let s = unsafe { &*h };
+            if !s.take() {
+                s.set_current(true);
+                return;
+            }
+            let n = s.next.get();
+            self.head[c].set(if n.is_null() { Span::empty() } else { n });
+            if n.is_null() {
+                self.tail[c].set(ptr::null_mut());
+            } else {
+                // SAFETY: the next span of the same list (owner's).
+                unsafe { (*n).prev.set(ptr::null_mut()) };
+            }
+            s.next.set(ptr::null_mut());
+            self.drop_claimed(s);
+        }
+    }
+
+    /// Take a span of a class list (span.rs: the owner's look before it does anything with one
+    /// behind the head; the head it holds already): `false` if another thread claimed it, which
+    /// is then dropped from the list.
+    pub(crate) fn take_listed(&self, s: &Span) -> bool {
+        if s.current.load(Relaxed) || !s.take() {
+            return true;
+        }
+        self.unlink(s);
+        self.drop_claimed(s);
+        false
+    }
+
+    /// Leave a span of a class list again after `take_listed` (the head stays taken).
+    pub(crate) fn leave_listed(&self, s: &Span) {
+        if !s.current.load(Relaxed) && s.place() == LISTED {
+            s.release();
+        }
     }
 
     fn park(&self, s: &Span) {
@@ -214,11 +276,12 @@ impl ThreadHeap {
         self.full.set(s as *const Span as *mut Span);
     }
 
-    /// Move the spans other threads handed back from the full list to their class lists:
-    /// whether there were any.
+    /// Move the spans other threads handed back from the full list to their class lists, and
+    /// drop those another thread claimed meanwhile (their pages are the page layer's): whether
+    /// any came back.
     pub(crate) fn take_returned(&self) -> bool {
         let mut s = take_returned(&self.returned);
-        let any = !s.is_null();
+        let mut any = false;
         while !s.is_null() {
             // SAFETY: a span on this heap's `returned` stack is this heap's, parked and handed
             // back (only the push that cleared `PARKED` puts it there, once per park).
@@ -226,9 +289,24 @@ impl ThreadHeap {
             s = r.returned_next.load(Relaxed);
             debug_assert!(r.place() == FULL);
             self.unlink(r);
-            self.push_tail(r);
+            if r.take() {
+                self.drop_claimed(r);
+            } else {
+                self.push_tail(r);
+                any = true;
+            }
         }
         any
+    }
+
+    /// A span another thread claimed, off its list: off the heap's counts, its descriptor onto
+    /// `dropped` (the claiming thread no longer touches it).
+    fn drop_claimed(&self, s: &Span) {
+        self.spans.sub(1);
+        self.forget_given(s);
+        s.set_place(LEAVING);
+        s.next.set(self.dropped.get());
+        self.dropped.set(s as *const Span as *mut Span);
     }
 
     // ---- Allocation (owner) ----
@@ -240,6 +318,7 @@ impl ThreadHeap {
     /// never-used objects, those on pages a trim gave back (trim.rs); `trim`: a span found full
     /// is armed for its next trim.
     pub(crate) fn alloc(&self, c: usize, zero: bool, trim: bool) -> Got {
+        self.slow_paths.store(self.slow_paths.load(Relaxed).wrapping_add(1), Relaxed);
         loop {
             let sp = self.head[c].get();
             if Span::is_empty_span(sp) {
@@ -305,8 +384,15 @@ impl ThreadHeap {
     #[cold]
     pub(crate) fn after_local_free<'s>(&self, s: &'s Span) -> Option<&'s Span> {
         if s.place() == FULL {
-            if !s.unpark() {
-                return None;
+            match s.unpark() {
+                TakenBack::Unparked => {}
+                TakenBack::HandedBack => return None,
+                // Every object of the span was free when a push claimed it: this free was of
+                // an object freed before.
+                TakenBack::Claimed => {
+                    let addr = s.local_free.get();
+                    crate::message::fatal("free", &crate::error::Error::DoubleFree { addr })
+                }
             }
             self.unlink(s);
             self.push_tail(s);
@@ -320,6 +406,12 @@ impl ThreadHeap {
     /// An empty listed span leaves its list: into the spare slot if free (and the heap keeps
     /// fewer than `SPARES_MAX` spares), else to the caller.
     fn retire_empty<'s>(&self, s: &'s Span) -> Option<&'s Span> {
+        // Every object is on the owner's lists (`used` counts other threads' frees too): a span
+        // claimed by a push had none live, so this free was of an object freed before.
+        if s.take() {
+            let addr = s.local_free.get();
+            crate::message::fatal("free", &crate::error::Error::DoubleFree { addr })
+        }
         self.unlink(s);
         let c = s.class.get() as usize;
         if self.spare[c].get().is_null() && self.spares.get() < SPARES_MAX {
@@ -338,8 +430,12 @@ impl ThreadHeap {
 
     /// Collect `s` (listed) and take it off the heap if it is empty: `Some(s)` to give back.
     pub(crate) fn collect_or_drop(&self, s: &Span) -> Option<*mut Span> {
+        if !self.take_listed(s) {
+            return None;
+        }
         s.collect();
         if s.used() > 0 {
+            self.leave_listed(s);
             return None;
         }
         self.unlink(s);
@@ -365,7 +461,9 @@ impl ThreadHeap {
             // SAFETY: a span on this heap's full list.
             let s = unsafe { &*f };
             f = s.next.get();
-            if s.unpark() {
+            // Handed back or claimed: `take_returned` below (or, for a push that has not put it
+            // on `returned` yet, that push's `collect_abandoned`).
+            if s.unpark() == TakenBack::Unparked {
                 self.unlink(s);
                 self.push_tail(s);
             }
@@ -379,6 +477,12 @@ impl ThreadHeap {
                 p = s.next.get();
                 if let Some(e) = self.collect_or_drop(s) {
                     give(e);
+                }
+                // The head gone, its next spans were made current in turn, dropping those other
+                // threads claimed (`make_current`): go on from the new head.
+                // SAFETY: a span of this heap (dropped ones wait on `dropped`, not recycled).
+                if !p.is_null() && unsafe { (*p).place() } != LISTED {
+                    p = self.head[c].get();
                 }
             }
             if let Some(spare) = self.take_spare(c) {

@@ -11,7 +11,7 @@
 use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 use super::class::GRANULE_SHIFT;
-use super::span::{Span, FREE_DESCRIPTOR};
+use super::span::{Span, ADDRESS_LIMIT, FREE_DESCRIPTOR};
 use super::Slab;
 use crate::error::Error;
 use crate::heap::MAX_ARENAS;
@@ -120,6 +120,12 @@ impl Slab {
     /// its first span.
     pub(crate) fn map_entries(&self, start: usize, bytes: usize) -> Result<impl Iterator<Item = &AtomicUsize>, Error> {
         let (ai, v) = self.shared.view_of(start).ok_or(Error::InvalidPointer { addr: start })?;
+        // The remote-free protocol keeps a count above an object's address in one word
+        // (span.rs, `HEAD`): an arena the kernel placed above it holds no span (Linux places
+        // mappings below 2^47 unless asked for higher ones).
+        if v.base() + v.len() > ADDRESS_LIMIT {
+            return Err(Error::Os { op: "slab span above 2^48", errno: libc::ENOMEM });
+        }
         if self.maps.base[ai].load(Acquire) == 0 {
             let _g = self.central.lock();
             self.maps.reserve(ai, v.len())?;
@@ -185,7 +191,8 @@ impl Descriptors {
                 // SAFETY: a descriptor of a chunk of this slab (mapped until the slab's drop);
                 // only its atomics are read.
                 let s = unsafe { &*(chunk as *const Span).add(i) };
-                if !s.heap.load(Relaxed).is_null() {
+                // A claimed span's objects are all free (its descriptor waits for its owner).
+                if !s.heap.load(Relaxed).is_null() && !s.is_claimed() {
                     let n = s.used() as u64;
                     objects += n;
                     bytes += n * s.size.load(Relaxed) as u64;

@@ -73,7 +73,7 @@ use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASS
 use heap::{Got, ThreadHeap};
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
-use span::{FULL, LISTED, NO_OWNER, PARKED, SPARE};
+use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
@@ -129,6 +129,9 @@ pub(crate) struct Slab {
     /// Spans made and not given back, and their bytes.
     spans: AtomicU64,
     span_bytes: AtomicU64,
+    /// Spans other threads claimed (every object freed by them while the owner left the span
+    /// parked) and gave back.
+    claims: AtomicU64,
 }
 
 // SAFETY: `locked_heap` is used only under the slab lock (it is abandoned); the rest is atomics,
@@ -161,6 +164,7 @@ impl Slab {
             locked_heap,
             spans: AtomicU64::new(0),
             span_bytes: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
         })
     }
 
@@ -215,10 +219,12 @@ impl Slab {
     fn alloc_locked(&self, c: usize, zero: bool) -> Result<(usize, bool), Error> {
         loop {
             {
-                let _g = self.central.lock();
+                let mut g = self.central.lock();
                 // SAFETY: the locked heap, always abandoned: the lock holder is its owner.
                 let h = unsafe { &*self.locked_heap };
-                if let Got::Object(o, z) = h.alloc(c, zero, false) {
+                let got = h.alloc(c, zero, false);
+                Self::release_dropped_locked(&mut g, h);
+                if let Got::Object(o, z) = got {
                     return Ok((o, z));
                 }
             }
@@ -248,6 +254,8 @@ impl Slab {
         // `Cell`s under the lock) sees it either free or set up, and not on a list (`LEAVING`
         // until `install` lists it), so it never unlinks a span no list holds yet.
         let mut c = self.central.lock();
+        // SAFETY: `h` is a heap of this slab (the caller's, or the locked heap under the lock).
+        Self::release_dropped_locked(&mut c, unsafe { &*h });
         let s = match c.descriptors.take() {
             Ok(s) => s,
             Err(e) => {
@@ -277,8 +285,29 @@ impl Slab {
             self.spans.fetch_add(1, Relaxed);
             self.span_bytes.fetch_add(bytes, Relaxed);
         } else {
-            self.spans.fetch_sub(1, Relaxed);
-            self.span_bytes.fetch_sub(bytes, Relaxed);
+            self.uncount_bytes(bytes);
+        }
+    }
+
+    /// A span of `bytes` out of the slab's totals.
+    fn uncount_bytes(&self, bytes: u64) {
+        self.spans.fetch_sub(1, Relaxed);
+        self.span_bytes.fetch_sub(bytes, Relaxed);
+    }
+
+    /// Give the descriptors heap `h` dropped (spans other threads claimed, `ThreadHeap::dropped`)
+    /// back to the pool. The caller holds the slab lock and owns `h` (its bound thread, or the
+    /// lock holder for an abandoned heap).
+    fn release_dropped_locked(c: &mut Central, h: &ThreadHeap) {
+        let mut p = h.dropped.replace(ptr::null_mut());
+        while !p.is_null() {
+            // SAFETY: a descriptor the owner dropped: on no list, its span's pages the page
+            // layer's, touched by no other thread since the claiming push.
+            let s = unsafe { &*p };
+            p = s.next.get();
+            s.owner.store(NO_OWNER, Relaxed);
+            s.heap.store(ptr::null_mut(), Relaxed);
+            c.descriptors.give(s);
         }
     }
 
@@ -309,7 +338,7 @@ impl Slab {
             }
             s.owner.store(NO_OWNER, Relaxed);
             s.heap.store(ptr::null_mut(), Relaxed);
-            let given = s.given.replace(0);
+            let given = s.given.swap(0, Relaxed);
             let r = if given == 0 {
                 self.shared.free_locked(start, None)
             } else {
@@ -447,6 +476,7 @@ impl Slab {
             // load sees the flag). Model-checked: tests/loom/slab_abandon.rs.
             fence(SeqCst);
             heap.collect_all(&mut out);
+            Self::release_dropped_locked(&mut c, heap);
             self.uncount(out);
             heap.next_pooled.set(c.pool);
             c.pool = h;
@@ -464,6 +494,8 @@ impl Slab {
         let mut out: *mut Span = ptr::null_mut();
         // SAFETY: this thread's own heap (owner).
         unsafe { &*h }.collect_all(&mut out);
+        // SAFETY: as above.
+        Self::release_dropped_locked(&mut self.central.lock(), unsafe { &*h });
         self.uncount(out);
         self.give_back(out);
         // SAFETY: as above.
@@ -506,6 +538,7 @@ impl Slab {
         s.small_spare_spans = spares;
         s.small_span_bytes = span_bytes;
         s.small_free_bytes = span_bytes.saturating_sub(bytes);
+        s.small_claimed_spans = self.claims.load(Relaxed);
         trim::add_to_stats(c, s);
     }
 

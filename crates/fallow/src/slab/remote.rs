@@ -35,11 +35,18 @@ impl Slab {
         if h.is_null() {
             return Err(Error::InvalidPointer { addr });
         }
-        let handed_back = s.push_remote(addr).map_err(|()| Error::DoubleFree { addr })?;
-        // SAFETY: heaps live as long as the slab; `returned` and `abandoned` are atomics.
+        // Read before the push too: once a push claims the span, its owner may give the
+        // descriptor to another span.
+        let (start, bytes) = (s.start.load(Relaxed), s.mask.load(Relaxed) + 1);
+        // SAFETY: heaps live as long as the slab; `returned`, `slow_paths` and `abandoned` are
+        // atomics.
         let heap = unsafe { &*h };
-        if handed_back {
+        let pushed = s.push_remote(addr, &heap.slow_paths).map_err(|()| Error::DoubleFree { addr })?;
+        if pushed.handed_back {
             push_returned(&heap.returned, s);
+        }
+        if let Some(given) = pushed.claimed {
+            self.give_back_claimed(start, bytes, given);
         }
         // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
         // collects under the lock; either it saw the push or this load sees the flag
@@ -50,13 +57,38 @@ impl Slab {
         Ok(())
     }
 
+    /// This thread's push claimed the span at `start` of `bytes` (span.rs): every object of it
+    /// is free and its owner left it untouched. Out of the page map, off the slab's count, its
+    /// pages to the page layer (those in `given`, given back by a trim, `Reported`; the others
+    /// dirty). The descriptor is left alone: its owner drops it when it next looks at the span.
+    #[cold]
+    #[inline(never)]
+    fn give_back_claimed(&self, start: usize, bytes: usize, given: u64) {
+        if let Ok(entries) = self.map_entries(start, bytes) {
+            for e in entries {
+                e.store(0, Relaxed);
+            }
+        }
+        self.uncount_bytes(bytes as u64);
+        self.claims.fetch_add(1, Relaxed);
+        let r = if given == 0 {
+            self.shared.free_locked(start, None)
+        } else {
+            // SAFETY: the pages set in `given` are the span's, given back by its owner's trim
+            // with `MADV_DONTNEED` and not written since (trim.rs, "Rules"); the claim read the
+            // word after the owner's release of the span, which follows the trim.
+            unsafe { self.shared.free_given_back(start, given) }
+        };
+        debug_assert!(r.is_ok(), "a claimed span's pages are a live page block: {r:?}");
+    }
+
     /// A free pushed into span `s` of heap `h` that is abandoned: collect the span under the
     /// lock (the lock holder owns an abandoned heap), giving it back if it is empty.
     #[cold]
     fn collect_abandoned(&self, h: *mut ThreadHeap, s: &Span) {
         let mut out: *mut Span = ptr::null_mut();
         {
-            let _g = self.central.lock();
+            let mut c = self.central.lock();
             // SAFETY: heaps live as long as the slab.
             let heap = unsafe { &*h };
             // Adopted meanwhile (its new thread collects), or the span changed hands: nothing.
@@ -71,6 +103,7 @@ impl Slab {
                     out = e;
                 }
             }
+            Self::release_dropped_locked(&mut c, heap);
             self.uncount(out);
         }
         self.give_back(out);

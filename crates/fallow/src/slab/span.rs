@@ -11,23 +11,62 @@
 //! `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or by a thread
 //! that pushes to it (`thread_free`, `returned_next`).
 //!
-//! The remote-free protocol (model-checked: tests/loom/slab_remote.rs). `thread_free` holds the
-//! head of the list and, in bit 0, `PARKED`: the owner found the span full and took it off its
-//! class list. The owner parks only by `0 -> PARKED` (a compare-and-swap: a push that came first
-//! makes it fail, and the owner collects that instead); a push replaces the word by its object,
-//! clearing `PARKED` in the same compare-and-swap, so exactly one push sees the span parked and
-//! that one hands it back to the owner (the heap's `returned` stack). The owner's own free into
-//! a parked span clears the bit with one `fetch_and`; whoever clears it moves the span back.
+//! The remote-free protocol (model-checked: tests/loom/slab_remote.rs, tests/loom/slab_claim.rs).
+//! `thread_free` holds the head of the list, a count of the objects on it (`PUSH_COUNT`, the
+//! high bits), and three flags. `PARKED`: the owner found the span full and took it off its
+//! class list. The owner parks only by `0 -> PARKED | UNTOUCHED` (a compare-and-swap: a push
+//! that came first makes it fail, and the owner collects that instead); a push replaces the
+//! word by its object, clearing `PARKED` in the same compare-and-swap, so exactly one push sees
+//! the span parked and that one hands it back to the owner (the heap's `returned` stack). The
+//! owner's own free into a parked span clears the bit with one `fetch_and`; whoever clears it
+//! moves the span back.
+//!
+//! `UNTOUCHED`: the owner is not using the span: it is parked, or on its class list behind the
+//! current span (the head), and the owner is not in the middle of a slow path on it. The owner
+//! sets it with a release read-modify-write when the span stops being current or is parked
+//! (`release`, `try_park`) and clears it with an acquire one (`take`, `unpark`, `collect`)
+//! before it does anything with the span but free an object into it: make it current, collect
+//! it, trim it, move it. Its hot paths never touch such a span but to free into it (they pop from
+//! the current span only), and that free writes the object's link before its release store of
+//! `used`. So a push into an untouched span that finds every object counted in `used` on
+//! `thread_free` (the count, with its own object, equals `used` read with acquire) knows that no
+//! object of the span is live and that the owner will look at the word before it touches the
+//! span again: it sets `CLAIMED` in its compare-and-swap and gives the span's pages back to the
+//! page layer (remote.rs). A claim and a take cannot both succeed (both are read-modify-writes
+//! of the word). An owner that finds `CLAIMED` drops the descriptor from its lists (it gives it
+//! back to the pool later, under the slab lock) and never reads the span's lists. A push into a
+//! claimed span is refused (every object of it was free).
+//!
+//! Which spans a push claims: an owner that sleeps would hold the spans others emptied for as
+//! long as it sleeps (a producer that filled them and waits), but a busy owner reaches its
+//! listed spans again soon, and a claim would send each back to the page layer just before it
+//! takes a new one. So a push claims only if its heap's owner has run no slow path
+//! (`ThreadHeap::slow_paths`) since the first push after the span was last collected
+//! (`epoch_seen`, noted by that push): a heuristic, which the protocol's safety does not rest on.
 
 use core::cell::Cell;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
+use core::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
 
 use super::class::{class_size, divider, span_bytes};
 use super::heap::ThreadHeap;
 
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
 pub(crate) const PARKED: usize = 1;
+/// Bit 1 of `thread_free`: the owner is not using the span (parked, or listed behind the head).
+pub(crate) const UNTOUCHED: usize = 2;
+/// Bit 2 of `thread_free`: a push found every object the untouched span counts used on
+/// `thread_free` and gave the span's pages back; the descriptor waits for its owner to drop it.
+pub(crate) const CLAIMED: usize = 4;
+/// The objects on `thread_free`, in its high bits: one push adds `ONE_PUSH` (object addresses
+/// are below 2^48, `Slab::new_span`, and a span holds at most 4,096 objects).
+const COUNT_SHIFT: u32 = 48;
+const ONE_PUSH: usize = 1 << COUNT_SHIFT;
+/// The head of the list in a `thread_free` word (objects are 16-byte aligned: the flags' bits
+/// are never an address's).
+pub(crate) const HEAD: usize = (ONE_PUSH - 1) & !(PARKED | UNTOUCHED | CLAIMED);
+/// The highest address of an object (exclusive): what fits in `HEAD`.
+pub(crate) const ADDRESS_LIMIT: usize = ONE_PUSH;
 
 /// Bit 31 of `used`: the span is not on its class list (`place` is not `LISTED`). Below it,
 /// `used` holds the count of objects used plus 1 for its class's current span (`current`), less
@@ -136,7 +175,10 @@ pub(crate) struct Span {
     /// The span's pages given back to the kernel by a trim (bit i: page i; trim.rs), the
     /// owner's: no live object and no list link is on them, every object touching one is free
     /// and on no list. On this line, which the owner's hot paths never touch.
-    pub(crate) given: Cell<u64>,
+    pub(crate) given: AtomicU64,
+    /// The owner heap's `slow_paths` as the first push since the span was last collected saw
+    /// it (a claim needs it unchanged; the pushers').
+    pub(crate) epoch_seen: AtomicU32,
     /// When the armed span was first seen at its mark (`Shared::now_ms` plus 1; 0: not
     /// since it was armed or became its class's current span; `trim::AT_ONCE`: trimmed since it
     /// was armed, so that the next trim of its cascade does not wait). The owner's; on this
@@ -190,7 +232,8 @@ impl Span {
             _readers_end: [0; 8],
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
-            given: Cell::new(0),
+            given: AtomicU64::new(0),
+            epoch_seen: AtomicU32::new(0),
             due_since: Cell::new(0),
         }
     }
@@ -222,7 +265,7 @@ impl Span {
         self.backoff.set(0);
         self.mark.set(0);
         self.low.store(0, Relaxed);
-        self.given.set(0);
+        self.given.store(0, Relaxed);
         self.due_since.set(0);
         self.end.set(start + n * size);
         self.next.set(ptr::null_mut());
@@ -237,6 +280,17 @@ impl Span {
         self.heap.store(heap, Relaxed);
         self.thread_free.store(0, Relaxed);
         self.returned_next.store(ptr::null_mut(), Relaxed);
+    }
+
+    /// The span's pages given back by a trim (`given`, the owner's).
+    #[inline(always)]
+    pub(crate) fn given(&self) -> u64 {
+        self.given.load(Relaxed)
+    }
+
+    /// The owner records the span's pages given back by a trim.
+    pub(crate) fn set_given(&self, pages: u64) {
+        self.given.store(pages, Relaxed)
     }
 
     /// Objects counted as used (the owner's count; any thread may read it).
@@ -267,7 +321,9 @@ impl Span {
             self.low.store(keep, Relaxed);
         }
         let w = self.used.load(Relaxed);
-        self.used.store((n + cur - keep) | (w & UNLISTED), Relaxed)
+        // Release: an untouched span's claim reads `used` with acquire (the owner's free wrote
+        // the object's link before it).
+        self.used.store((n + cur - keep) | (w & UNLISTED), Release)
     }
 
     /// The owner makes the span its class's current one or not (`ThreadHeap`, as the head of
@@ -331,12 +387,15 @@ impl Span {
     /// The owner moves the other threads' frees to `free` (its own stay on `local_free`, popped
     /// first): how many objects it took back (already out of `used`).
     pub(crate) fn collect(&self) -> u32 {
-        // A listed span's word has no `PARKED` bit; Acquire: the pushers' links are visible.
+        // The owner collects a span it took (`take`: no `UNTOUCHED`, no `CLAIMED`), whose word
+        // has a count only with a list; Acquire: the pushers' links are visible.
         let mut head = self.thread_free.load(Relaxed);
-        if head & !PARKED == 0 {
+        if head & HEAD == 0 {
             return 0;
         }
-        head = self.thread_free.fetch_and(PARKED, Acquire) & !PARKED;
+        head = self.thread_free.fetch_and(PARKED, Acquire);
+        debug_assert!(head & (UNTOUCHED | CLAIMED) == 0, "a span collected without being taken");
+        head &= HEAD;
         // Every object on the list still counts in `used`: a walk longer than that is a list
         // made a cycle by a double free the push's head check missed (a, b, a), which would
         // otherwise spin here forever.
@@ -398,38 +457,126 @@ impl Span {
         self.pop().map(|o| (o, false))
     }
 
-    /// The owner parks a span it found full: `true` if parked (`0 -> PARKED`); `false` if a
-    /// push came first (collect it).
+    /// The owner parks a span it found full (every object handed out, none on its lists):
+    /// `true` if parked (`0 -> PARKED | UNTOUCHED`); `false` if a push came first (collect it).
     pub(crate) fn try_park(&self) -> bool {
-        self.thread_free.compare_exchange(0, PARKED, SeqCst, Relaxed).is_ok()
+        self.thread_free.compare_exchange(0, PARKED | UNTOUCHED, SeqCst, Relaxed).is_ok()
     }
 
-    /// The owner's free into a parked span: `true` if it cleared `PARKED` itself (it moves the
-    /// span back); `false` if a push did (the span comes back through `returned`).
-    pub(crate) fn unpark(&self) -> bool {
-        self.thread_free.fetch_and(!PARKED, Acquire) & PARKED != 0
+    /// The owner takes a parked span back (its free into it, or giving up its heap):
+    /// `PARKED` and `UNTOUCHED` cleared in one read-modify-write (no claim can follow). What it
+    /// found: `Unparked` (it cleared `PARKED`: it moves the span back), `HandedBack` (a push did:
+    /// the span comes back through `returned`), `Claimed` (a push claimed it: every object was
+    /// free, so a free into it is a double free).
+    pub(crate) fn unpark(&self) -> TakenBack {
+        let w = self.thread_free.fetch_and(!(PARKED | UNTOUCHED), Acquire);
+        if w & CLAIMED != 0 {
+            TakenBack::Claimed
+        } else if w & PARKED != 0 {
+            TakenBack::Unparked
+        } else {
+            TakenBack::HandedBack
+        }
+    }
+
+    /// The owner takes a span it left (handed back off `returned`, or listed behind its class's
+    /// current span) before it does anything with it: `UNTOUCHED` cleared in one read-modify-
+    /// write; `true` if a push claimed it first (drop the descriptor without reading the span's
+    /// lists: its pages are the page layer's).
+    #[must_use]
+    pub(crate) fn take(&self) -> bool {
+        self.thread_free.fetch_and(!UNTOUCHED, Acquire) & CLAIMED != 0
+    }
+
+    /// The owner leaves a listed span (it stops being its class's current one, or the owner's
+    /// slow path is done with it): `UNTOUCHED` set; Release: what the owner wrote of it (`used`
+    /// above all) is what a claiming push reads.
+    pub(crate) fn release(&self) {
+        self.thread_free.fetch_or(UNTOUCHED, Release);
+    }
+
+    /// Whether a push claimed the span (the statistics and checks; the owner learns it from
+    /// `unpark` or `take_back_claimed`).
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.thread_free.load(Relaxed) & CLAIMED != 0
     }
 
     /// Another thread frees `addr` (an object of this span): push it on `thread_free`. `Err`:
-    /// it is the object pushed last (a double free). `Ok(true)`: the span was parked and this
-    /// push handed it back to its owner, which the caller tells (`ThreadHeap::hand_back`).
-    pub(crate) fn push_remote(&self, addr: usize) -> Result<bool, ()> {
+    /// it is the object pushed last, or the span was claimed (a double free). Else whether this
+    /// push handed a parked span back to its owner (the caller pushes it on the heap's
+    /// `returned`) and whether it claimed the span (the caller gives its pages back).
+    /// `slow_paths` is the owner heap's count of its slow paths (the claim's heuristic).
+    #[inline(always)]
+    pub(crate) fn push_remote(&self, addr: usize, slow_paths: &AtomicU32) -> Result<Pushed, ()> {
         let mut old = self.thread_free.load(Relaxed);
         loop {
-            if old & !PARKED == addr {
+            if old & HEAD == addr || old & CLAIMED != 0 {
                 return Err(());
             }
             // SAFETY: `addr` is an object of this live span that the caller frees: free memory
             // of the span, whose first word is the list's link.
-            unsafe { *(addr as *mut usize) = old & !PARKED };
+            unsafe { *(addr as *mut usize) = old & HEAD };
+            // `PARKED` cleared, `UNTOUCHED` kept, one more on the list (the count is at most
+            // a span's objects, far below 2^16, but for a list a double free made a cycle of,
+            // whose wrap leaves the low bits alone).
+            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | addr;
+            let claimed = if old & UNTOUCHED != 0 { self.claims(old, slow_paths) } else { None };
+            if claimed.is_some() {
+                new |= CLAIMED;
+            }
             // SeqCst: ordered before the caller's load of the heap's `abandoned` (the exiting
             // owner stores it, then collects: one of the two sees the other).
-            match self.thread_free.compare_exchange_weak(old, addr, SeqCst, Relaxed) {
-                Ok(_) => return Ok(old & PARKED != 0),
+            match self.thread_free.compare_exchange_weak(old, new, SeqCst, Relaxed) {
+                Ok(_) => return Ok(Pushed { handed_back: old & PARKED != 0, claimed }),
                 Err(now) => old = now,
             }
         }
     }
+}
+
+impl Span {
+    /// A push into an untouched span, whose word was `old`: whether it claims the span (every
+    /// object `used` counts is on `thread_free` once this push is, and the owner ran no slow path
+    /// since the first push of the list: the module's comment), and if so the pages a trim gave
+    /// back (`given`, read here: once the claim is made the owner may give the descriptor to
+    /// another span).
+    #[inline(never)]
+    fn claims(&self, old: usize, slow_paths: &AtomicU32) -> Option<u64> {
+        let count = old >> COUNT_SHIFT;
+        let now = slow_paths.load(Relaxed);
+        if count == 0 {
+            self.epoch_seen.store(now, Relaxed);
+            return None;
+        }
+        // Acquire, after the load of the word: the owner's writes before its release of the
+        // span (`release`, `try_park`: the word read is theirs or a later push's) are visible.
+        fence(Acquire);
+        if now != self.epoch_seen.load(Relaxed) {
+            return None;
+        }
+        // Acquire: the owner's frees into the span since (each a release store of `used`, after
+        // its link) happen before the claim. `used` only comes down while the span is untouched,
+        // so an older value read is larger: never a claim too many. `current` is false.
+        let used = (self.used.load(Acquire) & !UNLISTED) + self.low.load(Acquire);
+        (count + 1 == used as usize).then(|| self.given.load(Relaxed))
+    }
+}
+
+/// What a push did besides pushing (`Span::push_remote`).
+pub(crate) struct Pushed {
+    /// The span was parked: this push handed it back to its owner.
+    pub(crate) handed_back: bool,
+    /// This push claimed the span: the caller gives its pages back (those a trim gave back
+    /// already, `given`, as such).
+    pub(crate) claimed: Option<u64>,
+}
+
+/// What the owner found when it took a parked span back (`Span::unpark`).
+#[derive(PartialEq, Eq, Debug)]
+pub(crate) enum TakenBack {
+    Unparked,
+    HandedBack,
+    Claimed,
 }
 
 /// A stack of spans handed back by pushes (`ThreadHeap::returned`): pushed by any thread,

@@ -22,7 +22,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use super::class::CLASSES;
 use super::heap::ThreadHeap;
-use super::span::{Span, PARKED};
+use super::span::{Span, HEAD};
 
 /// New spans between two sweeps, at least.
 const SWEEP_MIN_NEW: u32 = 4;
@@ -56,7 +56,7 @@ impl ThreadHeap {
                 let s = unsafe { &*p };
                 p = s.next.get();
                 if ptr::eq(s, head) {
-                    if s.thread_free.load(Relaxed) & !PARKED != 0 {
+                    if s.thread_free.load(Relaxed) & HEAD != 0 {
                         s.collect();
                     }
                 } else if let Some(e) = self.collect_or_drop(s) {

@@ -124,13 +124,13 @@ impl Span {
 
     /// Object `i` touches a page given back (it is free and on no list).
     pub(crate) fn on_given(&self, i: usize) -> bool {
-        let given = self.given.get();
+        let given = self.given();
         given != 0 && self.touches(i) & given != 0
     }
 
     /// Objects handed out once that touch a page given back (free, on no list).
     pub(crate) fn gone(&self) -> u32 {
-        if self.given.get() == 0 {
+        if self.given() == 0 {
             return 0;
         }
         (0..self.fresh.load(Relaxed)).filter(|&i| self.on_given(i)).count() as u32
@@ -232,7 +232,7 @@ impl Span {
     /// never-handed-out object, or the whole span once every object was handed out.
     fn free_pages(&self, m: &Marks) -> u64 {
         let handed = self.fresh.load(Relaxed);
-        let given = self.given.get();
+        let given = self.given();
         let mut busy = 0u64;
         for i in 0..handed {
             let t = self.touches(i);
@@ -270,7 +270,7 @@ impl Span {
     /// The free objects that touch no given-back page become `free`, in address order;
     /// `local_free` is emptied (its objects are among them).
     fn relink(&self, m: &Marks) {
-        let given = self.given.get();
+        let given = self.given();
         // SAFETY: the objects marked are free (`mark_free`: on `free` or `local_free`, both
         // replaced here), on kept pages, the owner's.
         let head = unsafe { self.link_objects(0, |i| m.has(i) && self.touches(i) & given == 0) };
@@ -283,7 +283,7 @@ impl Span {
     /// given-back pages and reads zero, for a request that wants zeros). Returns the pages that
     /// were given back with it; `None`: none were.
     fn take_given(&self, zero: bool) -> Option<(Option<(usize, bool)>, u32)> {
-        let given = self.given.get();
+        let given = self.given();
         if given == 0 {
             return None;
         }
@@ -293,7 +293,7 @@ impl Span {
         // SAFETY: an object touching a given-back page is free, on no list, the owner's (trim.rs,
         // "Rules"); `whole` is handed out instead.
         let head = unsafe { self.link_objects(self.free.get(), |i| self.touches(i) & given != 0 && Some(i) != whole) };
-        self.given.set(0);
+        self.set_given(0);
         self.free.set(head);
         if let Some(i) = whole {
             self.set_used(self.used() + 1);
@@ -342,7 +342,7 @@ impl ThreadHeap {
     /// A span leaves the heap (back to the page layer): its given-back pages are no longer
     /// the heap's to count. (`given` stays: `Slab::give_back` lists those pages `Reported`.)
     pub(crate) fn forget_given(&self, s: &Span) {
-        self.trimmed.sub(s.given.get().count_ones() as u64);
+        self.trimmed.sub(s.given().count_ones() as u64);
     }
 }
 
@@ -369,6 +369,16 @@ impl Slab {
     /// The owner trims span `s` of its heap `h`: disarmed first, and armed again at half its
     /// mark (a span freed on down is trimmed again as its count halves, until the mark is 0).
     pub(crate) fn trim(&self, h: &ThreadHeap, s: &Span) {
+        // A span behind its class's head is taken first (span.rs): one another thread claimed
+        // is dropped instead.
+        if !h.take_listed(s) {
+            return;
+        }
+        self.trim_taken(h, s);
+        h.leave_listed(s);
+    }
+
+    fn trim_taken(&self, h: &ThreadHeap, s: &Span) {
         let next = if s.low.load(Relaxed) != 0 { s.mark.get() as u32 / 2 } else { 0 };
         s.disarm();
         if !self.trims() || !s.trimmable() {
@@ -380,7 +390,7 @@ impl Slab {
         // (`free_pages`); the free objects on them are dropped from the lists below (`relink`),
         // before anything reads a link again.
         let done = unsafe { advise_runs(s.start.load(Relaxed), give) };
-        s.given.set(s.given.get() | done);
+        s.set_given(s.given() | done);
         if done != 0 {
             s.backoff.set(s.backoff.get() | GAVE);
         }

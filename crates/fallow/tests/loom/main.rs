@@ -53,6 +53,7 @@ mod cached_block;
 mod drain_request;
 mod handshake;
 mod slab_abandon;
+mod slab_claim;
 mod slab_remote;
 mod start_gate;
 mod worker;

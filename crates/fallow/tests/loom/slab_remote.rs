@@ -6,13 +6,17 @@ use loom::sync::atomic::AtomicUsize;
 
 // ---- A span's `thread_free` against its owner (slab/span.rs, slab/heap.rs; mirrored) ----
 //
-// A span's `thread_free` word holds the head of other threads' frees and, in bit 0, `PARKED`
-// (the owner found the span full and took it off its class list). Mirrored: `Span::collect`
-// (`fetch_and(PARKED, Acquire)` and the walk of the links), `Span::try_park` (`0 -> PARKED`
-// compare-and-swap), `Span::unpark` (the owner's free into a parked span: `fetch_and(!PARKED)`),
-// `Span::push_remote` (link written, then a compare-and-swap that clears `PARKED`; the push that
+// A span's `thread_free` word holds the head of other threads' frees, their count in its high
+// bits and, in bit 0, `PARKED` (the owner found the span full and took it off its class list),
+// in bit 1 `UNTOUCHED` (set with it; the claim that uses it has its own model, slab_claim.rs).
+// Mirrored: `Span::collect` (`fetch_and(PARKED, Acquire)` and the walk of the links),
+// `Span::try_park` (`0 -> PARKED | UNTOUCHED` compare-and-swap), `Span::unpark` (the owner's
+// free into a parked span: `fetch_and(!(PARKED | UNTOUCHED))`), `Span::push_remote` (link
+// written, then a compare-and-swap that clears `PARKED` and counts the push; the push that
 // cleared it hands the span back), `push_returned` / `take_returned` (the heap's stack of
-// handed-back spans, one span here), `ThreadHeap::alloc`'s park step and `after_local_free`.
+// handed-back spans, one span here; `UNTOUCHED` cleared by `fetch_and`), `ThreadHeap::alloc`'s
+// park step and `after_local_free`. The owner frees one of the three objects itself, so no
+// push brings the count to the span's objects: no claim.
 // The model: the owner's current span is full (objects 1, 2 and 3 handed out); the owner looks
 // for an object (collects, finds none, parks), then frees object 2 itself; meanwhile two other
 // threads free objects 1 and 3 (so that two pushes race for the parked bit). Afterwards the owner takes the handed-back spans and collects: the
@@ -21,9 +25,16 @@ use loom::sync::atomic::AtomicUsize;
 // only after an acquire that orders the pusher's write before it.
 
 const PARKED: usize = 1;
-/// Object `i` is the word `i << 1` (bit 0 stays free for `PARKED`).
+const UNTOUCHED: usize = 2;
+const ONE_PUSH: usize = 1 << 48;
+const HEAD: usize = (ONE_PUSH - 1) & !7;
+/// Object `i` is the word `i << 3` (bits 0-2 stay free for the flags).
 const fn obj(i: usize) -> usize {
-    i << 1
+    i << 3
+}
+/// Object number of the word `o`.
+const fn index(o: usize) -> usize {
+    o >> 3
 }
 
 /// Where the span is in its heap (`Span::place`).
@@ -46,15 +57,15 @@ struct Remote {
 impl Remote {
     /// `Span::collect`: move the other threads' frees to `free`.
     fn collect(&self) {
-        if self.thread_free.load(Relaxed) & !PARKED == 0 {
+        if self.thread_free.load(Relaxed) & HEAD == 0 {
             return;
         }
-        let mut head = self.thread_free.fetch_and(PARKED, Acquire) & !PARKED;
+        let mut head = self.thread_free.fetch_and(PARKED, Acquire) & HEAD;
         // SAFETY: the owner's fields, touched by the owner only.
         self.owner.with_mut(|o| unsafe {
             while head != 0 {
-                let next = self.links[head >> 1].with(|l| *l);
-                self.links[head >> 1].with_mut(|l| *l = (*o).1);
+                let next = self.links[index(head)].with(|l| *l);
+                self.links[index(head)].with_mut(|l| *l = (*o).1);
                 (*o).1 = head;
                 head = next;
             }
@@ -73,7 +84,7 @@ impl Remote {
             self.thread_free.store(PARKED, SeqCst);
             true
         } else {
-            self.thread_free.compare_exchange(0, PARKED, SeqCst, Relaxed).is_ok()
+            self.thread_free.compare_exchange(0, PARKED | UNTOUCHED, SeqCst, Relaxed).is_ok()
         };
         if parked {
             // SAFETY: as in `collect`.
@@ -89,7 +100,7 @@ impl Remote {
         self.owner.with_mut(|o| unsafe {
             self.links[i].with_mut(|l| *l = (*o).2);
             (*o).2 = obj(i);
-            if (*o).0 == FULL && self.thread_free.fetch_and(!PARKED, Acquire) & PARKED != 0 {
+            if (*o).0 == FULL && self.thread_free.fetch_and(!(PARKED | UNTOUCHED), Acquire) & PARKED != 0 {
                 // This free cleared `PARKED`: the owner moves the span back itself.
                 (*o).0 = LISTED;
             }
@@ -101,8 +112,9 @@ impl Remote {
         let mut old = self.thread_free.load(Relaxed);
         loop {
             // SAFETY: the object being freed is this thread's until its push succeeds.
-            self.links[i].with_mut(|l| unsafe { *l = old & !PARKED });
-            match self.thread_free.compare_exchange(old, obj(i), SeqCst, Relaxed) {
+            self.links[i].with_mut(|l| unsafe { *l = old & HEAD });
+            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
+            match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
                 Ok(_) => break,
                 Err(now) => old = now,
             }
@@ -116,6 +128,8 @@ impl Remote {
     /// The owner later: `take_returned` (moves a handed-back span back), then collects.
     fn settle(&self) {
         if self.returned.swap(0, Acquire) == 1 {
+            let w = self.thread_free.fetch_and(!UNTOUCHED, Acquire);
+            assert_eq!(w & 4, 0, "a span with a live object was claimed");
             // SAFETY: as in `collect`.
             self.owner.with_mut(|o| unsafe {
                 assert_eq!((*o).0, FULL, "a handed-back span was not parked");
@@ -154,9 +168,9 @@ fn slab_remote_model(broken: bool) {
         for head in [free, local] {
             let mut o = head;
             while o != 0 {
-                seen |= 1 << (o >> 1);
+                seen |= 1 << index(o);
                 // SAFETY: every thread is done; the links are read once more.
-                o = r.links[o >> 1].with(|l| unsafe { *l });
+                o = r.links[index(o)].with(|l| unsafe { *l });
             }
         }
         assert_eq!(seen, 0b1110, "an object freed into the span is on none of its lists");

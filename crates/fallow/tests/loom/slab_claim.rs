@@ -1,0 +1,172 @@
+//! A claim of a parked span by the push that frees its last object, against its owner taking
+//! the span back (`Span::push_remote`, `Span::take_back_claimed`, slab/span.rs;
+//! `ThreadHeap::take_returned`, slab/heap.rs; `Slab::free_remote`, slab/remote.rs; mirrored).
+
+use super::*;
+
+use loom::sync::atomic::AtomicUsize;
+
+// A span of two objects, both live, that its owner found full and parked: `thread_free` is
+// `PARKED | UNTOUCHED` with a count of 0 (`Span::try_park`). Two other threads free one object
+// each: a push clears `PARKED` (the first hands the span back on `returned`), adds one to the
+// count, and sets `CLAIMED` if that brings the count to the span's objects while `UNTOUCHED` is
+// set; the claiming thread then gives the span's pages back, which the page layer may hand to
+// anyone (modelled as writes to both objects' words). Meanwhile the owner takes its handed-back
+// spans (`take_returned`): it clears `UNTOUCHED` by one read-modify-write and, unless it found
+// `CLAIMED`, relists the span and collects the frees (reading the objects' links). Afterwards:
+// the span was claimed or taken back, never both (a span taken back and given away would have
+// its objects handed out by its owner inside pages someone else uses: loom also reports that as a
+// race on the objects' words); never neither once both objects are free (a parked span no one
+// takes back is the sleeping owner's stranded memory this protocol is for); and if taken back,
+// both objects are on its list.
+
+const PARKED: usize = 1;
+const UNTOUCHED: usize = 2;
+const CLAIMED: usize = 4;
+const FLAGS: usize = PARKED | UNTOUCHED | CLAIMED;
+/// The count of objects on the list, in the high bits (`PUSH_COUNT`).
+const COUNT_SHIFT: u32 = 48;
+const ONE_PUSH: usize = 1 << COUNT_SHIFT;
+const HEAD: usize = (ONE_PUSH - 1) & !FLAGS;
+/// The span's objects (`Span::objects`).
+const OBJECTS: usize = 2;
+/// Object `i` is the word `i << 3` (the flags' bits stay free).
+const fn obj(i: usize) -> usize {
+    i << 3
+}
+
+struct Claim {
+    thread_free: AtomicUsize,
+    /// `ThreadHeap::returned` for one span: 0 or 1.
+    returned: AtomicUsize,
+    /// The objects' first words (index: object number): a link, or what the page layer's next
+    /// user wrote.
+    words: [UnsafeCell<usize>; 3],
+    /// Claims made, and whether the owner took the span back (relisted it).
+    claims: AtomicUsize,
+    taken_back: AtomicUsize,
+    /// The owner's `free` after its collection.
+    free: UnsafeCell<usize>,
+    /// Broken on purpose: the owner clears `UNTOUCHED` with a load and a store.
+    broken: bool,
+}
+
+impl Claim {
+    /// Another thread frees object `i`: `Span::push_remote`, then `push_returned` for the push
+    /// that handed the span back and `give_back_claimed` for the one that claimed it.
+    fn free_remote(&self, i: usize) {
+        let mut old = self.thread_free.load(Relaxed);
+        let new = loop {
+            assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
+            // SAFETY: the object being freed is this thread's until its push succeeds.
+            self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
+            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
+            if old & UNTOUCHED != 0 && new >> COUNT_SHIFT == OBJECTS {
+                new |= CLAIMED;
+            }
+            match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
+                Ok(_) => break new,
+                Err(now) => old = now,
+            }
+        };
+        if old & PARKED != 0 {
+            let was = self.returned.swap(1, SeqCst);
+            assert_eq!(was, 0, "a span was handed back twice");
+        }
+        if new & CLAIMED != 0 {
+            self.claims.fetch_add(1, Relaxed);
+            // The span's pages go to the page layer, whose next user writes them.
+            for w in &self.words[1..] {
+                // SAFETY: a claimed span's objects are all free and its owner never reads them
+                // again: the claiming thread's to give away (loom checks it).
+                w.with_mut(|w| unsafe { *w = usize::MAX });
+            }
+        }
+    }
+
+    /// The owner: `take_returned` (`take_back_claimed`, then relist and collect, or drop).
+    fn take_returned(&self) {
+        if self.returned.swap(0, Acquire) == 0 {
+            return;
+        }
+        let w = if self.broken {
+            let w = self.thread_free.load(Acquire);
+            self.thread_free.store(w & !UNTOUCHED, Relaxed);
+            w
+        } else {
+            self.thread_free.fetch_and(!UNTOUCHED, Acquire)
+        };
+        if w & CLAIMED != 0 {
+            return;
+        }
+        self.taken_back.fetch_add(1, Relaxed);
+        // `Span::collect` once relisted: take the list and walk its links.
+        let mut head = self.thread_free.fetch_and(PARKED, Acquire) & HEAD;
+        // SAFETY: the owner's `free`, touched by the owner thread only.
+        self.free.with_mut(|f| unsafe {
+            while head != 0 {
+                let next = self.words[head >> 3].with(|w| *w);
+                self.words[head >> 3].with_mut(|w| *w = *f);
+                *f = head;
+                head = next;
+            }
+        });
+    }
+}
+
+fn slab_claim_model(broken: bool) {
+    model(move || {
+        let c = Arc::new(Claim {
+            thread_free: AtomicUsize::new(PARKED | UNTOUCHED),
+            returned: AtomicUsize::new(0),
+            words: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
+            claims: AtomicUsize::new(0),
+            taken_back: AtomicUsize::new(0),
+            free: UnsafeCell::new(0),
+            broken,
+        });
+        let (c1, c2) = (c.clone(), c.clone());
+        let remote1 = thread::spawn(move || c1.free_remote(1));
+        let remote2 = thread::spawn(move || c2.free_remote(2));
+        c.take_returned();
+        remote1.join().unwrap();
+        remote2.join().unwrap();
+        // The owner's next slow path takes what was handed back since.
+        c.take_returned();
+        let (claims, taken) = (c.claims.load(Relaxed), c.taken_back.load(Relaxed));
+        assert!(claims + taken == 1, "a span claimed and taken back ({claims}, {taken}), or neither");
+        if taken == 1 {
+            // The owner collects whatever came after it took the span back.
+            let mut head = c.thread_free.swap(0, Acquire) & HEAD;
+            let mut seen = 0;
+            while head != 0 {
+                seen |= 1 << (head >> 3);
+                // SAFETY: every thread is done.
+                head = c.words[head >> 3].with(|w| unsafe { *w });
+            }
+            // SAFETY: as above.
+            let mut o = c.free.with(|f| unsafe { *f });
+            while o != 0 {
+                seen |= 1 << (o >> 3);
+                // SAFETY: as above.
+                o = c.words[o >> 3].with(|w| unsafe { *w });
+            }
+            assert_eq!(seen, 0b110, "an object freed into a span taken back is on none of its lists");
+        }
+    });
+}
+
+#[test]
+fn a_span_is_claimed_or_taken_back_never_both() {
+    slab_claim_model(false);
+}
+
+// The owner clears `UNTOUCHED` with a load and a store: a claim between the two is overwritten
+// (its object lost with it), and the span is both given away and taken back: loom finds the
+// owner's collection reading the objects' words as the page layer's next user writes them.
+broken_on_purpose!(
+    broken_slab_take_back_by_store,
+    taking_back_by_a_store_lets_a_claim_through,
+    "Causality violation",
+    slab_claim_model(true)
+);
