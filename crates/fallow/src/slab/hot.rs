@@ -4,7 +4,7 @@
 //! paths (`malloc_slow`, `free_in`), made before anything has changed.
 
 use core::ptr::{self, NonNull};
-use core::sync::atomic::Ordering::Relaxed;
+use core::sync::atomic::Ordering::{Relaxed, Release};
 
 use super::class::{object_index, object_size, TABLE_MAX};
 use super::heap::ThreadHeap;
@@ -111,7 +111,9 @@ impl Slab {
             // heap, handed out and now freed: its first word becomes the link of `local_free`.
             unsafe { *(addr as *mut usize) = local };
             s.local_free.set(addr);
-            s.used.store(used - 1, Relaxed);
+            // Release: the link is written before the count a claiming push reads (span.rs;
+            // a plain store on x86).
+            s.used.store(used - 1, Release);
             return Freed::Done;
         }
         // Rare: the free empties a span other than the current one (1, listed), or the span is
@@ -126,8 +128,8 @@ impl Slab {
         // SAFETY: as above.
         unsafe { *(addr as *mut usize) = local };
         s.local_free.set(addr);
-        // Not 0 (tested above): no wrap, `UNLISTED` kept.
-        s.used.store(used - 1, Relaxed);
+        // Not 0 (tested above): no wrap, `UNLISTED` kept; Release as above.
+        s.used.store(used - 1, Release);
         // The emptied span leaves its list; a parked span comes back.
         // SAFETY: this thread's own heap (its id is the span's owner), live as long as the slab.
         Slab::after_local_free_arc(slab, unsafe { &*h }, s);

@@ -1,10 +1,15 @@
-//! A claim of a parked span by the push that frees its last object, against its owner taking
-//! the span back (`Span::push_remote`, `Span::take_back_claimed`, slab/span.rs;
-//! `ThreadHeap::take_returned`, slab/heap.rs; `Slab::free_remote`, slab/remote.rs; mirrored).
+//! A claim of a span its owner left untouched by the push that frees its last used object,
+//! against the owner taking the span back (`Span::push_remote`, `Span::claims`, `Span::take`,
+//! slab/span.rs; `ThreadHeap::take_returned`, `make_current`, slab/heap.rs; the owner's free,
+//! slab/hot.rs; `Slab::free_remote`, slab/remote.rs; mirrored). Two models: a parked span handed
+//! back (the first), and a span listed behind its class's current one that the owner frees an
+//! object into and then makes current (the second). The claim's heuristic (the owner's
+//! `slow_paths` unchanged since the list's first push) is left out: the protocol's safety does
+//! not rest on it.
 
 use super::*;
 
-use loom::sync::atomic::AtomicUsize;
+use loom::sync::atomic::{fence, AtomicUsize};
 
 // A span of two objects, both live, that its owner found full and parked: `thread_free` is
 // `PARKED | UNTOUCHED` with a count of 0 (`Span::try_park`). Two other threads free one object
@@ -169,4 +174,110 @@ broken_on_purpose!(
     taking_back_by_a_store_lets_a_claim_through,
     "Causality violation",
     slab_claim_model(true)
+);
+
+// ---- A listed span the owner frees into, then makes current ----
+//
+// A span of three objects, all used (`used` 3), listed behind its class's current span and so
+// left untouched (`Span::release`: `thread_free` is `UNTOUCHED`). The owner frees object 1 (its
+// hot path: the link written into the object, then a release store of `used`, 2) and then makes
+// the span current (`make_current`: `take`, a `fetch_and` clearing `UNTOUCHED`; unless it found
+// `CLAIMED`, it collects). Two other threads free objects 2 and 3: a push claims the span if its
+// count with its own object equals `used` read with acquire (`Span::claims`), then gives the
+// pages away (writes every object's word). Afterwards: claimed or taken, never both; the claim,
+// if any, came after the owner's free (its link write happens before the page's next user's).
+
+/// `Span::used`, the owner's count.
+struct Listed {
+    thread_free: AtomicUsize,
+    used: AtomicUsize,
+    words: [UnsafeCell<usize>; 4],
+    claims: AtomicUsize,
+    taken: AtomicUsize,
+    /// Broken on purpose: the owner's free stores `used` with `Relaxed`.
+    broken: bool,
+}
+
+impl Listed {
+    fn free_remote(&self, i: usize) {
+        let mut old = self.thread_free.load(Relaxed);
+        let new = loop {
+            assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
+            // SAFETY: the object being freed is this thread's until its push succeeds.
+            self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
+            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
+            if old & UNTOUCHED != 0 {
+                fence(Acquire);
+                if (old >> COUNT_SHIFT) + 1 == self.used.load(Acquire) {
+                    new |= CLAIMED;
+                }
+            }
+            match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
+                Ok(_) => break new,
+                Err(now) => old = now,
+            }
+        };
+        if new & CLAIMED != 0 {
+            self.claims.fetch_add(1, Relaxed);
+            for w in &self.words[1..] {
+                // SAFETY: a claimed span's objects are all free and its owner never touches
+                // them again: the claiming thread's to give away (loom checks it).
+                w.with_mut(|w| unsafe { *w = usize::MAX });
+            }
+        }
+    }
+
+    /// The owner: frees object 1 (hot path), then makes the span current (`take`, collect).
+    fn owner(&self) {
+        // SAFETY: object 1 is live, the owner's: its free writes the link (`local_free`'s,
+        // empty here).
+        self.words[1].with_mut(|w| unsafe { *w = 0 });
+        let used = self.used.load(Relaxed);
+        self.used.store(used - 1, if self.broken { Relaxed } else { Release });
+        if self.thread_free.fetch_and(!UNTOUCHED, Acquire) & CLAIMED != 0 {
+            return;
+        }
+        self.taken.fetch_add(1, Relaxed);
+        let mut head = self.thread_free.fetch_and(PARKED, Acquire) & HEAD;
+        while head != 0 {
+            // SAFETY: a pushed object, its link written before the push's release.
+            head = self.words[head >> 3].with(|w| unsafe { *w });
+        }
+    }
+}
+
+fn slab_claim_listed_model(broken: bool) {
+    model(move || {
+        let l = Arc::new(Listed {
+            thread_free: AtomicUsize::new(UNTOUCHED),
+            used: AtomicUsize::new(3),
+            words: [UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0), UnsafeCell::new(0)],
+            claims: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
+            broken,
+        });
+        let (l2, l3) = (l.clone(), l.clone());
+        let remote2 = thread::spawn(move || l2.free_remote(2));
+        let remote3 = thread::spawn(move || l3.free_remote(3));
+        l.owner();
+        remote2.join().unwrap();
+        remote3.join().unwrap();
+        let (claims, taken) = (l.claims.load(Relaxed), l.taken.load(Relaxed));
+        assert!(claims + taken == 1, "a span claimed and taken back ({claims}, {taken}), or neither");
+    });
+}
+
+#[test]
+fn a_listed_span_is_claimed_only_after_the_owners_free_into_it() {
+    slab_claim_listed_model(false);
+}
+
+// The owner's free stores `used` with `Relaxed`: a push that reads the count it stored claims
+// the span, and the page's next user writes object 1 with nothing ordering the owner's write of
+// its link before: loom reports the race.
+broken_on_purpose!(
+    broken_slab_free_store_relaxed,
+    a_relaxed_free_lets_a_claim_race_its_link,
+    "Causality violation",
+    slab_claim_listed_model(true)
 );
