@@ -6,7 +6,7 @@ use core::ptr;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use super::heap::ThreadHeap;
-use super::span::{push_returned, Span, LISTED};
+use super::span::{push_returned, Span, LISTED, UNTOUCHED};
 use super::Slab;
 use crate::error::Error;
 
@@ -35,24 +35,40 @@ impl Slab {
         if h.is_null() {
             return Err(Error::InvalidPointer { addr });
         }
-        // Read before the push too: once a push claims the span, its owner may give the
-        // descriptor to another span.
-        let (start, bytes) = (s.start.load(Relaxed), s.mask.load(Relaxed) + 1);
         // SAFETY: heaps live as long as the slab; `returned`, `slow_paths` and `abandoned` are
         // atomics.
         let heap = unsafe { &*h };
-        let pushed = s.push_remote(addr, &heap.slow_paths).map_err(|()| Error::DoubleFree { addr })?;
+        let pushed = s.push_remote(addr).map_err(|()| Error::DoubleFree { addr })?;
         if pushed.handed_back {
             push_returned(&heap.returned, s);
         }
-        if let Some(given) = pushed.claimed {
-            self.give_back_claimed(start, bytes, given);
-        }
         // SeqCst, after the push: the exiting owner stores `abandoned`, fences, and then
         // collects under the lock; either it saw the push or this load sees the flag
-        // (tests/loom/slab_abandon.rs).
+        // (tests/loom/slab_abandon.rs). The lock holder's collection takes the span back: no
+        // claim then.
         if heap.abandoned.load(SeqCst) {
             self.collect_abandoned(h, s);
+            return Ok(());
+        }
+        if pushed.word & UNTOUCHED != 0 {
+            // In tail position: the push's own path keeps no frame for it.
+            return self.after_untouched_push(s, heap, pushed.word);
+        }
+        Ok(())
+    }
+
+    /// A push into a span its owner left untouched left `word`: claim the span if every object
+    /// it counts used is on `thread_free` (span.rs), and give its pages back. Always `Ok` (the
+    /// type of the caller's tail call).
+    #[inline(never)]
+    fn after_untouched_push(&self, s: &Span, heap: &ThreadHeap, word: usize) -> Result<(), Error> {
+        if s.claim_due(word, &heap.slow_paths) {
+            // Read before the claim: once it is made, the owner may give the descriptor to
+            // another span.
+            let (start, bytes) = (s.start.load(Relaxed), s.mask.load(Relaxed) + 1);
+            if let Some(given) = s.claim(word) {
+                self.give_back_claimed(start, bytes, given);
+            }
         }
         Ok(())
     }

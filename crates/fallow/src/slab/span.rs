@@ -28,12 +28,13 @@
 //! before it does anything with the span but free an object into it: make it current, collect
 //! it, trim it, move it. Its hot paths never touch such a span but to free into it (they pop from
 //! the current span only), and that free writes the object's link before its release store of
-//! `used`. So a push into an untouched span that finds every object counted in `used` on
-//! `thread_free` (the count, with its own object, equals `used` read with acquire) knows that no
-//! object of the span is live and that the owner will look at the word before it touches the
-//! span again: it sets `CLAIMED` in its compare-and-swap and gives the span's pages back to the
-//! page layer (remote.rs). A claim and a take cannot both succeed (both are read-modify-writes
-//! of the word). An owner that finds `CLAIMED` drops the descriptor from its lists (it gives it
+//! `used`. So a push into an untouched span after which every object counted in `used` is on
+//! `thread_free` (the count equals `used` read with acquire) knows that no object of the span is
+//! live and that the owner will look at the word before it touches the span again: it sets
+//! `CLAIMED` by a compare-and-swap from the word its push left (`claim`; a take or another push
+//! since makes it fail, and that push asks again) and gives the span's pages back to the page
+//! layer (remote.rs). A claim and a take cannot both succeed (both are read-modify-writes of
+//! the word). An owner that finds `CLAIMED` drops the descriptor from its lists (it gives it
 //! back to the pool later, under the slab lock) and never reads the span's lists. A push into a
 //! claimed span is refused (every object of it was free).
 //!
@@ -504,10 +505,9 @@ impl Span {
     /// Another thread frees `addr` (an object of this span): push it on `thread_free`. `Err`:
     /// it is the object pushed last, or the span was claimed (a double free). Else whether this
     /// push handed a parked span back to its owner (the caller pushes it on the heap's
-    /// `returned`) and whether it claimed the span (the caller gives its pages back).
-    /// `slow_paths` is the owner heap's count of its slow paths (the claim's heuristic).
+    /// `returned`) and the word it left (for `claim_due`).
     #[inline(always)]
-    pub(crate) fn push_remote(&self, addr: usize, slow_paths: &AtomicU32) -> Result<Pushed, ()> {
+    pub(crate) fn push_remote(&self, addr: usize) -> Result<Pushed, ()> {
         let mut old = self.thread_free.load(Relaxed);
         loop {
             if old & HEAD == addr || old & CLAIMED != 0 {
@@ -519,46 +519,48 @@ impl Span {
             // `PARKED` cleared, `UNTOUCHED` kept, one more on the list (the count is at most
             // a span's objects, far below 2^16, but for a list a double free made a cycle of,
             // whose wrap leaves the low bits alone).
-            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | addr;
-            let claimed = if old & UNTOUCHED != 0 { self.claims(old, slow_paths) } else { None };
-            if claimed.is_some() {
-                new |= CLAIMED;
-            }
+            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | addr;
             // SeqCst: ordered before the caller's load of the heap's `abandoned` (the exiting
             // owner stores it, then collects: one of the two sees the other).
             match self.thread_free.compare_exchange_weak(old, new, SeqCst, Relaxed) {
-                Ok(_) => return Ok(Pushed { handed_back: old & PARKED != 0, claimed }),
+                Ok(_) => return Ok(Pushed { handed_back: old & PARKED != 0, word: new }),
                 Err(now) => old = now,
             }
         }
     }
-}
 
-impl Span {
-    /// A push into an untouched span, whose word was `old`: whether it claims the span (every
-    /// object `used` counts is on `thread_free` once this push is, and the owner ran no slow path
-    /// since the first push of the list: the module's comment), and if so the pages a trim gave
-    /// back (`given`, read here: once the claim is made the owner may give the descriptor to
-    /// another span).
-    #[inline(never)]
-    fn claims(&self, old: usize, slow_paths: &AtomicU32) -> Option<u64> {
-        let count = old >> COUNT_SHIFT;
-        let now = slow_paths.load(Relaxed);
-        if count == 0 {
-            self.epoch_seen.store(now, Relaxed);
-            return None;
-        }
-        // Acquire, after the load of the word: the owner's writes before its release of the
-        // span (`release`, `try_park`: the word read is theirs or a later push's) are visible.
+    /// After a push that left `word` (with `UNTOUCHED`): whether to claim the span (`claim`):
+    /// every object `used` counts is on `thread_free`, and the owner ran no slow path
+    /// (`slow_paths`, its heap's) since the first push of the list (the module's comment). The
+    /// first push notes the owner's count (`epoch_seen`): a span one object of which is used is
+    /// never claimed.
+    #[inline(always)]
+    pub(crate) fn claim_due(&self, word: usize, slow_paths: &AtomicU32) -> bool {
+        let count = word >> COUNT_SHIFT;
+        // Acquire, after the push's read of the word: the owner's writes before its release
+        // of the span (`release`, `try_park`: the word the push replaced is theirs or a later
+        // push's) are visible. And `used` with acquire: the owner's frees into the span since
+        // (each a release store of `used`, after its link) happen before the claim. `used`
+        // only comes down while the span is untouched, so an older value read is larger: never
+        // a claim too many. `current` is false.
         fence(Acquire);
-        if now != self.epoch_seen.load(Relaxed) {
-            return None;
-        }
-        // Acquire: the owner's frees into the span since (each a release store of `used`, after
-        // its link) happen before the claim. `used` only comes down while the span is untouched,
-        // so an older value read is larger: never a claim too many. `current` is false.
         let used = (self.used.load(Acquire) & !UNLISTED) + self.low.load(Acquire);
-        (count + 1 == used as usize).then(|| self.given.load(Relaxed))
+        if count == 1 {
+            self.epoch_seen.store(slow_paths.load(Relaxed), Relaxed);
+            return false;
+        }
+        count == used as usize && slow_paths.load(Relaxed) == self.epoch_seen.load(Relaxed)
+    }
+
+    /// Claim the span whose word a push left as `word` (`claim_due` said so): `CLAIMED` set by a
+    /// compare-and-swap from that word, so that a take by the owner or another push since makes
+    /// it fail (that push asks again). `Some(given)`, the pages a trim gave back, if claimed:
+    /// read before the compare-and-swap (the span is untouched: they do not change), as after
+    /// it the owner may give the descriptor to another span.
+    #[cold]
+    pub(crate) fn claim(&self, word: usize) -> Option<u64> {
+        let given = self.given.load(Relaxed);
+        self.thread_free.compare_exchange(word, word | CLAIMED, SeqCst, Relaxed).ok().map(|_| given)
     }
 }
 
@@ -566,9 +568,8 @@ impl Span {
 pub(crate) struct Pushed {
     /// The span was parked: this push handed it back to its owner.
     pub(crate) handed_back: bool,
-    /// This push claimed the span: the caller gives its pages back (those a trim gave back
-    /// already, `given`, as such).
-    pub(crate) claimed: Option<u64>,
+    /// The word the push left.
+    pub(crate) word: usize,
 }
 
 /// What the owner found when it took a parked span back (`Span::unpark`).

@@ -13,10 +13,11 @@ use loom::sync::atomic::{fence, AtomicUsize};
 
 // A span of two objects, both live, that its owner found full and parked: `thread_free` is
 // `PARKED | UNTOUCHED` with a count of 0 (`Span::try_park`). Two other threads free one object
-// each: a push clears `PARKED` (the first hands the span back on `returned`), adds one to the
-// count, and sets `CLAIMED` if that brings the count to the span's objects while `UNTOUCHED` is
-// set; the claiming thread then gives the span's pages back, which the page layer may hand to
-// anyone (modelled as writes to both objects' words). Meanwhile the owner takes its handed-back
+// each: a push clears `PARKED` (the first hands the span back on `returned`) and adds one to the
+// count; if that brought the count to the span's objects used with `UNTOUCHED` set, the pushing
+// thread sets `CLAIMED` by a compare-and-swap from the word its push left (which fails if the
+// owner took the span, or another push came, since) and gives the span's pages back, which the
+// page layer may hand to anyone (modelled as writes to both objects' words). Meanwhile the owner takes its handed-back
 // spans (`take_returned`): it clears `UNTOUCHED` by one read-modify-write and, unless it found
 // `CLAIMED`, relists the span and collects the frees (reading the objects' links). Afterwards:
 // the span was claimed or taken back, never both (a span taken back and given away would have
@@ -58,17 +59,15 @@ struct Claim {
 
 impl Claim {
     /// Another thread frees object `i`: `Span::push_remote`, then `push_returned` for the push
-    /// that handed the span back and `give_back_claimed` for the one that claimed it.
+    /// that handed the span back, then (`after_untouched_push`) `claim_due`, `claim` (a
+    /// compare-and-swap from the word the push left) and `give_back_claimed`.
     fn free_remote(&self, i: usize) {
         let mut old = self.thread_free.load(Relaxed);
         let new = loop {
             assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
             // SAFETY: the object being freed is this thread's until its push succeeds.
             self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
-            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
-            if old & UNTOUCHED != 0 && new >> COUNT_SHIFT == OBJECTS {
-                new |= CLAIMED;
-            }
+            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
             match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
                 Ok(_) => break new,
                 Err(now) => old = now,
@@ -78,7 +77,10 @@ impl Claim {
             let was = self.returned.swap(1, SeqCst);
             assert_eq!(was, 0, "a span was handed back twice");
         }
-        if new & CLAIMED != 0 {
+        let claimed = new & UNTOUCHED != 0
+            && new >> COUNT_SHIFT == OBJECTS
+            && self.thread_free.compare_exchange(new, new | CLAIMED, SeqCst, Relaxed).is_ok();
+        if claimed {
             self.claims.fetch_add(1, Relaxed);
             // The span's pages go to the page layer, whose next user writes them.
             for w in &self.words[1..] {
@@ -182,9 +184,9 @@ broken_on_purpose!(
 // left untouched (`Span::release`: `thread_free` is `UNTOUCHED`). The owner frees object 1 (its
 // hot path: the link written into the object, then a release store of `used`, 2) and then makes
 // the span current (`make_current`: `take`, a `fetch_and` clearing `UNTOUCHED`; unless it found
-// `CLAIMED`, it collects). Two other threads free objects 2 and 3: a push claims the span if its
-// count with its own object equals `used` read with acquire (`Span::claims`), then gives the
-// pages away (writes every object's word). Afterwards: claimed or taken, never both; the claim,
+// `CLAIMED`, it collects). Two other threads free objects 2 and 3: a push after which the count
+// equals `used` read with acquire (`Span::claim_due`) claims the span by a compare-and-swap from
+// the word it left (`Span::claim`), then gives the pages away (writes every object's word). Afterwards: claimed or taken, never both; the claim,
 // if any, came after the owner's free (its link write happens before the page's next user's).
 
 /// `Span::used`, the owner's count.
@@ -205,19 +207,20 @@ impl Listed {
             assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
             // SAFETY: the object being freed is this thread's until its push succeeds.
             self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
-            let mut new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
-            if old & UNTOUCHED != 0 {
-                fence(Acquire);
-                if (old >> COUNT_SHIFT) + 1 == self.used.load(Acquire) {
-                    new |= CLAIMED;
-                }
-            }
+            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
             match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
                 Ok(_) => break new,
                 Err(now) => old = now,
             }
         };
-        if new & CLAIMED != 0 {
+        // `claim_due` (the fence, then `used` with acquire) and `claim`.
+        let claimed = new & UNTOUCHED != 0
+            && {
+                fence(Acquire);
+                new >> COUNT_SHIFT == self.used.load(Acquire)
+            }
+            && self.thread_free.compare_exchange(new, new | CLAIMED, SeqCst, Relaxed).is_ok();
+        if claimed {
             self.claims.fetch_add(1, Relaxed);
             for w in &self.words[1..] {
                 // SAFETY: a claimed span's objects are all free and its owner never touches
