@@ -40,7 +40,8 @@ pub(crate) struct ThreadHeap {
     /// Spans other threads handed back (span.rs, the remote-free protocol).
     pub(crate) returned: AtomicPtr<Span>,
     /// Descriptors of spans other threads claimed (span.rs), dropped by the owner from its
-    /// lists and waiting to go back to the pool under the slab lock (`Slab::release_dropped`),
+    /// lists and waiting to go back to the pool under the slab lock
+    /// (`Slab::release_dropped_locked`),
     /// linked through `next`.
     pub(crate) dropped: Cell<*mut Span>,
     /// The owner's slow paths (`alloc`), counted: a push claims a span only if its owner ran

@@ -27,7 +27,9 @@
 //!
 //! Span states: listed (on its class list; the head is the current span), full (parked off the
 //! list; the first push after parking hands it back), spare (empty, one kept per class, 4 a
-//! heap at most), or back in the page layer. An empty span that is not its class's current one
+//! heap at most), claimed (emptied by other threads while its owner left it untouched: its
+//! pages back in the page layer, its descriptor on the owner's list until the owner next looks,
+//! span.rs), or back in the page layer. An empty span that is not its class's current one
 //! goes to the spare slot or back to the page layer at once (at the owner's next sweep if other
 //! threads emptied it), where the zeroing and reporting workers treat it as any free block.
 //!

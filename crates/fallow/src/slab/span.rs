@@ -9,11 +9,12 @@
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
 //! atomics are read by any thread that frees an object of the span (`start`, `mask`, `inv`,
 //! `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or by a thread
-//! that pushes to it (`thread_free`, `returned_next`).
+//! that pushes to it (`thread_free`, `returned_next`, `epoch_seen`; `used`, `low` and `given`
+//! when it claims the span).
 //!
 //! The remote-free protocol (model-checked: tests/loom/slab_remote.rs, tests/loom/slab_claim.rs).
-//! `thread_free` holds the head of the list, a count of the objects on it (`PUSH_COUNT`, the
-//! high bits), and three flags. `PARKED`: the owner found the span full and took it off its
+//! `thread_free` holds the head of the list, a count of the objects on it (the bits from
+//! `COUNT_SHIFT` up), and three flags. `PARKED`: the owner found the span full and took it off its
 //! class list. The owner parks only by `0 -> PARKED | UNTOUCHED` (a compare-and-swap: a push
 //! that came first makes it fail, and the owner collects that instead); a push replaces the
 //! word by its object, clearing `PARKED` in the same compare-and-swap, so exactly one push sees
@@ -60,7 +61,7 @@ pub(crate) const UNTOUCHED: usize = 2;
 /// `thread_free` and gave the span's pages back; the descriptor waits for its owner to drop it.
 pub(crate) const CLAIMED: usize = 4;
 /// The objects on `thread_free`, in its high bits: one push adds `ONE_PUSH` (object addresses
-/// are below 2^48, `Slab::new_span`, and a span holds at most 4,096 objects).
+/// are below 2^48, `Slab::map_entries`, and a span holds at most 4,096 objects).
 const COUNT_SHIFT: u32 = 48;
 const ONE_PUSH: usize = 1 << COUNT_SHIFT;
 /// The head of the list in a `thread_free` word (objects are 16-byte aligned: the flags' bits
@@ -497,7 +498,7 @@ impl Span {
     }
 
     /// Whether a push claimed the span (the statistics and checks; the owner learns it from
-    /// `unpark` or `take_back_claimed`).
+    /// `unpark` or `take`).
     pub(crate) fn is_claimed(&self) -> bool {
         self.thread_free.load(Relaxed) & CLAIMED != 0
     }
