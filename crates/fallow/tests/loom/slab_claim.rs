@@ -41,6 +41,32 @@ const fn obj(i: usize) -> usize {
     i << 3
 }
 
+/// `Span::push_remote`: object `i` (its word in `words`) pushed on `thread_free`: the word
+/// before and after.
+fn push(thread_free: &AtomicUsize, words: &[UnsafeCell<usize>], i: usize) -> (usize, usize) {
+    let mut old = thread_free.load(Relaxed);
+    loop {
+        assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
+        // SAFETY: the object being freed is this thread's until its push succeeds.
+        words[i].with_mut(|w| unsafe { *w = old & HEAD });
+        let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
+        match thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
+            Ok(_) => return (old, new),
+            Err(now) => old = now,
+        }
+    }
+}
+
+/// `give_back_claimed`: the page layer hands the claimed span's pages to someone who writes
+/// them (the objects' words).
+fn give_away(words: &[UnsafeCell<usize>]) {
+    for w in words {
+        // SAFETY: a claimed span's objects are all free and its owner never touches them
+        // again: the claiming thread's to give away (loom checks it).
+        w.with_mut(|w| unsafe { *w = usize::MAX });
+    }
+}
+
 struct Claim {
     thread_free: AtomicUsize,
     /// `ThreadHeap::returned` for one span: 0 or 1.
@@ -62,17 +88,7 @@ impl Claim {
     /// that handed the span back, then (`after_untouched_push`) `claim_due`, `claim` (a
     /// compare-and-swap from the word the push left) and `give_back_claimed`.
     fn free_remote(&self, i: usize) {
-        let mut old = self.thread_free.load(Relaxed);
-        let new = loop {
-            assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
-            // SAFETY: the object being freed is this thread's until its push succeeds.
-            self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
-            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
-            match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
-                Ok(_) => break new,
-                Err(now) => old = now,
-            }
-        };
+        let (old, new) = push(&self.thread_free, &self.words, i);
         if old & PARKED != 0 {
             let was = self.returned.swap(1, SeqCst);
             assert_eq!(was, 0, "a span was handed back twice");
@@ -82,16 +98,11 @@ impl Claim {
             && self.thread_free.compare_exchange(new, new | CLAIMED, SeqCst, Relaxed).is_ok();
         if claimed {
             self.claims.fetch_add(1, Relaxed);
-            // The span's pages go to the page layer, whose next user writes them.
-            for w in &self.words[1..] {
-                // SAFETY: a claimed span's objects are all free and its owner never reads them
-                // again: the claiming thread's to give away (loom checks it).
-                w.with_mut(|w| unsafe { *w = usize::MAX });
-            }
+            give_away(&self.words[1..]);
         }
     }
 
-    /// The owner: `take_returned` (`take_back_claimed`, then relist and collect, or drop).
+    /// The owner: `take_returned` (`take`, then relist and collect, or drop).
     fn take_returned(&self) {
         if self.returned.swap(0, Acquire) == 0 {
             return;
@@ -202,17 +213,7 @@ struct Listed {
 
 impl Listed {
     fn free_remote(&self, i: usize) {
-        let mut old = self.thread_free.load(Relaxed);
-        let new = loop {
-            assert_eq!(old & CLAIMED, 0, "a push into a claimed span: an object was freed twice");
-            // SAFETY: the object being freed is this thread's until its push succeeds.
-            self.words[i].with_mut(|w| unsafe { *w = old & HEAD });
-            let new = ((old & !HEAD & !PARKED).wrapping_add(ONE_PUSH)) | obj(i);
-            match self.thread_free.compare_exchange(old, new, SeqCst, Relaxed) {
-                Ok(_) => break new,
-                Err(now) => old = now,
-            }
-        };
+        let (_, new) = push(&self.thread_free, &self.words, i);
         // `claim_due` (the fence, then `used` with acquire) and `claim`.
         let claimed = new & UNTOUCHED != 0
             && {
@@ -222,11 +223,7 @@ impl Listed {
             && self.thread_free.compare_exchange(new, new | CLAIMED, SeqCst, Relaxed).is_ok();
         if claimed {
             self.claims.fetch_add(1, Relaxed);
-            for w in &self.words[1..] {
-                // SAFETY: a claimed span's objects are all free and its owner never touches
-                // them again: the claiming thread's to give away (loom checks it).
-                w.with_mut(|w| unsafe { *w = usize::MAX });
-            }
+            give_away(&self.words[1..]);
         }
     }
 
