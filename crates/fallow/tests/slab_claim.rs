@@ -84,3 +84,59 @@ fn spans_a_sleeping_owner_parked_go_back_once_other_threads_free_every_object() 
     let s = a.stats();
     assert_eq!((s.small_live_objects, s.small_spans, s.bytes_in_use), (0, 0, 0), "{s}");
 }
+
+/// The owner frees the one object it kept of a parked span while another thread frees the
+/// span's last others: the push after the owner's free may claim the span (every object is
+/// free), between the owner's store of the count and its look at the span (`unpark`). That
+/// free is the program's last of a live object, not a double free. The window is a few
+/// instructions wide: the two threads meet at a flag, staggered differently each round.
+#[test]
+fn an_owners_free_racing_the_claim_of_its_span_is_no_double_free() {
+    use std::sync::atomic::{AtomicUsize, Ordering::{Acquire, Release}};
+    use std::sync::Arc;
+    // 4 KiB objects: 16 to a 64 KiB span.
+    const BIG: usize = 4096;
+    const N: usize = 16;
+    let spin = |n: usize| (0..n).for_each(|_| std::hint::spin_loop());
+    let go = Arc::new(AtomicUsize::new(0));
+    let (to_other, other_rx) = mpsc::channel::<(Allocator, Vec<usize>, usize)>();
+    let (ready_tx, ready) = mpsc::channel::<()>();
+    let (done_tx, done) = mpsc::channel::<()>();
+    let go2 = go.clone();
+    let other = std::thread::spawn(move || {
+        while let Ok((a, v, round)) = other_rx.recv() {
+            for &p in &v[..v.len() - 1] {
+                a.free_any(p as *mut u8).unwrap();
+            }
+            ready_tx.send(()).unwrap();
+            while go2.load(Acquire) != round {
+                std::hint::spin_loop();
+            }
+            spin((round * 7) % 64);
+            a.free_any(*v.last().unwrap() as *mut u8).unwrap();
+            drop(a);
+            done_tx.send(()).unwrap();
+        }
+    });
+    let mut claims = 0;
+    for round in 1..=400 {
+        let a = Allocator::new(Config { arena_size: 64 << 20, ..cfg() }).unwrap();
+        // The span's 16 objects, and one more: the span is found full and parked.
+        let objs: Vec<usize> = (0..N + 1).map(|_| a.malloc(BIG, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
+        assert!(objs[..N].iter().all(|&o| o & !0xffff == objs[0] & !0xffff));
+        to_other.send((a.clone(), objs[1..N].to_vec(), round)).unwrap();
+        ready.recv().unwrap();
+        go.store(round, Release);
+        spin((round * 3) % 16);
+        a.free_any(objs[0] as *mut u8).unwrap();
+        done.recv().unwrap();
+        claims += a.stats().small_claimed_spans;
+        a.free_any(objs[N] as *mut u8).unwrap();
+        a.drain_thread_cache();
+        a.check_invariants().unwrap();
+    }
+    drop(to_other);
+    other.join().unwrap();
+    // Some rounds claimed the span (after the owner's free), the others did not.
+    assert!(claims > 0 && claims < 400, "{claims}");
+}

@@ -388,12 +388,11 @@ impl ThreadHeap {
             match s.unpark() {
                 TakenBack::Unparked => {}
                 TakenBack::HandedBack => return None,
-                // Every object of the span was free when a push claimed it: this free was of
-                // an object freed before.
-                TakenBack::Claimed => {
-                    let addr = s.local_free.get();
-                    crate::message::fatal("free", &crate::error::Error::DoubleFree { addr })
-                }
+                // A push claimed the span after this free's store of `used` (this free's object
+                // was the last one live): the span is on `returned` (the claim follows a push
+                // that handed it back), where `take_returned` drops it. Nothing more here: not
+                // even a trim, whose `take_listed` would drop it a second time.
+                TakenBack::Claimed => return None,
             }
             self.unlink(s);
             self.push_tail(s);

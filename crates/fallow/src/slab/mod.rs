@@ -417,7 +417,8 @@ impl Slab {
             e.next.set(ptr::null_mut());
             self.count_span(e, false);
             self.give_back(e as *const Span as *mut Span);
-        } else if s.trim_due() && self.trim_waited(s) {
+        } else if !s.is_claimed() && s.trim_due() && self.trim_waited(s) {
+            // (A span claimed after this free waits on `returned` for `take_returned`.)
             self.trim(h, s);
         }
     }
