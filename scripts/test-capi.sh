@@ -72,6 +72,8 @@ gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-built
 LD_PRELOAD=$so "$out/preload_test"
 # Workers off: the test checks that recycled dirty pages are memset on the allocation path.
 FALLOW_ZEROING=off FALLOW_REPORT=off FALLOW_ARENA_SIZE=1g LD_PRELOAD=$so "$out/preload_test" calloc_recycled
+# Workers off: a cached block the zeroing worker zeroed would serve the test's `calloc`.
+FALLOW_ZEROING=off FALLOW_REPORT=off LD_PRELOAD=$so "$out/preload_test" hot_below
 LD_PRELOAD=$so "$out/preload_test" fork_exec
 # In fresh processes: large first requests racing while the allocator is created are all
 # fallow's; under RLIMIT_AS = 4 GiB the allocator is created and a request beyond it is ENOMEM.

@@ -233,10 +233,13 @@ struct edge_block { unsigned char *p; size_t n; unsigned seed; };
 
 /* A block just returned by `how` while `live` fallow page blocks were live before: a page block
  * of fallow's iff at least the threshold (with small objects on, iff above SMALL_MAX: below, a
- * small object), page-aligned and page-granular if so, usable for its size. */
+ * small object), page-aligned and page-granular if so, usable for its size. Below the threshold,
+ * from a quarter of it, the block this thread freed last may serve it (test_hot_below). */
 static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
     CHECK(b->p, "%s(%zu) failed", how, b->n);
     int fallow = small_on ? b->n > SMALL_MAX : b->n >= THRESHOLD;
+    if (!small_on && b->n >= THRESHOLD / 4 && b->n < THRESHOLD)
+        fallow = stat_of(S_LIVE) == live + 1;
     CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by a fallow page block (live blocks %lu -> %lu)", how, b->n,
           fallow ? "not" : "was", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
     size_t u = malloc_usable_size(b->p);
@@ -292,7 +295,7 @@ static int test_edges_malloc(void) {
             b[e] = (struct edge_block){ malloc(edge_size(k, e)), edge_size(k, e), (unsigned)(k * EDGES + e) };
             if (check_edge_block(&b[e], live, "malloc")) return 1;
             mark(b[e].p, b[e].n, b[e].seed);
-            if (small_on ? b[e].n > SMALL_MAX : b[e].n >= THRESHOLD) { fallow_n++; fallow_bytes += page_up(b[e].n); }
+            if (stat_of(S_LIVE) == live + 1) { fallow_n++; fallow_bytes += page_up(b[e].n); }
         }
         CHECK(stat_of(S_LIVE) == live0 + fallow_n, "order %d: %lu live blocks, %lu expected", k,
               (unsigned long)stat_of(S_LIVE), (unsigned long)(live0 + fallow_n));
@@ -426,6 +429,47 @@ static int test_edges_tail(void) {
     CHECK(tailed > 0, "no block of a pair started where the other's pages end: the tail of a run went untested");
     CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
     CHECK(stat_of(S_IN_USE) == in_use0, "bytes in use %lu before, %lu after", (unsigned long)in_use0, (unsigned long)stat_of(S_IN_USE));
+    return 0;
+}
+
+/* A loop of sizes on both sides of the threshold stays in one block: a `malloc` or `calloc`
+ * below the threshold, from a quarter of it, right after this thread freed a larger fallow block
+ * that may hold it, gets that block (its address, a fallow page block, its usable size the
+ * request's pages); `calloc`'s bytes read zero though the block was written. A request below a
+ * quarter of the threshold, or one made while that block is live, is glibc's; `realloc` of a
+ * block served so to a size below the threshold moves it to glibc with its bytes. Run alone with
+ * the workers off (`hot_below`): the zeroing worker may zero a cached block of the request's
+ * order, which a `calloc` then prefers. */
+static int test_hot_below(void) {
+    uint64_t live0 = stat_of(S_LIVE);
+    unsigned char *a = malloc(300 * 1024);
+    CHECK(a && stat_of(S_LIVE) == live0 + 1, "malloc(300 KiB) not a fallow block");
+    memset(a, 0x5A, 300 * 1024);
+    free(a);
+    unsigned char *b = malloc(200 * 1024);
+    CHECK(b == a, "malloc(200 KiB) after freeing a 300 KiB block: %p, not the block freed (%p)", (void *)b, (void *)a);
+    CHECK(stat_of(S_LIVE) == live0 + 1 && malloc_usable_size(b) == 200 * 1024, "the block served below the threshold: live %lu, usable %zu",
+          (unsigned long)stat_of(S_LIVE), malloc_usable_size(b));
+    memset(b, 0x77, 200 * 1024);
+    free(b);
+    unsigned char *c = calloc(1, 150 * 1024 + 5);
+    CHECK(c == a, "calloc(150 KiB) after freeing that block: %p, not the block (%p)", (void *)c, (void *)a);
+    CHECK(nonzero_at(c, 150 * 1024 + 5) == SIZE_MAX, "calloc's block not zeroed at byte %zu", nonzero_at(c, 150 * 1024 + 5));
+    unsigned char *d = malloc(THRESHOLD / 4 - 4096);
+    CHECK(d && d != a && stat_of(S_LIVE) == live0 + 1, "malloc below a quarter of the threshold served by fallow");
+    free(d);
+    fill(c, 150 * 1024, 3);
+    unsigned char *e = realloc(c, 100 * 1024);
+    CHECK(e && e != c && stat_of(S_LIVE) == live0 && same(e, 100 * 1024, 3), "realloc below the threshold: not moved to glibc with its bytes");
+    free(e);
+    /* The block is free again (the move freed it): it serves the next request below the
+     * threshold, and while that one lives, the one after is glibc's. */
+    unsigned char *f = malloc(200 * 1024), *g = malloc(200 * 1024);
+    CHECK(f == a && g && g != a && stat_of(S_LIVE) == live0 + 1, "two requests below the threshold: %p and %p from the block %p freed last",
+          (void *)f, (void *)g, (void *)a);
+    free(g);
+    free(f);
+    CHECK(stat_of(S_LIVE) == live0, "live blocks %lu before, %lu after", (unsigned long)live0, (unsigned long)stat_of(S_LIVE));
     return 0;
 }
 
@@ -747,6 +791,7 @@ int main(int argc, char **argv) {
         { "fork_exec", test_fork_exec },
         { "start_race", test_start_race },
         { "rlimit", test_rlimit },
+        { "hot_below", test_hot_below },
     };
     for (size_t i = 0; argc == 2 && i < sizeof alone / sizeof alone[0]; i++) {
         if (!strcmp(argv[1], alone[i].name)) {

@@ -17,7 +17,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use fallow::Allocator;
 
-use crate::entry::{free, malloc_lazy, malloc_small, reaches_threshold};
+use crate::entry::{free, malloc_lazy, malloc_small, leaves_pass_through};
 use crate::libc_heap::__libc_malloc;
 use crate::process;
 
@@ -31,7 +31,7 @@ use crate::process;
 /// As `malloc`; the block is released with `operator delete` (or `free`).
 #[no_mangle]
 pub unsafe extern "C" fn _Znwm(size: usize) -> *mut c_void {
-    if reaches_threshold(size) {
+    if leaves_pass_through(size) {
         return new_large(size);
     }
     new_libc(size)

@@ -7,11 +7,15 @@
 //! cannot either the answer is `NULL` with `errno = ENOMEM`. A pointer is fallow's iff it lies in
 //! fallow's reservation (`Allocator::owns`); inside it, a pointer that is not the start of a live
 //! block is a caller bug: message on stderr, then `abort()`, as glibc does
-//! (`fallow::binding_support::fatal`, `FallowAlloc`'s path too).
+//! (`fallow::binding_support::fatal`, `FallowAlloc`'s path too). A `malloc` or `calloc` below
+//! the threshold, from a quarter of it (`process::hot_floor`), is served by the block this thread
+//! freed last into its cache if that block may hold it (`Allocator::alloc_from_hot`), else by
+//! glibc: a loop of sizes on both sides of the threshold then reuses one block, as glibc reuses
+//! one chunk, instead of writing a glibc chunk and a fallow block in turn.
 //!
 //! The pass-through. Most requests of most programs are glibc's, so what runs before glibc is
-//! reached is kept to the least that decides: `malloc` compares the size with the threshold
-//! (`reaches_threshold`), `free` compares the pointer with the span of fallow's arenas
+//! reached is kept to the least that decides: `malloc` compares the size with that quarter of the
+//! threshold (`leaves_pass_through`), `free` compares the pointer with the span of fallow's arenas
 //! (`in_span`: two compares, none when the pointer is below the span, as a C library block of
 //! the main heap is), `calloc` the product, `realloc` both; then a tail jump to glibc's
 //! `__libc_*` function, with no frame of ours. Everything else (the settings on the first request,
@@ -56,11 +60,21 @@ fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option
     a.malloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)
 }
 
-/// Whether a request of `size` bytes may be fallow's: `size >= THRESHOLD`, 0 until the settings
-/// are parsed (so the first request takes the path that parses them, `for_request`). One
-/// compare that reads the threshold itself.
+/// A request below the threshold that this thread's hot block may serve (`process::for_hot_block`,
+/// `Allocator::alloc_from_hot`), else `None` (the caller asks glibc): a loop of sizes on both
+/// sides of the threshold stays in one block.
+#[inline]
+fn from_hot_block(size: usize, flags: Flags) -> Option<*mut c_void> {
+    let p = process::for_hot_block(size)?.alloc_from_hot(size, flags)?;
+    Some(p.as_ptr() as *mut c_void)
+}
+
+/// Whether a request of `size` bytes may be fallow's: `size >= OUT_OF_LINE_FROM` (below the
+/// threshold only the hot block may serve it: `process::hot_floor`), 0 until the settings are
+/// parsed (so the first request takes the path that parses them, `for_request`). One compare
+/// that reads the word itself.
 #[inline(always)]
-pub(crate) fn reaches_threshold(size: usize) -> bool {
+pub(crate) fn leaves_pass_through(size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: one aligned 8-byte read of `THRESHOLD`, an `AtomicUsize` (on x86-64 a plain `mov`
     // or memory operand is an atomic load, here as `Relaxed`: the threshold is one word, written
@@ -70,7 +84,7 @@ pub(crate) fn reaches_threshold(size: usize) -> bool {
             "cmp {size}, qword ptr [rip + {threshold}]",
             "jae {yes}",
             size = in(reg) size,
-            threshold = sym process::THRESHOLD,
+            threshold = sym process::OUT_OF_LINE_FROM,
             yes = label { return true },
             options(readonly, nostack),
         );
@@ -78,7 +92,7 @@ pub(crate) fn reaches_threshold(size: usize) -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        size >= process::known_threshold()
+        size >= process::known_out_of_line_from()
     }
 }
 
@@ -122,7 +136,7 @@ fn in_span(p: *const c_void) -> bool {
 /// `realloc` and friends (malloc(3)'s contract).
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-    if reaches_threshold(size) {
+    if leaves_pass_through(size) {
         return malloc_large(size);
     }
     // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
@@ -166,6 +180,8 @@ pub(crate) fn malloc_lazy(size: usize) -> *mut c_void {
         if let Some(p) = from_fallow(a, size, MIN_ALIGN, Flags::NONE) {
             return p;
         }
+    } else if let Some(p) = from_hot_block(size, Flags::NONE) {
+        return p;
     }
     // SAFETY: glibc's `malloc` takes any size; the caller owns the block returned.
     unsafe { __libc_malloc(size) }
@@ -180,7 +196,7 @@ pub(crate) fn malloc_lazy(size: usize) -> *mut c_void {
 pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     // A product that overflows and wraps below the threshold goes to glibc's `calloc`, which
     // sees the overflow itself (`ENOMEM`), as `calloc_large` does.
-    if reaches_threshold(n.wrapping_mul(size)) {
+    if leaves_pass_through(n.wrapping_mul(size)) {
         return calloc_large(n, size);
     }
     // SAFETY: glibc's `calloc` takes any `n` and `size` (it checks the product itself).
@@ -226,6 +242,8 @@ fn calloc_lazy(n: usize, size: usize, total: usize) -> *mut c_void {
         if let Some(p) = from_fallow(a, total, MIN_ALIGN, Flags::ZERO) {
             return p;
         }
+    } else if let Some(p) = from_hot_block(total, Flags::ZERO) {
+        return p;
     }
     // SAFETY: glibc's `calloc` takes any `n` and `size` (it checks the product itself).
     unsafe { __libc_calloc(n, size) }
@@ -367,7 +385,7 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     // Neither fallow's block nor a size that may be fallow's: glibc's `realloc`, which does what
     // `realloc_slow` does with these (null: `malloc`; size 0: free and return null).
-    if in_span(p) || reaches_threshold(size) {
+    if in_span(p) || leaves_pass_through(size) {
         // SAFETY: the caller's contract, passed on.
         return unsafe { realloc_slow(p, size) };
     }

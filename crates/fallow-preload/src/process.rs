@@ -4,8 +4,9 @@
 //! Two small state machines, each one atomic byte:
 //! - settings: `UNPARSED -> PARSING -> PARSED`. Parsing calls only `getenv` and `write`, never
 //!   `malloc`, so a thread that finds `PARSING` spins until `PARSED` (nanoseconds). Until the
-//!   settings are parsed `THRESHOLD` is 0, which sends every request to the slow path that
-//!   parses them; afterwards it holds the threshold.
+//!   settings are parsed `OUT_OF_LINE_FROM` is 0, which sends every request to the slow path
+//!   that parses them; afterwards it holds the smallest request that may be fallow's
+//!   (`hot_floor` of the threshold), and `THRESHOLD` the threshold.
 //! - allocator: a `fallow::binding_support::LazyAllocator`, the start-up `FallowAlloc` uses too:
 //!   a `StartGate`, `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit word,
 //!   entered on the first request at or above the threshold, and the slot it guards. This file
@@ -30,7 +31,7 @@
 //! and the flag that says so could leave a child with the handlers missing or twice.
 //!
 //! Small objects (`FALLOW_SMALL=1`, `Config::small_objects`): decided once, when the settings
-//! are parsed. `THRESHOLD` then stays 0 for good, so that every request leaves the pass-through
+//! are parsed. `OUT_OF_LINE_FROM` then stays 0 for good, so that every request leaves the pass-through
 //! for its out-of-line half (`entry.rs`), and `SMALL_ON` says so; the allocator, once published,
 //! is also stored in `SMALL`, which those halves load first and, when it is set, call
 //! `Allocator::malloc` / `free_any` with nothing else asked. Until it is set (no allocator yet,
@@ -66,9 +67,13 @@ unsafe impl<T> Sync for Slot<T> {}
 
 static SETTINGS_STATE: AtomicU8 = AtomicU8::new(UNPARSED);
 static SETTINGS: Slot<EnvSettings> = Slot(UnsafeCell::new(MaybeUninit::uninit()));
-/// Requests of at least this many bytes go to fallow; 0 until the settings are parsed. Read by
-/// `known_threshold`, or on x86-64 by `entry::reaches_threshold`'s compare itself.
-pub(crate) static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// Requests of at least this many bytes go to fallow; 0 until the settings are parsed.
+static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+/// Requests of at least this many bytes leave the pass-through for `entry.rs`'s out-of-line
+/// half: `hot_floor` of the threshold, below which nothing of fallow's may serve them; 0 until
+/// the settings are parsed, and for good with small objects on. Read by `known_out_of_line_from`,
+/// or on x86-64 by `entry::leaves_pass_through`'s compare itself.
+pub(crate) static OUT_OF_LINE_FROM: AtomicUsize = AtomicUsize::new(0);
 /// The largest block fallow serves (larger requests go to glibc); set with the allocator.
 static MAX_BLOCK: AtomicUsize = AtomicUsize::new(0);
 /// `FALLOW_SMALL=1`: every size is fallow's (`THRESHOLD` then stays 0). Stored before the
@@ -93,12 +98,24 @@ pub(crate) fn register_fork_handlers() {
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
 }
 
-/// The threshold if the settings are parsed, else 0 (every request then takes the path that
+/// `OUT_OF_LINE_FROM`: 0 until the settings are parsed (every request then takes the path that
 /// parses them: `for_request`).
 #[cfg(not(target_arch = "x86_64"))]
 #[inline(always)]
-pub fn known_threshold() -> usize {
-    THRESHOLD.load(Ordering::Relaxed)
+pub fn known_out_of_line_from() -> usize {
+    OUT_OF_LINE_FROM.load(Ordering::Relaxed)
+}
+
+/// The smallest request below `threshold` that the calling thread's hot block may serve
+/// (`Allocator::alloc_from_hot`): a quarter of the threshold, and no less than 64 KiB (the
+/// smallest hot block). A block fallow serves holds the threshold at least, and the hot block
+/// serves requests of more than an eighth of it, so a loop of sizes on both sides of the
+/// threshold (say 128-352 KiB around 256 KiB) stays in the one block it frees and takes
+/// again, where glibc's requests and fallow's would write two regions in turn. Requests from
+/// here to the threshold pay a look at that block (a few dozen instructions, against a memset
+/// of 64 KiB or more); glibc serves the others as before.
+pub(crate) fn hot_floor(threshold: usize) -> usize {
+    (threshold / 4).max(64 << 10).min(threshold)
 }
 
 /// The threshold, parsing the settings first if nobody has: 0 with small objects on (every
@@ -168,6 +185,7 @@ pub fn settings() -> &'static EnvSettings {
                 unsafe { (*SETTINGS.0.get()).write(s) };
                 SETTINGS_STATE.store(PARSED, Ordering::Release);
                 THRESHOLD.store(threshold, Ordering::Relaxed);
+                OUT_OF_LINE_FROM.store(hot_floor(threshold), Ordering::Relaxed);
             }
             // SAFETY: PARSED is stored (Release) only after the slot was written, and this
             // thread's failed compare_exchange read it with Acquire; the slot is never written again.
@@ -175,6 +193,18 @@ pub fn settings() -> &'static EnvSettings {
             Err(_) => core::hint::spin_loop(),
         }
     }
+}
+
+/// For a request of `size` bytes below the threshold that left the pass-through: the allocator,
+/// if it exists and the request is at least `hot_floor` (its hot block may serve it). Never
+/// creates the allocator: with none, no thread has a hot block.
+#[inline]
+pub fn for_hot_block(size: usize) -> Option<&'static Allocator> {
+    let t = THRESHOLD.load(Ordering::Relaxed);
+    if size >= t || size < hot_floor(t) {
+        return None;
+    }
+    existing()
 }
 
 /// The allocator if it exists (for ownership checks: no allocator, no pointer of ours).

@@ -405,3 +405,42 @@ fn a_loop_across_the_caches_largest_order_stays_in_one_region() {
     }
     check(&a);
 }
+
+#[test]
+fn alloc_from_hot_takes_the_hot_block_or_nothing() {
+    let a = allocator();
+    let nothing = |a: &Allocator, len: usize, flags: Flags, why: &str| {
+        let before = a.stats();
+        assert!(a.alloc_from_hot(len, flags).is_none(), "{why}");
+        let after = a.stats();
+        assert_eq!((after.cache_refills, after.live_blocks, after.cached_pages), (before.cache_refills, before.live_blocks, before.cached_pages), "{why}: {after}");
+    };
+    nothing(&a, 200 * KIB, Flags::NONE, "no block freed yet");
+    // 300 KiB (order 7, 512 KiB with slack), written whole and freed: the hot block.
+    let p = take_and_free(&a, 300 * KIB, false, 0xaa);
+    let q = a.alloc_from_hot(200 * KIB, Flags::NONE).expect("200 KiB after the 512 KiB block").as_ptr();
+    assert_eq!(q, p);
+    assert_eq!(a.stats().live_blocks, 1);
+    // SAFETY: a live block of 200 KiB, this thread's.
+    unsafe { q.write_bytes(0xbb, 200 * KIB) };
+    check(&a);
+    nothing(&a, 200 * KIB, Flags::NONE, "the hot block is live");
+    a.free(q).unwrap();
+    // Of the block's own order, fewer pages: 400 KiB.
+    let r = a.alloc_from_hot(400 * KIB, Flags::NONE).expect("400 KiB from the 512 KiB block").as_ptr();
+    assert_eq!(r, p);
+    a.free(r).unwrap();
+    // Zeroed, where the block was written.
+    let z = a.alloc_from_hot(150 * KIB + 5, Flags::ZERO).expect("a ZERO request").as_ptr();
+    assert_eq!(z, p);
+    // SAFETY: a live block of 150 KiB and 5 bytes, this thread's.
+    assert!(unsafe { common::all_zero(z, 150 * KIB + 5) }, "the ZERO request's block does not read zero");
+    check(&a);
+    a.free(z).unwrap();
+    // An eighth of the block (64 KiB) or less, and LOCK, are never served here.
+    nothing(&a, 64 * KIB, Flags::NONE, "an eighth of the block");
+    nothing(&a, 200 * KIB, Flags::LOCK, "LOCK");
+    check(&a);
+    let s = a.stats();
+    assert_eq!((s.bytes_in_use, s.slack_bytes, s.cached_pages), (0, 0, 128), "{s}");
+}

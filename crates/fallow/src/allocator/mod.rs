@@ -122,6 +122,17 @@ impl Allocator {
         cache::alloc_pages(&self.shared, size, align, flags)
     }
 
+    /// A block of `size` bytes (16-aligned) from the block the calling thread freed last into
+    /// its cache (the hot block), if that block is still cached there, larger than the
+    /// request's pages and at most eight times them: `None` otherwise, with nothing done. For a
+    /// binding that serves requests below a threshold elsewhere (the preload: glibc), so that a
+    /// loop of sizes on both sides of its threshold stays in the one block it frees and takes
+    /// again, as a loop above the threshold does. A block with slack: the slack bound holds for
+    /// it as for any other. `Flags::ZERO` as for `alloc`; `Flags::LOCK` is never served here.
+    pub fn alloc_from_hot(&self, size: usize, flags: Flags) -> Option<NonNull<u8>> {
+        cache::alloc_from_hot(&self.shared, size, flags)
+    }
+
     /// Free the live block that starts at `ptr` (always inlined, as `alloc`). A block of
     /// `alloc` only: an object of `malloc` goes to `free_any`.
     #[inline(always)]

@@ -87,8 +87,11 @@ impl Entries<'_> {
         // holds the page now (the checks below tell whether it is still this cache's).
         let w = unsafe { HitWord::load(m) };
         let k = w.order() as usize;
-        // Cached, of a larger order this cache serves, and the request more than an eighth of it.
-        if w.tag() != Tag::Cached as u8 || k <= order as usize || k >= self.orders || live as u64 <= (1u64 << k) / 8 {
+        // Cached, of an order this cache serves with slack for the request (a larger one, or
+        // the request's own with fewer pages: `alloc_from_hot`'s requests, which take no other
+        // block), and the request more than an eighth of it.
+        let larger = k > order as usize || (k == order as usize && (live as u64) < 1u64 << k);
+        if w.tag() != Tag::Cached as u8 || !larger || k >= self.orders || live as u64 <= (1u64 << k) / 8 {
             return None;
         }
         if super::hit::slack_over(a, (1u32 << k) - live) {

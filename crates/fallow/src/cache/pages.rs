@@ -83,6 +83,23 @@ pub(crate) fn alloc_pages_uncached(s: &Arc<Shared>, size: usize, align: usize, f
     s.alloc_locked(size, align, flags, &mut OwnCache(s))
 }
 
+/// A block from the calling thread's hot block alone (`cache/hot.rs`), with slack, if that
+/// block is still cached there and may serve `size` bytes (16-aligned, as every block is);
+/// `None`: nothing was done or asked (no refill, no lock). For a binding that sends requests
+/// below its threshold elsewhere, so that a loop of sizes on both sides of the threshold stays
+/// in the one block it frees and takes again.
+#[inline(never)]
+pub(crate) fn alloc_from_hot(s: &Arc<Shared>, size: usize, flags: Flags) -> Option<NonNull<u8>> {
+    if flags.contains(Flags::LOCK) || s.hit.cache_orders == 0 {
+        return None;
+    }
+    let (order, npages) = cache_shape(s, size, PAGE_SIZE)?;
+    let addr = last(s)?.inside(|tc| tc.alloc_hot(s, order, npages, flags))??;
+    note_zero_request(s, flags);
+    // SAFETY: a block address is never null.
+    Some(unsafe { NonNull::new_unchecked(addr as *mut u8) })
+}
+
 /// The first `ZERO` request: until then the zeroing worker zeroes nothing but the populated
 /// reserve, and dirty memory freed did not wake it.
 #[inline(always)]
