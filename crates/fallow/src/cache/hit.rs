@@ -124,6 +124,12 @@ impl Entries<'_> {
         // pages in a block that is not mixed; the record says whether there are others, so that
         // the free reads them only then.
         let slack = if e.mixed() { v.states().count(pfn + live, n - live) } else { StateCounts::default() };
+        if slack != StateCounts::default() {
+            // Kept in the record's counts, which no path reads while the block is live: the
+            // free of a block of a unit or less takes them from there (`take_freed_slack`).
+            // SAFETY: `m` is the block's record, in a live arena (the caller's `record`).
+            unsafe { &*m }.set_counts(slack);
+        }
         self.hand_out(m, w.handed_out_with_slack(order, live, slack != StateCounts::default()), order as usize);
         a.slack_held.add(n - live);
         // The live part's counts: the block's, less the slack's.
@@ -221,8 +227,17 @@ impl Entries<'_> {
         let states = v.states();
         // The slack's pages kept their free states while the block was live; this thread owns
         // the block, so the counts are read without the lock (only when some are not `Dirty`,
-        // `META_SLACK_MIXED`). The live pages become `Dirty`.
-        let slack = if w.flags() & META_SLACK_MIXED != 0 { states.count(pfn + live, n - live) } else { StateCounts::default() };
+        // `META_SLACK_MIXED`): from the record, where the hand-out left them, for a block of a
+        // unit or less; a larger one's hand-out may have settled its slack's unit after that
+        // (`settle_slack_unit`), so its pages are counted. The live pages become `Dirty`.
+        let slack = if w.flags() & META_SLACK_MIXED == 0 {
+            StateCounts::default()
+        } else if n <= UNIT_PAGES {
+            // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
+            unsafe { &*m }.counts()
+        } else {
+            states.count(pfn + live, n - live)
+        };
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
         self.push(o, addr, ai, slack);

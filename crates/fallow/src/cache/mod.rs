@@ -92,8 +92,9 @@
 //! comes back whole, its live pages `Dirty`, its slack as it was (a mixed entry if any slack page
 //! is not dirty: half records may then be stale, so `give_back` lists mixed entries by runs).
 //! Whether any slack page is not dirty is known at the hand-out (the entry is mixed and the
-//! slack's counts say so) and kept in the record (`META_SLACK_MIXED`): the free counts the
-//! slack's states only then.
+//! slack's counts say so) and kept in the record (`META_SLACK_MIXED`, the counts themselves in
+//! the record's `counts`): the free takes them from there (it counts the slack's states for a
+//! block above a huge-page unit, whose slack's unit a hand-out may settle afterwards).
 //! The locked path gives the slack back by runs (`Buddy::drop_slack`). Slack pages are counted in
 //! `slack_pages`, not in the bytes in use (docs/design.md, "Slack"). Slack is less than half the
 //! block (under 4 MiB of an 8 MiB one), and only its pages an earlier use wrote are resident.
