@@ -61,17 +61,23 @@ impl Entry {
     }
 }
 
-/// Page counts of a mixed entry (its block has at most 2^CACHE_ORDER_LIMIT = 2048 pages).
+/// Page counts of a mixed entry (its block has at most 2^CACHE_ORDER_LIMIT = 2048 pages), and
+/// how many of its first pages are known to be `Dirty` (0: none known).
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
 pub(super) struct Mixed {
     pub(super) zeroed: u16,
     pub(super) reported: u16,
     pub(super) lazy: u16,
+    /// Pages `0..dirty_below` of the block are `Dirty`: the live pages of a block with slack
+    /// that its free just marked so. The block's other states all lie past them, so a hand-out
+    /// of at most that many live pages leaves every page that is not `Dirty` in its slack, and
+    /// a larger one counts only its live pages past them (`hand_out_with_slack`).
+    pub(super) dirty_below: u16,
 }
 
 impl Mixed {
-    pub(super) fn of(c: StateCounts) -> Mixed {
-        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16 }
+    pub(super) fn of(c: StateCounts, dirty_below: u32) -> Mixed {
+        Mixed { zeroed: c.zeroed as u16, reported: c.reported as u16, lazy: c.lazy as u16, dirty_below: dirty_below as u16 }
     }
     #[inline(always)]
     pub(super) fn counts(self) -> StateCounts {

@@ -122,8 +122,16 @@ impl Entries<'_> {
         let (pfn, _) = v.record(e.addr());
         // The slack's counts (this thread owns the block's state bytes now): none but `Dirty`
         // pages in a block that is not mixed; the record says whether there are others, so that
-        // the free reads them only then.
-        let slack = if e.mixed() { v.states().count(pfn + live, n - live) } else { StateCounts::default() };
+        // the free reads them only then. The entry's first `dirty_below` pages are `Dirty`: the
+        // live pages past them are counted, not the slack.
+        let slack = if !e.mixed() {
+            StateCounts::default()
+        } else if live <= mixed.dirty_below as u32 {
+            mixed.counts()
+        } else {
+            let known = mixed.dirty_below as u32;
+            mixed.counts().minus(v.states().count(pfn + known, live - known))
+        };
         if slack != StateCounts::default() {
             // Kept in the record's counts, which no path reads while the block is live: the
             // free of a block of a unit or less takes them from there (`take_freed_slack`).
@@ -240,7 +248,7 @@ impl Entries<'_> {
         };
         // SAFETY: `m` is the block's record (the caller found it in arena `ai`).
         unsafe { self.stacks[o].freed_word.store(m) };
-        self.push(o, addr, ai, slack);
+        self.push_known(o, addr, ai, slack, live);
         self.note_hot(addr, ai, n);
         self.add_pages(o, n as u64);
         a.slack_held.sub(n - live);

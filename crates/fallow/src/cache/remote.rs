@@ -273,6 +273,8 @@ pub(crate) fn check(h: &FrozenHeap<'_>) -> Result<(), String> {
                 err = Some(format!("cached block {:#x} of order {o}: misaligned or tag {:?}", e.addr(), ar.meta(pfn).tag()));
             } else if real != m.counts() || e.mixed() != (real != StateCounts::default()) {
                 err = Some(format!("cached block {:#x}: entry says {:?} (mixed {}), pages say {real:?}", e.addr(), m.counts(), e.mixed()));
+            } else if (0..m.dirty_below as u32).any(|i| ar.state(pfn + i) != PageState::Dirty) {
+                err = Some(format!("cached block {:#x}: its first {} pages are not all dirty", e.addr(), m.dirty_below));
             } else if (0..n).any(|i| ar.state(pfn + i) == PageState::Allocated) {
                 err = Some(format!("cached block {:#x} holds an allocated page", e.addr()));
             }

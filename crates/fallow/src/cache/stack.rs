@@ -171,7 +171,12 @@ impl Entries<'_> {
 
     /// Push any block (refill), with the per-state counts of its pages.
     pub(super) fn push(&self, o: usize, addr: usize, arena: usize, counts: StateCounts) {
-        let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts));
+        self.push_known(o, addr, arena, counts, 0)
+    }
+
+    /// `push`, knowing the block's first `dirty_below` pages `Dirty` (`Mixed::dirty_below`).
+    pub(super) fn push_known(&self, o: usize, addr: usize, arena: usize, counts: StateCounts, dirty_below: u32) {
+        let (e, m) = (Entry::new(addr, arena, counts != StateCounts::default()), Mixed::of(counts, dirty_below));
         let s = &self.stacks[o];
         let (nd, nz) = (s.ndirty.get() as u32, s.nzero.get() as u32);
         debug_assert!(nd + nz < s.cap);
