@@ -18,7 +18,9 @@
 //! if the block is still cached here, on top of the dirty stack of the order its record says
 //! (so a block handed out since, drained, or taken back by the reporter's drain of an idle cache
 //! is passed over: the owner's `hot` word needs no care from them), of an order larger than the
-//! request's, and the request takes more than an eighth of it. The block is then handed out as
+//! request's (or of its own, for a request of fewer pages than the block: the same block the
+//! cache's top would give it, and what `Allocator::alloc_from_hot`, which takes no other block,
+//! needs), and the request takes more than an eighth of it. The block is then handed out as
 //! any block with slack (`hand_out_with_slack`): its record says `META_SLACK`, the slack keeps
 //! its free states, and its free brings the whole block back (and makes it the hot block again).
 //! A `ZERO` request keeps its preference for a `Zeroed` block of its own order (no memset at all).
