@@ -246,7 +246,11 @@ pub fn summarize(
         let n = get("alloc_calls");
         let which = match get("threshold") {
             0 => format!("page block{} served{procs} (small objects on: every size)", if n == 1 { "" } else { "s" }),
-            t => format!("large allocation{} served{procs} (requests of at least {})", if n == 1 { "" } else { "s" }, human(t as f64)),
+            t => format!(
+                "large allocation{} served{procs} (requests of at least {}, and from a quarter of it those the block a thread freed last held)",
+                if n == 1 { "" } else { "s" },
+                human(t as f64)
+            ),
         };
         lines.push(format!("  fallow: {n} {which}, {} live at the end", human(get("in_use") as f64)));
         if get("zero_skipped") + get("zeroed_on_alloc") == 0 {
