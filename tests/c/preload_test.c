@@ -234,11 +234,12 @@ struct edge_block { unsigned char *p; size_t n; unsigned seed; };
 /* A block just returned by `how` while `live` fallow page blocks were live before: a page block
  * of fallow's iff at least the threshold (with small objects on, iff above SMALL_MAX: below, a
  * small object), page-aligned and page-granular if so, usable for its size. Below the threshold,
- * from a quarter of it, the block this thread freed last may serve it (test_hot_below). */
+ * from a quarter of it (with small objects on, from a quarter of SMALL_MAX to SMALL_MAX), the
+ * block this thread freed last may serve it (test_hot_below). */
 static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
     CHECK(b->p, "%s(%zu) failed", how, b->n);
     int fallow = small_on ? b->n > SMALL_MAX : b->n >= THRESHOLD;
-    if (!small_on && b->n >= THRESHOLD / 4 && b->n < THRESHOLD)
+    if (small_on ? b->n >= SMALL_MAX / 4 && b->n <= SMALL_MAX : b->n >= THRESHOLD / 4 && b->n < THRESHOLD)
         fallow = stat_of(S_LIVE) == live + 1;
     CHECK(stat_of(S_LIVE) == live + fallow, "%s(%zu) %s served by a fallow page block (live blocks %lu -> %lu)", how, b->n,
           fallow ? "not" : "was", (unsigned long)live, (unsigned long)stat_of(S_LIVE));

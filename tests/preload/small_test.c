@@ -163,6 +163,7 @@ static int test_realloc(void) {
     size_t steps[] = { 1, 17, 200, 4096, 12000, SMALL_MAX, SMALL_MAX + 1, 100 * KiB, 256 * KiB - 1, 256 * KiB,
                        3 * MiB, 256 * KiB, 256 * KiB - 1, SMALL_MAX + 1, SMALL_MAX, 5000, 33, 1 };
     size_t have = u / 2 + 1 < 100 ? u / 2 + 1 : 100;
+    int was_small = 1;
     fill(p, have, 10);
     for (unsigned i = 0; i < sizeof steps / sizeof *steps; i++) {
         size_t n = steps[i], keep = have < n ? have : n;
@@ -172,10 +173,15 @@ static int test_realloc(void) {
         size_t at = unfilled(q, keep, 10 + i);
         CHECK(at == SIZE_MAX, "realloc %zu -> %zu: byte %zu lost", have, n, at);
         CHECK(malloc_usable_size(q) >= n, "realloc to %zu: usable %zu", n, malloc_usable_size(q));
-        /* Small objects stay fallow's small objects; above 16 KiB they are page blocks. */
-        int was_small = have <= SMALL_MAX, is_small = n <= SMALL_MAX;
+        /* Small objects stay fallow's small objects; above SMALL_MAX they are page blocks. From a
+         * quarter of SMALL_MAX up, the page block this thread freed last may serve a request
+         * instead (the hot block). */
+        int is_small = n <= SMALL_MAX;
+        if (n >= SMALL_MAX / 4 && n <= SMALL_MAX && stat_of(S_SMALL_LIVE) == small0 - was_small)
+            is_small = 0;
         CHECK(stat_of(S_SMALL_LIVE) == small0 - was_small + is_small, "realloc %zu -> %zu: small objects %lu -> %lu",
               have, n, (unsigned long)small0, (unsigned long)stat_of(S_SMALL_LIVE));
+        was_small = is_small;
         fill(q, n, 11 + i);
         p = q;
         have = n;

@@ -78,6 +78,10 @@ pub(crate) use map::Found;
 use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
+
+/// The smallest object request that first asks the hot block (`malloc_slow`): a quarter of
+/// `SMALL_MAX`, the preload's rule below its threshold (`fallow-preload`'s `hot_floor`).
+const HOT_FROM: usize = SMALL_MAX / 4;
 pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -179,6 +183,14 @@ impl Slab {
             return Err(Error::BadAlignment { align, max: self.shared.max_block() });
         }
         let plain = flags.0 & !Flags::ZERO.0 == 0 && size <= SMALL_MAX;
+        // A medium request the page block this thread freed last may hold (`cache/hot.rs`): a
+        // loop of sizes on both sides of `SMALL_MAX` then reuses that one block, as it does
+        // above it, instead of a span's object and a page block in turn.
+        if plain && size >= HOT_FROM && align <= MIN_ALIGN {
+            if let Some(p) = cache::alloc_from_hot(&self.shared, size, flags) {
+                return Ok(p);
+            }
+        }
         // SAFETY: `class_of` only for `size <= SMALL_MAX` (`plain`).
         let c = if !plain { None } else if align <= MIN_ALIGN { Some(unsafe { class_of(size) }) } else { aligned_class(size, align) };
         let Some(c) = c else {
