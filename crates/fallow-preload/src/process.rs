@@ -107,15 +107,10 @@ pub fn known_out_of_line_from() -> usize {
 }
 
 /// The smallest request below `threshold` that the calling thread's hot block may serve
-/// (`Allocator::alloc_from_hot`): a quarter of the threshold, and no less than 64 KiB (the
-/// smallest hot block). A block fallow serves holds the threshold at least, and the hot block
-/// serves requests of more than an eighth of it, so a loop of sizes on both sides of the
-/// threshold (say 128-352 KiB around 256 KiB) stays in the one block it frees and takes
-/// again, where glibc's requests and fallow's would write two regions in turn. Requests from
-/// here to the threshold pay a look at that block (a few dozen instructions, against a memset
-/// of 64 KiB or more); glibc serves the others as before.
+/// (`Allocator::alloc_from_hot`; the rule is the core's, `binding_support::hot_from`: a quarter
+/// of the threshold, no less than 64 KiB). glibc serves the requests below it as before.
 pub(crate) fn hot_floor(threshold: usize) -> usize {
-    (threshold / 4).max(64 << 10).min(threshold)
+    fallow::binding_support::hot_from(threshold)
 }
 
 /// The threshold, parsing the settings first if nobody has: 0 with small objects on (every

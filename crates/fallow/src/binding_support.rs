@@ -34,6 +34,10 @@ pub use crate::os::move_pages;
 /// ask `Allocator::owns`).
 pub use crate::heap::{SPAN_END, SPAN_START};
 
+/// The smallest request below a binding's threshold that asks the hot block first
+/// (`Allocator::alloc_from_hot`): the preload's routing below its threshold.
+pub use crate::cache::hot_from;
+
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::message::StackBuf;
 

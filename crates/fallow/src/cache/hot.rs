@@ -60,6 +60,22 @@ use super::hit::{settle_slack_unit, UNIT_PAGES};
 /// small blocks are untouched.
 const HOT_MIN_PAGES: u32 = 16;
 
+/// The smallest request below `limit` (a binding's threshold, or the largest small object) that
+/// asks the hot block first (`Allocator::alloc_from_hot`): a quarter of `limit`, and no less
+/// than the smallest hot block; `limit` itself when that leaves nothing below it. A block
+/// served at `limit` or above holds `limit` at least, and the hot block serves requests of
+/// more than an eighth of it, so a loop of sizes on both sides of `limit` (128-352 KiB around
+/// 256 KiB) stays in the one block it frees and takes again, where two allocators (glibc and
+/// fallow's page blocks, or a span's objects and page blocks) would write two regions in turn.
+/// Requests from there to `limit` pay a look at that block (a few dozen instructions, against
+/// a memset of 64 KiB or more).
+pub const fn hot_from(limit: usize) -> usize {
+    let q = limit / 4;
+    let min = (HOT_MIN_PAGES as usize) << PAGE_SHIFT;
+    let q = if q > min { q } else { min };
+    if q < limit { q } else { limit }
+}
+
 impl Entries<'_> {
     /// A block of `n` pages at `addr` (arena `ai`) is being freed into this cache: if of at least
     /// `HOT_MIN_PAGES`, it becomes the hot block (a hint, checked before use).

@@ -79,9 +79,8 @@ use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 
-/// The smallest object request that first asks the hot block (`malloc_slow`): a quarter of
-/// `SMALL_MAX`, the preload's rule below its threshold (`fallow-preload`'s `hot_floor`).
-const HOT_FROM: usize = SMALL_MAX / 4;
+/// The smallest object request that first asks the hot block (`malloc_slow`).
+const HOT_FROM: usize = cache::hot_from(SMALL_MAX);
 pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
