@@ -41,7 +41,7 @@ static int sixteen(uint64_t *x, size_t lo, size_t span, int zero) {
 }
 
 /* One thread's loop, on a cache line of its own (threads write `x` and `calls` at every call). */
-struct loop { _Alignas(64) size_t lo; size_t span; int zero; double secs; uint64_t x; long calls; int failed; };
+struct loop { _Alignas(64) size_t lo; size_t span; int zero; double secs; uint64_t x; long calls; int failed; long most; };
 
 static pthread_barrier_t warm;
 
@@ -55,7 +55,7 @@ static void warm_up(struct loop *l) {
  * sharing a CPU each make their share of calls). */
 static void timed(struct loop *l) {
     double t0 = thread_now();
-    while (!l->failed && thread_now() - t0 < l->secs) {
+    while (!l->failed && (l->most ? l->calls < l->most : thread_now() - t0 < l->secs)) {
         l->failed = sixteen(&l->x, l->lo, l->span, l->zero);
         l->calls += 16;
     }
@@ -73,12 +73,15 @@ int main(int argc, char **argv) {
     size_t b = strtoul(argv[1], 0, 0);
     int zero = argc > 2 && argv[2][0] == 'c';
     double secs = argc > 3 ? atof(argv[3]) : 0.3;
+    /* SECONDS as a count ("1500x"): that many calls, then the count is printed (for cachegrind,
+     * scripts/reuse_l2.sh, where time means nothing). */
+    long most = argc > 3 && strchr(argv[3], 'x') ? atol(argv[3]) : 0;
     int threads = argc > 4 ? atoi(argv[4]) : 1;
     if (threads < 1 || threads > 64) { fprintf(stderr, "THREADS: 1 to 64\n"); return 2; }
     size_t lo = b / 2, span = b * 11 / 8 - lo + 1;
     struct loop l[64];
     for (int i = 0; i < threads; i++)
-        l[i] = (struct loop){ lo, span, zero, secs, 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL * (uint64_t)i, 0, 0 };
+        l[i] = (struct loop){ lo, span, zero, secs, 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL * (uint64_t)i, 0, 0, most };
     double t0, t1;
     if (threads == 1) {
         warm_up(&l[0]);
@@ -100,6 +103,9 @@ int main(int argc, char **argv) {
         if (l[i].failed) return 1;
         calls += l[i].calls;
     }
-    printf("%.0f\n", calls / (t1 - t0));
+    if (most)
+        printf("%ld\n", calls);
+    else
+        printf("%.0f\n", calls / (t1 - t0));
     return 0;
 }
