@@ -77,8 +77,8 @@ fn from_hot_block(size: usize, flags: Flags) -> Option<*mut c_void> {
 pub(crate) fn leaves_pass_through(size: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: one aligned 8-byte read of `OUT_OF_LINE_FROM`, an `AtomicUsize` (on x86-64 a plain
-    // `mov` or memory operand is an atomic load, here as `Relaxed`: the word is one word, written
-    // once), a compare and a branch; no write, no stack.
+    // `mov` or memory operand is an atomic load, here as `Relaxed`: the value is one word,
+    // written once), a compare and a branch; no write, no stack.
     unsafe {
         core::arch::asm!(
             "cmp {size}, qword ptr [rip + {threshold}]",

@@ -123,14 +123,16 @@ impl Entries<'_> {
         // The slack's counts (this thread owns the block's state bytes now): none but `Dirty`
         // pages in a block that is not mixed; the record says whether there are others, so that
         // the free reads them only then. The entry's first `dirty_below` pages are `Dirty`: the
-        // live pages past them are counted, not the slack.
+        // live pages past them are counted instead of the slack when they are fewer.
+        let known = mixed.dirty_below as u32;
         let slack = if !e.mixed() {
             StateCounts::default()
-        } else if live <= mixed.dirty_below as u32 {
+        } else if live <= known {
             mixed.counts()
-        } else {
-            let known = mixed.dirty_below as u32;
+        } else if live - known < n - live {
             mixed.counts().minus(v.states().count(pfn + known, live - known))
+        } else {
+            v.states().count(pfn + live, n - live)
         };
         if slack != StateCounts::default() {
             // Kept in the record's counts, which no path reads while the block is live: the
