@@ -191,12 +191,12 @@ pub fn settings() -> &'static EnvSettings {
 }
 
 /// For a request of `size` bytes below the threshold that left the pass-through: the allocator,
-/// if it exists and the request is at least `hot_floor` (its hot block may serve it). Never
-/// creates the allocator: with none, no thread has a hot block.
+/// if it exists and the request is at least `OUT_OF_LINE_FROM` (`hot_floor`: its hot block may
+/// serve it). Never creates the allocator: with none, no thread has a hot block. Both words 0
+/// (not parsed yet, or small objects on): `None`.
 #[inline]
 pub fn for_hot_block(size: usize) -> Option<&'static Allocator> {
-    let t = THRESHOLD.load(Ordering::Relaxed);
-    if size >= t || size < hot_floor(t) {
+    if size >= THRESHOLD.load(Ordering::Relaxed) || size < OUT_OF_LINE_FROM.load(Ordering::Relaxed) {
         return None;
     }
     existing()

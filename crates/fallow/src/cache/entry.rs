@@ -71,7 +71,8 @@ pub(super) struct Mixed {
     /// Pages `0..dirty_below` of the block are `Dirty`: the live pages of a block with slack
     /// that its free just marked so. The block's other states all lie past them, so a hand-out
     /// of at most that many live pages leaves every page that is not `Dirty` in its slack, and
-    /// a larger one counts only its live pages past them (`hand_out_with_slack`).
+    /// a larger one counts its live pages past them or its slack, the fewer
+    /// (`hand_out_with_slack`).
     pub(super) dirty_below: u16,
 }
 

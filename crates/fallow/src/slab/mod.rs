@@ -78,10 +78,10 @@ pub(crate) use map::Found;
 use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
+pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
 
 /// The smallest object request that first asks the hot block (`malloc_slow`).
 const HOT_FROM: usize = cache::hot_from(SMALL_MAX);
-pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
