@@ -38,6 +38,9 @@ pub use crate::heap::{SPAN_END, SPAN_START};
 /// (`Allocator::alloc_from_hot`): the preload's routing below its threshold.
 pub use crate::cache::hot_from;
 
+/// Objects a span of a small request's class holds (its span less the class's colour).
+pub use crate::slab::objects_per_span;
+
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::message::StackBuf;
 

@@ -20,6 +20,27 @@ fn all_returned(a: &Allocator) {
     assert_eq!(s.bytes_in_use, 0, "{s}");
 }
 
+/// Spans are coloured: the first object of each class of up to 128 bytes lies one to eight
+/// cache lines past its span's start, each in a line of its own (so in a set of the L1 of its
+/// own), and a free of an address in the colour is refused. Frees and reuse work from there.
+#[test]
+fn the_first_objects_of_the_smallest_classes_lie_in_lines_of_their_own() {
+    let a = Allocator::new(cfg()).unwrap();
+    let firsts: Vec<*mut u8> = (1..=8).map(|k| a.malloc(16 * k, 16, Flags::NONE).unwrap().as_ptr()).collect();
+    let lines: Vec<usize> = firsts.iter().map(|&p| (p as usize % (64 << 10)) / 64).collect();
+    assert_eq!(lines, [1, 2, 3, 4, 5, 6, 7, 8], "the first objects' lines in their spans");
+    for (k, &p) in firsts.iter().enumerate() {
+        let span = p as usize & !((64 << 10) - 1);
+        // An address in the colour, below the first object: no object's.
+        assert!(a.free_any((span + 16 * k) as *mut u8).is_err(), "class {}", 16 * (k + 1));
+        a.free_any(p).unwrap();
+        // The object freed last is handed out again first.
+        assert_eq!(a.malloc(16 * (k + 1), 16, Flags::NONE).unwrap().as_ptr(), p);
+        a.free_any(p).unwrap();
+    }
+    all_returned(&a);
+}
+
 #[test]
 fn every_size_up_to_the_limit_is_served_aligned_and_kept() {
     let a = Allocator::new(cfg()).unwrap();
@@ -302,7 +323,7 @@ fn a_heap_keeps_a_few_spare_spans_over_all_classes() {
     // not its class's current one.
     let (mut first, mut rest) = (Vec::new(), Vec::new());
     for size in [64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792] {
-        let per_span = (64 << 10) / size;
+        let per_span = fallow::binding_support::objects_per_span(size);
         let ps: Vec<usize> = (0..2 * per_span).map(|_| a.malloc(size, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
         first.extend_from_slice(&ps[..per_span]);
         rest.extend_from_slice(&ps[per_span..]);

@@ -5,15 +5,16 @@
 
 use std::sync::mpsc;
 
+use fallow::binding_support::objects_per_span;
 use fallow::{Allocator, Config, Flags, Tunables};
 
 fn cfg() -> Config {
     Config { arena_size: 256 << 20, max_order: 12, tunables: Tunables::off(), small_objects: true, ..Config::default() }
 }
 
-/// 256-byte objects: 256 to a 64 KiB span.
+/// 256-byte objects: 255 to a 64 KiB span (its colour takes one).
 const SIZE: usize = 256;
-const PER_SPAN: usize = (64 << 10) / SIZE;
+const PER_SPAN: usize = objects_per_span(SIZE);
 /// Ten spans' worth and part of an eleventh (the current one when the owner stops).
 const OBJECTS: usize = 10 * PER_SPAN + 100;
 

@@ -34,7 +34,7 @@ fn owner_double_free_into_an_emptied_span_is_detected() {
 #[test]
 fn owner_double_free_into_a_spare_span_is_detected() {
     let a = Allocator::new(cfg()).unwrap();
-    let per_span = (64 << 10) / 1024;
+    let per_span = fallow::binding_support::objects_per_span(1024);
     let first: Vec<*mut u8> = (0..per_span).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();
     let next = a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr();
     for &p in &first {
@@ -104,14 +104,15 @@ fn remote_double_free_cycle_does_not_hang_the_owner() {
 }
 
 /// `Allocator::free` (the page path) given a small object that happens to be the first object
-/// of its span: the page layer sees the span's live 64 KiB block starting there and frees it
-/// whole, while the span stays in the page map and in its heap. The heap keeps handing out
-/// objects from pages the page layer hands to someone else. A safe call with a wrong pointer
-/// must be an error, as `free` of any other pointer that is not a block's start is.
+/// of its span (a class with no colour, 4 KiB): the page layer sees the span's live 64 KiB
+/// block starting there and frees it whole, while the span stays in the page map and in its
+/// heap. The heap keeps handing out objects from pages the page layer hands to someone else. A
+/// safe call with a wrong pointer must be an error, as `free` of any other pointer that is not
+/// a block's start is.
 #[test]
 fn page_free_of_a_small_object_is_refused() {
     let a = Allocator::new(cfg()).unwrap();
-    let p = a.malloc(16, 16, Flags::NONE).unwrap().as_ptr();
+    let p = a.malloc(4096, 16, Flags::NONE).unwrap().as_ptr();
     assert_eq!(p as usize % (64 << 10), 0, "the span's first object");
     assert!(a.free(p).is_err(), "the page path freed a live span's pages");
     a.check_invariants().unwrap();
@@ -123,7 +124,7 @@ fn page_free_of_a_small_object_is_refused() {
 #[test]
 fn resize_in_place_of_a_small_object_is_refused() {
     let a = Allocator::new(cfg()).unwrap();
-    let p = a.malloc(16, 16, Flags::NONE).unwrap().as_ptr();
+    let p = a.malloc(4096, 16, Flags::NONE).unwrap().as_ptr();
     assert_eq!(p as usize % (64 << 10), 0, "the span's first object");
     assert!(!matches!(a.resize_in_place(p, 4096), Ok(true)), "the page path shrank a live span");
     a.check_invariants().unwrap();
@@ -293,7 +294,7 @@ fn frees_and_mallocs_after_the_threads_heap_was_abandoned() {
 #[test]
 fn the_next_span_becomes_current_when_the_head_leaves_its_list() {
     let a = Allocator::new(cfg()).unwrap();
-    let per = (64 << 10) / 1024;
+    let per = fallow::binding_support::objects_per_span(1024);
     // Span A filled, then span B.
     let sa: Vec<_> = (0..per).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();
     let sb: Vec<_> = (0..per).map(|_| a.malloc(1024, 16, Flags::NONE).unwrap().as_ptr()).collect();

@@ -15,9 +15,12 @@ use fallow::{Allocator, Config, Flags, PageState, Tunables};
 
 const SPAN: usize = 64 << 10;
 const PAGE: usize = 4096;
-/// 1 KiB objects: 64 to a 64 KiB span, 4 a page, none across a page boundary.
+/// 1 KiB objects: 63 to a 64 KiB span (the first one at the class's colour, 1 KiB in), 4 a
+/// page but the first (3), none across a page boundary.
 const SIZE: usize = 1024;
-const PER_SPAN: usize = SPAN / SIZE;
+const PER_SPAN: usize = fallow::binding_support::objects_per_span(SIZE);
+/// Objects on the span's first page (past the colour).
+const PAGE_0: usize = (PAGE - (SPAN - PER_SPAN * SIZE)) / SIZE;
 
 /// No report delay: a span at its mark is trimmed at once (it waits a two-hundredth of the delay).
 fn cfg() -> Config {
@@ -71,18 +74,18 @@ fn a_spans_free_pages_go_back_when_its_objects_are_freed_down_to_the_mark() {
     assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE);
     free_all_but_page_0(&a, &objs, 7);
     a.check_invariants().unwrap();
-    // The four objects of page 0 are live: every other page went back, by the kernel's count
-    // and the statistics'.
+    // The objects of page 0 are live: every other page went back, by the kernel's count and the
+    // statistics'.
     assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
     let s = a.stats();
     assert_eq!(s.small_trimmed_pages, (SPAN / PAGE - 1) as u64, "{s}");
     assert!(s.small_trims >= 1 && s.small_trimmed_pages_total == s.small_trimmed_pages, "{s}");
-    assert_eq!(s.small_live_objects, 4);
+    assert_eq!(s.small_live_objects, PAGE_0 as u64);
     // The live objects kept their contents.
-    for (i, &o) in objs.iter().enumerate().take(4) {
+    for (i, &o) in objs.iter().enumerate().take(PAGE_0) {
         assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
     }
-    for &o in &objs[..4] {
+    for &o in &objs[..PAGE_0] {
         a.free_any(o as *mut u8).unwrap();
     }
     a.drain_thread_cache();
@@ -102,7 +105,7 @@ fn a_span_at_its_mark_waits_before_its_first_trim() {
     let a = Allocator::new(Config { tunables, ..cfg() }).unwrap();
     let objs = one_full_span(&a);
     let base = objs[0] & !(SPAN - 1);
-    // Pages 0 and 1 live (8 objects, below the mark of 16), the rest freed: due, not yet trimmed.
+    // Pages 0 and 1 live (7 objects, below the mark of 15), the rest freed: due, not yet trimmed.
     let mut gone: Vec<usize> = objs.iter().copied().filter(|&o| o - base >= 2 * PAGE).collect();
     Rng(5).shuffle(&mut gone);
     for &o in &gone {
@@ -115,7 +118,7 @@ fn a_span_at_its_mark_waits_before_its_first_trim() {
     a.check_invariants().unwrap();
     assert_eq!(resident_pages(base, SPAN).unwrap(), 2, "not trimmed after its wait");
     assert_eq!(a.stats().small_trimmed_pages, (SPAN / PAGE - 2) as u64);
-    for (i, &o) in objs.iter().enumerate().take(8) {
+    for (i, &o) in objs.iter().enumerate().take(PAGE_0 + PAGE / SIZE) {
         assert!(i == 4 || holds(o, SIZE, i as u8 + 1), "object {i}");
     }
 }
@@ -131,7 +134,7 @@ fn an_emptied_spans_given_back_pages_go_back_to_the_page_layer_reported() {
     free_all_but_page_0(&a, &objs, 11);
     assert_eq!(a.stats().small_trimmed_pages, (SPAN / PAGE - 1) as u64);
     let dirty_before = a.stats().free_dirty_pages;
-    for &o in &objs[..4] {
+    for &o in &objs[..PAGE_0] {
         a.free_any(o as *mut u8).unwrap();
     }
     a.drain_thread_cache();
@@ -156,7 +159,7 @@ fn objects_on_given_back_pages_are_handed_out_again_reading_zero() {
     let a = Allocator::new(cfg()).unwrap();
     let objs = one_full_span(&a);
     let gone = free_all_but_page_0(&a, &objs, 11);
-    // The second span (current, empty) serves the first 64 requests; then the trimmed span's
+    // The second span (current, empty) serves the first `PER_SPAN` requests; then the trimmed span's
     // objects come back, plain ones and zeroed ones.
     let mut got = Vec::new();
     for i in 0..PER_SPAN + gone.len() {
@@ -180,14 +183,14 @@ fn objects_on_given_back_pages_are_handed_out_again_reading_zero() {
         let from = if flags == Flags::ZERO { 0 } else { 8 };
         assert!(holds(o + from, SIZE - from, 0), "object {:#x} ({flags:?}) does not read zero", o - base);
     }
-    for (i, &o) in objs.iter().enumerate().take(4) {
+    for (i, &o) in objs.iter().enumerate().take(PAGE_0) {
         assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
     }
     // No object twice.
-    let mut all: Vec<usize> = got.iter().map(|g| g.0).chain(objs[..4].iter().copied()).collect();
+    let mut all: Vec<usize> = got.iter().map(|g| g.0).chain(objs[..PAGE_0].iter().copied()).collect();
     all.sort();
     all.dedup();
-    assert_eq!(all.len(), got.len() + 4);
+    assert_eq!(all.len(), got.len() + PAGE_0);
     assert_eq!(a.stats().small_trimmed_pages, 0);
     for o in all {
         a.free_any(o as *mut u8).unwrap();
@@ -290,10 +293,10 @@ fn a_span_other_threads_freed_down_is_trimmed_at_the_owners_sweep() {
     let other: Vec<usize> = (0..6 * 32).map(|_| a.malloc(2048, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
     a.check_invariants().unwrap();
     assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
-    for (i, &o) in objs.iter().enumerate().take(4) {
+    for (i, &o) in objs.iter().enumerate().take(PAGE_0) {
         assert!(holds(o, SIZE, i as u8 + 1), "object {i}");
     }
-    for o in other.into_iter().chain(objs[..4].iter().copied()) {
+    for o in other.into_iter().chain(objs[..PAGE_0].iter().copied()) {
         a.free_any(o as *mut u8).unwrap();
     }
     a.drain_thread_cache();

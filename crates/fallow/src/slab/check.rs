@@ -135,8 +135,9 @@ impl Slab {
         }
         let fresh = s.fresh_at();
         let handed = s.fresh.load(Relaxed) as u32;
-        if s.mask.load(Relaxed) != bytes - 1 || fresh > s.end.get() || (s.used.load(Relaxed) & UNLISTED != 0) != (s.place() != LISTED) {
-            return Err(Bad("a span's mask, fresh or listed bit is wrong (span, used word)", start, s.used.load(Relaxed) as usize));
+        let first = s.first();
+        if first != start + class::colour(c) || s.mask.load(Relaxed) != bytes - 1 || fresh > s.end.get() || (s.used.load(Relaxed) & UNLISTED != 0) != (s.place() != LISTED) {
+            return Err(Bad("a span's first object, mask, fresh or listed bit is wrong (span, used word)", start, s.used.load(Relaxed) as usize));
         }
         // One bit per object (at most 4,096 in a span), on the stack.
         let mut seen = [0u64; 64];
@@ -144,8 +145,8 @@ impl Slab {
             let mut o = head & HEAD;
             let mut k = 0;
             while o != 0 {
-                let i = (o.wrapping_sub(start)) / size;
-                if o < start || o >= fresh || !(o - start).is_multiple_of(size) || seen[i / 64] & (1 << (i % 64)) != 0 || s.on_given(i) {
+                let i = (o.wrapping_sub(first)) / size;
+                if o < first || o >= fresh || !(o - first).is_multiple_of(size) || seen[i / 64] & (1 << (i % 64)) != 0 || s.on_given(i) {
                     return Err(Bad("a free list holds a bad object, or one twice (span, object)", start, o));
                 }
                 seen[i / 64] |= 1 << (i % 64);

@@ -83,8 +83,9 @@ impl Slab {
     /// writes nothing then, and `free_remote_out` checks `addr` against the span.
     #[inline(always)]
     pub(crate) unsafe fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
-        // `addr` is in the span for the owner (the caller's contract).
-        let off = addr & s.mask.load(Relaxed);
+        // `addr` is in the span for the owner (the caller's contract); one below the first
+        // object (in the span's colour) wraps to an offset that is no object's.
+        let off = s.offset(addr);
         if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Freed::Not;
         }

@@ -79,6 +79,7 @@ use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
+pub use class::objects_per_span;
 
 /// The smallest object request that first asks the hot block (`malloc_slow`).
 const HOT_FROM: usize = cache::hot_from(SMALL_MAX);
@@ -370,7 +371,7 @@ impl Slab {
     /// Free the object at `addr` in span `s` (found by `find`): every case, the checks first.
     #[inline(never)]
     pub(crate) fn free_in(&self, s: &Span, addr: usize) -> Result<(), Error> {
-        let off = addr.wrapping_sub(s.start.load(Relaxed));
+        let off = s.offset(addr);
         // At an object's start, below `fresh` (handed out at some time): `object_index`.
         if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Err(self.bad_free(s, addr));
@@ -438,22 +439,22 @@ impl Slab {
     /// What is wrong with freeing `addr` in `s` (it failed the checks of `free_in`).
     #[cold]
     fn bad_free(&self, s: &Span, addr: usize) -> Error {
-        let start = s.start.load(Relaxed);
+        let first = s.first();
         let size = s.size.load(Relaxed) as usize;
-        let off = addr.wrapping_sub(start);
-        if size == 0 || off >= s.fresh_at().wrapping_sub(start) {
+        let off = addr.wrapping_sub(first);
+        if size == 0 || off >= s.fresh_at().wrapping_sub(first) {
             return Error::InvalidPointer { addr };
         }
-        Error::InteriorPointer { addr, block: start + off / size * size }
+        Error::InteriorPointer { addr, block: first + off / size * size }
     }
 
     /// Bytes usable in the object at `addr`: `Some` for an object of a span (its class size,
     /// or `None` if `addr` is not at an object's start), `None` for any other address.
     pub(crate) fn usable_size_in(&self, s: &Span, addr: usize) -> Option<usize> {
-        let start = s.start.load(Relaxed);
+        let first = s.first();
         let size = s.size.load(Relaxed) as usize;
-        let off = addr.wrapping_sub(start);
-        (size != 0 && off < s.fresh_at().wrapping_sub(start) && off.is_multiple_of(size)).then_some(size)
+        let off = addr.wrapping_sub(first);
+        (size != 0 && off < s.fresh_at().wrapping_sub(first) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----

@@ -50,7 +50,7 @@ use core::cell::Cell;
 use core::ptr;
 use core::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::{Acquire, Relaxed, Release, SeqCst}};
 
-use super::class::{class_size, divider, span_bytes};
+use super::class::{class_size, colour, divider, span_bytes};
 use super::heap::ThreadHeap;
 
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
@@ -153,7 +153,12 @@ pub(crate) struct Span {
     /// Index of the first never-handed-out object: objects `fresh..` were never handed out, a
     /// free of one is of a pointer the slab never handed out (written by the owner only).
     pub(crate) fresh: AtomicUsize,
+    /// The span's first address (its pages' start, aligned to its size).
     pub(crate) start: AtomicUsize,
+    /// The first object's address (`first()`: `start` plus the class's colour, class.rs), negated:
+    /// an address's offset from it is one addition where a subtraction would take a copy of the
+    /// address. Object `i` starts at `first() + i * size`.
+    pub(crate) first_neg: AtomicUsize,
     /// The span's bytes less one: an address's offset in the span is its low bits (a span is
     /// aligned to its size), one `and` where `start` would take a copy and a subtraction.
     pub(crate) mask: AtomicUsize,
@@ -168,7 +173,6 @@ pub(crate) struct Span {
     pub(crate) owner: AtomicU64,
     /// The heap that owns the span (null while the descriptor is free).
     pub(crate) heap: AtomicPtr<ThreadHeap>,
-    _readers_end: [u8; 8],
     // Written by the pushers (its own line).
     /// Other threads' frees, and `PARKED` (above).
     pub(crate) thread_free: AtomicUsize,
@@ -225,13 +229,13 @@ impl Span {
             _owner_end: [0; 8],
             fresh: AtomicUsize::new(0),
             start: AtomicUsize::new(0),
+            first_neg: AtomicUsize::new(0),
             mask: AtomicUsize::new(0),
             inv: AtomicU64::new(0),
             size: AtomicU32::new(0),
             shift: AtomicU8::new(0),
             owner: AtomicU64::new(NO_OWNER),
             heap: AtomicPtr::new(ptr::null_mut()),
-            _readers_end: [0; 8],
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
             given: AtomicU64::new(0),
@@ -253,7 +257,8 @@ impl Span {
     /// the page map.
     pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
         let size = class_size(c);
-        let n = span_bytes(c) / size;
+        let first = start + colour(c);
+        let n = (span_bytes(c) - colour(c)) / size;
         let (inv, shift) = divider(size);
         self.free.set(0);
         self.local_free.set(0);
@@ -269,11 +274,12 @@ impl Span {
         self.low.store(0, Relaxed);
         self.given.store(0, Relaxed);
         self.due_since.set(0);
-        self.end.set(start + n * size);
+        self.end.set(first + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());
         self.fresh.store(0, Relaxed);
         self.start.store(start, Relaxed);
+        self.first_neg.store(first.wrapping_neg(), Relaxed);
         self.mask.store(span_bytes(c) - 1, Relaxed);
         self.inv.store(inv, Relaxed);
         self.size.store(size as u32, Relaxed);
@@ -352,9 +358,21 @@ impl Span {
         self.used.store(if place == LISTED { w } else { w | UNLISTED }, Relaxed);
     }
 
+    /// The first object's address.
+    #[inline(always)]
+    pub(crate) fn first(&self) -> usize {
+        self.first_neg.load(Relaxed).wrapping_neg()
+    }
+
+    /// `addr`'s offset from the first object (wrapped below it).
+    #[inline(always)]
+    pub(crate) fn offset(&self, addr: usize) -> usize {
+        addr.wrapping_add(self.first_neg.load(Relaxed))
+    }
+
     /// The address of the first never-handed-out object (`fresh` is its index).
     pub(crate) fn fresh_at(&self) -> usize {
-        self.start.load(Relaxed) + self.fresh.load(Relaxed) * self.size.load(Relaxed) as usize
+        self.first() + self.fresh.load(Relaxed) * self.size.load(Relaxed) as usize
     }
 
     /// The owner pops an object off its own frees (`local_free`), the one it freed last first

@@ -97,9 +97,14 @@ impl Marks {
 }
 
 impl Span {
+    /// The bytes before the first object (class.rs, `colour`).
+    fn colour(&self) -> usize {
+        self.first() - self.start.load(Relaxed)
+    }
+
     /// Objects in the span.
     fn objects(&self) -> usize {
-        (self.end.get() - self.start.load(Relaxed)) / self.size.load(Relaxed) as usize
+        (self.end.get() - self.first()) / self.size.load(Relaxed) as usize
     }
 
     /// The count at or below which a span armed when found full is trimmed first (0: never);
@@ -118,7 +123,7 @@ impl Span {
     /// The pages object `i` touches (bits of `given`).
     fn touches(&self, i: usize) -> u64 {
         let size = self.size.load(Relaxed) as usize;
-        let off = i * size;
+        let off = self.colour() + i * size;
         page_bits(off >> PAGE_SHIFT, (off + size - 1) >> PAGE_SHIFT)
     }
 
@@ -205,7 +210,7 @@ impl Span {
     /// marks those on `free` and `local_free`.
     fn mark_free(&self) -> Marks {
         self.collect();
-        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let (first, size) = (self.first(), self.size.load(Relaxed) as usize);
         let handed = self.fresh.load(Relaxed);
         let mut m = Marks([0; 64]);
         let mut n = 0;
@@ -218,7 +223,7 @@ impl Span {
                 if n > handed {
                     crate::message::fatal("free", &crate::error::Error::DoubleFree { addr: o });
                 }
-                let i = (o - start) / size;
+                let i = (o - first) / size;
                 m.0[i / 64] |= 1 << (i % 64);
                 // SAFETY: a free object of this span on one of the owner's lists: its first word
                 // is the list's link, written by the owner or collected from `thread_free`.
@@ -242,7 +247,7 @@ impl Span {
             }
         }
         let bytes = self.mask.load(Relaxed) + 1;
-        let limit = if handed == self.objects() { bytes } else { handed * self.size.load(Relaxed) as usize };
+        let limit = if handed == self.objects() { bytes } else { self.colour() + handed * self.size.load(Relaxed) as usize };
         let whole = limit >> PAGE_SHIFT;
         if whole == 0 {
             return 0;
@@ -256,9 +261,9 @@ impl Span {
     /// # Safety
     /// Every object `pick` chooses is free, on no list, and the owner's (the caller's heap's).
     unsafe fn link_objects(&self, mut head: usize, pick: impl Fn(usize) -> bool) -> usize {
-        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let (first, size) = (self.first(), self.size.load(Relaxed) as usize);
         for i in (0..self.fresh.load(Relaxed)).rev().filter(|&i| pick(i)) {
-            let o = start + i * size;
+            let o = first + i * size;
             // SAFETY: the caller's contract: a free object on no list, the owner's; its first
             // word becomes the link (on a page given back, this write faults it in again).
             unsafe { *(o as *mut usize) = head };
@@ -287,7 +292,7 @@ impl Span {
         if given == 0 {
             return None;
         }
-        let (start, size) = (self.start.load(Relaxed), self.size.load(Relaxed) as usize);
+        let (first, size) = (self.first(), self.size.load(Relaxed) as usize);
         // For a request that wants zeros: the last object lying wholly on given-back pages.
         let whole = if zero { (0..self.fresh.load(Relaxed)).rev().find(|&i| self.touches(i) & !given == 0) } else { None };
         // SAFETY: an object touching a given-back page is free, on no list, the owner's (trim.rs,
@@ -297,7 +302,7 @@ impl Span {
         self.free.set(head);
         if let Some(i) = whole {
             self.set_used(self.used() + 1);
-            return Some((Some((start + i * size, true)), given.count_ones()));
+            return Some((Some((first + i * size, true)), given.count_ones()));
         }
         Some((self.pop().map(|o| (o, false)), given.count_ones()))
     }
