@@ -279,7 +279,7 @@ const _: () = {
     let mut c = 0;
     while c < CLASSES {
         assert!(class_size(c).is_multiple_of(MIN_ALIGN));
-        // Spans are aligned to their size (a free finds its span's start with `mask`); the
+        // Spans are aligned to their size (a power-of-two class's objects to theirs); the
         // objects of a span are one bit each of a 4,096-bit map on the stack (trim.rs, check.rs).
         assert!(span_bytes(c).is_power_of_two() && span_bytes(c) >= 1 << GRANULE_SHIFT);
         assert!(span_bytes(c) / class_size(c) <= 4096);

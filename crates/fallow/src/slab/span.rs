@@ -7,10 +7,10 @@
 //!
 //! Who touches what (docs/design.md, "Access rules"): the fields in `Cell`s are the owner's, the
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
-//! atomics are read by any thread that frees an object of the span (`start`, `mask`, `inv`,
-//! `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or by a thread
-//! that pushes to it (`thread_free`, `returned_next`, `epoch_seen`; `used`, `low` and `given`
-//! when it claims the span).
+//! atomics are read by any thread that frees an object of the span (`start`, `first_neg`,
+//! `mask`, `inv`, `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or
+//! by a thread that pushes to it (`thread_free`, `returned_next`, `epoch_seen`; `used`, `low`
+//! and `given` when it claims the span).
 //!
 //! The remote-free protocol (model-checked: tests/loom/slab_remote.rs, tests/loom/slab_claim.rs).
 //! `thread_free` holds the head of the list, a count of the objects on it (the bits from
@@ -159,8 +159,8 @@ pub(crate) struct Span {
     /// an address's offset from it is one addition where a subtraction would take a copy of the
     /// address. Object `i` starts at `first() + i * size`.
     pub(crate) first_neg: AtomicUsize,
-    /// The span's bytes less one: an address's offset in the span is its low bits (a span is
-    /// aligned to its size), one `and` where `start` would take a copy and a subtraction.
+    /// The span's bytes less one: an address is in the span when its offset from `start` is at
+    /// most this (a remote free's check against a stale span, a trim's page count).
     pub(crate) mask: AtomicUsize,
     /// `size` is `2^shift` times an odd number whose inverse modulo 2^64 is `inv`
     /// (class.rs, `divider`, `object_index`).
