@@ -22,7 +22,9 @@ fn all_returned(a: &Allocator) {
 
 /// Spans are coloured: the first object of each class of up to 128 bytes lies one to eight
 /// cache lines past its span's start, each in a line of its own (so in a set of the L1 of its
-/// own), and a free of an address in the colour is refused. Frees and reuse work from there.
+/// own), and a free of an address in the colour is refused (one object's size below the first
+/// object, where an object would start were the span uncoloured). Frees and reuse work from
+/// there.
 #[test]
 fn the_first_objects_of_the_smallest_classes_lie_in_lines_of_their_own() {
     let a = Allocator::new(cfg()).unwrap();
@@ -30,9 +32,9 @@ fn the_first_objects_of_the_smallest_classes_lie_in_lines_of_their_own() {
     let lines: Vec<usize> = firsts.iter().map(|&p| (p as usize % (64 << 10)) / 64).collect();
     assert_eq!(lines, [1, 2, 3, 4, 5, 6, 7, 8], "the first objects' lines in their spans");
     for (k, &p) in firsts.iter().enumerate() {
-        let span = p as usize & !((64 << 10) - 1);
         // An address in the colour, below the first object: no object's.
-        assert!(a.free_any((span + 16 * k) as *mut u8).is_err(), "class {}", 16 * (k + 1));
+        let below = p as usize - 16 * (k + 1);
+        assert!(a.free_any(below as *mut u8).is_err(), "class {}", 16 * (k + 1));
         a.free_any(p).unwrap();
         // The object freed last is handed out again first.
         assert_eq!(a.malloc(16 * (k + 1), 16, Flags::NONE).unwrap().as_ptr(), p);

@@ -39,7 +39,7 @@ fn holds(p: usize, len: usize, v: u8) -> bool {
     unsafe { std::slice::from_raw_parts(p as *const u8, len) }.iter().all(|&b| b == v)
 }
 
-/// One full span of `SIZE`-byte objects, armed (a 65th request found it full and took a second
+/// One full span of `SIZE`-byte objects, armed (one request more found it full and took a second
 /// span, which that object's free leaves empty and current): its objects in address order, each
 /// filled with its index.
 fn one_full_span(a: &Allocator) -> Vec<usize> {
@@ -228,7 +228,7 @@ fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
     let a = Allocator::new(cfg()).unwrap();
     let objs = one_full_span(&a);
     let base = objs[0] & !(SPAN - 1);
-    // Down to 12 live (below the first mark, 16): one trim.
+    // Down to 12 live (below the first mark, 15): one trim.
     let mut live: Vec<usize> = objs.clone();
     Rng(3).shuffle(&mut live);
     for o in live.drain(12..) {
@@ -237,7 +237,7 @@ fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
     assert!(a.stats().small_trims >= 1, "trimmed at the mark");
     assert!(resident_pages(base, SPAN).unwrap() < SPAN / PAGE);
     // Enough requests to fill the current span and reach into the trimmed one past its kept
-    // free objects without filling it (45 of its 52 free: its refill links, so faults in, every
+    // free objects without filling it (45 of its 51 free: its refill links, so faults in, every
     // page again), all freed again, down to 12 live:
     // its empty pages stay (the other span, found full, is trimmed: not this one).
     let more: Vec<usize> = (0..PER_SPAN + 45).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
@@ -248,8 +248,8 @@ fn a_trimmed_span_is_not_trimmed_again_until_full_and_then_at_a_lower_mark() {
     a.check_invariants().unwrap();
     assert_eq!(resident_pages(base, SPAN).unwrap(), SPAN / PAGE, "trimmed again without being full");
     // Filled up (the span found full), then freed down again: armed again, at half its first
-    // mark (8: the trim before gave pages back and the span filled again), so not trimmed at
-    // 12 live, trimmed below 8.
+    // mark (7: the trim before gave pages back and the span filled again), so not trimmed at
+    // 12 live, trimmed at 7 or fewer.
     let more: Vec<usize> = (0..2 * PER_SPAN).map(|_| a.malloc(SIZE, 16, Flags::NONE).unwrap().as_ptr() as usize).collect();
     let mut mine: Vec<usize> = more.iter().copied().filter(|&o| o & !(SPAN - 1) == base).collect();
     assert_eq!(mine.len(), PER_SPAN - 12, "the span is full");

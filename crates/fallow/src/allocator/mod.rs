@@ -143,7 +143,8 @@ impl Allocator {
 
     /// `InvalidPointer` for an address in a span of small objects (with small objects on): the
     /// page calls (`free`, `free_sized`, `resize_in_place`) would take the first object of a
-    /// span for the span's live page block and free or cut it under the live span.
+    /// span of a class with no colour (its address is the span's) for the span's live page
+    /// block and free or cut it under the live span.
     #[inline(always)]
     fn not_small(&self, addr: usize) -> Result<(), Error> {
         if self.keys.on && matches!(self.slab.find(addr), Found::Span(_)) {
