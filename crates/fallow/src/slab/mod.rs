@@ -439,22 +439,20 @@ impl Slab {
     /// What is wrong with freeing `addr` in `s` (it failed the checks of `free_in`).
     #[cold]
     fn bad_free(&self, s: &Span, addr: usize) -> Error {
-        let first = s.first();
         let size = s.size.load(Relaxed) as usize;
-        let off = addr.wrapping_sub(first);
-        if size == 0 || off >= s.fresh_at().wrapping_sub(first) {
+        let off = s.offset(addr);
+        if size == 0 || off >= s.offset(s.fresh_at()) {
             return Error::InvalidPointer { addr };
         }
-        Error::InteriorPointer { addr, block: first + off / size * size }
+        Error::InteriorPointer { addr, block: s.first() + off / size * size }
     }
 
     /// Bytes usable in the object at `addr`: `Some` for an object of a span (its class size,
     /// or `None` if `addr` is not at an object's start), `None` for any other address.
     pub(crate) fn usable_size_in(&self, s: &Span, addr: usize) -> Option<usize> {
-        let first = s.first();
         let size = s.size.load(Relaxed) as usize;
-        let off = addr.wrapping_sub(first);
-        (size != 0 && off < s.fresh_at().wrapping_sub(first) && off.is_multiple_of(size)).then_some(size)
+        let off = s.offset(addr);
+        (size != 0 && off < s.offset(s.fresh_at()) && off.is_multiple_of(size)).then_some(size)
     }
 
     // ---- Heaps ----

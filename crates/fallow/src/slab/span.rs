@@ -256,9 +256,9 @@ impl Span {
     /// is `owner`); `zeroed`: its pages read zero. Called by the owner before the span is in
     /// the page map.
     pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
-        let size = class_size(c);
-        let first = start + colour(c);
-        let n = (span_bytes(c) - colour(c)) / size;
+        let (size, colour) = (class_size(c), colour(c));
+        let first = start + colour;
+        let n = (span_bytes(c) - colour) / size;
         let (inv, shift) = divider(size);
         self.free.set(0);
         self.local_free.set(0);
