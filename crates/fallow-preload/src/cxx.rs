@@ -54,10 +54,11 @@ fn new_libc(size: usize) -> *mut c_void {
 /// tail call.
 #[inline(never)]
 fn new_large(size: usize) -> *mut c_void {
-    let Some(a) = process::small() else { return new_lazy(size) };
-    if let Some(p) = a.malloc_hot(size, false) {
+    // SAFETY: `SMALL` is the only allocator with small objects the preload makes requests of.
+    if let Some(p) = unsafe { Allocator::malloc_hot_sole(size, false) } {
         return p.as_ptr() as *mut c_void;
     }
+    let Some(a) = process::small() else { return new_lazy(size) };
     new_small(size, a)
 }
 

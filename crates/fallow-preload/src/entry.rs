@@ -146,14 +146,16 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 /// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
 /// parsed): out of line, so that the small requests' path sets up no frame.
 ///
-/// With small objects on and the allocator published, its hot path inline (`malloc_hot`: no
-/// call, so no frame here) and everything else one tail call.
+/// With small objects on, the slab's hot path inline (`Allocator::malloc_hot_sole`: the
+/// thread's heap, with no load of `SMALL` and no compare of its slab; no call, so no frame
+/// here) and everything else one tail call, with the allocator once published.
 #[inline(never)]
 fn malloc_large(size: usize) -> *mut c_void {
+    // SAFETY: `SMALL` is the only allocator with small objects the preload makes requests of.
+    if let Some(p) = unsafe { Allocator::malloc_hot_sole(size, false) } {
+        return p.as_ptr() as *mut c_void;
+    }
     if let Some(a) = process::small() {
-        if let Some(p) = a.malloc_hot(size, false) {
-            return p.as_ptr() as *mut c_void;
-        }
         return malloc_small(size, a);
     }
     malloc_lazy(size)
@@ -210,10 +212,11 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
 #[inline(never)]
 fn calloc_large(n: usize, size: usize) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else { return enomem() };
+    // SAFETY: `SMALL` is the only allocator with small objects the preload makes requests of.
+    if let Some(p) = unsafe { Allocator::malloc_hot_sole(total, true) } {
+        return p.as_ptr() as *mut c_void;
+    }
     if let Some(a) = process::small() {
-        if let Some(p) = a.malloc_hot(total, true) {
-            return p.as_ptr() as *mut c_void;
-        }
         return calloc_small(a, n, size, total);
     }
     calloc_lazy(n, size, total)

@@ -198,6 +198,20 @@ impl Allocator {
         self.keys.malloc_hot(size, zero)
     }
 
+    /// `malloc_hot` of the one allocator with small objects on of a process: the calling
+    /// thread's heap it used last, with no test of which allocator's it is (the compare of its
+    /// slab's id, and the load of the allocator, are what this saves a binding's `malloc`).
+    ///
+    /// # Safety
+    /// Every allocator with small objects on that any thread of the process has made requests
+    /// of, through this copy of the crate, is the one the caller means (the preload library's
+    /// `SMALL`): the object returned is that allocator's.
+    #[inline(always)]
+    pub unsafe fn malloc_hot_sole(size: usize, zero: bool) -> Option<NonNull<u8>> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { crate::slab::malloc_hot_sole(size, zero) }
+    }
+
     /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first
     /// arena that the calling thread owns, freed with `free_any`'s checks (the object's start,
     /// handed out, not the one freed last, a span with live objects) and nothing else to do;

@@ -76,6 +76,23 @@ mod imp {
 
     pair!(cache, set_cache, "0");
     pair!(slab, set_slab, "16");
+
+    /// The pointer word of the slab's pair alone (`slab().1`), one load.
+    #[inline(always)]
+    pub(crate) fn slab_heap() -> usize {
+        let p: usize;
+        // SAFETY: as `slab`'s loads: an aligned load from this thread's own block.
+        unsafe {
+            core::arch::asm!(
+                "mov {t}, qword ptr [rip + fallow_last_used@GOTTPOFF]",
+                "mov {p}, qword ptr fs:[{t} + 24]",
+                t = out(reg) _,
+                p = out(reg) p,
+                options(nostack, readonly, preserves_flags, pure),
+            )
+        };
+        p
+    }
 }
 
 /// Elsewhere: a `thread_local!` of the same words.
@@ -106,6 +123,11 @@ mod imp {
     pub(crate) fn set_slab(id: u64, p: usize) {
         LAST.with(|l| l[1].set((id, p)))
     }
+
+    #[inline(always)]
+    pub(crate) fn slab_heap() -> usize {
+        slab().1
+    }
 }
 
-pub(crate) use imp::{cache, set_cache, set_slab, slab};
+pub(crate) use imp::{cache, set_cache, set_slab, slab, slab_heap};

@@ -35,22 +35,51 @@ impl Keys {
             return None;
         }
         // SAFETY: `last` gives this thread's own heap (owner), live as long as the slab, or
-        // `NO_HEAP`, whose heads are `EMPTY`.
-        let h = unsafe { &*table::last(self) };
-        // SAFETY: `size <= TABLE_MAX`, tested above, so the index is at most `TABLE_MAX / 16`,
-        // the table's last (`class_of`, from the heap's copy of the table).
-        let c = unsafe { *h.class_of.get_unchecked((size + 15) >> 4) } as usize;
-        // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
-        // are 0, so `pop` writes nothing) or a listed span of this heap.
-        let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
-        if zero {
-            // SAFETY: `c < CLASSES` (`class_of`); `o` is an object of class `c` just handed out
-            // to this caller.
-            unsafe { ptr::write_bytes(o as *mut u8, 0, object_size(c)) };
-        }
-        // SAFETY: an object address is never 0.
-        Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
+        // `NO_HEAP`, whose heads are `EMPTY`; `size <= TABLE_MAX`, tested above.
+        unsafe { pop_from(&*table::last(self), size, zero) }
     }
+}
+
+/// `Keys::malloc_hot` for a process with one slab: the heap this thread used last, whatever
+/// its slab, with no compare of the slab's id (none: `None`).
+///
+/// # Safety
+/// Every slab this thread has used is the caller's (the preload's one allocator with small
+/// objects): an object popped here is that slab's.
+#[inline(always)]
+pub(crate) unsafe fn malloc_hot_sole(size: usize, zero: bool) -> Option<NonNull<u8>> {
+    if size > TABLE_MAX {
+        return None;
+    }
+    let h = tls::slab_heap();
+    if h == 0 {
+        return None;
+    }
+    // SAFETY: a heap word is set to this thread's own heap of a slab (live as long as the slab,
+    // which the caller's contract makes its one slab) and cleared when the heap is given up
+    // (table.rs); `size <= TABLE_MAX`, tested above.
+    unsafe { pop_from(&*(h as *const ThreadHeap), size, zero) }
+}
+
+/// Pop an object of the class of `size` off `h`'s current span of it; `zero`: memset it whole.
+///
+/// # Safety
+/// `size <= TABLE_MAX`; `h` is this thread's own heap (its owner) or `NO_HEAP`.
+#[inline(always)]
+unsafe fn pop_from(h: &ThreadHeap, size: usize, zero: bool) -> Option<NonNull<u8>> {
+    // SAFETY: `size <= TABLE_MAX` (the caller's contract), so the index is at most
+    // `TABLE_MAX / 16`, the table's last (`class_of`, from the heap's copy of the table).
+    let c = unsafe { *h.class_of.get_unchecked((size + 15) >> 4) } as usize;
+    // SAFETY: `c < CLASSES` (`class_of`); a head is `EMPTY` (whose `free` and `local_free`
+    // are 0, so `pop` writes nothing) or a listed span of this heap, the caller's thread's.
+    let o = unsafe { &*h.head.get_unchecked(c).get() }.pop()?;
+    if zero {
+        // SAFETY: `c < CLASSES` (`class_of`); `o` is an object of class `c` just handed out
+        // to this caller.
+        unsafe { ptr::write_bytes(o as *mut u8, 0, object_size(c)) };
+    }
+    // SAFETY: an object address is never 0.
+    Some(unsafe { NonNull::new_unchecked(o as *mut u8) })
 }
 
 impl Slab {

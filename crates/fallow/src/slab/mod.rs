@@ -50,7 +50,7 @@ pub(crate) mod class;
 mod check;
 mod heap;
 mod hot;
-pub(crate) use hot::Freed;
+pub(crate) use hot::{malloc_hot_sole, Freed};
 pub(crate) use span::Span;
 mod map;
 mod remote;
