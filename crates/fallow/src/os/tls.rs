@@ -77,7 +77,8 @@ mod imp {
     pair!(cache, set_cache, "0");
     pair!(slab, set_slab, "16");
 
-    /// The pointer word of the slab's pair alone (`slab().1`), one load.
+    /// The pointer word of the slab's pair alone (`slab().1`), one load: byte 24 is the second
+    /// word of the pair at 16 above (`pair!(slab, set_slab, "16")`).
     #[inline(always)]
     pub(crate) fn slab_heap() -> usize {
         let p: usize;
