@@ -17,7 +17,8 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 
 use fallow::Allocator;
 
-use crate::entry::{free, malloc_lazy, malloc_small, leaves_pass_through};
+use crate::entry::{malloc_lazy, malloc_small, leaves_pass_through};
+use crate::free::free;
 use crate::libc_heap::__libc_malloc;
 use crate::process;
 

@@ -37,10 +37,11 @@
 use core::ffi::{c_int, c_void};
 use core::ptr;
 
-use fallow::binding_support::{fatal, FreeHot, RemoteFree};
+use fallow::binding_support::fatal;
 use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
+use crate::free::free;
 use crate::process::{self, for_request, owner};
 use crate::remap;
 
@@ -100,7 +101,7 @@ pub(crate) fn leaves_pass_through(size: usize) -> bool {
 /// until the allocator exists): outside it, it is not fallow's (null included). A pointer below
 /// the span takes one compare, one above it two.
 #[inline(always)]
-fn in_span(p: *const c_void) -> bool {
+pub(crate) fn in_span(p: *const c_void) -> bool {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: two aligned 8-byte reads of the core's span words, `AtomicUsize`s (on x86-64 a
     // memory operand is an atomic load, here as `Relaxed`, which is all the span needs: see
@@ -144,12 +145,13 @@ pub unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
 }
 
 /// `malloc` of a request that may be fallow's (at least the threshold, or the settings not yet
-/// parsed): out of line, so that the small requests' path sets up no frame.
+/// parsed). Inline in `malloc`: nothing here sets up a frame, so the pass-through's compare
+/// and jump stay as they were, and with small objects on `malloc` saves a jump.
 ///
 /// With small objects on, the slab's hot path inline (`Allocator::malloc_hot_sole`: the
-/// thread's heap, with no load of `SMALL` and no compare of its slab; no call, so no frame
-/// here) and everything else one tail call, with the allocator once published.
-#[inline(never)]
+/// thread's heap, with no load of `SMALL` and no compare of its slab; no call, so no frame)
+/// and everything else one tail call, with the allocator once published.
+#[inline(always)]
 fn malloc_large(size: usize) -> *mut c_void {
     // SAFETY: `SMALL` is the only allocator with small objects the preload makes requests of.
     if let Some(p) = unsafe { Allocator::malloc_hot_sole(size, false) } {
@@ -250,110 +252,6 @@ fn calloc_lazy(n: usize, size: usize, total: usize) -> *mut c_void {
     }
     // SAFETY: glibc's `calloc` takes any `n` and `size` (it checks the product itself).
     unsafe { __libc_calloc(n, size) }
-}
-
-/// `free(3)`: fallow's pointers (by address) to fallow, which validates them; others to glibc.
-///
-/// # Safety
-///
-/// `p` is null or a live block from this family of functions, not used afterwards (free(3)'s
-/// contract). A pointer inside fallow's reservation that is not a live block aborts.
-#[no_mangle]
-pub unsafe extern "C" fn free(p: *mut c_void) {
-    if in_span(p) {
-        // SAFETY: the caller's contract, passed on.
-        return unsafe { free_in_span(p) };
-    }
-    // SAFETY: `p` is outside every arena, so not fallow's: by the caller's contract it is null or
-    // a live glibc block, released once (glibc's `free` takes null).
-    unsafe { __libc_free(p) }
-}
-
-/// `free` of a pointer in the span of the arenas: fallow's if an arena holds it, else glibc's.
-/// Out of line, as `malloc_large`.
-///
-/// # Safety
-///
-/// As `free`.
-#[inline(never)]
-unsafe fn free_in_span(p: *mut c_void) {
-    if let Some(a) = process::small() {
-        // The hot path inline (no call, so no frame here), everything else one tail call: a
-        // remote free `free_remote`, the rest `free_small`.
-        return match a.free_hot_step(p as *mut u8) {
-            FreeHot::Done => {}
-            FreeHot::Remote(r) => free_remote(r),
-            // SAFETY: the caller's contract, passed on.
-            FreeHot::Cold => unsafe { free_small(p, a) },
-        };
-    }
-    // SAFETY: the caller's contract, passed on.
-    unsafe { free_lazy(p) }
-}
-
-/// `free` of another thread's small object, checked by the hot path (`FreeHot::Remote`). The
-/// allocator is read again from `SMALL` here rather than passed: passed, the compiler loaded its
-/// slab's address for this call in the owner's path too (one instruction on every free).
-#[inline(never)]
-fn free_remote(r: RemoteFree<'static>) {
-    // SAFETY: the hot path that found `r` loaded `SMALL` non-null; it is stored once and never
-    // cleared.
-    let a = unsafe { process::small().unwrap_unchecked() };
-    // SAFETY: `SMALL` is the allocator whose `free_hot_step` gave `r` (the one small-object
-    // allocator of the process).
-    if let Err(e) = unsafe { r.finish(a) } {
-        fatal("free", &e);
-    }
-}
-
-/// `free` with small objects on and the allocator published, past the hot path (the pointer
-/// first, as for `malloc_small`).
-///
-/// # Safety
-///
-/// As `free`.
-#[inline(never)]
-unsafe fn free_small(p: *mut c_void, a: &'static Allocator) {
-    match a.free_cold(p as *mut u8) {
-        Ok(true) => {}
-        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released
-        // once.
-        Ok(false) => unsafe { __libc_free(p) },
-        Err(e) => fatal("free", &e),
-    }
-}
-
-/// `free` of a pointer in the span of the arenas with no allocator published for small
-/// objects.
-///
-/// # Safety
-///
-/// As `free`.
-#[inline(never)]
-unsafe fn free_lazy(p: *mut c_void) {
-    match owner(p as *const u8) {
-        Some(a) => {
-            // Small objects on (the allocator published, `SMALL` not yet set): `free_any`, which
-            // answers for objects and page blocks alike.
-            let r = if process::small_on() { a.free_any(p as *mut u8) } else { a.free(p as *mut u8) };
-            if let Err(e) = r {
-                fatal("free", &e)
-            }
-        }
-        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
-        None => unsafe { __libc_free(p) },
-    }
-}
-
-/// The old `cfree`: `free`.
-///
-/// # Safety
-///
-/// As `free`.
-#[no_mangle]
-pub unsafe extern "C" fn cfree(p: *mut c_void) {
-    // SAFETY: the caller's contract is `free`'s.
-    unsafe { free(p) }
 }
 
 /// `malloc_usable_size(3)`: fallow's block size, or glibc's answer.

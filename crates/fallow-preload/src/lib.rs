@@ -21,6 +21,7 @@
 #[cfg(target_arch = "x86_64")]
 pub mod cxx;
 pub mod entry;
+pub mod free;
 pub mod libc_heap;
 pub mod process;
 pub mod remap;

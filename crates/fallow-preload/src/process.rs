@@ -303,6 +303,7 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     // After `ready`: a pointer handed out through `SMALL` is then already `owner`'s.
     if SMALL_ON.load(Ordering::Relaxed) {
         SMALL.store(a as *const Allocator as *mut Allocator, Ordering::Release);
+        crate::free::publish_sole(a);
     }
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };

@@ -44,9 +44,14 @@ pub use crate::slab::objects_per_span;
 /// A fixed buffer that `core::fmt::Write` fills without allocating.
 pub use crate::message::StackBuf;
 
-/// What `Allocator::free_hot_step` did with a pointer, and another thread's small object it
-/// checked, for the binding to push with one call of its own (the preload's `free`).
-pub use crate::allocator::{FreeHot, RemoteFree};
+/// What `Allocator::free_hot_step` (and `SpanMap::free_hot_sole`) did with a pointer, and
+/// what they leave the binding to do with one call of its own (the preload's `free`): push
+/// another thread's small object it checked, or move a span.
+pub use crate::allocator::{FreeHot, FreeSole, RemoteFree, SpanMove};
+
+/// A copy of an allocator's first arena and page map of spans (`Allocator::span_map`), for a
+/// binding's own `free` (`SpanMap::free_hot_sole`).
+pub use crate::slab::SpanMap;
 
 /// The one fatal-error path of a process-wide allocator: `fallow: {op}(): double free 0x...` (or
 /// `invalid pointer 0x...`) on stderr, formatted on the stack, then `abort`.

@@ -7,6 +7,8 @@
 
 mod control;
 pub(crate) mod fork;
+mod sole;
+pub use sole::{FreeSole, SpanMove};
 #[cfg(test)]
 mod tests;
 
@@ -35,9 +37,12 @@ pub enum FreeHot<'a> {
 
 /// A free of another thread's small object that the hot path checked (`FreeHot::Remote`).
 /// Two words, so that a binding passes it on in registers.
+#[repr(C)]
 pub struct RemoteFree<'a> {
-    span: &'a Span,
+    // The address first: it arrives in a free's first argument register and stays there for
+    // the call of `finish`'s caller, where the span's word is passed second.
     addr: usize,
+    span: &'a Span,
 }
 
 impl RemoteFree<'_> {
@@ -198,20 +203,6 @@ impl Allocator {
         self.keys.malloc_hot(size, zero)
     }
 
-    /// `malloc_hot` of the one allocator with small objects on of a process: the calling
-    /// thread's heap it used last, with no test of which allocator's it is (the compare of its
-    /// slab's id, and the load of the allocator, are what this saves a binding's `malloc`).
-    ///
-    /// # Safety
-    /// Every allocator with small objects on that any thread of the process has made requests
-    /// of, through this copy of the crate, is the one the caller means (the preload library's
-    /// `SMALL`): the object returned is that allocator's.
-    #[inline(always)]
-    pub unsafe fn malloc_hot_sole(size: usize, zero: bool) -> Option<NonNull<u8>> {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { crate::slab::malloc_hot_sole(size, zero) }
-    }
-
     /// The hot path of `free_any` alone: `true` if `ptr` was an object of a span of the first
     /// arena that the calling thread owns, freed with `free_any`'s checks (the object's start,
     /// handed out, not the one freed last, a span with live objects) and nothing else to do;
@@ -233,11 +224,12 @@ impl Allocator {
     #[inline(always)]
     pub fn free_hot_step(&self, ptr: *mut u8) -> FreeHot<'_> {
         let addr = ptr as usize;
-        match self.keys.find_in_first(addr) {
+        match self.keys.first.find(addr) {
             // SAFETY: `s` is what the page map holds for `addr`'s page, just read by this
-            // thread (`find_in_first`).
+            // thread (`SpanMap::find`).
             Some(s) => match unsafe { Slab::free_local(&self.slab, s, addr) } {
-                Freed::Done => FreeHot::Done,
+                // (`free_local` makes the move itself: no `Moved`.)
+                Freed::Done | Freed::Moved => FreeHot::Done,
                 Freed::Remote => FreeHot::Remote(RemoteFree { span: s, addr }),
                 Freed::Not => FreeHot::Cold,
             },

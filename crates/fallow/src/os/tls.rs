@@ -77,22 +77,36 @@ mod imp {
     pair!(cache, set_cache, "0");
     pair!(slab, set_slab, "16");
 
-    /// The pointer word of the slab's pair alone (`slab().1`), one load: byte 24 is the second
-    /// word of the pair at 16 above (`pair!(slab, set_slab, "16")`).
-    #[inline(always)]
-    pub(crate) fn slab_heap() -> usize {
-        let p: usize;
-        // SAFETY: as `slab`'s loads: an aligned load from this thread's own block.
-        unsafe {
-            core::arch::asm!(
-                "mov {t}, qword ptr [rip + fallow_last_used@GOTTPOFF]",
-                "mov {p}, qword ptr fs:[{t} + 24]",
-                t = out(reg) _,
-                p = out(reg) p,
-                options(nostack, readonly, preserves_flags, pure),
-            )
+    /// One word of the block: the load of `$at`, alone.
+    macro_rules! word {
+        ($get:ident, $at:literal) => {
+            #[inline(always)]
+            pub(crate) fn $get() -> usize {
+                let p: usize;
+                // SAFETY: as `slab`'s loads: an aligned load from this thread's own block.
+                unsafe {
+                    core::arch::asm!(
+                        "mov {t}, qword ptr [rip + fallow_last_used@GOTTPOFF]",
+                        concat!("mov {p}, qword ptr fs:[{t} + ", $at, "]"),
+                        t = out(reg) _,
+                        p = out(reg) p,
+                        options(nostack, readonly, preserves_flags, pure),
+                    )
+                };
+                p
+            }
         };
-        p
+    }
+
+    // The words of the slab's pair alone (`slab().0`, `slab().1`), one load each: bytes 16 and
+    // 24 are the pair at 16 above (`pair!(slab, set_slab, "16")`). The owner's free compares
+    // the id and needs the heap only when a span moves.
+    word!(slab_id_word, "16");
+    word!(slab_heap, "24");
+
+    #[inline(always)]
+    pub(crate) fn slab_id() -> u64 {
+        slab_id_word() as u64
     }
 }
 
@@ -129,6 +143,11 @@ mod imp {
     pub(crate) fn slab_heap() -> usize {
         slab().1
     }
+
+    #[inline(always)]
+    pub(crate) fn slab_id() -> u64 {
+        slab().0
+    }
 }
 
-pub(crate) use imp::{cache, set_cache, set_slab, slab, slab_heap};
+pub(crate) use imp::{cache, set_cache, set_slab, slab, slab_heap, slab_id};

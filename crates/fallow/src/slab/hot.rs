@@ -13,10 +13,14 @@ use super::{table, Keys, Slab};
 use std::sync::Arc;
 use crate::os::tls;
 
-/// What the hot path of a free did (`Slab::free_local`).
+/// What the hot path of a free did (`Slab::free_owner`, `Slab::free_local`).
 pub(crate) enum Freed {
     /// Freed (the owner's free).
     Done,
+    /// Freed (the owner's free), and the span must move (`free_owner` only): it emptied a
+    /// span other than its class's current one, freed into a parked span or brought an armed
+    /// span to its trim mark. `Slab::after_local_free` with this thread's heap is the next step.
+    Moved,
     /// Nothing changed: another thread's free of a checked object, for `free_remote_out`.
     Remote,
     /// Nothing changed: `free_in` answers.
@@ -94,15 +98,37 @@ impl Slab {
     /// path with it), without `free_in`'s second lookup and checks (about 150 instructions a
     /// remote free from the preload's `free` with them, 83 without).
     ///
+    /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
+    /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
+    /// handle on every free (the compiler hoisted that load above the branches).
+    ///
+    /// # Safety
+    /// As `free_owner`.
+    #[inline(always)]
+    pub(crate) unsafe fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
+        // SAFETY: the caller's contract, passed on.
+        match unsafe { Slab::free_owner(s, addr) } {
+            Freed::Moved => {
+                // SAFETY: the owner's free just made by this thread: its heap word is its heap
+                // of this slab (`free_owner` compared the id beside it with the span's owner).
+                let h = unsafe { &*(tls::slab_heap() as *const ThreadHeap) };
+                Slab::after_local_free_arc(slab, h, s);
+                Freed::Done
+            }
+            f => f,
+        }
+    }
+
+    /// `free_local` without the move: `Moved` when the span must move, for a caller that has
+    /// no handle of the slab at hand (the preload's `free`, `SpanMap::free_hot_sole`), which
+    /// then calls `after_local_free` with this thread's heap itself.
+    ///
     /// Each check is one compare of a word the free needs anyway: the object's index
     /// (`object_index`) against `fresh` (an object's start, handed out), the thread's heap id
     /// against the span's `owner`, the head of `local_free` (its link) against `addr`, and
     /// `used` (counted down) against 2, which also covers a span with none used, an emptied
-    /// span other than the current one and one off its class list (`UNLISTED`), all rare.
-    ///
-    /// `slab` is the caller's handle to the slab, not the slab itself: only the rare move
-    /// (`after_local_free`) needs the slab, and a slab reference passed in was loaded from the
-    /// handle on every free (the compiler hoisted that load above the branches).
+    /// span other than the current one and one off its class list (`UNLISTED`), all rare. The
+    /// thread's heap is not loaded: only the move needs it.
     ///
     /// # Safety
     /// `s` is the span the page map gives for `addr`'s page, read by this thread: if this
@@ -111,22 +137,20 @@ impl Slab {
     /// it may be stale (a free racing with the give-back, a use after free): this function
     /// writes nothing then, and `free_remote_out` checks `addr` against the span.
     #[inline(always)]
-    pub(crate) unsafe fn free_local(slab: &Arc<Slab>, s: &Span, addr: usize) -> Freed {
+    pub(crate) unsafe fn free_owner(s: &Span, addr: usize) -> Freed {
         // `addr` is in the span for the owner (the caller's contract); one below the first
         // object (in the span's colour) wraps to an offset that is no object's.
         let off = s.offset(addr);
         if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
             return Freed::Not;
         }
-        let (id, h) = tls::slab();
-        if id != s.owner.load(Relaxed) {
+        if tls::slab_id() != s.owner.load(Relaxed) {
             // Another thread's free (or a thread with no heap of this slab): the caller's one
             // call, `free_remote_out`.
             return Freed::Remote;
         }
-        // The owner: `id` is that of a heap of this slab (ids are never reused), so `h` is
-        // this thread's heap of it.
-        let h = h as *const ThreadHeap;
+        // The owner: the id is that of a heap of this slab (ids are never reused), this
+        // thread's.
         let used = s.used.load(Relaxed);
         let local = s.local_free.get();
         // `free_in`'s double-free checks: the object at the head of `local_free`, and (below)
@@ -161,8 +185,6 @@ impl Slab {
         // Not 0 (tested above): no wrap, `UNLISTED` kept; Release as above.
         s.used.store(used - 1, Release);
         // The emptied span leaves its list; a parked span comes back.
-        // SAFETY: this thread's own heap (its id is the span's owner), live as long as the slab.
-        Slab::after_local_free_arc(slab, unsafe { &*h }, s);
-        Freed::Done
+        Freed::Moved
     }
 }

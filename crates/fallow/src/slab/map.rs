@@ -88,11 +88,11 @@ impl Slab {
     #[inline(always)]
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
         let k = &self.keys;
-        let off = addr.wrapping_sub(k.arena0.0);
-        let e = if off < k.arena0.1 {
+        let off = addr.wrapping_sub(k.first.base);
+        let e = if off < k.first.len {
             // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
             // per granule.
-            unsafe { &*((k.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
+            unsafe { &*((k.first.map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
         } else {
             match self.find_other(addr) {
                 Some(e) => e,
@@ -232,24 +232,39 @@ impl Drop for Slab {
     }
 }
 
-impl super::Keys {
-    /// The span of `addr` if it lies in one of the first arena's (the hot path of a free: one
-    /// range test and one map word, no call); `None` for any other address, including spans of
-    /// the other arenas (`find` answers for those).
+/// The first arena's range and its page map of spans: what the hot path of a free reads to
+/// find an address's span (one range test and one map word, no call). Plain words, fixed when
+/// the slab is made: the slab keeps a copy in its `Keys`, and a binding may keep one of its own
+/// (`Allocator::span_map`, the preload library's `free`). The map lives as long as the slab.
+#[derive(Clone, Copy)]
+pub struct SpanMap {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    /// The page map's address: one word per granule of the arena, a descriptor or 0.
+    pub(crate) map: usize,
+}
+
+impl SpanMap {
+    /// A map of no arena: every address is outside it.
+    pub const EMPTY: SpanMap = SpanMap { base: 0, len: 0, map: 0 };
+
+    /// The span of `addr` if it lies in one of the first arena's; `None` for any other
+    /// address, including spans of the other arenas (`Slab::find` answers for those).
     #[inline(always)]
-    pub(crate) fn find_in_first(&self, addr: usize) -> Option<&Span> {
-        let off = addr.wrapping_sub(self.arena0.0);
-        if off >= self.arena0.1 {
+    pub(crate) fn find(&self, addr: usize) -> Option<&Span> {
+        let off = addr.wrapping_sub(self.base);
+        if off >= self.len {
             return None;
         }
-        // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word per
-        // granule.
-        let e = unsafe { &*((self.map0 + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
+        // SAFETY: `off` is inside arena 0, whose map (reserved with the slab, `len` not 0 only
+        // then) has one word per granule.
+        let e = unsafe { &*((self.map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
         // Acquire: the descriptor was set up before it was published here.
         let s = e.load(Acquire);
         // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
-        // the slab (recycled, never unmapped), and `self` lives in the slab or in a handle that
-        // keeps it; its shared fields are atomics.
+        // the slab (recycled, never unmapped), and a `SpanMap` is used only while its slab
+        // lives (the slab's own copy, or a binding's under `Allocator::span_map`'s contract);
+        // its shared fields are atomics.
         (s != 0).then(|| unsafe { &*(s as *const Span) })
     }
 }

@@ -72,9 +72,11 @@ use crate::os::{self, PAGE_SIZE};
 use crate::stats::Stats;
 
 use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
-use heap::{Got, ThreadHeap};
+use heap::Got;
+pub(crate) use heap::ThreadHeap;
 use map::{Descriptors, PageMaps};
 pub(crate) use map::Found;
+pub use map::SpanMap;
 use span::{FULL, LISTED, NO_OWNER, SPARE};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
@@ -116,10 +118,9 @@ pub(crate) struct Keys {
     /// Identity for the thread-local table (never reused in a process; the high bits of its
     /// heaps' ids).
     pub(crate) id: u64,
-    /// The first arena's base and length (installed before the slab, never replaced) and its
-    /// page map (reserved with the slab, so `find` needs no test of it).
-    pub(crate) arena0: (usize, usize),
-    pub(crate) map0: usize,
+    /// The first arena's range (installed before the slab, never replaced) and its page map
+    /// (reserved with the slab, so `find` needs no test of it).
+    pub(crate) first: SpanMap,
     /// Small objects on (`Config::small_objects`).
     pub(crate) on: bool,
 }
@@ -156,15 +157,14 @@ impl Slab {
         }
         let mut central = Central { descriptors: Descriptors::new(), heaps: ptr::null_mut(), pool: ptr::null_mut(), slab_id: id, made: 0 };
         let v = shared.view(0);
-        let arena0 = (v.base(), v.len());
         let maps = PageMaps::new();
-        let map0 = maps.reserve(0, arena0.1)?;
+        let first = SpanMap { base: v.base(), len: v.len(), map: maps.reserve(0, v.len())? };
         let locked_heap = new_heap(&mut central)?;
         // SAFETY: the heap just made, seen by no other thread yet.
         unsafe { (*locked_heap).abandoned.store(true, Relaxed) };
         Ok(Slab {
             shared,
-            keys: Keys { id, arena0, map0, on },
+            keys: Keys { id, first, on },
             maps,
             central: Locked::new(central),
             locked_heap,

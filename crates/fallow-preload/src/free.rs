@@ -1,0 +1,235 @@
+//! `free(3)` and `cfree`: fallow's pointers (by address) to fallow, which validates them; the
+//! rest to glibc. `free` is one jump through `FREE_IMPL` to the path in force:
+//!
+//! - `free_pass` until the allocator with small objects is published, and for good with small
+//!   objects off: the pass-through's test of the pointer against the span of the arenas
+//!   (`in_span`: glibc's blocks cost two compares), fallow's pointers out of line.
+//! - `free_sole` once it is (`publish_sole`): the owner's free of a small object of the first
+//!   arena inline (`SpanMap::free_hot_sole` through this library's copy of the page map,
+//!   `SOLE_MAP`), with no test of the span, no load of `SMALL` and no allocator; every other
+//!   case is one call that loads `SMALL` (a remote free, a span that moves, a page block,
+//!   another arena's pointer, glibc's).
+//!
+//! `SOLE_MAP` is plain data: written once, before the Release store of `free_sole` in
+//! `FREE_IMPL`, and never again; `free`'s jump reads `FREE_IMPL` (on x86-64 a load has
+//! acquire semantics), so every thread that runs `free_sole` reads the map after it was
+//! written, and nobody writes it while anyone reads it.
+
+use core::cell::UnsafeCell;
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use fallow::binding_support::{fatal, FreeHot, FreeSole, RemoteFree, SpanMap, SpanMove};
+use fallow::Allocator;
+
+use crate::entry::in_span;
+use crate::libc_heap::__libc_free;
+use crate::process::{self, owner};
+
+/// The path `free` takes: `free_pass`, then `free_sole` for good once the allocator with small
+/// objects is published (`publish_sole`).
+static FREE_IMPL: AtomicPtr<()> = AtomicPtr::new(free_pass as *mut ());
+
+/// `SMALL`'s first arena and page map of spans, for `free_sole`.
+struct SoleMap(UnsafeCell<SpanMap>);
+// SAFETY: written once, by the thread that publishes `SMALL` (`publish_sole`), before the
+// Release store that makes `free_sole` reachable; read only by `free_sole` (see the module's
+// comment): no write races with a read.
+unsafe impl Sync for SoleMap {}
+static SOLE_MAP: SoleMap = SoleMap(UnsafeCell::new(SpanMap::EMPTY));
+
+/// `free(3)`: the path in force (`FREE_IMPL`), one jump with no frame.
+///
+/// # Safety
+///
+/// `p` is null or a live block from this family of functions, not used afterwards (free(3)'s
+/// contract). A pointer inside fallow's reservation that is not a live block aborts.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    // The jump's load of `FREE_IMPL` is an atomic load (on x86-64 with acquire semantics); `p`
+    // stays in its register for the path, whose contract is `free`'s.
+    core::arch::naked_asm!("jmp qword ptr [rip + {f}]", f = sym FREE_IMPL)
+}
+
+/// `free(3)`: the path in force (`FREE_IMPL`).
+///
+/// # Safety
+///
+/// As on x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    // SAFETY: `FREE_IMPL` holds `free_pass` or `free_sole`, both of this type.
+    let f: unsafe extern "C" fn(*mut c_void) = unsafe { core::mem::transmute(FREE_IMPL.load(Ordering::Acquire)) };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { f(p) }
+}
+
+/// The old `cfree`: `free`.
+///
+/// # Safety
+///
+/// As `free`.
+#[no_mangle]
+pub unsafe extern "C" fn cfree(p: *mut c_void) {
+    // SAFETY: the caller's contract is `free`'s.
+    unsafe { free(p) }
+}
+
+/// Make `free` take `free_sole`: by the thread that publishes `a` in `SMALL` (after that
+/// store, under the fork guard), once per process image; `a` lives for good, as `SMALL`.
+/// Nothing with small objects off.
+pub(crate) fn publish_sole(a: &Allocator) {
+    let Some(m) = a.span_map() else { return };
+    if FREE_IMPL.load(Ordering::Relaxed) != free_pass as *mut () {
+        return;
+    }
+    // SAFETY: `free_sole` is not reachable yet, so nobody reads the map (and only this thread,
+    // publishing under the fork guard, writes it).
+    unsafe { *SOLE_MAP.0.get() = m };
+    // Release: the map, and `SMALL`, before any thread runs `free_sole`.
+    FREE_IMPL.store(free_sole as *mut (), Ordering::Release);
+}
+
+/// `free` of the pass-through: a pointer outside the span of the arenas is glibc's.
+///
+/// # Safety
+///
+/// As `free`.
+unsafe extern "C" fn free_pass(p: *mut c_void) {
+    if in_span(p) {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { free_in_span(p) };
+    }
+    // SAFETY: `p` is outside every arena, so not fallow's: by the caller's contract it is null or
+    // a live glibc block, released once (glibc's `free` takes null).
+    unsafe { __libc_free(p) }
+}
+
+/// `free` with small objects on and the allocator published in `SMALL` and its map in
+/// `SOLE_MAP`: the owner's free inline (no call, so no frame), everything else one tail call.
+///
+/// # Safety
+///
+/// As `free`.
+unsafe extern "C" fn free_sole(p: *mut c_void) {
+    // SAFETY: written before `FREE_IMPL` led here, never again (the module's comment).
+    let m = unsafe { &*SOLE_MAP.0.get() };
+    // SAFETY: the map of `SMALL`, which lives for good and is the one allocator with small
+    // objects this library makes requests of; `free_moved`, `free_remote` and `free_sole_cold`
+    // pass `SMALL` on.
+    match unsafe { m.free_hot_sole(p as *mut u8) } {
+        FreeSole::Done => {}
+        FreeSole::Moved(mv) => free_moved(mv),
+        FreeSole::Remote(r) => free_remote(r),
+        // SAFETY: the caller's contract, passed on.
+        FreeSole::Cold => unsafe { free_sole_cold(p) },
+    }
+}
+
+/// `SMALL`, from a path that only runs once it is set.
+#[inline(always)]
+fn published() -> &'static Allocator {
+    // SAFETY: `SMALL` is stored before `FREE_IMPL` leads to `free_sole` (and before
+    // `free_in_span` found it non-null), and never cleared.
+    unsafe { process::small().unwrap_unchecked() }
+}
+
+/// The owner's free that must move its span (`FreeSole::Moved`).
+#[inline(never)]
+fn free_moved(mv: SpanMove<'static>) {
+    // SAFETY: `SMALL`'s map gave `mv` to this thread's free just now.
+    unsafe { mv.finish(published()) }
+}
+
+/// `free_sole` past its hot path: a pointer in the span of the arenas to `free_small`, others
+/// (null, glibc's) to glibc.
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_sole_cold(p: *mut c_void) {
+    if in_span(p) {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { free_small(p, published()) };
+    }
+    // SAFETY: as in `free_pass`.
+    unsafe { __libc_free(p) }
+}
+
+/// `free` of a pointer in the span of the arenas: fallow's if an arena holds it, else glibc's.
+/// Out of line, as `malloc_large`.
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_in_span(p: *mut c_void) {
+    if let Some(a) = process::small() {
+        // The hot path inline (no call, so no frame here), everything else one tail call: a
+        // remote free `free_remote`, the rest `free_small`.
+        return match a.free_hot_step(p as *mut u8) {
+            FreeHot::Done => {}
+            FreeHot::Remote(r) => free_remote(r),
+            // SAFETY: the caller's contract, passed on.
+            FreeHot::Cold => unsafe { free_small(p, a) },
+        };
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { free_lazy(p) }
+}
+
+/// `free` of another thread's small object, checked by a hot path (`FreeHot::Remote`,
+/// `FreeSole::Remote`). The allocator is read again from `SMALL` here rather than passed:
+/// passed, the compiler loaded its slab's address for this call in the owner's path too (one
+/// instruction on every free).
+#[inline(never)]
+fn free_remote(r: RemoteFree<'static>) {
+    // SAFETY: `SMALL` is the allocator whose `free_hot_step` or map gave `r` (the one
+    // small-object allocator of the process).
+    if let Err(e) = unsafe { r.finish(published()) } {
+        fatal("free", &e);
+    }
+}
+
+/// `free` with small objects on and the allocator published, past the hot path (the pointer
+/// first, as for `malloc_small`).
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_small(p: *mut c_void, a: &'static Allocator) {
+    match a.free_cold(p as *mut u8) {
+        Ok(true) => {}
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released
+        // once.
+        Ok(false) => unsafe { __libc_free(p) },
+        Err(e) => fatal("free", &e),
+    }
+}
+
+/// `free` of a pointer in the span of the arenas with no allocator published for small
+/// objects.
+///
+/// # Safety
+///
+/// As `free`.
+#[inline(never)]
+unsafe fn free_lazy(p: *mut c_void) {
+    match owner(p as *const u8) {
+        Some(a) => {
+            // Small objects on (the allocator published, `SMALL` not yet set): `free_any`, which
+            // answers for objects and page blocks alike.
+            let r = if process::small_on() { a.free_any(p as *mut u8) } else { a.free(p as *mut u8) };
+            if let Err(e) = r {
+                fatal("free", &e)
+            }
+        }
+        // SAFETY: `p` is in no arena, so by the caller's contract a live glibc block, released once.
+        None => unsafe { __libc_free(p) },
+    }
+}
