@@ -6,7 +6,9 @@
 use core::ptr::{self, NonNull};
 use core::sync::atomic::Ordering::{Relaxed, Release};
 
-use super::class::{object_index, object_size, TABLE_MAX};
+#[cfg(not(target_arch = "x86_64"))]
+use super::class::object_index;
+use super::class::{object_size, TABLE_MAX};
 use super::heap::ThreadHeap;
 use super::span::{Span, UNLISTED};
 use super::{table, Keys, Slab};
@@ -140,11 +142,10 @@ impl Slab {
     pub(crate) unsafe fn free_owner(s: &Span, addr: usize) -> Freed {
         // `addr` is in the span for the owner (the caller's contract); one below the first
         // object (in the span's colour) wraps to an offset that is no object's.
-        let off = s.offset(addr);
-        if object_index(off, s.inv.load(Relaxed), s.shift.load(Relaxed) as u32) >= s.fresh.load(Relaxed) as u64 {
+        if !below_fresh(s, index_in(s, addr)) {
             return Freed::Not;
         }
-        if tls::slab_id() != s.owner.load(Relaxed) {
+        if !owned_by(s, tls::slab_id()) {
             // Another thread's free (or a thread with no heap of this slab): the caller's one
             // call, `free_remote_out`.
             return Freed::Remote;
@@ -186,5 +187,93 @@ impl Slab {
         s.used.store(used - 1, Release);
         // The emptied span leaves its list; a parked span comes back.
         Freed::Moved
+    }
+}
+
+// The loads of the span's words on the owner's free, each the memory operand of the
+// instruction that uses it: the compiler gives every atomic load an instruction of its own
+// (`mov`, then the arithmetic or compare on the register), three more a free. On x86-64 a memory
+// operand is an atomic load (aligned), as `Relaxed` here; elsewhere the same loads in Rust.
+
+/// `object_index` of `addr`'s offset in `s` (`Span::offset`): an object's index for an
+/// object's start, at least 2^64 / size otherwise.
+#[inline(always)]
+fn index_in(s: &Span, addr: usize) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let x: u64;
+        // SAFETY: aligned reads of `s`'s `first_neg` (8 bytes), `inv` (8) and `shift` (1),
+        // atomics (`Span` is `repr(C)`; `offset_of!` gives their places), and arithmetic; no
+        // write, no stack. `ror` by `cl` takes the count modulo 64, as `rotate_right`.
+        unsafe {
+            core::arch::asm!(
+                "mov {x}, {a}",
+                "add {x}, qword ptr [{s} + {first}]",
+                "imul {x}, qword ptr [{s} + {inv}]",
+                "movzx ecx, byte ptr [{s} + {shift}]",
+                "ror {x}, cl",
+                a = in(reg) addr,
+                s = in(reg) s,
+                x = out(reg) x,
+                out("ecx") _,
+                first = const core::mem::offset_of!(Span, first_neg),
+                inv = const core::mem::offset_of!(Span, inv),
+                shift = const core::mem::offset_of!(Span, shift),
+                options(pure, readonly, nostack),
+            )
+        };
+        x
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        object_index(s.offset(addr), s.inv.load(Relaxed), s.shift.load(Relaxed) as u32)
+    }
+}
+
+/// Whether `index` is below `s`'s `fresh` (an object handed out).
+#[inline(always)]
+fn below_fresh(s: &Span, index: u64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: an aligned 8-byte read of `s`'s `fresh`, an atomic; a compare and a branch; no
+    // write, no stack.
+    unsafe {
+        core::arch::asm!(
+            "cmp {i}, qword ptr [{s} + {fresh}]",
+            "jb {yes}",
+            i = in(reg) index,
+            s = in(reg) s,
+            fresh = const core::mem::offset_of!(Span, fresh),
+            yes = label { return true },
+            options(readonly, nostack),
+        );
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        index < s.fresh.load(Relaxed) as u64
+    }
+}
+
+/// Whether the heap of id `id` owns `s`.
+#[inline(always)]
+fn owned_by(s: &Span, id: u64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: an aligned 8-byte read of `s`'s `owner`, an atomic; a compare and a branch; no
+    // write, no stack.
+    unsafe {
+        core::arch::asm!(
+            "cmp {id}, qword ptr [{s} + {owner}]",
+            "je {yes}",
+            id = in(reg) id,
+            s = in(reg) s,
+            owner = const core::mem::offset_of!(Span, owner),
+            yes = label { return true },
+            options(readonly, nostack),
+        );
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        id == s.owner.load(Relaxed)
     }
 }
