@@ -17,7 +17,7 @@
 //! reached is kept to the least that decides: `malloc` compares the size with that quarter of the
 //! threshold (`leaves_pass_through`), `free` compares the pointer with the span of fallow's arenas
 //! (`in_span`: two compares, none when the pointer is below the span, as a C library block of
-//! the main heap is), `calloc` the product, `realloc` both; then a tail jump to glibc's
+//! the main heap is; after one jump, `free.rs`), `calloc` the product, `realloc` both; then a tail jump to glibc's
 //! `__libc_*` function, with no frame of ours. Everything else (the settings on the first request,
 //! the allocator's existence, `owns`, the largest block) is asked out of line, only by requests
 //! that pass those tests. On x86-64 each compare reads its word from memory itself (`asm!`):
@@ -28,11 +28,13 @@
 //! the allocator is published there, calls `Allocator::malloc` (the slab layer up to 256 KiB, page
 //! blocks above) with nothing else asked; before that (the first requests, or the creating thread's
 //! own during the creation) they take the lazy path of large requests, which may send them to
-//! glibc. `free` is unchanged (a pointer outside the span of the arenas, glibc's, costs what it did);
-//! in the span, `Allocator::free_any` answers for small objects and page blocks alike, and a bad
-//! or twice-freed pointer aborts through `fatal`. `realloc` of a small object stays in place when
+//! glibc. `free` (`free.rs`) then jumps to its small-object path, which frees the owner's objects
+//! through the library's own copy of the page map; `Allocator::free_cold` answers for the rest
+//! (page blocks, other arenas), glibc for pointers outside the span of the arenas, and a bad or
+//! twice-freed pointer aborts through `fatal`. `realloc` of a small object stays in place when
 //! the new size is in its class (`remap::realloc_any`). With small objects off nothing here
-//! changes: the threshold compare decides as before, and `SMALL` is never set.
+//! changes but `free`'s one jump: the threshold compare decides as before, and `SMALL` is never
+//! set.
 
 use core::ffi::{c_int, c_void};
 use core::ptr;
