@@ -209,7 +209,8 @@ pub unsafe extern "C" fn calloc(n: usize, size: usize) -> *mut c_void {
     unsafe { __libc_calloc(n, size) }
 }
 
-/// `calloc` of a request that may be fallow's: out of line, as `malloc_large`.
+/// `calloc` of a request that may be fallow's: out of line, so that glibc's requests' path
+/// sets up no frame (the memset's call would give `calloc` one).
 ///
 /// With small objects on, the hot path inline (a reused object, memset) and everything else
 /// one tail call, as `malloc_large`.
@@ -298,7 +299,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
 }
 
 /// `realloc` of a block in the span of the arenas or to a size of at least the threshold: out of
-/// line, as `malloc_large`.
+/// line, so that glibc's requests' path sets up no frame.
 ///
 /// # Safety
 ///

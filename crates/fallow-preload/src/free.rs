@@ -1,19 +1,22 @@
 //! `free(3)` and `cfree`: fallow's pointers (by address) to fallow, which validates them; the
-//! rest to glibc. `free` is one jump through `FREE_IMPL` to the path in force:
+//! rest to glibc. `free` is one jump through `FREE_PATH.imp` to the path in force:
 //!
 //! - `free_pass` until the allocator with small objects is published, and for good with small
 //!   objects off: the pass-through's test of the pointer against the span of the arenas
 //!   (`in_span`: glibc's blocks cost two compares), fallow's pointers out of line.
 //! - `free_sole` once it is (`publish_sole`): the owner's free of a small object of the first
 //!   arena inline (`SpanMap::free_hot_sole` through this library's copy of the page map,
-//!   `SOLE_MAP`), with no test of the span, no load of `SMALL` and no allocator; every other
-//!   case is one call that loads `SMALL` (a remote free, a span that moves, a page block,
-//!   another arena's pointer, glibc's).
+//!   `FREE_PATH.map`), with no test of the span, no load of `SMALL` and no allocator; every
+//!   other case is one tail call: with `SMALL` loaded for a remote free, a span that moves, a
+//!   page block or another arena's pointer; to glibc, after the span compare, for null and
+//!   glibc's blocks.
 //!
-//! `SOLE_MAP` is plain data: written once, before the Release store of `free_sole` in
-//! `FREE_IMPL`, and never again; `free`'s jump reads `FREE_IMPL` (on x86-64 a load has
-//! acquire semantics), so every thread that runs `free_sole` reads the map after it was
-//! written, and nobody writes it while anyone reads it.
+//! The map is plain data: written once, before the Release store of `free_sole` in the jump's
+//! word, and never again; `free`'s jump reads that word (on x86-64 a load has acquire
+//! semantics), so every thread that runs `free_sole` reads the map after it was written, and
+//! nobody writes it while anyone reads it. Both words share one cache line of their own: a
+//! line shared with a counter some thread writes (`remap.rs`'s) would be taken from every
+//! freeing thread at each write.
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
@@ -26,19 +29,26 @@ use crate::entry::in_span;
 use crate::libc_heap::__libc_free;
 use crate::process::{self, owner};
 
-/// The path `free` takes: `free_pass`, then `free_sole` for good once the allocator with small
-/// objects is published (`publish_sole`).
-static FREE_IMPL: AtomicPtr<()> = AtomicPtr::new(free_pass as *mut ());
+/// What `free` reads: the path it takes and, for `free_sole`, `SMALL`'s first arena and page
+/// map of spans. One cache line, nothing else in it.
+#[repr(C, align(64))]
+struct FreePath {
+    /// `free_pass`, then `free_sole` for good once the allocator with small objects is
+    /// published (`publish_sole`). First: the naked `free` jumps through the struct's address.
+    imp: AtomicPtr<()>,
+    map: UnsafeCell<SpanMap>,
+}
+// SAFETY: `imp` is an atomic; `map` is written once, by the thread that publishes `SMALL`
+// (`publish_sole`), before the Release store of `imp` that makes `free_sole` reachable, and
+// read only by `free_sole` (see the module's comment): no write races with a read.
+unsafe impl Sync for FreePath {}
+static FREE_PATH: FreePath = FreePath {
+    imp: AtomicPtr::new(free_pass as *mut ()),
+    map: UnsafeCell::new(SpanMap::EMPTY),
+};
+const _: () = assert!(core::mem::offset_of!(FreePath, imp) == 0);
 
-/// `SMALL`'s first arena and page map of spans, for `free_sole`.
-struct SoleMap(UnsafeCell<SpanMap>);
-// SAFETY: written once, by the thread that publishes `SMALL` (`publish_sole`), before the
-// Release store that makes `free_sole` reachable; read only by `free_sole` (see the module's
-// comment): no write races with a read.
-unsafe impl Sync for SoleMap {}
-static SOLE_MAP: SoleMap = SoleMap(UnsafeCell::new(SpanMap::EMPTY));
-
-/// `free(3)`: the path in force (`FREE_IMPL`), one jump with no frame.
+/// `free(3)`: the path in force (`FREE_PATH.imp`), one jump with no frame.
 ///
 /// # Safety
 ///
@@ -48,12 +58,12 @@ static SOLE_MAP: SoleMap = SoleMap(UnsafeCell::new(SpanMap::EMPTY));
 #[unsafe(naked)]
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    // The jump's load of `FREE_IMPL` is an atomic load (on x86-64 with acquire semantics); `p`
-    // stays in its register for the path, whose contract is `free`'s.
-    core::arch::naked_asm!("jmp qword ptr [rip + {f}]", f = sym FREE_IMPL)
+    // The jump's load of `FREE_PATH.imp` (offset 0) is an atomic load (on x86-64 with acquire
+    // semantics); `p` stays in its register for the path, whose contract is `free`'s.
+    core::arch::naked_asm!("jmp qword ptr [rip + {f}]", f = sym FREE_PATH)
 }
 
-/// `free(3)`: the path in force (`FREE_IMPL`).
+/// `free(3)`: the path in force (`FREE_PATH.imp`).
 ///
 /// # Safety
 ///
@@ -61,8 +71,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[cfg(not(target_arch = "x86_64"))]
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    // SAFETY: `FREE_IMPL` holds `free_pass` or `free_sole`, both of this type.
-    let f: unsafe extern "C" fn(*mut c_void) = unsafe { core::mem::transmute(FREE_IMPL.load(Ordering::Acquire)) };
+    // SAFETY: `imp` holds `free_pass` or `free_sole`, both of this type.
+    let f: unsafe extern "C" fn(*mut c_void) = unsafe { core::mem::transmute(FREE_PATH.imp.load(Ordering::Acquire)) };
     // SAFETY: the caller's contract, passed on.
     unsafe { f(p) }
 }
@@ -83,14 +93,14 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
 /// Nothing with small objects off.
 pub(crate) fn publish_sole(a: &Allocator) {
     let Some(m) = a.span_map() else { return };
-    if FREE_IMPL.load(Ordering::Relaxed) != free_pass as *mut () {
+    if FREE_PATH.imp.load(Ordering::Relaxed) != free_pass as *mut () {
         return;
     }
     // SAFETY: `free_sole` is not reachable yet, so nobody reads the map (and only this thread,
     // publishing under the fork guard, writes it).
-    unsafe { *SOLE_MAP.0.get() = m };
+    unsafe { *FREE_PATH.map.get() = m };
     // Release: the map, and `SMALL`, before any thread runs `free_sole`.
-    FREE_IMPL.store(free_sole as *mut (), Ordering::Release);
+    FREE_PATH.imp.store(free_sole as *mut (), Ordering::Release);
 }
 
 /// `free` of the pass-through: a pointer outside the span of the arenas is glibc's.
@@ -109,14 +119,14 @@ unsafe extern "C" fn free_pass(p: *mut c_void) {
 }
 
 /// `free` with small objects on and the allocator published in `SMALL` and its map in
-/// `SOLE_MAP`: the owner's free inline (no call, so no frame), everything else one tail call.
+/// `FREE_PATH.map`: the owner's free inline (no call, so no frame), everything else one tail call.
 ///
 /// # Safety
 ///
 /// As `free`.
 unsafe extern "C" fn free_sole(p: *mut c_void) {
-    // SAFETY: written before `FREE_IMPL` led here, never again (the module's comment).
-    let m = unsafe { &*SOLE_MAP.0.get() };
+    // SAFETY: written before `imp` led here, never again (the module's comment).
+    let m = unsafe { &*FREE_PATH.map.get() };
     // SAFETY: the map of `SMALL`, which lives for good and is the one allocator with small
     // objects this library makes requests of; `free_moved`, `free_remote` and `free_sole_cold`
     // pass `SMALL` on.
@@ -132,7 +142,7 @@ unsafe extern "C" fn free_sole(p: *mut c_void) {
 /// `SMALL`, from a path that only runs once it is set.
 #[inline(always)]
 fn published() -> &'static Allocator {
-    // SAFETY: `SMALL` is stored before `FREE_IMPL` leads to `free_sole` (and before
+    // SAFETY: `SMALL` is stored before `imp` leads to `free_sole` (and before
     // `free_in_span` found it non-null), and never cleared.
     unsafe { process::small().unwrap_unchecked() }
 }
@@ -161,7 +171,7 @@ unsafe fn free_sole_cold(p: *mut c_void) {
 }
 
 /// `free` of a pointer in the span of the arenas: fallow's if an arena holds it, else glibc's.
-/// Out of line, as `malloc_large`.
+/// Out of line, so that `free_pass` sets up no frame for glibc's pointers.
 ///
 /// # Safety
 ///

@@ -35,7 +35,8 @@
 //! for its out-of-line half (`entry.rs`), and `SMALL_ON` says so; the allocator, once published,
 //! is also stored in `SMALL`, which those halves load (`malloc`'s after a pop from the thread's
 //! heap, `Allocator::malloc_hot_sole`, which needs none) and, when it is set, call
-//! `Allocator::malloc` / `free_any` with nothing else asked. Until it is set (no allocator yet,
+//! `Allocator::malloc` with nothing else asked; `free` then switches to its own path, which
+//! loads `SMALL` only past its hot path (`free.rs`, `publish_sole`). Until it is set (no allocator yet,
 //! or this thread is creating it) they take the same lazy path as large requests, and the
 //! creating thread's own requests go to glibc as before: ownership is still decided by address.
 //!

@@ -51,8 +51,9 @@ impl RemoteFree<'_> {
     /// anything changes, as `free_any`'s.
     ///
     /// # Safety
-    /// `a` is the allocator whose `free_hot_step` gave this (another allocator's slab would
-    /// collect the span under the wrong lock).
+    /// `a` is the allocator whose `free_hot_step` gave this, or whose `span_map` gave the map
+    /// whose `free_hot_sole` did (another allocator's slab would collect the span under the
+    /// wrong lock).
     #[inline(always)]
     pub unsafe fn finish(self, a: &Allocator) -> Result<(), Error> {
         a.slab.free_remote_out(self.span, self.addr)

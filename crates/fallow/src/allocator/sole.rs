@@ -36,9 +36,12 @@ impl SpanMove<'_> {
     ///
     /// # Safety
     /// `a` is the allocator whose `span_map` gave the map that gave this, and the calling
-    /// thread is the one whose free gave it, with no request of `a` made since.
+    /// thread is the one whose free gave it, its slab heap word unchanged since: no request of
+    /// any allocator with small objects (of this copy of the crate) made in between, which
+    /// could make another slab's heap the one it used last.
     #[inline(always)]
     pub unsafe fn finish(self, a: &Allocator) {
+        debug_assert_eq!(tls::slab_id(), self.span.owner.load(core::sync::atomic::Ordering::Relaxed));
         // SAFETY: the free was this thread's own (`Freed::Moved`: the span's owner is the id
         // of this thread's heap word, unchanged since, the caller's contract), so the heap word
         // is this thread's heap of `a`'s slab.
