@@ -239,14 +239,14 @@ fn below_fresh(s: &Span, index: u64) -> bool {
     unsafe {
         core::arch::asm!(
             "cmp {i}, qword ptr [{s} + {fresh}]",
-            "jb {yes}",
+            "jae {no}",
             i = in(reg) index,
             s = in(reg) s,
             fresh = const core::mem::offset_of!(Span, fresh),
-            yes = label { return true },
+            no = label { return false },
             options(readonly, nostack),
         );
-        false
+        true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -263,14 +263,14 @@ fn owned_by(s: &Span, id: u64) -> bool {
     unsafe {
         core::arch::asm!(
             "cmp {id}, qword ptr [{s} + {owner}]",
-            "je {yes}",
+            "jne {no}",
             id = in(reg) id,
             s = in(reg) s,
             owner = const core::mem::offset_of!(Span, owner),
-            yes = label { return true },
+            no = label { return false },
             options(readonly, nostack),
         );
-        false
+        true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
