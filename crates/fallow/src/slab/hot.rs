@@ -230,23 +230,35 @@ fn index_in(s: &Span, addr: usize) -> u64 {
     }
 }
 
+/// On x86-64, `false` if `$value` compared with `$s`'s word `$field` (its memory operand) takes
+/// the jump `$fail`, else `true`: the check's failure branches away, so that the owner's path
+/// falls through every check.
+#[cfg(target_arch = "x86_64")]
+macro_rules! word_check {
+    ($s:expr, $value:expr, $field:ident, $fail:literal) => {{
+        // SAFETY: an aligned 8-byte read of a word of the span, an atomic; a compare and a
+        // branch; no write, no stack.
+        unsafe {
+            core::arch::asm!(
+                "cmp {v}, qword ptr [{s} + {at}]",
+                concat!($fail, " {no}"),
+                v = in(reg) $value,
+                s = in(reg) $s,
+                at = const core::mem::offset_of!(Span, $field),
+                no = label { return false },
+                options(readonly, nostack),
+            )
+        };
+        true
+    }};
+}
+
 /// Whether `index` is below `s`'s `fresh` (an object handed out).
 #[inline(always)]
 fn below_fresh(s: &Span, index: u64) -> bool {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: an aligned 8-byte read of `s`'s `fresh`, an atomic; a compare and a branch; no
-    // write, no stack.
-    unsafe {
-        core::arch::asm!(
-            "cmp {i}, qword ptr [{s} + {fresh}]",
-            "jae {no}",
-            i = in(reg) index,
-            s = in(reg) s,
-            fresh = const core::mem::offset_of!(Span, fresh),
-            no = label { return false },
-            options(readonly, nostack),
-        );
-        true
+    {
+        word_check!(s, index, fresh, "jae")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -258,19 +270,8 @@ fn below_fresh(s: &Span, index: u64) -> bool {
 #[inline(always)]
 fn owned_by(s: &Span, id: u64) -> bool {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: an aligned 8-byte read of `s`'s `owner`, an atomic; a compare and a branch; no
-    // write, no stack.
-    unsafe {
-        core::arch::asm!(
-            "cmp {id}, qword ptr [{s} + {owner}]",
-            "jne {no}",
-            id = in(reg) id,
-            s = in(reg) s,
-            owner = const core::mem::offset_of!(Span, owner),
-            no = label { return false },
-            options(readonly, nostack),
-        );
-        true
+    {
+        word_check!(s, id, owner, "jne")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
