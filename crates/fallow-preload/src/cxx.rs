@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use fallow::Allocator;
 
 use crate::entry::{malloc_lazy, malloc_small, leaves_pass_through};
-use crate::free::free;
+use crate::free::free_jump;
 use crate::libc_heap::__libc_malloc;
 use crate::process;
 
@@ -102,10 +102,10 @@ pub unsafe extern "C" fn _Znam(size: usize) -> *mut c_void {
 /// # Safety
 ///
 /// As `free`.
+#[unsafe(naked)]
 #[no_mangle]
-pub unsafe extern "C" fn _ZdlPv(p: *mut c_void) {
-    // SAFETY: the caller's contract, `free`'s.
-    unsafe { free(p) }
+pub unsafe extern "C" fn _ZdlPv(_p: *mut c_void) {
+    free_jump!()
 }
 
 /// `operator delete[](void*)`.
@@ -113,10 +113,10 @@ pub unsafe extern "C" fn _ZdlPv(p: *mut c_void) {
 /// # Safety
 ///
 /// As `free`.
+#[unsafe(naked)]
 #[no_mangle]
-pub unsafe extern "C" fn _ZdaPv(p: *mut c_void) {
-    // SAFETY: the caller's contract, `free`'s.
-    unsafe { free(p) }
+pub unsafe extern "C" fn _ZdaPv(_p: *mut c_void) {
+    free_jump!()
 }
 
 /// `operator delete(void*, size_t)` (the size is not needed).
@@ -124,10 +124,10 @@ pub unsafe extern "C" fn _ZdaPv(p: *mut c_void) {
 /// # Safety
 ///
 /// As `free`.
+#[unsafe(naked)]
 #[no_mangle]
-pub unsafe extern "C" fn _ZdlPvm(p: *mut c_void, _size: usize) {
-    // SAFETY: the caller's contract, `free`'s.
-    unsafe { free(p) }
+pub unsafe extern "C" fn _ZdlPvm(_p: *mut c_void, _size: usize) {
+    free_jump!()
 }
 
 /// `operator delete[](void*, size_t)`.
@@ -135,10 +135,10 @@ pub unsafe extern "C" fn _ZdlPvm(p: *mut c_void, _size: usize) {
 /// # Safety
 ///
 /// As `free`.
+#[unsafe(naked)]
 #[no_mangle]
-pub unsafe extern "C" fn _ZdaPvm(p: *mut c_void, _size: usize) {
-    // SAFETY: the caller's contract, `free`'s.
-    unsafe { free(p) }
+pub unsafe extern "C" fn _ZdaPvm(_p: *mut c_void, _size: usize) {
+    free_jump!()
 }
 
 /// The runtime's `operator new(size_t)`, found on the first failure (0: not yet).

@@ -159,6 +159,13 @@ fn malloc_large(size: usize) -> *mut c_void {
     if let Some(p) = unsafe { Allocator::malloc_hot_sole(size, false) } {
         return p.as_ptr() as *mut c_void;
     }
+    malloc_past_pop(size)
+}
+
+/// `malloc_large` past the pop: cold, so that the pop is the fall-through path of `malloc`.
+#[cold]
+#[inline(never)]
+fn malloc_past_pop(size: usize) -> *mut c_void {
     if let Some(a) = process::small() {
         return malloc_small(size, a);
     }

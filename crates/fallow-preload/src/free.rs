@@ -32,7 +32,7 @@ use crate::process::{self, owner};
 /// What `free` reads: the path it takes and, for `free_sole`, `SMALL`'s first arena and page
 /// map of spans. One cache line, nothing else in it.
 #[repr(C, align(64))]
-struct FreePath {
+pub(crate) struct FreePath {
     /// `free_pass`, then `free_sole` for good once the allocator with small objects is
     /// published (`publish_sole`). First: the naked `free` jumps through the struct's address.
     imp: AtomicPtr<()>,
@@ -42,11 +42,24 @@ struct FreePath {
 // (`publish_sole`), before the Release store of `imp` that makes `free_sole` reachable, and
 // read only by `free_sole` (see the module's comment): no write races with a read.
 unsafe impl Sync for FreePath {}
-static FREE_PATH: FreePath = FreePath {
+pub(crate) static FREE_PATH: FreePath = FreePath {
     imp: AtomicPtr::new(free_pass as *mut ()),
     map: UnsafeCell::new(SpanMap::EMPTY),
 };
 const _: () = assert!(core::mem::offset_of!(FreePath, imp) == 0);
+
+/// The body of a naked function that frees its first argument as `free` does: one jump
+/// through `FREE_PATH.imp` (offset 0), an atomic load (on x86-64 with acquire semantics); the
+/// pointer stays in its register for the path, whose contract is `free`'s, and a second
+/// argument (a sized `operator delete`'s size) is left unread.
+#[cfg(target_arch = "x86_64")]
+macro_rules! free_jump {
+    () => {
+        core::arch::naked_asm!("jmp qword ptr [rip + {f}]", f = sym $crate::free::FREE_PATH)
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use free_jump;
 
 /// `free(3)`: the path in force (`FREE_PATH.imp`), one jump with no frame.
 ///
@@ -57,10 +70,8 @@ const _: () = assert!(core::mem::offset_of!(FreePath, imp) == 0);
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[no_mangle]
-pub unsafe extern "C" fn free(p: *mut c_void) {
-    // The jump's load of `FREE_PATH.imp` (offset 0) is an atomic load (on x86-64 with acquire
-    // semantics); `p` stays in its register for the path, whose contract is `free`'s.
-    core::arch::naked_asm!("jmp qword ptr [rip + {f}]", f = sym FREE_PATH)
+pub unsafe extern "C" fn free(_p: *mut c_void) {
+    free_jump!()
 }
 
 /// `free(3)`: the path in force (`FREE_PATH.imp`).

@@ -8,7 +8,6 @@
 use core::ptr::NonNull;
 
 use super::{Allocator, RemoteFree};
-use crate::os::tls;
 use crate::slab::{Freed, Slab, Span, SpanMap, ThreadHeap};
 
 /// What `SpanMap::free_hot_sole` did with a pointer.
@@ -41,11 +40,11 @@ impl SpanMove<'_> {
     /// could make another slab's heap the one it used last.
     #[inline(always)]
     pub unsafe fn finish(self, a: &Allocator) {
-        debug_assert_eq!(tls::slab_id(), self.span.owner.load(core::sync::atomic::Ordering::Relaxed));
+        debug_assert_eq!(crate::slab::slab_id(), self.span.owner.load(core::sync::atomic::Ordering::Relaxed));
         // SAFETY: the free was this thread's own (`Freed::Moved`: the span's owner is the id
         // of this thread's heap word, unchanged since, the caller's contract), so the heap word
         // is this thread's heap of `a`'s slab.
-        let h = unsafe { &*(tls::slab_heap() as *const ThreadHeap) };
+        let h = unsafe { &*(crate::slab::slab_heap() as *const ThreadHeap) };
         Slab::after_local_free_arc(&a.slab, h, self.span);
     }
 }

@@ -13,7 +13,6 @@ use super::heap::ThreadHeap;
 use super::span::{Span, UNLISTED};
 use super::{table, Keys, Slab};
 use std::sync::Arc;
-use crate::os::tls;
 
 /// What the hot path of a free did (`Slab::free_owner`, `Slab::free_local`).
 pub(crate) enum Freed {
@@ -47,7 +46,7 @@ impl Keys {
 }
 
 /// `Keys::malloc_hot` for a process with one slab: the heap this thread used last, whatever
-/// its slab, with no compare of the slab's id (none: `None`).
+/// its slab, with no compare of the slab's id (none: `NO_HEAP`, which pops nothing).
 ///
 /// # Safety
 /// Every slab this thread has used is the caller's (the preload's one allocator with small
@@ -57,14 +56,10 @@ pub(crate) unsafe fn malloc_hot_sole(size: usize, zero: bool) -> Option<NonNull<
     if size > TABLE_MAX {
         return None;
     }
-    let h = tls::slab_heap();
-    if h == 0 {
-        return None;
-    }
-    // SAFETY: a heap word is set to this thread's own heap of a slab (live as long as the slab,
-    // which the caller's contract makes its one slab) and cleared when the heap is given up
-    // (table.rs); `size <= TABLE_MAX`, tested above.
-    unsafe { pop_from(&*(h as *const ThreadHeap), size, zero) }
+    // SAFETY: the heap word is this thread's own heap of a slab (live as long as the slab,
+    // which the caller's contract makes its one slab), or `NO_HEAP` before the thread has one
+    // and after it gives it up (table.rs); `size <= TABLE_MAX`, tested above.
+    unsafe { pop_from(&*(table::slab_heap() as *const ThreadHeap), size, zero) }
 }
 
 /// Pop an object of the class of `size` off `h`'s current span of it; `zero`: memset it whole.
@@ -113,7 +108,7 @@ impl Slab {
             Freed::Moved => {
                 // SAFETY: the owner's free just made by this thread: its heap word is its heap
                 // of this slab (`free_owner` compared the id beside it with the span's owner).
-                let h = unsafe { &*(tls::slab_heap() as *const ThreadHeap) };
+                let h = unsafe { &*(table::slab_heap() as *const ThreadHeap) };
                 Slab::after_local_free_arc(slab, h, s);
                 Freed::Done
             }
@@ -145,7 +140,7 @@ impl Slab {
         if !below_fresh(s, index_in(s, addr)) {
             return Freed::Not;
         }
-        if !owned_by(s, tls::slab_id()) {
+        if !owned_by(s, table::slab_id()) {
             // Another thread's free (or a thread with no heap of this slab): the caller's one
             // call, `free_remote_out`.
             return Freed::Remote;

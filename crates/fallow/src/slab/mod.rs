@@ -51,6 +51,7 @@ mod check;
 mod heap;
 mod hot;
 pub(crate) use hot::{malloc_hot_sole, Freed};
+pub(crate) use table::{slab_heap, slab_id};
 pub(crate) use span::Span;
 mod map;
 mod remote;

@@ -6,8 +6,9 @@
 //! meanwhile (the thread's state `BUSY`), or after the destructor ran (`DEAD`), gets no heap: the
 //! slab serves it from its locked heap.
 //!
-//! The heap used last (`last`) is what every hot path asks first: two words of `os::tls`, read
-//! without a call (static TLS with the initial-exec model on x86-64 Linux): the heap's id
+//! The heap used last (`last`) is what every hot path asks first: two thread-local words (module
+//! `last` below, `os::tls`'s scheme), read without a call (static TLS with the initial-exec
+//! model on x86-64 Linux): the heap's id
 //! (`ThreadHeap::id`: its slab's id in the high bits) and its address. `malloc` tells its slab's
 //! heap by the id's high bits; the owner's free tells its own span by the whole id, one compare
 //! with the span's `owner` (ids are never reused in a process, so a word left by a slab that is
@@ -19,7 +20,81 @@ use std::sync::{Arc, Weak};
 
 use super::heap::ThreadHeap;
 use super::{Keys, Slab};
-use crate::os::tls;
+
+/// The slab heap this thread used last and its id, `os::tls`'s scheme: on x86-64 Linux a block
+/// of static TLS of its own (`fallow_last_slab`), whose heap word starts as `NO_HEAP`, so that
+/// the pop of a binding with one slab (`malloc_hot_sole`) needs no test of it: a thread that
+/// never had a heap, or gave its heap up, pops from `NO_HEAP`'s `EMPTY` heads and finds nothing.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod last {
+    // The heap word's initial value is a relocation the loader applies to the block's image
+    // before it copies it into any thread (`os::tls`).
+    core::arch::global_asm!(
+        ".pushsection .tdata,\"awT\",@progbits",
+        ".p2align 4",
+        ".globl fallow_last_slab",
+        ".hidden fallow_last_slab",
+        ".type fallow_last_slab,@object",
+        ".size fallow_last_slab,16",
+        "fallow_last_slab:",
+        ".quad 0",
+        ".quad {no_heap}",
+        ".popsection",
+        no_heap = sym super::super::heap::NO_HEAP,
+    );
+
+    crate::os::tls::tls_pair!("fallow_last_slab", last_pair, set_last, "0");
+    // The words alone, one load each: the owner's free compares the id and needs the heap
+    // only when a span moves; the pop needs the heap alone.
+    crate::os::tls::tls_word!("fallow_last_slab", slab_id_word, "0");
+    crate::os::tls::tls_word!("fallow_last_slab", slab_heap, "8");
+
+    #[inline(always)]
+    pub(crate) fn slab_id() -> u64 {
+        slab_id_word() as u64
+    }
+}
+
+/// Elsewhere: a `thread_local!`, 0 for no heap, read as `NO_HEAP`.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod last {
+    use core::cell::Cell;
+
+    thread_local! {
+        static LAST: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
+    }
+
+    #[inline(always)]
+    pub(crate) fn last_pair() -> (u64, usize) {
+        LAST.with(|l| l.get())
+    }
+
+    #[inline]
+    pub(crate) fn set_last(id: u64, p: usize) {
+        LAST.with(|l| l.set((id, p)))
+    }
+
+    #[inline(always)]
+    pub(crate) fn slab_heap() -> usize {
+        match last_pair().1 {
+            0 => super::ThreadHeap::none() as usize,
+            h => h,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn slab_id() -> u64 {
+        last_pair().0
+    }
+}
+
+pub(crate) use last::{slab_heap, slab_id};
+use last::{last_pair, set_last};
+
+/// This thread uses no heap of any slab now (its heap word back to `NO_HEAP`).
+fn clear_last() {
+    set_last(0, ThreadHeap::none() as usize);
+}
 
 const FRESH: u8 = 0;
 const BUSY: u8 = 1;
@@ -57,7 +132,7 @@ pub(crate) const HEAP_BITS: u32 = 20;
 #[inline(always)]
 pub(crate) fn last(keys: &Keys) -> *mut ThreadHeap {
     // The heap this thread used last and its id (0: none), in `os::tls`.
-    let (id, heap) = tls::slab();
+    let (id, heap) = last_pair();
     if id >> HEAP_BITS == keys.id {
         heap as *mut ThreadHeap
     } else {
@@ -110,14 +185,14 @@ fn attach(slab: &Arc<Slab>) -> *mut ThreadHeap {
     });
     let Ok((heap, old)) = found else { return ptr::null_mut() };
     if let Some(old) = old {
-        if tls::slab().1 == old.heap as usize {
-            tls::set_slab(0, 0);
+        if last_pair().1 == old.heap as usize {
+            clear_last();
         }
         give_up(old);
     }
     if !heap.is_null() {
         // SAFETY: a heap of `slab` (live as long as it), now this thread's.
-        tls::set_slab(unsafe { (*heap).id.get() }, heap as usize);
+        set_last(unsafe { (*heap).id.get() }, heap as usize);
     }
     heap
 }
@@ -132,7 +207,7 @@ fn give_up(s: Slot) {
 impl Drop for Slots {
     fn drop(&mut self) {
         STATE.with(|s| s.set(DEAD));
-        tls::set_slab(0, 0);
+        clear_last();
         let slots = core::mem::replace(&mut *self.slots.borrow_mut(), [const { None }; SLOTS]);
         for s in slots.into_iter().flatten() {
             give_up(s);
