@@ -23,8 +23,8 @@ use crate::libc_heap::__libc_malloc;
 use crate::process;
 
 /// `operator new(size_t)`: `malloc`'s routing, each side one tail call, so that neither sets
-/// up a frame here. A request that may be fallow's takes `new_large`, whose hot path returns
-/// the object with no frame of its own, as `malloc`'s does (through `malloc`, whose result must
+/// up a frame here. A request that may be fallow's takes `new_large` (inline), whose hot path
+/// returns the object with no frame, as `malloc`'s does (through `malloc`, whose result must
 /// be tested here, it took a frame and a call); the rest takes `new_libc`.
 ///
 /// # Safety
@@ -51,14 +51,21 @@ fn new_libc(size: usize) -> *mut c_void {
 }
 
 /// `operator new` of a request that may be fallow's: with small objects on and the allocator
-/// published, the slab's hot path inline (no call, so no frame here), everything else one
-/// tail call.
-#[inline(never)]
+/// published, the slab's hot path (no call, so no frame), everything else one tail call. Inline
+/// in `operator new`, as `malloc`'s out-of-line half is in `malloc`.
+#[inline(always)]
 fn new_large(size: usize) -> *mut c_void {
     // SAFETY: `SMALL` is the only allocator with small objects the preload makes requests of.
     if let Some(p) = unsafe { Allocator::malloc_hot_sole(size, false) } {
         return p.as_ptr() as *mut c_void;
     }
+    new_past_pop(size)
+}
+
+/// `new_large` past the pop: cold, so that the pop is the fall-through path.
+#[cold]
+#[inline(never)]
+fn new_past_pop(size: usize) -> *mut c_void {
     let Some(a) = process::small() else { return new_lazy(size) };
     new_small(size, a)
 }
