@@ -43,7 +43,7 @@ use fallow::binding_support::fatal;
 use fallow::{Allocator, Error, Flags};
 
 use crate::libc_heap::*;
-use crate::free::free;
+use crate::free::{free, in_span};
 use crate::process::{self, for_request, owner};
 use crate::remap;
 
@@ -96,38 +96,6 @@ pub(crate) fn leaves_pass_through(size: usize) -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         size >= process::known_out_of_line_from()
-    }
-}
-
-/// Whether `p` lies in the span of the arenas of this process (`SPAN_START..SPAN_END`, empty
-/// until the allocator exists): outside it, it is not fallow's (null included). A pointer below
-/// the span takes one compare, one above it two.
-#[inline(always)]
-pub(crate) fn in_span(p: *const c_void) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: two aligned 8-byte reads of the core's span words, `AtomicUsize`s (on x86-64 a
-    // memory operand is an atomic load, here as `Relaxed`, which is all the span needs: see
-    // `SPAN_START`), compares and branches; no write, no stack.
-    unsafe {
-        core::arch::asm!(
-            "cmp {p}, qword ptr [rip + {start}]",
-            "jb 2f",
-            "cmp {p}, qword ptr [rip + {end}]",
-            "jb {yes}",
-            "2:",
-            p = in(reg) p,
-            start = sym fallow::binding_support::SPAN_START,
-            end = sym fallow::binding_support::SPAN_END,
-            yes = label { return true },
-            options(readonly, nostack),
-        );
-        false
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        use core::sync::atomic::Ordering::Relaxed;
-        let a = p as usize;
-        a >= fallow::binding_support::SPAN_START.load(Relaxed) && a < fallow::binding_support::SPAN_END.load(Relaxed)
     }
 }
 

@@ -4,15 +4,16 @@
 //! - `free_pass` until the allocator with small objects is published, and for good with small
 //!   objects off: the pass-through's test of the pointer against the span of the arenas
 //!   (`in_span`: glibc's blocks cost two compares), fallow's pointers out of line.
-//! - `free_sole` once it is (`publish_sole`): the owner's free of a small object of the first
+//! - `free_sole` once it is (`switch_to_sole`, by the first free of a pointer in the span of
+//!   the arenas that finds `SMALL` set): the owner's free of a small object of the first
 //!   arena inline (`SpanMap::free_hot_sole` through this library's copy of the page map,
 //!   `FREE_PATH.map`), with no test of the span, no load of `SMALL` and no allocator; every
 //!   other case is one tail call: with `SMALL` loaded for a remote free, a span that moves, a
 //!   page block or another arena's pointer; to glibc, after the span compare, for null and
 //!   glibc's blocks.
 //!
-//! The map is plain data: written once, before the Release store of `free_sole` in the jump's
-//! word, and never again; `free`'s jump reads that word (on x86-64 a load has acquire
+//! The map is plain data: written once, by the one thread that wins `state`, before the Release
+//! store of `free_sole` in the jump's word, and never again; `free`'s jump reads that word (on x86-64 a load has acquire
 //! semantics), so every thread that runs `free_sole` reads the map after it was written, and
 //! nobody writes it while anyone reads it. Both words share one cache line of their own: a
 //! line shared with a counter some thread writes (`remap.rs`'s) would be taken from every
@@ -20,12 +21,11 @@
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 use fallow::binding_support::{fatal, FreeHot, FreeSole, RemoteFree, SpanMap, SpanMove};
 use fallow::Allocator;
 
-use crate::entry::in_span;
 use crate::libc_heap::__libc_free;
 use crate::process::{self, owner};
 
@@ -34,17 +34,25 @@ use crate::process::{self, owner};
 #[repr(C, align(64))]
 pub(crate) struct FreePath {
     /// `free_pass`, then `free_sole` for good once the allocator with small objects is
-    /// published (`publish_sole`). First: the naked `free` jumps through the struct's address.
+    /// published (`switch_to_sole`). First: the naked `free` jumps through the struct's address.
     imp: AtomicPtr<()>,
     map: UnsafeCell<SpanMap>,
+    /// `PASS`, `SWITCHING` (one thread writes `map`), `SOLE` (`imp` is `free_sole`).
+    state: AtomicU8,
 }
-// SAFETY: `imp` is an atomic; `map` is written once, by the thread that publishes `SMALL`
-// (`publish_sole`), before the Release store of `imp` that makes `free_sole` reachable, and
-// read only by `free_sole` (see the module's comment): no write races with a read.
+
+const PASS: u8 = 0;
+const SWITCHING: u8 = 1;
+const SOLE: u8 = 2;
+// SAFETY: `imp` and `state` are atomics; `map` is written once, by the thread that moved
+// `state` from `PASS` (`switch_to_sole`), before the Release store of `imp` that makes
+// `free_sole` reachable, and read only by `free_sole` (see the module's comment): no write
+// races with a read, and no two writes race.
 unsafe impl Sync for FreePath {}
 pub(crate) static FREE_PATH: FreePath = FreePath {
     imp: AtomicPtr::new(free_pass as *mut ()),
     map: UnsafeCell::new(SpanMap::EMPTY),
+    state: AtomicU8::new(PASS),
 };
 const _: () = assert!(core::mem::offset_of!(FreePath, imp) == 0);
 
@@ -88,6 +96,38 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     unsafe { f(p) }
 }
 
+/// Whether `p` lies in the span of the arenas of this process (`SPAN_START..SPAN_END`, empty
+/// until the allocator exists): outside it, it is not fallow's (null included). A pointer below
+/// the span takes one compare, one above it two.
+#[inline(always)]
+pub(crate) fn in_span(p: *const c_void) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: two aligned 8-byte reads of the core's span words, `AtomicUsize`s (on x86-64 a
+    // memory operand is an atomic load, here as `Relaxed`, which is all the span needs: see
+    // `SPAN_START`), compares and branches; no write, no stack.
+    unsafe {
+        core::arch::asm!(
+            "cmp {p}, qword ptr [rip + {start}]",
+            "jb 2f",
+            "cmp {p}, qword ptr [rip + {end}]",
+            "jb {yes}",
+            "2:",
+            p = in(reg) p,
+            start = sym fallow::binding_support::SPAN_START,
+            end = sym fallow::binding_support::SPAN_END,
+            yes = label { return true },
+            options(readonly, nostack),
+        );
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        use core::sync::atomic::Ordering::Relaxed;
+        let a = p as usize;
+        a >= fallow::binding_support::SPAN_START.load(Relaxed) && a < fallow::binding_support::SPAN_END.load(Relaxed)
+    }
+}
+
 /// The old `cfree`: `free`.
 ///
 /// # Safety
@@ -99,19 +139,26 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
     unsafe { free(p) }
 }
 
-/// Make `free` take `free_sole`: by the thread that publishes `a` in `SMALL` (after that
-/// store, under the fork guard), once per process image; `a` lives for good, as `SMALL`.
-/// Nothing with small objects off.
-pub(crate) fn publish_sole(a: &Allocator) {
-    let Some(m) = a.span_map() else { return };
-    if FREE_PATH.imp.load(Ordering::Relaxed) != free_pass as *mut () {
+/// Make `free` take `free_sole`, `a` being `SMALL` (set, so for good): the first call does it,
+/// the others (and every call once it is done) return at the load of `state`. A `fork` while a
+/// thread is between its compare-exchange and its last store leaves the child on `free_pass`:
+/// slower, as before the switch, and as correct.
+#[cold]
+fn switch_to_sole(a: &Allocator) {
+    if FREE_PATH.state.load(Ordering::Relaxed) != PASS {
         return;
     }
-    // SAFETY: `free_sole` is not reachable yet, so nobody reads the map (and only this thread,
-    // publishing under the fork guard, writes it).
+    let Some(m) = a.span_map() else { return };
+    if FREE_PATH.state.compare_exchange(PASS, SWITCHING, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        return;
+    }
+    // SAFETY: `free_sole` is not reachable yet, so nobody reads the map, and only this thread
+    // (the one that moved `state` from `PASS`) writes it.
     unsafe { *FREE_PATH.map.get() = m };
-    // Release: the map, and `SMALL`, before any thread runs `free_sole`.
+    // Release: the map, and `SMALL` (loaded by this thread with `Acquire`), before any thread
+    // runs `free_sole`.
     FREE_PATH.imp.store(free_sole as *mut (), Ordering::Release);
+    FREE_PATH.state.store(SOLE, Ordering::Relaxed);
 }
 
 /// `free` of the pass-through: a pointer outside the span of the arenas is glibc's.
@@ -190,6 +237,7 @@ unsafe fn free_sole_cold(p: *mut c_void) {
 #[inline(never)]
 unsafe fn free_in_span(p: *mut c_void) {
     if let Some(a) = process::small() {
+        switch_to_sole(a);
         // The hot path inline (no call, so no frame here), everything else one tail call: a
         // remote free `free_remote`, the rest `free_small`.
         return match a.free_hot_step(p as *mut u8) {

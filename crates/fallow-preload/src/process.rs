@@ -36,7 +36,8 @@
 //! is also stored in `SMALL`, which those halves load (`malloc`'s after a pop from the thread's
 //! heap, `Allocator::malloc_hot_sole`, which needs none) and, when it is set, call
 //! `Allocator::malloc` with nothing else asked; `free` then switches to its own path, which
-//! loads `SMALL` only past its hot path (`free.rs`, `publish_sole`). Until it is set (no allocator yet,
+//! loads `SMALL` only past its hot path (`free.rs`: its first free in the span of the arenas
+//! that finds `SMALL` set switches it). Until it is set (no allocator yet,
 //! or this thread is creating it) they take the same lazy path as large requests, and the
 //! creating thread's own requests go to glibc as before: ownership is still decided by address.
 //!
@@ -304,7 +305,6 @@ fn publish(a: &Allocator, ready: &dyn Fn()) {
     // After `ready`: a pointer handed out through `SMALL` is then already `owner`'s.
     if SMALL_ON.load(Ordering::Relaxed) {
         SMALL.store(a as *const Allocator as *mut Allocator, Ordering::Release);
-        crate::free::publish_sole(a);
     }
     // SAFETY: taken just above by this thread.
     unsafe { FORK_GUARD.unlock() };
