@@ -13,11 +13,11 @@
 //!   glibc's blocks.
 //!
 //! The map is plain data: written once, by the one thread that wins `state`, before the Release
-//! store of `free_sole` in the jump's word, and never again; `free`'s jump reads that word (on x86-64 a load has acquire
-//! semantics), so every thread that runs `free_sole` reads the map after it was written, and
-//! nobody writes it while anyone reads it. Both words share one cache line of their own: a
-//! line shared with a counter some thread writes (`remap.rs`'s) would be taken from every
-//! freeing thread at each write.
+//! store of `free_sole` in the jump's word, and never again; `free`'s jump reads that word (on
+//! x86-64 a load has acquire semantics), so every thread that runs `free_sole` reads the map
+//! after it was written, and nobody writes it while anyone reads it. The jump's word, the map
+//! and `state` share one cache line of their own: a line shared with a counter some thread
+//! writes (`remap.rs`'s) would be taken from every freeing thread at each write.
 
 use core::cell::UnsafeCell;
 use core::ffi::c_void;
