@@ -87,17 +87,12 @@ impl Slab {
     /// of its range; the others through the allocator's views.
     #[inline(always)]
     pub(crate) fn find(&self, addr: usize) -> Found<'_> {
-        let k = &self.keys;
-        let off = addr.wrapping_sub(k.first.base);
-        let e = if off < k.first.len {
-            // SAFETY: `off` is inside arena 0, whose map (reserved with the slab) has one word
-            // per granule.
-            unsafe { &*((k.first.map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) }
-        } else {
-            match self.find_other(addr) {
+        let e = match self.keys.first.entry(addr) {
+            Some(e) => e,
+            None => match self.find_other(addr) {
                 Some(e) => e,
                 None => return if self.shared.view_of(addr).is_some() { Found::Pages } else { Found::Foreign },
-            }
+            },
         };
         // Acquire: the descriptor was set up before it was published here.
         let s = e.load(Acquire);
@@ -248,19 +243,25 @@ impl SpanMap {
     /// A map of no arena: every address is outside it.
     pub const EMPTY: SpanMap = SpanMap { base: 0, len: 0, map: 0 };
 
-    /// The span of `addr` if it lies in one of the first arena's; `None` for any other
-    /// address, including spans of the other arenas (`Slab::find` answers for those).
+    /// The page-map word of `addr`'s granule if `addr` lies in the first arena (one range test).
     #[inline(always)]
-    pub(crate) fn find(&self, addr: usize) -> Option<&Span> {
+    pub(crate) fn entry(&self, addr: usize) -> Option<&AtomicUsize> {
         let off = addr.wrapping_sub(self.base);
         if off >= self.len {
             return None;
         }
         // SAFETY: `off` is inside arena 0, whose map (reserved with the slab, `len` not 0 only
-        // then) has one word per granule.
-        let e = unsafe { &*((self.map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) };
+        // then) has one word per granule, and lives as long as the slab (the `SpanMap`'s
+        // contract).
+        Some(unsafe { &*((self.map + (off >> GRANULE_SHIFT) * 8) as *const AtomicUsize) })
+    }
+
+    /// The span of `addr` if it lies in one of the first arena's; `None` for any other
+    /// address, including spans of the other arenas (`Slab::find` answers for those).
+    #[inline(always)]
+    pub(crate) fn find(&self, addr: usize) -> Option<&Span> {
         // Acquire: the descriptor was set up before it was published here.
-        let s = e.load(Acquire);
+        let s = self.entry(addr)?.load(Acquire);
         // SAFETY: a non-zero entry is a descriptor of this slab's chunks, which live as long as
         // the slab (recycled, never unmapped), and a `SpanMap` is used only while its slab
         // lives (the slab's own copy, or a binding's under `Allocator::span_map`'s contract);
