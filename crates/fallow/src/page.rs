@@ -298,6 +298,18 @@ impl BlockMeta {
     pub fn set_prev(&self, v: u32) {
         self.prev.store(v, Relaxed)
     }
+    /// On the last page of a free block of order 1 or more: the block's first page (the
+    /// record's `prev`, which no list uses on a page that starts no listed block), so that the
+    /// block ending just before a page is found in one read (`Buddy::block_ending_at`). Stale
+    /// on any other page: a reader checks the block it names.
+    #[inline(always)]
+    pub fn set_tail_of(&self, first: u32) {
+        self.prev.store(first, Relaxed)
+    }
+    #[inline(always)]
+    pub fn tail_of(&self) -> u32 {
+        self.prev.load(Relaxed)
+    }
     #[inline(always)]
     pub(crate) fn word(&self) -> HitWord {
         HitWord(self.word.load(Relaxed))

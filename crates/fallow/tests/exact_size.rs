@@ -56,6 +56,33 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
     assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
 }
 
+#[test]
+fn a_run_reaches_back_through_smaller_blocks_to_hold_a_request() {
+    let a = allocator();
+    // 12, 4, 16 and 16 pages side by side at the start of a fresh arena, written (dirty).
+    let sizes = [12usize, 4, 16, 16];
+    let blocks: Vec<*mut u8> = sizes.iter().enumerate().map(|(i, &n)| take_written(&a, n * PAGE, false, i as u8 + 1)).collect();
+    for (i, w) in blocks.windows(2).enumerate() {
+        assert_eq!(w[1] as usize - w[0] as usize, sizes[i] * PAGE, "the fresh arena was not carved in order");
+    }
+    // Free the second and third: a run of 20 dirty pages (12..32) made of a 4-page block and,
+    // after it, a 16-page one, the only block a request of 20 pages (order 5) seeds a run from.
+    a.free(blocks[1]).unwrap();
+    a.free(blocks[2]).unwrap();
+    a.check_invariants().unwrap();
+    let before = a.stats();
+    // Only the run measured back from its seed through the 4-page block (its tail mark) holds it.
+    let p = a.alloc(20 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(p, blocks[1], "the request was not placed on the run of resident pages before its seed");
+    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
+    a.check_invariants().unwrap();
+    for q in [p, blocks[0], blocks[3]] {
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+    }
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
 /// A request that no run of resident pages holds goes right after the arena's used part (as
 /// glibc's top chunk grows), not to the next aligned block of its order: that left a gap of
 /// never-used pages before each such block, which the runs of later frees around it then

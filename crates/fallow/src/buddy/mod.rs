@@ -227,6 +227,7 @@ impl Buddy {
             m.set_prev(NIL);
             m.set_next(head);
         }
+        self.mark_tail(pfn, order);
         if head != NIL {
             // SAFETY: `head` is a listed block of this arena.
             unsafe { self.meta_unchecked(head) }.set_prev(pfn);
@@ -236,6 +237,35 @@ impl Buddy {
         self.heads[class][order as usize] = pfn;
         self.nonempty[class] |= 1u64 << order;
         self.listed.add_block(class, order, counts, 1 << order);
+    }
+
+    /// The tail mark of the block `(pfn, order)` being listed: its last page's record names its
+    /// first page (`BlockMeta::set_tail_of`; an order-0 block is its own last page).
+    #[inline]
+    fn mark_tail(&self, pfn: u32, order: u8) {
+        if order > 0 {
+            // SAFETY: the block being listed lies in this arena, its last page too.
+            unsafe { self.meta_unchecked(pfn + (1u32 << order) - 1) }.set_tail_of(pfn);
+        }
+    }
+
+    /// The listed free block that ends at page `end` (exclusive), if there is one: the record
+    /// before `end` is an order-0 block's or names the block it is the last page of (its tail
+    /// mark), checked against that block's own record. Two reads at most.
+    pub(super) fn block_ending_at(&self, end: u32) -> Option<(u32, u8)> {
+        let last = end.checked_sub(1)?;
+        let m = self.meta(last);
+        if m.is_free_of_order(0) {
+            return Some((last, 0));
+        }
+        let first = m.tail_of();
+        let len = end.wrapping_sub(first);
+        // A stale mark names anything: only a listed block of the right order and place counts.
+        if first >= last || !len.is_power_of_two() || first & (len - 1) != 0 {
+            return None;
+        }
+        let order = len.trailing_zeros() as u8;
+        (order <= self.max_order && self.meta(first).is_free_of_order(order)).then_some((first, order))
     }
 
     /// Take a free block off its list (its tag becomes `None`; the caller retags it).

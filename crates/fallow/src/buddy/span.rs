@@ -19,8 +19,10 @@
 //! request, zeroed ones for a plain one).
 //! A run of more than 2^(k-1) pages holds an aligned block of order k-2, so the resident blocks
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
-//! beside it (found from their records: one read for the block after the run, one per possible
-//! order for the block before it), and a seed inside a run already measured is skipped (the runs
+//! beside it (found from their records: one read for the block after the run, two for the block
+//! before it, whose last page's record names its first page: its tail mark, `block_ending_at`;
+//! probing each order that could end there instead took a read per order, a cache miss each,
+//! and was two thirds of the search), and a seed inside a run already measured is skipped (the runs
 //! measured are kept by start: a binary search). The request goes at the run's start or its end
 //! (the rest of the run stays whole), or else covering the seed, whichever takes the fewest
 //! pages that are not resident (at an end when the run is all resident: placed at its seed, a
@@ -47,7 +49,7 @@
 //! with huge-page units.
 //!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
-//! side (one record read a step forward, one per possible order backward), and at most
+//! side (one record read a step forward, two backward), and at most
 //! `SEEDS_WALKED` seeds looked at.
 
 use super::{suits, Buddy, Taken};
@@ -245,16 +247,11 @@ impl Buddy {
     /// such order.
     fn free_run_around(&self, pfn: u32, order: u8) -> (u32, u32) {
         let mut start = pfn;
-        'back: for _ in 0..EXTEND_LIMIT {
-            let top = (start.trailing_zeros().min(31) as u8).min(self.max_order);
-            for k in 0..=top {
-                let Some(head) = start.checked_sub(1u32 << k) else { break };
-                if self.meta(head).is_free_of_order(k) {
-                    start = head;
-                    continue 'back;
-                }
+        for _ in 0..EXTEND_LIMIT {
+            match self.block_ending_at(start) {
+                Some((first, _)) => start = first,
+                None => break,
             }
-            break;
         }
         let mut end = pfn + (1u32 << order);
         for _ in 0..EXTEND_LIMIT {
