@@ -19,6 +19,16 @@ fn allocator() -> Allocator {
     Allocator::new(c).unwrap()
 }
 
+/// Free `blocks` one by one, the invariants checked after each, and check that everything
+/// merged back into whole blocks of order 12.
+fn free_all_merged(a: &Allocator, blocks: &[*mut u8]) {
+    for &q in blocks {
+        a.free(q).unwrap();
+        a.check_invariants().unwrap();
+    }
+    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+}
+
 /// `n` blocks of `pages` pages each, written (block `i` with `i + 1`), checked to lie side by
 /// side in the order taken (a fresh arena is carved in order).
 fn side_by_side(a: &Allocator, n: u8, pages: usize) -> Vec<*mut u8> {
@@ -49,11 +59,7 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
     // SAFETY: `check_invariants` passed; no other thread uses `a`.
     unsafe { check_free_states(&a) }.unwrap();
     // The rest of the run (8 pages) is free and dirty, and all of it merges back.
-    for q in [p, blocks[0], blocks[3]] {
-        a.free(q).unwrap();
-        a.check_invariants().unwrap();
-    }
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    free_all_merged(&a, &[p, blocks[0], blocks[3]]);
 }
 
 #[test]
@@ -76,11 +82,7 @@ fn a_run_reaches_back_through_smaller_blocks_to_hold_a_request() {
     assert_eq!(p, blocks[1], "the request was not placed on the run of resident pages before its seed");
     assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
     a.check_invariants().unwrap();
-    for q in [p, blocks[0], blocks[3]] {
-        a.free(q).unwrap();
-        a.check_invariants().unwrap();
-    }
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    free_all_merged(&a, &[p, blocks[0], blocks[3]]);
 }
 
 /// A request that no run of resident pages holds goes right after the arena's used part (as
@@ -100,11 +102,7 @@ fn a_request_no_resident_run_holds_goes_right_after_the_used_part() {
     a.check_invariants().unwrap();
     // SAFETY: `check_invariants` passed; no other thread uses `a`.
     unsafe { check_free_states(&a) }.unwrap();
-    for q in [first, second, third] {
-        a.free(q).unwrap();
-        a.check_invariants().unwrap();
-    }
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    free_all_merged(&a, &[first, second, third]);
     // Below 32 MiB, a block of the workers' orders too (600 pages, order 10) goes right after
     // the used part; 32 MiB or more: aligned to its order (64 MiB here), past the used part.
     let c = Config { arena_size: 256 << 20, max_order: 15, thp: false, tunables: Tunables::off(), cache: false, ..Config::default() };
@@ -163,11 +161,7 @@ fn a_zeroed_request_without_zeroed_pages_takes_the_best_run_not_a_larger_aligned
     // SAFETY: `p` is a live block of 24 pages that only this thread uses.
     assert!(unsafe { all_zero(p, 24 * PAGE) }, "a ZERO request from dirty pages was not zeroed");
     a.check_invariants().unwrap();
-    for q in [p, blocks[0], blocks[3]] {
-        a.free(q).unwrap();
-        a.check_invariants().unwrap();
-    }
-    assert!(merged_to_top(&a.stats(), 12), "the blocks did not merge back: {:?}", a.stats().free_blocks);
+    free_all_merged(&a, &[p, blocks[0], blocks[3]]);
 }
 
 /// An allocator whose reporter gives back every free block of 64 KiB or more at once (and
