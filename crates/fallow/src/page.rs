@@ -300,7 +300,7 @@ impl BlockMeta {
     }
     /// On the last page of a free block of order 1 or more: the block's first page (the
     /// record's `prev`, which no list uses on a page that starts no listed block), so that the
-    /// block ending just before a page is found in one read (`Buddy::block_ending_at`). Stale
+    /// block ending just before a page is found in two reads (`Buddy::block_ending_at`). Stale
     /// on any other page: a reader checks the block it names.
     #[inline(always)]
     pub fn set_tail_of(&self, first: u32) {

@@ -15,6 +15,9 @@
 //!   reading state bytes. Merging writes the record (the upper buddy's counts); a worker that
 //!   changes the states inside an isolated block rebuilds them (`rebuild_records`).
 //! - `nonempty[class]` has bit k set exactly when `heads[class][k] != NIL`.
+//! - Tail marks (not checked: a missing one costs reads, a stale one is never trusted): a block
+//!   of order k >= 1 listed while it ends at or below `used_end` names its first page in the
+//!   `prev` field of its last page's record (`mark_tail`, `block_ending_at`).
 //! - Every page at or past `used_end` is free and `Reported` (never touched): whatever hands a
 //!   block out, caches it or populates it first moves `used_end` past it (`mark_used`).
 //! - The top-level blocks from `unwritten` up are free, `Reported` and counted in `listed`, but
@@ -240,18 +243,23 @@ impl Buddy {
     }
 
     /// The tail mark of the block `(pfn, order)` being listed: its last page's record names its
-    /// first page (`BlockMeta::set_tail_of`; an order-0 block is its own last page).
+    /// first page (`BlockMeta::set_tail_of`; an order-0 block is its own last page). Only below
+    /// `used_end`, where the runs are measured: past it, a split of a never-used block would put
+    /// a page of metadata in memory for each piece's mark (a piece of order 7 or more ends on
+    /// another page of records than it starts).
     #[inline]
     fn mark_tail(&self, pfn: u32, order: u8) {
-        if order > 0 {
+        if order > 0 && pfn + (1u32 << order) <= self.used_end {
             // SAFETY: the block being listed lies in this arena, its last page too.
             unsafe { self.meta_unchecked(pfn + (1u32 << order) - 1) }.set_tail_of(pfn);
         }
     }
 
-    /// The listed free block that ends at page `end` (exclusive), if there is one: the record
-    /// before `end` is an order-0 block's or names the block it is the last page of (its tail
-    /// mark), checked against that block's own record. Two reads at most.
+    /// The listed free block that ends at page `end` (exclusive), if there is one. The record
+    /// before `end` is an order-0 block's, or names the block it is the last page of (its tail
+    /// mark), checked against that block's own record: two reads. A block without a mark (listed
+    /// past `used_end`, which has since moved past it) is found as a block is without them: a
+    /// read of the one place where a block of each order that could end at `end` would start.
     pub(super) fn block_ending_at(&self, end: u32) -> Option<(u32, u8)> {
         let last = end.checked_sub(1)?;
         let m = self.meta(last);
@@ -261,11 +269,14 @@ impl Buddy {
         let first = m.tail_of();
         let len = end.wrapping_sub(first);
         // A stale mark names anything: only a listed block of the right order and place counts.
-        if first >= last || !len.is_power_of_two() || first & (len - 1) != 0 {
-            return None;
+        if first < last && len.is_power_of_two() && first & (len - 1) == 0 {
+            let order = len.trailing_zeros() as u8;
+            if order <= self.max_order && self.meta(first).is_free_of_order(order) {
+                return Some((first, order));
+            }
         }
-        let order = len.trailing_zeros() as u8;
-        (order <= self.max_order && self.meta(first).is_free_of_order(order)).then_some((first, order))
+        let top = (end.trailing_zeros() as u8).min(self.max_order);
+        (1..=top).map(|k| (end - (1u32 << k), k)).find(|&(p, k)| self.meta(p).is_free_of_order(k))
     }
 
     /// Take a free block off its list (its tag becomes `None`; the caller retags it).

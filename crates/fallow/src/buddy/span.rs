@@ -21,8 +21,9 @@
 //! of order k-2 and above are the seeds: each is extended both ways through the free blocks
 //! beside it (found from their records: one read for the block after the run, two for the block
 //! before it, whose last page's record names its first page: its tail mark, `block_ending_at`;
-//! probing each order that could end there instead took a read per order, a cache miss each,
-//! and was two thirds of the search), and a seed inside a run already measured is skipped (the runs
+//! probing each order that could end there, a read per order and a cache miss each, was two
+//! thirds of the search, and is left for the start of the run and the blocks without a mark),
+//! and a seed inside a run already measured is skipped (the runs
 //! measured are kept by start: a binary search). The request goes at the run's start or its end
 //! (the rest of the run stays whole), or else covering the seed, whichever takes the fewest
 //! pages that are not resident (at an end when the run is all resident: placed at its seed, a
@@ -49,7 +50,7 @@
 //! with huge-page units.
 //!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
-//! side (one record read a step forward, two backward), and at most
+//! side (one record read a step forward, two backward but at the run's start), and at most
 //! `SEEDS_WALKED` seeds looked at.
 
 use super::{suits, Buddy, Taken};
@@ -242,9 +243,9 @@ impl Buddy {
 
     /// The run of adjacent free blocks around the listed block `(pfn, order)`, as `[start, end)`
     /// pages, extended by at most `EXTEND_LIMIT` blocks a side. A free block right after the
-    /// run starts at its end, so one record read says whether there is one; a free block right
-    /// before it ends at its start, so it is of an order that divides the start: one read per
-    /// such order.
+    /// run starts at its end, so one record read says whether there is one; the free block right
+    /// before it, if any, is found from the record before its start (`block_ending_at`: two
+    /// reads with a tail mark).
     fn free_run_around(&self, pfn: u32, order: u8) -> (u32, u32) {
         let mut start = pfn;
         for _ in 0..EXTEND_LIMIT {
@@ -326,6 +327,43 @@ fn placements(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32
 #[cfg(test)]
 mod tests {
     use super::placements;
+    use crate::arena::Arena;
+    use crate::buddy::Buddy;
+    use crate::config::Backing;
+
+    /// Blocks of `sizes` pages taken side by side from a fresh arena of 2^12-page blocks, live.
+    fn taken_side_by_side(sizes: &[u32]) -> (Buddy, Vec<u32>) {
+        let mut b = Buddy::new(Arena::reserve(64 << 20, 12, Backing::Anonymous, false).unwrap());
+        let mut at = Vec::new();
+        for &n in sizes {
+            let t = b.take_top(n, 1, 1 << 12).unwrap();
+            b.mark_live(t.pfn, n, 0);
+            b.mark_used(t.pfn + n);
+            at.push(t.pfn);
+        }
+        (b, at)
+    }
+
+    #[test]
+    fn a_block_freed_below_used_end_is_found_from_its_end_by_its_tail_mark() {
+        let (mut b, at) = taken_side_by_side(&[12, 4, 16, 16]);
+        assert_eq!(at, [0, 12, 16, 32]);
+        b.release_live(12, 4, 0);
+        // Pages 12..16, order 2, listed below `used_end` (48): its last page names its first.
+        assert_eq!(b.meta(15).tail_of(), 12);
+        assert_eq!(b.block_ending_at(16), Some((12, 2)));
+        assert_eq!(b.block_ending_at(12), None, "a live block ends at 12");
+        // Past `used_end` no mark is written (the pieces of the split of the fresh arena): the
+        // block 48..64 is found from its end by probing the orders that could end there.
+        assert_ne!(b.meta(63).tail_of(), 48);
+        assert_eq!(b.block_ending_at(64), Some((48, 4)));
+        // A stale mark is not trusted: the block 12..16 taken again, its last page still names it.
+        let t = b.take_top(0x40, 1, 1 << 12).unwrap();
+        assert_eq!(t.pfn, 48);
+        let _ = b.take_range(12, 16).unwrap();
+        assert_eq!(b.meta(15).tail_of(), 12);
+        assert_eq!(b.block_ending_at(16), None);
+    }
 
     fn all(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> Vec<u32> {
         placements(start, end, seed, seed_len, n, align).collect()
