@@ -24,7 +24,7 @@
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "  check failed at %s:%d: %s\n", __FILE__, __LINE__, #c); fprintf(stderr, "  " __VA_ARGS__); fputc('\n', stderr); return 1; } } while (0)
 
 enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES,
-       S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_N };
+       S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_FREE_SOLE, S_N };
 static size_t (*stats_fn)(uint64_t *, size_t);
 /* FALLOW_SMALL=1: every size is fallow's (small objects up to SMALL_MAX in spans, page blocks above). */
 static int small_on;
@@ -129,6 +129,12 @@ static int test_threads(void) {
     for (int i = 0; i < T; i++) { w[i] = (struct worker){ i + 1, 400, 0 }; pthread_create(&th[i], NULL, pattern_worker, &w[i]); }
     for (int i = 0; i < T; i++) { pthread_join(th[i], NULL); CHECK(!w[i].failed, "thread %d", i); }
     CHECK(stat_of(S_LIVE) == live, "live blocks %lu before, %lu after", (unsigned long)live, (unsigned long)stat_of(S_LIVE));
+    /* free goes straight to the owner's path of small objects once one is freed, only if they are
+     * on: the pass-through keeps telling fallow's pointers from glibc's. */
+    free(malloc(40));
+    const char *small = getenv("FALLOW_SMALL");
+    uint64_t sole = small && !strcmp(small, "1");
+    CHECK(stat_of(S_FREE_SOLE) == sole, "free's path: %lu, small objects %s", (unsigned long)stat_of(S_FREE_SOLE), sole ? "on" : "off");
     return 0;
 }
 

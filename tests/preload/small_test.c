@@ -36,7 +36,7 @@ extern void *__libc_malloc(size_t);
 extern void *__libc_memalign(size_t, size_t);
 
 enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_MOVES, S_COPIES,
-       S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_N };
+       S_SMALL_LIVE, S_SMALL_BYTES, S_SPANS, S_SPAN_BYTES, S_FREE_SOLE, S_N };
 static size_t (*stats_fn)(uint64_t *, size_t);
 
 static uint64_t stat_of(int i) {
@@ -70,6 +70,14 @@ static int test_before_main(void) {
     CHECK(ctor_str && !strcmp(ctor_str, "made before main"), "strdup in a constructor");
     CHECK(ctor_small_live >= 1, "no small object of fallow's live after the constructor's requests");
     free(ctor_str);
+    return 0;
+}
+
+/* After a free of a small object, free goes straight to the owner's path (no test of whether
+ * the pointer is fallow's first): the switch the preload makes once small objects are on. */
+static int test_free_path(void) {
+    free(malloc(40));
+    CHECK(stat_of(S_FREE_SOLE) == 1, "free still tells fallow's pointers from glibc's first");
     return 0;
 }
 
@@ -450,6 +458,7 @@ static int bad_free(const char *kind) {
 struct test { const char *name; int (*fn)(void); };
 static const struct test tests[] = {
     { "before_main", test_before_main },
+    { "free_path", test_free_path },
     { "sizes", test_sizes },
     { "calloc", test_calloc },
     { "realloc", test_realloc },

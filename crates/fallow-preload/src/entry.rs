@@ -448,7 +448,9 @@ pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
 /// the tests): copies the counters into `out[..n]` in the order of `fallow_stats` in fallow.h
 /// (bytes in use, live blocks, zero-skipped bytes, memset bytes, free dirty/zeroed/reported
 /// pages, realloc page moves, realloc copies), then the small objects' (live objects, their
-/// bytes, spans, the spans' bytes: spans are live page blocks too, counted in the first two).
+/// bytes, spans, the spans' bytes: spans are live page blocks too, counted in the first two),
+/// then 1 once `free` goes straight to the owner's path of small objects (`free.rs`: switched
+/// at the first free of one), 0 while it tells fallow's pointers from glibc's first.
 /// Returns how many were written.
 ///
 /// # Safety
@@ -472,6 +474,7 @@ pub unsafe extern "C" fn fallow_preload_stats(out: *mut u64, n: usize) -> usize 
         s.small_live_bytes,
         s.small_spans,
         s.small_span_bytes,
+        crate::free::sole_in_force() as u64,
     ];
     let k = n.min(v.len());
     if k == 0 {

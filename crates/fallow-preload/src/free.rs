@@ -139,6 +139,11 @@ pub unsafe extern "C" fn cfree(p: *mut c_void) {
     unsafe { free(p) }
 }
 
+/// Whether `free` goes straight to `free_sole` (for `fallow_preload_stats`).
+pub(crate) fn sole_in_force() -> bool {
+    FREE_PATH.state.load(Ordering::Relaxed) == SOLE
+}
+
 /// Make `free` take `free_sole`, `a` being `SMALL` (set, so for good): the first call does it,
 /// the others (and every call once it is done) return at the load of `state`. A `fork` while a
 /// thread is between its compare-exchange and its last store leaves the child on `free_pass`:
