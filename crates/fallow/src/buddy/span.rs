@@ -274,6 +274,43 @@ impl Buddy {
         (start, end)
     }
 
+    /// The tail mark of the block `(pfn, order)` being listed: its last page's record names its
+    /// first page (`BlockMeta::set_tail_of`; an order-0 block is its own last page). Only below
+    /// `used_end`, where the runs are measured: past it, a split of a never-used block would put
+    /// a page of metadata in memory for each piece's mark (a piece of order 7 or more ends on
+    /// another page of records than it starts).
+    #[inline]
+    pub(super) fn mark_tail(&self, pfn: u32, order: u8) {
+        if order > 0 && pfn + (1u32 << order) <= self.used_end {
+            // SAFETY: the block being listed lies in this arena, its last page too.
+            unsafe { self.meta_unchecked(pfn + (1u32 << order) - 1) }.set_tail_of(pfn);
+        }
+    }
+
+    /// The listed free block that ends at page `end` (exclusive), if there is one. The record
+    /// before `end` is an order-0 block's, or names the block it is the last page of (its tail
+    /// mark), checked against that block's own record: two reads. A block without a mark (listed
+    /// past `used_end`, which has since moved past it) is found as a block is without them: a
+    /// read of the one place where a block of each order that could end at `end` would start.
+    pub(super) fn block_ending_at(&self, end: u32) -> Option<(u32, u8)> {
+        let last = end.checked_sub(1)?;
+        let m = self.meta(last);
+        if m.is_free_of_order(0) {
+            return Some((last, 0));
+        }
+        let first = m.tail_of();
+        let len = end.wrapping_sub(first);
+        // A stale mark names anything: only a listed block of the right order and place counts.
+        if first < last && len.is_power_of_two() && first & (len - 1) == 0 {
+            let order = len.trailing_zeros() as u8;
+            if order <= self.max_order && self.meta(first).is_free_of_order(order) {
+                return Some((first, order));
+            }
+        }
+        let top = (end.trailing_zeros() as u8).min(self.max_order);
+        (1..=top).map(|k| (end - (1u32 << k), k)).find(|&(p, k)| self.meta(p).is_free_of_order(k))
+    }
+
     /// Take the free pages `[start, end)` off the lists: every free block holding one of them is
     /// unlinked and its parts outside the range freed again as the largest aligned pieces, with
     /// their own counts. Returns the counts of the pages taken (huge-page units settled), or
