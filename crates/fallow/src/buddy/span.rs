@@ -278,7 +278,8 @@ impl Buddy {
     /// first page (`BlockMeta::set_tail_of`; an order-0 block is its own last page). Only below
     /// `used_end`, where the runs are measured: past it, a split of a never-used block would put
     /// a page of metadata in memory for each piece's mark (a piece of order 7 or more ends on
-    /// another page of records than it starts).
+    /// another page of records than it starts). So never for a top-level block written by
+    /// `write_top` (at `unwritten`, which is at or past `used_end`).
     #[inline]
     pub(super) fn mark_tail(&self, pfn: u32, order: u8) {
         if order > 0 && pfn + (1u32 << order) <= self.used_end {

@@ -48,7 +48,6 @@ impl Buddy {
         m.set_freed_at_ms(0);
         m.set_prev(tail);
         m.set_next(NIL);
-        self.mark_tail(pfn, order);
         if tail == NIL {
             self.heads[class][order as usize] = pfn;
         } else {
