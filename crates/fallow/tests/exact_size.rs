@@ -19,6 +19,16 @@ fn allocator() -> Allocator {
     Allocator::new(c).unwrap()
 }
 
+/// Allocate `len` bytes aligned to `align` with `flags`, checking that the request faulted no
+/// memory in (no reported or never-used page reused) and that the invariants hold after it.
+fn alloc_resident(a: &Allocator, len: usize, align: usize, flags: Flags) -> *mut u8 {
+    let before = a.stats().reused_reported_bytes;
+    let p = a.alloc(len, align, flags).unwrap().as_ptr();
+    assert_eq!(a.stats().reused_reported_bytes, before, "the request of {len} bytes faulted reported or never-used memory in");
+    a.check_invariants().unwrap();
+    p
+}
+
 /// Free `blocks` one by one, the invariants checked after each, and check that everything
 /// merged back into whole blocks of order 12.
 fn free_all_merged(a: &Allocator, blocks: &[*mut u8]) {
@@ -48,14 +58,10 @@ fn a_request_fits_an_unaligned_run_of_resident_pages_instead_of_fresh_memory() {
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
     a.check_invariants().unwrap();
-    let before = a.stats();
     // 24 pages (order 5): no aligned resident block of order 5 is free.
-    let p = a.alloc(24 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(&a, 24 * PAGE, 8, Flags::NONE);
     let run = blocks[1] as usize..=blocks[1] as usize + 8 * PAGE;
     assert!(run.contains(&(p as usize)), "the request was not placed in the run of resident pages");
-    let after = a.stats();
-    assert_eq!(after.reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
-    a.check_invariants().unwrap();
     // SAFETY: `check_invariants` passed; no other thread uses `a`.
     unsafe { check_free_states(&a) }.unwrap();
     // The rest of the run (8 pages) is free and dirty, and all of it merges back.
@@ -76,12 +82,9 @@ fn a_run_reaches_back_through_smaller_blocks_to_hold_a_request() {
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
     a.check_invariants().unwrap();
-    let before = a.stats();
     // Only the run measured back from its seed through the 4-page block (its tail mark) holds it.
-    let p = a.alloc(20 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(&a, 20 * PAGE, 8, Flags::NONE);
     assert_eq!(p, blocks[1], "the request was not placed on the run of resident pages before its seed");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
-    a.check_invariants().unwrap();
     free_all_merged(&a, &[p, blocks[0], blocks[3]]);
 }
 
@@ -126,15 +129,12 @@ fn an_aligned_request_in_a_run_keeps_its_alignment() {
     a.free(blocks[1]).unwrap();
     a.free(blocks[2]).unwrap();
     // 20 pages aligned to 32 KiB (8 pages): pages 16..36 of the run qualify.
-    let before = a.stats();
-    let p = a.alloc(20 * PAGE, 8 * PAGE, Flags::ZERO).unwrap().as_ptr();
+    let p = alloc_resident(&a, 20 * PAGE, 8 * PAGE, Flags::ZERO);
     assert_eq!(p as usize % (8 * PAGE), 0);
     let run = blocks[1] as usize..=blocks[1] as usize + 12 * PAGE;
     assert!(run.contains(&(p as usize)), "the request was not placed in the run of resident pages");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
     // SAFETY: `p` is a live block of 20 pages that only this thread uses.
     assert!(unsafe { all_zero(p, 20 * PAGE) }, "a ZERO request from dirty pages was not zeroed");
-    a.check_invariants().unwrap();
     for q in [p, blocks[0], blocks[3]] {
         a.free(q).unwrap();
     }
@@ -201,11 +201,8 @@ fn a_run_covers_the_resident_part_of_a_free_block_merged_with_reported_memory() 
     a.check_invariants().unwrap();
     // 48 pages: placed at that block's start, where the run around it starts too, they would
     // fault reported pages in; its part that suits them best starts at page 128.
-    let before = a.stats();
-    let p = a.alloc(48 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(&a, 48 * PAGE, 8, Flags::NONE);
     assert_eq!(p, blocks[2], "the request was not placed on the first resident pages");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted reported memory in");
-    a.check_invariants().unwrap();
     // SAFETY: `check_invariants` passed; no other thread uses `a`.
     unsafe { check_free_states(&a) }.unwrap();
     a.free(p).unwrap();
@@ -240,11 +237,8 @@ fn a_split_keeps_the_resident_half_before_the_one_with_more_preferred_pages() {
     a.check_invariants().unwrap();
     // 64 pages, plain: the lower half holds more dirty pages (what a plain request prefers) but
     // would fault 16 pages in; the upper half is all resident.
-    let before = a.stats();
-    let p = a.alloc(64 * PAGE, 8, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(&a, 64 * PAGE, 8, Flags::NONE);
     assert_eq!(p, blocks[4], "the request was not placed on the resident half");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted reported memory in");
-    a.check_invariants().unwrap();
     a.free(p).unwrap();
     a.free(guard).unwrap();
     a.check_invariants().unwrap();
@@ -264,13 +258,10 @@ fn a_cache_refill_leaves_a_mostly_reported_block_for_a_run_of_resident_pages() {
     }
     a.drain_thread_cache();
     a.check_invariants().unwrap();
-    let before = a.stats();
     // 128 pages: splitting the 256-page block would keep its half with the dirty pages, half of
     // which were never used.
-    let p = a.alloc(128 * PAGE, 4096, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(&a, 128 * PAGE, 4096, Flags::NONE);
     assert_eq!(p, blocks[1], "the request was not placed on the run of resident pages");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
-    a.check_invariants().unwrap();
     for q in [p, blocks[0], blocks[3]] {
         a.free(q).unwrap();
     }
@@ -305,11 +296,8 @@ fn a_request_above_the_caches_takes_the_threads_cached_blocks_before_fresh_memor
 /// A request of `len` bytes is placed at `at` (memory this thread's cache held) without
 /// faulting memory in; then everything merges back.
 fn takes_the_cached_memory(a: &Allocator, len: usize, at: *mut u8) {
-    let before = a.stats();
-    let p = a.alloc(len, 4096, Flags::NONE).unwrap().as_ptr();
+    let p = alloc_resident(a, len, 4096, Flags::NONE);
     assert_eq!(p, at, "the request was not placed on the cache's blocks, given back");
-    assert_eq!(a.stats().reused_reported_bytes, before.reused_reported_bytes, "the request faulted fresh memory in");
-    a.check_invariants().unwrap();
     a.free(p).unwrap();
     a.drain_thread_cache();
     a.check_invariants().unwrap();
