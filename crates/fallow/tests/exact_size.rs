@@ -177,6 +177,14 @@ fn calm(a: &Allocator) -> Tunables {
     Tunables { report_delay_ms: 3_600_000, ..a.tunables() }
 }
 
+/// The last block freed is left unmerged (buddy/deferred.rs) until a pass of the reporter finds it
+/// left alone for `zero_delay`. A free wakes only an idle reporter; one that naps (blocks too
+/// young for the delay) looks again after a tenth of the delay, which `calm` makes six minutes:
+/// wake it, so that its next pass comes at once (`set_tunables` kicks the workers).
+fn kick_reporter(a: &Allocator) {
+    a.set_tunables(a.tunables()).unwrap();
+}
+
 /// Wait until the reporter has given back at least `pages` pages.
 fn wait_reported(a: &Allocator, pages: usize) {
     wait_for("the reporter to give the freed blocks back", || a.stats().reported_bytes as usize >= pages * PAGE);
@@ -195,8 +203,9 @@ fn a_run_covers_the_resident_part_of_a_free_block_merged_with_reported_memory() 
     for &q in &blocks[2..] {
         a.free(q).unwrap();
     }
-    // The last block freed is left unmerged (buddy/deferred.rs) until the reporter's next pass
-    // merges it: then the arena is one free block, the only seed, its first 128 pages reported.
+    // The last block freed is left unmerged until the reporter's next pass merges it: then the
+    // arena is one free block, the only seed, its first 128 pages reported.
+    kick_reporter(&a);
     wait_for("everything to merge", || merged_to_top(&a.stats(), 12) && a.stats().free_blocks[0][12] == 1);
     a.check_invariants().unwrap();
     // 48 pages: placed at that block's start, where the run around it starts too, they would
@@ -232,7 +241,9 @@ fn a_split_keeps_the_resident_half_before_the_one_with_more_preferred_pages() {
     for &q in &blocks[1..4] {
         a.free(q).unwrap();
     }
-    // One free block of pages 0..128: 16 reported and 48 dirty pages below, 64 zeroed above.
+    // One free block of pages 0..128 once the reporter merged the last block freed: 16 reported
+    // and 48 dirty pages below, 64 zeroed above.
+    kick_reporter(&a);
     wait_for("pages 0..128 to merge", || a.stats().free_blocks[0][7] == 1);
     a.check_invariants().unwrap();
     // 64 pages, plain: the lower half holds more dirty pages (what a plain request prefers) but
