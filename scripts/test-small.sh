@@ -21,6 +21,9 @@ gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-built
 gcc -O2 -g -Wall -Werror -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/small_test" tests/preload/small_test.c -lpthread -ldl
 g++ -O2 -g -Wall -Werror -o "$out/cxx_test" tests/preload/cxx_test.cpp
 
+step "the preload's hot text first (build.rs, hot_text.txt)"
+python3 scripts/check-hot-text.py "$so"
+
 step "the preload's C tests with FALLOW_SMALL=1"
 export FALLOW_SMALL=1
 LD_PRELOAD=$so "$out/preload_test"
