@@ -4,14 +4,15 @@
 The preload library's build places these functions first in its `.text` (build.rs, the linker
 script it writes from this list), so that the code a program runs lies in a few pages: the
 kernel maps a file's pages 64 KiB around each page fault ("fault-around"), and code scattered
-over the library's 450 KiB of text made 380-400 KiB of it resident in a small program, against
-about 200 KiB with the executed code together (docs/measurements.md, "The preload's hot text").
+over the library's 444 KiB of text made all of its text mapping (448 KiB) resident in a small
+program, against 208 KiB with the executed code together (docs/measurements.md, "The preload's hot text").
 
 How: run programs of our own (small and large requests, calloc and realloc, threads, a Python
 run; small objects off and on, the workers on) under callgrind with the preload, and list every
 function of the preload that executed at least one instruction, the most executed first. A Rust
-symbol is written without its hash (`..17h` then `*` in the script), so that the list survives
-changes of the code; a function missing from it only lies where the linker puts it otherwise.
+symbol is written without its hash (`..17h` then `*` in the script), and the standard library's
+(v0) symbols with `Cs*_` for their crates' hashes, so that the list survives changes of the code
+and of the toolchain; a function missing from it only lies where the linker puts it otherwise.
 
 Usage: scripts/hot-text.py  (needs valgrind, gcc, python3; about two minutes). Run it again when
 the paths a program takes change (a new function on the hot path, a new start-up step);
@@ -26,7 +27,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIST = os.path.join(ROOT, 'crates', 'fallow-preload', 'hot_text.txt')
-SO = os.path.join(ROOT, 'target', 'release', 'libfallow_preload.so')
+# callgrind names an object by its real path.
+SO = os.path.realpath(os.path.join(os.environ.get('CARGO_TARGET_DIR', os.path.join(ROOT, 'target')), 'release', 'libfallow_preload.so'))
 
 # (program and arguments, FALLOW_SMALL)
 PYTHON_WORK = "import json, random; d = [{'k': str(i) * (i % 50), 'v': list(range(i % 9))} for i in range(20000)]; s = json.dumps(d); json.loads(s); sorted(s.split(','))"
@@ -83,12 +85,17 @@ def executed(path, obj):
 
 
 def pattern(symbol):
-    """The list's entry for a symbol: a Rust legacy symbol up to its hash, the rest whole."""
+    """The list's entry for a symbol: a Rust legacy symbol up to its hash; a v0 one (the
+    standard library's) with its crates' hashes, which change with the toolchain, as `Cs*_`;
+    the rest whole."""
     symbol = symbol.split("'")[0]  # callgrind's mark of a recursion level
     m = re.match(r'(_ZN.*?17h)[0-9a-f]{16}E', symbol)
     if m:
         return m.group(1)
-    return re.sub(r'\.llvm\.\d+$', '', symbol)
+    symbol = re.sub(r'\.llvm\.\d+$', '', symbol)
+    if symbol.startswith('_R'):
+        symbol = re.sub(r'Cs[0-9A-Za-z]+_', 'Cs*_', symbol)
+    return symbol
 
 
 def main():
@@ -103,6 +110,8 @@ def main():
             subprocess.run(['valgrind', '--tool=callgrind', '--demangle=no', f'--callgrind-out-file={out}'] + cmd,
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
             got = executed(out, SO)
+            if not got:
+                sys.exit(f'no function of {SO} executed in {cmd[0]}: was the library loaded?')
             print(f'{" ".join(os.path.basename(c) for c in cmd[:2])} FALLOW_SMALL={small}: {len(got)} functions', file=sys.stderr)
             total.update(got)
     order = []

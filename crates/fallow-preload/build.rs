@@ -14,12 +14,14 @@ fn main() {
 
 /// The preload is loaded into every process it runs under, and the kernel maps a file's pages
 /// 64 KiB around each page fault (fault-around): code a small program executes scattered over
-/// the library's text made most of the text resident (380-400 KiB of 450). A linker script
+/// the library's text made all of its text mapping resident (448 KiB). A linker script
 /// (`INSERT AFTER .init`, so the rest of the default layout stays) builds `.text` with the
 /// functions of `hot_text.txt` first, after the C start files' and `libc_nonshared`'s
-/// (`pthread_atfork`, run at start-up), and puts `.fini` and `.plt` beside `.init`: what a
-/// program runs lies in a few pages (docs/measurements.md, "The preload's hot text").
-/// `FALLOW_HOT_TEXT=0` at build time keeps the linker's own order (for a comparison).
+/// (`pthread_atfork`, run at start-up), and puts `.fini` and the PLT sections (`.plt.got` holds
+/// the `__cxa_finalize` every exit calls) beside `.init`: what a program runs lies in a few pages
+/// (docs/measurements.md, "The preload's hot text"). GNU ld and lld read the script; gold and
+/// mold do not: a build with either needs `FALLOW_HOT_TEXT=0`, which keeps the linker's own
+/// order (also for a comparison).
 fn hot_text_first() {
     println!("cargo:rerun-if-changed=hot_text.txt");
     println!("cargo:rerun-if-env-changed=FALLOW_HOT_TEXT");
@@ -29,17 +31,20 @@ fn hot_text_first() {
     let list = std::fs::read_to_string("hot_text.txt").expect("crates/fallow-preload/hot_text.txt");
     let mut script = String::from(
         "/* The preload's hot text first (build.rs); written by the build from hot_text.txt. */\nSECTIONS\n{\n  \
-         .fini : { KEEP(*(SORT_NONE(.fini))) }\n  .plt : { *(.plt) }\n  .text : {\n    \
+         .fini : { KEEP(*(SORT_NONE(.fini))) }\n  .plt : { *(.plt) *(.iplt) }\n  .plt.got : { *(.plt.got) }\n  \
+         .plt.sec : { *(.plt.sec) }\n  .text : {\n    \
          *crtbeginS.o(.text .text.*)\n    *libc_nonshared.a:*(.text .text.*)\n",
     );
     for name in list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        // A Rust symbol up to its hash, or a v0 one (which may carry an `.llvm.N` suffix):
-        // whatever follows; a C symbol: exactly. Cold functions are in `.text.unlikely.`.
+        // A Rust symbol up to its hash, or a v0 one (its crates' hashes written `Cs*_`; it may
+        // carry an `.llvm.N` suffix): whatever follows; a C symbol: exactly. Cold functions
+        // are in `.text.unlikely.`.
         let any = if name.ends_with("17h") || name.starts_with("_R") { "*" } else { "" };
         script.push_str(&format!("    *(.text.{name}{any} .text.unlikely.{name}{any})\n"));
     }
     script.push_str("    *(.text .text.*)\n  }\n}\nINSERT AFTER .init;\n");
     let path = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("hot_text.ld");
     std::fs::write(&path, script).unwrap();
-    println!("cargo:rustc-link-arg-cdylib=-Wl,-T,{}", path.display());
+    // `-T` through the compiler driver (a path with a comma would split `-Wl,`).
+    println!("cargo:rustc-link-arg-cdylib=-T{}", path.display());
 }
