@@ -14,14 +14,8 @@ LIST = os.path.join(ROOT, 'crates', 'fallow-preload', 'hot_text.txt')
 
 
 def entries():
-    """The list's entries as build.rs matches sections: a Rust symbol up to its hash or a v0
-    one (with `*` for its crates' hashes) followed by anything, a C symbol exactly."""
-    out = []
-    for line in open(LIST):
-        name = line.strip()
-        if name and not name.startswith('#'):
-            out.append(name + '*' if name.endswith('17h') or name.startswith('_R') else name)
-    return out
+    """The list's patterns of symbol names, as build.rs puts them in the linker script."""
+    return [line.strip() for line in open(LIST) if line.strip() and not line.startswith('#')]
 
 
 def main():

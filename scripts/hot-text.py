@@ -10,7 +10,7 @@ program, against 208 KiB with the executed code together (docs/measurements.md, 
 How: run programs of our own (small and large requests, calloc and realloc, threads, a Python
 run; small objects off and on, the workers on) under callgrind with the preload, and list every
 function of the preload that executed at least one instruction, the most executed first. A Rust
-symbol is written without its hash (`..17h` then `*` in the script), and the standard library's
+symbol is written without its hash (`..17h*`), and the standard library's
 (v0) symbols with `Cs*_` for their crates' hashes, so that the list survives changes of the code
 and of the toolchain; a function missing from it only lies where the linker puts it otherwise.
 
@@ -85,16 +85,17 @@ def executed(path, obj):
 
 
 def pattern(symbol):
-    """The list's entry for a symbol: a Rust legacy symbol up to its hash; a v0 one (the
-    standard library's) with its crates' hashes, which change with the toolchain, as `Cs*_`;
-    the rest whole."""
+    """The list's pattern for a symbol (the linker's and the check's, as it stands): a Rust
+    legacy symbol up to its hash, then `*`; a v0 one (the standard library's) with `Cs*_` for its
+    crates' hashes, which change with the toolchain, then `*` (an `.llvm.N` suffix); a C symbol
+    exactly."""
     symbol = symbol.split("'")[0]  # callgrind's mark of a recursion level
     m = re.match(r'(_ZN.*?17h)[0-9a-f]{16}E', symbol)
     if m:
-        return m.group(1)
+        return m.group(1) + '*'
     symbol = re.sub(r'\.llvm\.\d+$', '', symbol)
     if symbol.startswith('_R'):
-        symbol = re.sub(r'Cs[0-9A-Za-z]+_', 'Cs*_', symbol)
+        return re.sub(r'Cs[0-9A-Za-z]+_', 'Cs*_', symbol) + '*'
     return symbol
 
 
@@ -123,8 +124,8 @@ def main():
             order.append(p)
     with open(LIST, 'w') as f:
         f.write('# The preload\'s functions that programs execute, the most executed first: build.rs places\n')
-        f.write('# them first in the library\'s .text. Written by scripts/hot-text.py; a Rust symbol up to\n')
-        f.write('# its hash (the build matches the rest).\n')
+        f.write('# them first in the library\'s .text. Written by scripts/hot-text.py; each line a pattern of\n')
+        f.write('# symbol names (`*` for a Rust symbol\'s hash and a crate\'s).\n')
         for p in order:
             f.write(p + '\n')
     print(f'{len(order)} functions written to {os.path.relpath(LIST, ROOT)}', file=sys.stderr)

@@ -35,12 +35,10 @@ fn hot_text_first() {
          .plt.sec : { *(.plt.sec) }\n  .text : {\n    \
          *crtbeginS.o(.text .text.*)\n    *libc_nonshared.a:*(.text .text.*)\n",
     );
+    // Each line a pattern of symbol names (scripts/hot-text.py); a function's section is
+    // `.text.` and its name, `.text.unlikely.` and its name for a cold one.
     for name in list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
-        // A Rust symbol up to its hash, or a v0 one (its crates' hashes written `Cs*_`; it may
-        // carry an `.llvm.N` suffix): whatever follows; a C symbol: exactly. Cold functions
-        // are in `.text.unlikely.`.
-        let any = if name.ends_with("17h") || name.starts_with("_R") { "*" } else { "" };
-        script.push_str(&format!("    *(.text.{name}{any} .text.unlikely.{name}{any})\n"));
+        script.push_str(&format!("    *(.text.{name} .text.unlikely.{name})\n"));
     }
     script.push_str("    *(.text .text.*)\n  }\n}\nINSERT AFTER .init;\n");
     let path = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("hot_text.ld");
