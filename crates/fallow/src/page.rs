@@ -62,6 +62,36 @@ impl PageState {
     }
 }
 
+/// The free states of a live block's pages by granule (bit i: the block's pages `[i << shift,
+/// (i + 1) << shift)`, at most 64 granules): the states its pages had when it was taken, or
+/// those they will have when it is freed, as its owner knows them (a span of small objects knows
+/// which of its pages it never wrote and which a trim gave back: slab/trim.rs). A granule in
+/// neither mask is `Dirty`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GranuleStates {
+    /// log2 of a granule's pages.
+    pub(crate) shift: u32,
+    /// Granules whose every page is `Reported`: reads zero, not resident.
+    pub(crate) reported: u64,
+    /// Granules whose every page reads zero, not all `Reported` (resident zeros, or a mix).
+    pub(crate) zeroed: u64,
+}
+
+impl GranuleStates {
+    /// Granules of `npages` pages of `2^shift` each (at most 64), as bits `0..n`.
+    #[inline]
+    pub(crate) fn all(npages: u32, shift: u32) -> u64 {
+        let n = (npages >> shift).min(64);
+        if n == 64 { u64::MAX } else { (1u64 << n) - 1 }
+    }
+
+    /// Only the granules in `keep`; the others `Dirty`.
+    #[inline]
+    pub(crate) fn only(self, keep: u64) -> GranuleStates {
+        GranuleStates { shift: self.shift, reported: self.reported & keep, zeroed: self.zeroed & keep }
+    }
+}
+
 /// How many pages of a free block are in each free state. `dirty` is derived.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StateCounts {

@@ -146,9 +146,11 @@ fn an_emptied_spans_given_back_pages_go_back_to_the_page_layer_reported() {
     for k in 1..SPAN / PAGE {
         assert_eq!(state(base + k * PAGE), Some(PageState::Reported), "page {k}: {runs:?}");
     }
-    // Dirty free memory: page 0 of this span, and the whole second span (`one_full_span`'s,
-    // never trimmed), not the fifteen pages given back.
-    assert_eq!(a.stats().free_dirty_pages, dirty_before + 1 + (SPAN / PAGE) as u64);
+    // Dirty free memory: page 0 of this span, and the pages of the second span
+    // (`one_full_span`'s) its one object's first take wrote (one or two; its other pages, never
+    // written, go back as they came: slab_page_states.rs), not the fifteen pages given back.
+    let dirty = a.stats().free_dirty_pages - dirty_before;
+    assert!((2..=3).contains(&dirty), "{dirty} pages");
     assert_eq!(resident_pages(base, SPAN).unwrap(), 1);
     // SAFETY: `a` is used by this thread only.
     unsafe { common::check_free_states(&a) }.unwrap();

@@ -144,7 +144,7 @@ use crate::stats::Stats;
 
 pub(crate) use remote::{add_to_stats, ask_to_drain, check, drain_unanswered, free_runs, large_pages_held, lock_owners_out, pages_held, thaw_after_fork, Scope};
 pub use hot::hot_from;
-pub(crate) use pages::{alloc_from_hot, alloc_pages, alloc_pages_uncached, free_pages};
+pub(crate) use pages::{alloc_from_hot, alloc_pages, alloc_span_uncached, free_pages};
 pub(crate) use table::{current, drain_current, last};
 use entry::{Entry, Mixed};
 use stack::Stack;

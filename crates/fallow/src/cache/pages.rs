@@ -9,6 +9,7 @@ use core::ptr::NonNull;
 use super::*;
 use crate::error::Error;
 use crate::os::PAGE_SIZE;
+use crate::page::GranuleStates;
 
 /// A block of `size` bytes aligned to `align`, as `Allocator::alloc` serves it: the hit path
 /// (a plain request for an exact power-of-two block of a cached order, from the cache this
@@ -77,10 +78,11 @@ pub(crate) fn alloc_pages_slow(s: &Arc<Shared>, size: usize, align: usize, flags
 /// batch of its order either): the slab's spans, which the slab keeps spares of itself and
 /// gives back on the locked path (docs/design.md, "Spans and the page caches"). As on the
 /// locked path of `alloc_pages_slow`, this thread's own cache gives back what it holds before
-/// memory is faulted in.
-pub(crate) fn alloc_pages_uncached(s: &Arc<Shared>, size: usize, align: usize, flags: Flags) -> Result<NonNull<u8>, Error> {
+/// memory is faulted in. `size` is a power of two, the block aligned to it; with the states its
+/// pages had, by granules of `2^shift` pages (`Shared::alloc_span_locked`).
+pub(crate) fn alloc_span_uncached(s: &Arc<Shared>, size: usize, shift: u32, flags: Flags) -> Result<(NonNull<u8>, GranuleStates), Error> {
     note_zero_request(s, flags);
-    s.alloc_locked(size, align, flags, &mut OwnCache(s))
+    s.alloc_span_locked(size, shift, flags, &mut OwnCache(s))
 }
 
 /// A block from the calling thread's hot block alone (`cache/hot.rs`), with slack, if that

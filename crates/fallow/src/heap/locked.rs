@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::flags::Flags;
 use crate::lock::Guard;
 use crate::os::{self, PAGE_SHIFT, PAGE_SIZE};
-use crate::page::{PageState, META_LOCKED};
+use crate::page::{GranuleStates, PageState, META_LOCKED};
 
 use super::{Heap, Placed, Shared, MAX_ARENAS};
 
@@ -59,6 +59,28 @@ impl Shared {
     /// heap grows; then the take is tried again.
     #[inline(never)]
     pub(crate) fn alloc_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn Reclaim) -> Result<NonNull<u8>, Error> {
+        let placed = self.place_locked(size, align, flags, reclaim)?;
+        self.prepare(&placed, flags)?;
+        // SAFETY: a block address is never null.
+        Ok(unsafe { NonNull::new_unchecked(placed.addr as *mut u8) })
+    }
+
+    /// `alloc_locked` of a block of `size` bytes (a power of two, aligned to its size) for a span
+    /// of small objects, with the states its pages had when taken, by granules of `2^shift`
+    /// pages (`GranuleStates`; read after the take settled its huge-page units and before
+    /// `prepare` marks the pages allocated): the pages the span never writes keep them when it
+    /// goes back (`free_with_states`).
+    pub(crate) fn alloc_span_locked(self: &Arc<Self>, size: usize, shift: u32, flags: Flags, reclaim: &mut dyn Reclaim) -> Result<(NonNull<u8>, GranuleStates), Error> {
+        let placed = self.place_locked(size, size, flags, reclaim)?;
+        let t = &placed.taken;
+        let taken = self.states_of(placed.arena).granules(t.pfn, t.npages, shift);
+        self.prepare(&placed, flags)?;
+        // SAFETY: a block address is never null.
+        Ok((unsafe { NonNull::new_unchecked(placed.addr as *mut u8) }, taken))
+    }
+
+    /// The take of `alloc_locked`, before `prepare`.
+    fn place_locked(self: &Arc<Self>, size: usize, align: usize, flags: Flags, reclaim: &mut dyn Reclaim) -> Result<Placed, Error> {
         let (npages, order) = self.shape(size, align)?;
         let align_pages = (align.max(PAGE_SIZE) >> PAGE_SHIFT) as u32;
         let zero = flags.contains(Flags::ZERO);
@@ -118,9 +140,7 @@ impl Shared {
             }
             self.grow(npages as usize, seen)?;
         };
-        self.prepare(&placed, flags)?;
-        // SAFETY: a block address is never null.
-        Ok(unsafe { NonNull::new_unchecked(placed.addr as *mut u8) })
+        Ok(placed)
     }
 
     /// After the lock: zero what must be zeroed, mark the pages allocated, populate, lock.
@@ -230,27 +250,22 @@ impl Shared {
         })
     }
 
-    /// Free the live block at `addr`, the pages of it set in `given` (bit i: page i) listed
-    /// `Reported`, the others `Dirty`: a span of small objects whose owner gave those pages back
-    /// (slab/trim.rs). Taken on the locked path (the caches keep blocks of one state).
+    /// Free the live block at `addr` with the free states `g` gives its pages (`Dirty` where it
+    /// names neither `Reported` nor `Zeroed`): a span of small objects that knows which of its
+    /// pages it never wrote (they keep the states they had when taken) and which a trim gave
+    /// back (slab/trim.rs). Taken on the locked path (the caches keep blocks of one state).
     ///
     /// # Safety
-    /// Every page set in `given` lies in the block, reads zero and is not resident
-    /// (`MADV_DONTNEED` on private anonymous memory, not written since).
-    pub(crate) unsafe fn free_given_back(self: &Arc<Self>, addr: usize, given: u64) -> Result<(), Error> {
+    /// Every page of a granule in `g.reported` lies in the block, reads zero and is not resident
+    /// (`MADV_DONTNEED` on private anonymous memory or never touched, not written since); every
+    /// page of one in `g.zeroed` lies in the block and reads zero.
+    pub(crate) unsafe fn free_with_states(self: &Arc<Self>, addr: usize, g: GranuleStates) -> Result<(), Error> {
         self.free_marked(addr, |a, pfn, npages| {
-            if npages < 64 && given >> npages != 0 {
+            let bits = npages >> g.shift;
+            if (g.reported | g.zeroed) & !GranuleStates::all(npages, g.shift) != 0 || bits << g.shift != npages {
                 return None;
             }
-            a.set_states(pfn, npages, PageState::Dirty);
-            let mut bits = given;
-            while bits != 0 {
-                let first = bits.trailing_zeros();
-                let run = (bits >> first).trailing_ones();
-                a.set_states(pfn + first, run, PageState::Reported);
-                bits &= !((u64::MAX >> (64 - run)) << first);
-            }
-            Some(given.count_ones() as u64)
+            Some(a.states().fill_granules(pfn, npages, g) as u64)
         })
     }
 

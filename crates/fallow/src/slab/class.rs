@@ -104,6 +104,12 @@ pub(crate) const fn span_bytes(c: usize) -> usize {
     }
 }
 
+/// log2 of the pages of a span of `bytes` that one bit of its page states stands for
+/// (`GranuleStates`: at most 64 granules): a page up to 256 KiB, four pages for 1 MiB.
+pub(crate) const fn granule_shift(bytes: usize) -> u32 {
+    (bytes >> crate::os::PAGE_SHIFT).trailing_zeros().saturating_sub(6)
+}
+
 /// Colours a span can take: its first object lies one to `COLOURS` cache lines past the span's
 /// start, by class (`colour`).
 pub(crate) const COLOURS: usize = 8;

@@ -11,7 +11,7 @@
 //! the side metadata (page map, descriptors); `table` the thread-local table that finds a
 //! thread's heap.
 //! It sits on `cache` and `heap` (its spans are page blocks taken on the locked path,
-//! `cache::alloc_pages_uncached`, and given back on it, `Shared::free_locked`: never through a
+//! `cache::alloc_span_uncached`, and given back on it, `Shared::free_locked`: never through a
 //! per-thread page cache, docs/design.md "Spans and the page caches") and nothing above them.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live page
@@ -72,9 +72,10 @@ use crate::flags::Flags;
 use crate::heap::Shared;
 use crate::lock::Locked;
 use crate::os;
+use crate::page::GranuleStates;
 use crate::stats::Stats;
 
-use class::{aligned_class, class_of, class_size, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
+use class::{aligned_class, class_of, class_size, granule_shift, object_index, span_bytes, CLASSES, MIN_ALIGN, SMALL_MAX, TABLE_MAX};
 use heap::Got;
 pub(crate) use heap::ThreadHeap;
 use map::{Descriptors, PageMaps};
@@ -259,7 +260,11 @@ impl Slab {
     fn new_span(&self, c_class: usize, zero: bool, h: *const ThreadHeap) -> Result<&Span, Error> {
         let bytes = span_bytes(c_class);
         let flags = if zero { Flags::ZERO } else { Flags::NONE };
-        let start = cache::alloc_pages_uncached(&self.shared, bytes, bytes, flags)?.as_ptr() as usize;
+        let shift = granule_shift(bytes);
+        let (start, taken) = cache::alloc_span_uncached(&self.shared, bytes, shift, flags)?;
+        let start = start.as_ptr() as usize;
+        // Taken with `ZERO`, or every page read zero anyway: never-used objects need no memset.
+        let zero = zero || taken.reported | taken.zeroed == GranuleStates::all((bytes >> os::PAGE_SHIFT) as u32, shift);
         let entries = match self.map_entries(start, bytes) {
             Ok(e) => e,
             Err(e) => {
@@ -286,7 +291,7 @@ impl Slab {
         // published in the map below; descriptors live as long as the slab.
         let s = unsafe { &*s };
         // SAFETY: `h` is a heap of this slab (the caller's), live as long as the slab.
-        s.init(c_class, start, zero, h as *mut ThreadHeap, unsafe { (*h).id.get() });
+        s.init(c_class, start, zero, taken, h as *mut ThreadHeap, unsafe { (*h).id.get() });
         for e in entries {
             span::publish(e, s);
         }
@@ -356,14 +361,18 @@ impl Slab {
             }
             s.owner.store(NO_OWNER, Relaxed);
             s.heap.store(ptr::null_mut(), Relaxed);
-            let given = s.given.swap(0, Relaxed);
-            let r = if given == 0 {
+            let states = s.free_states();
+            s.given.store(0, Relaxed);
+            let r = if states.reported | states.zeroed == 0 {
                 self.shared.free_locked(start, None)
             } else {
-                // SAFETY: the pages set in `given` are the span's, given back by a trim with
-                // `MADV_DONTNEED` (private anonymous memory, where it zeroes: `Slab::trims`) and
-                // not written since (no object on them was handed out: trim.rs, "Rules").
-                unsafe { self.shared.free_given_back(start, given) }
+                // SAFETY: `free_states`: the pages it says `Reported` are the span's, given back
+                // by a trim with `MADV_DONTNEED` (private anonymous memory, where it zeroes:
+                // `Slab::trims`) and not written since (no object on them was handed out:
+                // trim.rs, "Rules"), or never written since the page layer handed them out
+                // `Reported`; those it says `Zeroed` were never written since it handed them
+                // out reading zero.
+                unsafe { self.shared.free_with_states(start, states) }
             };
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
             self.central.lock().descriptors.give(s);

@@ -9,6 +9,7 @@ use super::heap::ThreadHeap;
 use super::span::{push_returned, Span, LISTED, UNTOUCHED};
 use super::Slab;
 use crate::error::Error;
+use crate::page::GranuleStates;
 
 impl Slab {
     /// `free_remote` for a free whose hot path found another thread's object (`free_local`'s
@@ -66,8 +67,8 @@ impl Slab {
             // Read before the claim: once it is made, the owner may give the descriptor to
             // another span.
             let (start, bytes) = (s.start.load(Relaxed), s.mask.load(Relaxed) + 1);
-            if let Some(given) = s.claim(word) {
-                self.give_back_claimed(start, bytes, given);
+            if let Some(states) = s.claim(word) {
+                self.give_back_claimed(start, bytes, states);
             }
         }
         Ok(())
@@ -75,11 +76,10 @@ impl Slab {
 
     /// This thread's push claimed the span at `start` of `bytes` (span.rs): every object of it
     /// is free and its owner left it untouched. Out of the page map, off the slab's count, its
-    /// pages to the page layer (those in `given`, given back by a trim, `Reported`; the others
-    /// dirty). The descriptor is left alone: its owner drops it when it next looks at the span.
+    /// pages to the page layer in the states the claim read (`Span::free_states`). The descriptor is left alone: its owner drops it when it next looks at the span.
     #[cold]
     #[inline(never)]
-    fn give_back_claimed(&self, start: usize, bytes: usize, given: u64) {
+    fn give_back_claimed(&self, start: usize, bytes: usize, states: GranuleStates) {
         if let Ok(entries) = self.map_entries(start, bytes) {
             for e in entries {
                 e.store(0, Relaxed);
@@ -87,13 +87,16 @@ impl Slab {
         }
         self.uncount_bytes(bytes as u64);
         self.claims.fetch_add(1, Relaxed);
-        let r = if given == 0 {
+        let r = if states.reported | states.zeroed == 0 {
             self.shared.free_locked(start, None)
         } else {
-            // SAFETY: the pages set in `given` are the span's, given back by its owner's trim
-            // with `MADV_DONTNEED` and not written since (trim.rs, "Rules"); the claim read the
-            // word after the owner's release of the span, which follows the trim.
-            unsafe { self.shared.free_given_back(start, given) }
+            // SAFETY: `Span::free_states`, read by the claim after the owner's release of the
+            // span, which follows its trims and its hand-outs: the pages it says `Reported` were
+            // given back by the owner's trim with `MADV_DONTNEED` and not written since
+            // (trim.rs, "Rules"), or never written since the page layer handed them out
+            // `Reported`; those it says `Zeroed` were never written since they were handed out
+            // reading zero.
+            unsafe { self.shared.free_with_states(start, states) }
         };
         debug_assert!(r.is_ok(), "a claimed span's pages are a live page block: {r:?}");
     }

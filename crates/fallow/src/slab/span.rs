@@ -52,6 +52,7 @@ use core::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ato
 
 use super::class::{class_size, colour, divider, span_bytes};
 use super::heap::ThreadHeap;
+use crate::page::GranuleStates;
 
 /// Bit 0 of `thread_free`: the span is parked (full, off its class list).
 pub(crate) const PARKED: usize = 1;
@@ -182,6 +183,11 @@ pub(crate) struct Span {
     /// owner's: no live object and no list link is on them, every object touching one is free
     /// and on no list. On this line, which the owner's hot paths never touch.
     pub(crate) given: AtomicU64,
+    /// The states the span's pages had when it was taken (`GranuleStates`: granules read zero
+    /// and not resident, granules read zero), set before it is published and not changed while
+    /// it is live: the pages no object was handed out on go back with them (`free_states`).
+    pub(crate) taken_reported: AtomicU64,
+    pub(crate) taken_zeroed: AtomicU64,
     /// The owner heap's `slow_paths` as the first push since the span was last collected saw
     /// it (a claim needs it unchanged; the pushers').
     pub(crate) epoch_seen: AtomicU32,
@@ -239,6 +245,8 @@ impl Span {
             thread_free: AtomicUsize::new(0),
             returned_next: AtomicPtr::new(ptr::null_mut()),
             given: AtomicU64::new(0),
+            taken_reported: AtomicU64::new(0),
+            taken_zeroed: AtomicU64::new(0),
             epoch_seen: AtomicU32::new(0),
             due_since: Cell::new(0),
         }
@@ -253,9 +261,9 @@ impl Span {
     }
 
     /// Set up a free descriptor for a span of class `c` at `start` owned by `heap` (whose id
-    /// is `owner`); `zeroed`: its pages read zero. Called by the owner before the span is in
-    /// the page map.
-    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, heap: *mut ThreadHeap, owner: u64) {
+    /// is `owner`); `zeroed`: its pages read zero; `taken`: their states when the page layer
+    /// handed them out. Called by the owner before the span is in the page map.
+    pub(crate) fn init(&self, c: usize, start: usize, zeroed: bool, taken: GranuleStates, heap: *mut ThreadHeap, owner: u64) {
         let (size, colour) = (class_size(c), colour(c));
         let first = start + colour;
         let n = (span_bytes(c) - colour) / size;
@@ -273,6 +281,8 @@ impl Span {
         self.mark.set(0);
         self.low.store(0, Relaxed);
         self.given.store(0, Relaxed);
+        self.taken_reported.store(taken.reported, Relaxed);
+        self.taken_zeroed.store(taken.zeroed, Relaxed);
         self.due_since.set(0);
         self.end.set(first + n * size);
         self.next.set(ptr::null_mut());
@@ -573,13 +583,13 @@ impl Span {
 
     /// Claim the span whose word a push left as `word` (`claim_due` said so): `CLAIMED` set by a
     /// compare-and-swap from that word, so that a take by the owner or another push since makes
-    /// it fail (that push asks again). `Some(given)`, the pages a trim gave back, if claimed:
-    /// read before the compare-and-swap (the span is untouched: they do not change), as after
-    /// it the owner may give the descriptor to another span.
+    /// it fail (that push asks again). `Some`, the states its pages go back with
+    /// (`free_states`), if claimed: read before the compare-and-swap (the span is untouched: they
+    /// do not change), as after it the owner may give the descriptor to another span.
     #[cold]
-    pub(crate) fn claim(&self, word: usize) -> Option<u64> {
-        let given = self.given.load(Relaxed);
-        self.thread_free.compare_exchange(word, word | CLAIMED, SeqCst, Relaxed).ok().map(|_| given)
+    pub(crate) fn claim(&self, word: usize) -> Option<GranuleStates> {
+        let states = self.free_states();
+        self.thread_free.compare_exchange(word, word | CLAIMED, SeqCst, Relaxed).ok().map(|_| states)
     }
 }
 

@@ -39,18 +39,21 @@
 //!   order); for a request that wants zeros one that lies wholly on given-back pages is handed
 //!   out unlinked, reading zero (no memset).
 //! - **Back to the page layer.** A span that empties leaves as before, its given-back pages
-//!   listed `Reported` (they read zero and are not resident: `Shared::free_given_back`), the
+//!   listed `Reported` (they read zero and are not resident: `Shared::free_with_states`), the
+//!   pages no object was ever handed out on (whole granules at and above `fresh`) with the
+//!   states they had when the span was taken (`Reported` or `Zeroed`: nothing wrote them), the
 //!   others `Dirty`: the zeroing worker does not fault them back in, `calloc` takes them without
-//!   a memset, and the resident counts stay true.
+//!   a memset, placement does not count them resident, and the resident counts stay true.
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{CLASSES, TRIM_SPAN_MAX};
+use super::class::{granule_shift, CLASSES, TRIM_SPAN_MAX};
 use super::heap::ThreadHeap;
 use super::span::{Span, LISTED, UNLISTED};
 use super::{heaps, Central, Slab};
 use crate::config::Backing;
 use crate::os::{self, Advice, PAGE_SIZE};
+use crate::page::GranuleStates;
 use crate::stats::Stats;
 
 /// A span is first trimmed when its live objects come down to 1 / `LOW_DIV` of its objects or
@@ -305,6 +308,27 @@ impl Span {
             return Some((Some((first + i * size, true)), given.count_ones()));
         }
         Some((self.pop().map(|o| (o, false)), given.count_ones()))
+    }
+}
+
+impl Span {
+    /// The states the span's pages go back to the page layer with (`Slab::give_back`, a claim):
+    /// pages a trim gave back `Reported`; the granules no object was ever handed out on (at and
+    /// above `fresh`; all of them if none was) the states they had when the span was taken;
+    /// the rest `Dirty`. Read by the owner, or by the claiming thread before its claim (the
+    /// span untouched: nothing here changes).
+    pub(crate) fn free_states(&self) -> GranuleStates {
+        let shift = granule_shift(self.mask.load(Relaxed) + 1);
+        let taken = GranuleStates { shift, reported: self.taken_reported.load(Relaxed), zeroed: self.taken_zeroed.load(Relaxed) };
+        let written = if self.fresh.load(Relaxed) == 0 { 0 } else { self.fresh_at() - self.start.load(Relaxed) };
+        let first_untouched = written.div_ceil(PAGE_SIZE << shift);
+        let mut g = taken.only(if first_untouched >= 64 { 0 } else { u64::MAX << first_untouched });
+        // Bits of pages: only spans of at most 64 pages are trimmed (granules of one page).
+        let given = self.given();
+        debug_assert!(given == 0 || shift == 0);
+        g.reported |= given;
+        g.zeroed &= !given;
+        g
     }
 }
 
