@@ -75,6 +75,10 @@ pub(crate) struct GranuleStates {
     pub(crate) reported: u64,
     /// Granules whose every page reads zero, not all `Reported` (resident zeros, or a mix).
     pub(crate) zeroed: u64,
+    /// Of `reported`, the granules given back after use (a trim's `MADV_DONTNEED`), counted
+    /// with the memory the reporter gave back; the others were `Reported` when taken and were
+    /// never touched since.
+    pub(crate) given_back: u64,
 }
 
 impl GranuleStates {
@@ -88,7 +92,7 @@ impl GranuleStates {
     /// Only the granules in `keep`; the others `Dirty`.
     #[inline]
     pub(crate) fn only(self, keep: u64) -> GranuleStates {
-        GranuleStates { shift: self.shift, reported: self.reported & keep, zeroed: self.zeroed & keep }
+        GranuleStates { shift: self.shift, reported: self.reported & keep, zeroed: self.zeroed & keep, given_back: self.given_back & keep }
     }
 }
 

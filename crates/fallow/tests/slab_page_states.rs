@@ -51,9 +51,12 @@ fn span_taken_and_given_back(a: &Allocator) -> usize {
 fn a_spans_pages_no_object_was_handed_out_on_go_back_reported() {
     let a = Allocator::new(cfg(Tunables::off())).unwrap();
     // A fresh arena: the span is cut from never-used memory, `Reported`.
-    let dirty_before = a.stats().free_dirty_pages;
+    let before = a.stats();
     let base = span_taken_and_given_back(&a);
     let written = written_pages(&a, base);
+    let dirty_before = before.free_dirty_pages;
+    // The pages never written are still never-used memory, not memory given back after use.
+    assert_eq!(a.stats().never_used_pages + written as u64, before.never_used_pages);
     for k in written..SPAN / PAGE {
         assert_eq!(state_of(&a, base + k * PAGE), Some(PageState::Reported), "page {k}: {:?}", a.free_runs());
     }

@@ -161,7 +161,7 @@ impl States {
     /// granule, at most 64 of them; `GranuleStates`): a granule is `reported` if every page of it
     /// is `Reported`, `zeroed` if every page reads zero and some is not `Reported`.
     pub(crate) fn granules(self, pfn: u32, n: u32, shift: u32) -> GranuleStates {
-        let mut g = GranuleStates { shift, reported: 0, zeroed: 0 };
+        let mut g = GranuleStates { shift, ..GranuleStates::default() };
         let size = 1u32 << shift;
         for i in 0..(n >> shift).min(64) {
             let c = self.count(pfn + (i << shift), size);
@@ -175,23 +175,18 @@ impl States {
     }
 
     /// Give `[pfn, pfn + n)` the free states `g` says (`GranuleStates`: `Dirty` where neither
-    /// mask has the granule). Returns the pages made `Reported`.
-    pub(crate) fn fill_granules(self, pfn: u32, n: u32, g: GranuleStates) -> u32 {
+    /// mask has the granule).
+    pub(crate) fn fill_granules(self, pfn: u32, n: u32, g: GranuleStates) {
         self.fill(pfn, n, PageState::Dirty);
-        let mut reported = 0;
         for (mask, state) in [(g.zeroed & !g.reported, PageState::Zeroed), (g.reported, PageState::Reported)] {
             let mut bits = mask & GranuleStates::all(n, g.shift);
             while bits != 0 {
                 let first = bits.trailing_zeros();
                 let run = (bits >> first).trailing_ones();
                 self.fill(pfn + (first << g.shift), run << g.shift, state);
-                if state == PageState::Reported {
-                    reported += run << g.shift;
-                }
                 bits &= !((u64::MAX >> (64 - run)) << first);
             }
         }
-        reported
     }
 
     /// The first page of `[p, end)` (inside the arena) whose state is not `s`, or `end`.

@@ -253,7 +253,8 @@ impl Shared {
     /// Free the live block at `addr` with the free states `g` gives its pages (`Dirty` where it
     /// names neither `Reported` nor `Zeroed`): a span of small objects that knows which of its
     /// pages it never wrote (they keep the states they had when taken) and which a trim gave
-    /// back (slab/trim.rs). Taken on the locked path (the caches keep blocks of one state).
+    /// back (slab/trim.rs; those, `g.given_back`, count as memory given back after use). Taken
+    /// on the locked path (the caches keep blocks of one state).
     ///
     /// # Safety
     /// Every page of a granule in `g.reported` lies in the block, reads zero and is not resident
@@ -265,7 +266,8 @@ impl Shared {
             if (g.reported | g.zeroed) & !GranuleStates::all(npages, g.shift) != 0 || bits << g.shift != npages {
                 return None;
             }
-            Some(a.states().fill_granules(pfn, npages, g) as u64)
+            a.states().fill_granules(pfn, npages, g);
+            Some(((g.given_back & g.reported).count_ones() as u64) << g.shift)
         })
     }
 

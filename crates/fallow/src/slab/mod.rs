@@ -268,7 +268,7 @@ impl Slab {
         let entries = match self.map_entries(start, bytes) {
             Ok(e) => e,
             Err(e) => {
-                let _ = self.shared.free_locked(start, None);
+                self.free_untouched(start, taken);
                 return Err(e);
             }
         };
@@ -283,7 +283,7 @@ impl Slab {
             Ok(s) => s,
             Err(e) => {
                 drop(c);
-                let _ = self.shared.free_locked(start, None);
+                self.free_untouched(start, taken);
                 return Err(e);
             }
         };
@@ -297,6 +297,14 @@ impl Slab {
         }
         drop(c);
         Ok(s)
+    }
+
+    /// A span's pages taken and not used (a failure after the take): back in the states they
+    /// were taken in.
+    fn free_untouched(&self, start: usize, taken: GranuleStates) {
+        // SAFETY: the block just taken at `start`, never written: its pages are as `taken`
+        // found them (`Shared::alloc_span_locked`).
+        let _ = unsafe { self.shared.free_with_states(start, taken) };
     }
 
     /// Count a span in (`true`: installed in a heap) or out (taken off its heap) of the slab's

@@ -319,7 +319,7 @@ impl Span {
     /// span untouched: nothing here changes).
     pub(crate) fn free_states(&self) -> GranuleStates {
         let shift = granule_shift(self.mask.load(Relaxed) + 1);
-        let taken = GranuleStates { shift, reported: self.taken_reported.load(Relaxed), zeroed: self.taken_zeroed.load(Relaxed) };
+        let taken = GranuleStates { shift, reported: self.taken_reported.load(Relaxed), zeroed: self.taken_zeroed.load(Relaxed), given_back: 0 };
         let written = if self.fresh.load(Relaxed) == 0 { 0 } else { self.fresh_at() - self.start.load(Relaxed) };
         let first_untouched = written.div_ceil(PAGE_SIZE << shift);
         let mut g = taken.only(if first_untouched >= 64 { 0 } else { u64::MAX << first_untouched });
@@ -328,6 +328,7 @@ impl Span {
         debug_assert!(given == 0 || shift == 0);
         g.reported |= given;
         g.zeroed &= !given;
+        g.given_back = given;
         g
     }
 }
