@@ -4,7 +4,8 @@
 //! lock is held (the slab may be the program's allocator): a finding is formatted after.
 
 use super::*;
-use super::span::{CLAIMED, HEAD, UNLISTED, UNTOUCHED};
+use super::span::{UNLISTED};
+use super::thread_free::{CLAIMED, HEAD, UNTOUCHED};
 
 /// What `check` found wrong: what, and two numbers (formatted once the lock is released).
 pub(super) struct Bad(&'static str, usize, usize);
@@ -70,7 +71,7 @@ impl Slab {
                 // the lock held).
                 let s = unsafe { &*p };
                 // The head is taken (the hot path pops from it); the spans behind it are left
-                // untouched, or claimed by another thread and not yet dropped (span.rs).
+                // untouched, or claimed by another thread and not yet dropped (thread_free.rs).
                 let word = s.thread_free.load(SeqCst);
                 if last.is_null() == (word & (UNTOUCHED | CLAIMED) != 0) {
                     return Err(Bad("a listed span is untouched at the head, or taken behind it (span, word)", s.start.load(Relaxed), word));

@@ -17,7 +17,8 @@ use core::ptr;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::Relaxed};
 
 use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
-use super::span::{take_returned, Span, TakenBack, EMPTY, FULL, LEAVING, LISTED, SPARE};
+use super::span::{Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
+use super::thread_free::{TakenBack, take_returned};
 use crate::cache::Owned;
 
 /// Spare spans a heap keeps at most, over all classes: a spare is memory no other class can use,
@@ -37,15 +38,15 @@ pub(crate) struct ThreadHeap {
     pub(crate) spare: [Cell<*mut Span>; CLASSES],
     /// Full spans, parked (`Span::place == FULL`), linked through `next` / `prev`.
     pub(crate) full: Cell<*mut Span>,
-    /// Spans other threads handed back (span.rs, the remote-free protocol).
+    /// Spans other threads handed back (thread_free.rs, the remote-free protocol).
     pub(crate) returned: AtomicPtr<Span>,
-    /// Descriptors of spans other threads claimed (span.rs), dropped by the owner from its
+    /// Descriptors of spans other threads claimed (thread_free.rs), dropped by the owner from its
     /// lists and waiting to go back to the pool under the slab lock
     /// (`Slab::release_dropped_locked`),
     /// linked through `next`.
     pub(crate) dropped: Cell<*mut Span>,
     /// The owner's slow paths (`alloc`), counted: a push claims a span only if its owner ran
-    /// none since the first push of the span's list (span.rs). Owner-written (a load and a
+    /// none since the first push of the span's list (thread_free.rs). Owner-written (a load and a
     /// store), read by the pushers.
     pub(crate) slow_paths: AtomicU32,
     /// Bound to no thread: the slab lock holder is the owner (set and cleared under the lock).
@@ -161,7 +162,7 @@ impl ThreadHeap {
             // SAFETY: as above.
             unsafe {
                 (*old).set_current(false);
-                // Behind the head now: left untouched (span.rs).
+                // Behind the head now: left untouched (thread_free.rs).
                 (*old).release();
             }
         }
@@ -188,7 +189,7 @@ impl ThreadHeap {
         unsafe { (*last).next.set(me) };
         self.tail[c].set(me);
         s.set_place(LISTED);
-        // Behind the head: left untouched (span.rs).
+        // Behind the head: left untouched (thread_free.rs).
         s.release();
     }
 
@@ -218,7 +219,7 @@ impl ThreadHeap {
         s.prev.set(ptr::null_mut());
     }
 
-    /// The head of class `c`'s list becomes its current span: taken first (span.rs); one
+    /// The head of class `c`'s list becomes its current span: taken first (thread_free.rs); one
     /// another thread claimed is dropped, and the next one tried.
     fn make_current(&self, c: usize) {
         loop {
@@ -245,7 +246,7 @@ impl ThreadHeap {
         }
     }
 
-    /// Take a span of a class list (span.rs: the owner's look before it does anything with one
+    /// Take a span of a class list (thread_free.rs: the owner's look before it does anything with one
     /// behind the head; the head it holds already): `false` if another thread claimed it, which
     /// is then dropped from the list.
     pub(crate) fn take_listed(&self, s: &Span) -> bool {

@@ -161,7 +161,7 @@ impl Slab {
             // heap, handed out and now freed: its first word becomes the link of `local_free`.
             unsafe { *(addr as *mut usize) = local };
             s.local_free.set(addr);
-            // Release: the link is written before the count a claiming push reads (span.rs;
+            // Release: the link is written before the count a claiming push reads (thread_free.rs;
             // a plain store on x86).
             s.used.store(used - 1, Release);
             return Freed::Done;

@@ -11,7 +11,8 @@
 use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 use super::class::GRANULE_SHIFT;
-use super::span::{Span, ADDRESS_LIMIT, FREE_DESCRIPTOR};
+use super::span::{Span, FREE_DESCRIPTOR};
+use super::thread_free::{ADDRESS_LIMIT};
 use super::Slab;
 use crate::error::Error;
 use crate::heap::MAX_ARENAS;
@@ -116,7 +117,7 @@ impl Slab {
     pub(crate) fn map_entries(&self, start: usize, bytes: usize) -> Result<impl Iterator<Item = &AtomicUsize>, Error> {
         let (ai, v) = self.shared.view_of(start).ok_or(Error::InvalidPointer { addr: start })?;
         // The remote-free protocol keeps a count above an object's address in one word
-        // (span.rs, `HEAD`): an arena the kernel placed above it holds no span (Linux places
+        // (thread_free.rs, `HEAD`): an arena the kernel placed above it holds no span (Linux places
         // mappings below 2^47 unless asked for higher ones).
         if v.base() + v.len() > ADDRESS_LIMIT {
             return Err(Error::Os { op: "slab span above 2^48", errno: libc::ENOMEM });

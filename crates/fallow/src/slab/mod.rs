@@ -5,8 +5,8 @@
 //! `usable_size`) and slow paths, the making and giving back of spans and the statistics;
 //! `threads` the heaps of threads (adopted or made, given up at thread exit and in a `fork`'s
 //! child); `hot` the two hot paths (pop, the owner's free); `check` the checks of
-//! `check_invariants`; `class` the size classes; `span` a span's descriptor, its free lists and the
-//! remote-free protocol; `remote` other threads' frees (the push, abandoned heaps); `heap` a
+//! `check_invariants`; `class` the size classes; `span` a span's descriptor and its free lists;
+//! `thread_free` the remote-free protocol on a span's `thread_free` word; `remote` other threads' frees (the push, abandoned heaps); `heap` a
 //! thread's heap and the owner's slow paths; `sweep` the owner's sweep before new spans; `map`
 //! the side metadata (page map, descriptors); `table` the thread-local table that finds a
 //! thread's heap.
@@ -30,7 +30,7 @@
 //! list; the first push after parking hands it back), spare (empty, one kept per class, 4 a
 //! heap at most), claimed (emptied by other threads while its owner left it untouched: its
 //! pages back in the page layer, its descriptor on the owner's list until the owner next looks,
-//! span.rs), or back in the page layer. An empty span that is not its class's current one
+//! thread_free.rs), or back in the page layer. An empty span that is not its class's current one
 //! goes to the spare slot or back to the page layer at once (at the owner's next sweep if other
 //! threads emptied it), where the zeroing and reporting workers treat it as any free block.
 //!
@@ -59,6 +59,7 @@ mod remote;
 mod span;
 mod sweep;
 mod table;
+mod thread_free;
 mod threads;
 mod trim;
 

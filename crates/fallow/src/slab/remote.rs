@@ -1,12 +1,13 @@
 //! Other threads' frees (docs/design.md, "Small objects", "Free lists: who touches which"): the
-//! push of the remote-free protocol (span.rs) as the freeing thread makes it, and the free into
+//! push of the remote-free protocol (thread_free.rs) as the freeing thread makes it, and the free into
 //! an abandoned heap's span, which the freeing thread then collects under the slab lock.
 
 use core::ptr;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use super::heap::ThreadHeap;
-use super::span::{push_returned, Span, LISTED, UNTOUCHED};
+use super::span::{Span, LISTED};
+use super::thread_free::{UNTOUCHED, push_returned};
 use super::Slab;
 use crate::error::Error;
 use crate::page::GranuleStates;
@@ -26,7 +27,7 @@ impl Slab {
     }
 
     /// Another thread's free (or the free of a thread without a heap, or into an abandoned
-    /// heap's span): the remote-free protocol (span.rs). Inline in its two callers, `free_in`
+    /// heap's span): the remote-free protocol (thread_free.rs). Inline in its two callers, `free_in`
     /// and `free_remote_out`.
     #[inline(always)]
     pub(super) fn free_remote(&self, s: &Span, addr: usize) -> Result<(), Error> {
@@ -59,7 +60,7 @@ impl Slab {
     }
 
     /// A push into a span its owner left untouched left `word`: claim the span if every object
-    /// it counts used is on `thread_free` (span.rs), and give its pages back. Always `Ok` (the
+    /// it counts used is on `thread_free` (thread_free.rs), and give its pages back. Always `Ok` (the
     /// type of the caller's tail call).
     #[inline(never)]
     fn after_untouched_push(&self, s: &Span, heap: &ThreadHeap, word: usize) -> Result<(), Error> {
@@ -74,7 +75,7 @@ impl Slab {
         Ok(())
     }
 
-    /// This thread's push claimed the span at `start` of `bytes` (span.rs): every object of it
+    /// This thread's push claimed the span at `start` of `bytes` (thread_free.rs): every object of it
     /// is free and its owner left it untouched. Out of the page map, off the slab's count, its
     /// pages to the page layer in the states the claim read (`Span::free_states`). The descriptor is left alone: its owner drops it when it next looks at the span.
     #[cold]
