@@ -6,13 +6,14 @@
 //! `threads` the heaps of threads (adopted or made, given up at thread exit and in a `fork`'s
 //! child); `hot` the two hot paths (pop, the owner's free); `check` the checks of
 //! `check_invariants`; `class` the size classes; `span` a span's descriptor and its free lists;
-//! `thread_free` the remote-free protocol on a span's `thread_free` word; `remote` other threads' frees (the push, abandoned heaps); `heap` a
-//! thread's heap and the owner's slow paths; `sweep` the owner's sweep before new spans; `map`
-//! the side metadata (page map, descriptors); `table` the thread-local table that finds a
-//! thread's heap.
+//! `thread_free` the remote-free protocol on a span's `thread_free` word; `remote` other
+//! threads' frees (the push, abandoned heaps); `heap` a thread's heap and the owner's slow
+//! paths; `sweep` the owner's sweep before new spans; `map` the side metadata (page map,
+//! descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` and `heap` (its spans are page blocks taken on the locked path,
-//! `cache::alloc_span_uncached`, and given back on it, `Shared::free_locked`: never through a
-//! per-thread page cache, docs/design.md "Spans and the page caches") and nothing above them.
+//! `cache::alloc_span_uncached`, and given back on it, `Shared::free_locked` or
+//! `free_with_states`: never through a per-thread page cache, docs/design.md "Spans and the page
+//! caches") and nothing above them.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live page
 //! block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread has a
