@@ -254,13 +254,18 @@ impl Shared {
     /// names neither `Reported` nor `Zeroed`): a span of small objects that knows which of its
     /// pages it never wrote (they keep the states they had when taken) and which a trim gave
     /// back (slab/trim.rs; those, `g.given_back`, count as memory given back after use). Taken
-    /// on the locked path (the caches keep blocks of one state).
+    /// on the locked path (the caches keep blocks of one state); with neither mask, as
+    /// `free_locked`.
     ///
     /// # Safety
     /// Every page of a granule in `g.reported` lies in the block, reads zero and is not resident
     /// (`MADV_DONTNEED` on private anonymous memory or never touched, not written since); every
     /// page of one in `g.zeroed` lies in the block and reads zero.
     pub(crate) unsafe fn free_with_states(self: &Arc<Self>, addr: usize, g: GranuleStates) -> Result<(), Error> {
+        if g.reported | g.zeroed == 0 {
+            // All `Dirty`: as any block (listed unmerged, buddy/deferred.rs).
+            return self.free_locked(addr, None);
+        }
         self.free_marked(addr, |a, pfn, npages| {
             let bits = npages >> g.shift;
             if (g.reported | g.zeroed) & !GranuleStates::all(npages, g.shift) != 0 || bits << g.shift != npages {

@@ -4,7 +4,7 @@
 //! lock is held (the slab may be the program's allocator): a finding is formatted after.
 
 use super::*;
-use super::span::{UNLISTED};
+use super::span::UNLISTED;
 use super::thread_free::{CLAIMED, HEAD, UNTOUCHED};
 
 /// What `check` found wrong: what, and two numbers (formatted once the lock is released).

@@ -18,7 +18,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering::Relaxed};
 
 use super::class::{CLASSES, CLASS_TABLE, SIZE_SLOTS};
 use super::span::{Span, EMPTY, FULL, LEAVING, LISTED, SPARE};
-use super::thread_free::{TakenBack, take_returned};
+use super::thread_free::{take_returned, TakenBack};
 use crate::cache::Owned;
 
 /// Spare spans a heap keeps at most, over all classes: a spare is memory no other class can use,
@@ -246,8 +246,8 @@ impl ThreadHeap {
         }
     }
 
-    /// Take a span of a class list (thread_free.rs: the owner's look before it does anything with one
-    /// behind the head; the head it holds already): `false` if another thread claimed it, which
+    /// Take a span of a class list (thread_free.rs: the owner's look before it does anything with
+    /// one behind the head; the head it holds already): `false` if another thread claimed it, which
     /// is then dropped from the list.
     pub(crate) fn take_listed(&self, s: &Span) -> bool {
         if s.current.load(Relaxed) || !s.take() {

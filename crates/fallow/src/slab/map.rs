@@ -12,7 +12,7 @@ use core::sync::atomic::{AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
 use super::class::GRANULE_SHIFT;
 use super::span::{Span, FREE_DESCRIPTOR};
-use super::thread_free::{ADDRESS_LIMIT};
+use super::thread_free::ADDRESS_LIMIT;
 use super::Slab;
 use crate::error::Error;
 use crate::heap::MAX_ARENAS;

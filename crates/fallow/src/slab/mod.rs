@@ -11,9 +11,9 @@
 //! paths; `sweep` the owner's sweep before new spans; `map` the side metadata (page map,
 //! descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` and `heap` (its spans are page blocks taken on the locked path,
-//! `cache::alloc_span_uncached`, and given back on it, `Shared::free_locked` or
-//! `free_with_states`: never through a per-thread page cache, docs/design.md "Spans and the page
-//! caches") and nothing above them.
+//! `cache::alloc_span_uncached`, and given back on it, `Shared::free_with_states`: never
+//! through a per-thread page cache, docs/design.md "Spans and the page caches") and nothing
+//! above them.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live page
 //! block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread has a
@@ -373,17 +373,13 @@ impl Slab {
             s.heap.store(ptr::null_mut(), Relaxed);
             let states = s.free_states();
             s.given.store(0, Relaxed);
-            let r = if states.reported | states.zeroed == 0 {
-                self.shared.free_locked(start, None)
-            } else {
-                // SAFETY: `free_states`: the pages it says `Reported` are the span's, given back
-                // by a trim with `MADV_DONTNEED` (private anonymous memory, where it zeroes:
-                // `Slab::trims`) and not written since (no object on them was handed out:
-                // trim.rs, "Rules"), or never written since the page layer handed them out
-                // `Reported`; those it says `Zeroed` were never written since it handed them
-                // out reading zero.
-                unsafe { self.shared.free_with_states(start, states) }
-            };
+            // SAFETY: `free_states`: the pages it says `Reported` are the span's, given back
+            // by a trim with `MADV_DONTNEED` (private anonymous memory, where it zeroes:
+            // `Slab::trims`) and not written since (no object on them was handed out:
+            // trim.rs, "Rules"), or never written since the page layer handed them out
+            // `Reported`; those it says `Zeroed` were never written since it handed them
+            // out reading zero.
+            let r = unsafe { self.shared.free_with_states(start, states) };
             debug_assert!(r.is_ok(), "a span's pages are a live page block: {r:?}");
             self.central.lock().descriptors.give(s);
         }

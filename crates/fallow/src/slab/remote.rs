@@ -1,13 +1,13 @@
 //! Other threads' frees (docs/design.md, "Small objects", "Free lists: who touches which"): the
-//! push of the remote-free protocol (thread_free.rs) as the freeing thread makes it, and the free into
-//! an abandoned heap's span, which the freeing thread then collects under the slab lock.
+//! push of the remote-free protocol (thread_free.rs) as the freeing thread makes it, and the free
+//! into an abandoned heap's span, which the freeing thread then collects under the slab lock.
 
 use core::ptr;
 use core::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use super::heap::ThreadHeap;
 use super::span::{Span, LISTED};
-use super::thread_free::{UNTOUCHED, push_returned};
+use super::thread_free::{push_returned, UNTOUCHED};
 use super::Slab;
 use crate::error::Error;
 use crate::page::GranuleStates;
@@ -26,9 +26,9 @@ impl Slab {
         self.free_remote(s, addr)
     }
 
-    /// Another thread's free (or the free of a thread without a heap, or into an abandoned
-    /// heap's span): the remote-free protocol (thread_free.rs). Inline in its two callers, `free_in`
-    /// and `free_remote_out`.
+    /// Another thread's free (or the free of a thread without a heap, or into an abandoned heap's
+    /// span): the remote-free protocol (thread_free.rs). Inline in its two callers, `free_in` and
+    /// `free_remote_out`.
     #[inline(always)]
     pub(super) fn free_remote(&self, s: &Span, addr: usize) -> Result<(), Error> {
         // Read before the push: while the object is live the span stays with this heap (a
@@ -59,8 +59,8 @@ impl Slab {
         Ok(())
     }
 
-    /// A push into a span its owner left untouched left `word`: claim the span if every object
-    /// it counts used is on `thread_free` (thread_free.rs), and give its pages back. Always `Ok` (the
+    /// A push into a span its owner left untouched left `word`: claim the span if every object it
+    /// counts used is on `thread_free` (thread_free.rs), and give its pages back. Always `Ok` (the
     /// type of the caller's tail call).
     #[inline(never)]
     fn after_untouched_push(&self, s: &Span, heap: &ThreadHeap, word: usize) -> Result<(), Error> {
@@ -75,9 +75,10 @@ impl Slab {
         Ok(())
     }
 
-    /// This thread's push claimed the span at `start` of `bytes` (thread_free.rs): every object of it
-    /// is free and its owner left it untouched. Out of the page map, off the slab's count, its
-    /// pages to the page layer in the states the claim read (`Span::free_states`). The descriptor is left alone: its owner drops it when it next looks at the span.
+    /// This thread's push claimed the span at `start` of `bytes` (thread_free.rs): every object of
+    /// it is free and its owner left it untouched. Out of the page map, off the slab's count, its
+    /// pages to the page layer in the states the claim read (`Span::free_states`). The descriptor
+    /// is left alone: its owner drops it when it next looks at the span.
     #[cold]
     #[inline(never)]
     fn give_back_claimed(&self, start: usize, bytes: usize, states: GranuleStates) {
@@ -88,17 +89,13 @@ impl Slab {
         }
         self.uncount_bytes(bytes as u64);
         self.claims.fetch_add(1, Relaxed);
-        let r = if states.reported | states.zeroed == 0 {
-            self.shared.free_locked(start, None)
-        } else {
-            // SAFETY: `Span::free_states`, read by the claim after the owner's release of the
-            // span, which follows its trims and its hand-outs: the pages it says `Reported` were
-            // given back by the owner's trim with `MADV_DONTNEED` and not written since
-            // (trim.rs, "Rules"), or never written since the page layer handed them out
-            // `Reported`; those it says `Zeroed` were never written since they were handed out
-            // reading zero.
-            unsafe { self.shared.free_with_states(start, states) }
-        };
+        // SAFETY: `Span::free_states`, read by the claim after the owner's release of the
+        // span, which follows its trims and its hand-outs: the pages it says `Reported` were
+        // given back by the owner's trim with `MADV_DONTNEED` and not written since
+        // (trim.rs, "Rules"), or never written since the page layer handed them out
+        // `Reported`; those it says `Zeroed` were never written since they were handed out
+        // reading zero.
+        let r = unsafe { self.shared.free_with_states(start, states) };
         debug_assert!(r.is_ok(), "a claimed span's pages are a live page block: {r:?}");
     }
 

@@ -23,7 +23,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::class::CLASSES;
 use super::heap::ThreadHeap;
 use super::span::{Span};
-use super::thread_free::{HEAD};
+use super::thread_free::HEAD;
 
 /// New spans between two sweeps, at least.
 const SWEEP_MIN_NEW: u32 = 4;

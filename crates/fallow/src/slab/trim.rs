@@ -399,8 +399,8 @@ impl Slab {
     /// The owner trims span `s` of its heap `h`: disarmed first, and armed again at half its
     /// mark (a span freed on down is trimmed again as its count halves, until the mark is 0).
     pub(crate) fn trim(&self, h: &ThreadHeap, s: &Span) {
-        // A span behind its class's head is taken first (thread_free.rs): one another thread claimed
-        // is dropped instead.
+        // A span behind its class's head is taken first (thread_free.rs): one another thread
+        // claimed is dropped instead.
         if !h.take_listed(s) {
             return;
         }
