@@ -10,7 +10,10 @@
 //! Invariants.
 //! - Ownership is decided by address: a pointer is fallow's iff `Allocator::owns` says so (a
 //!   lock-free range check), so `dealloc`/`realloc` never need to know who served the request,
-//!   and a request served by the system during start-up is freed by the system later.
+//!   and a request served by the system during start-up is freed by the system later. With
+//!   small objects on, `alloc` and `dealloc` first try the slab's hot paths inline, as the
+//!   preload's `malloc` and `free` do (the first arena's page map tells an object of it; any
+//!   other pointer takes one call, `Allocator::free_cold`, which also tells the system's).
 //! - The allocator is created lazily by the first large request, through a [`LazyAllocator`]
 //!   (defined here, and the preload library's process-wide allocator too): a [`StartGate`]
 //!   (`start.rs`), `UNINIT -> creating (by thread tid) -> READY | FAILED` in one 32-bit atomic,
@@ -38,10 +41,12 @@ use core::ptr;
 use std::alloc::System;
 
 use crate::config::Config;
-use crate::allocator::{fork, Allocator};
+use crate::allocator::{fork, Allocator, FreeHot, RemoteFree};
+use crate::error::Error;
 use crate::flags::Flags;
 use crate::message::fatal;
 use crate::os::PAGE_SIZE;
+use crate::slab::SMALL_ALIGN;
 use crate::start::{Entry, StartGate};
 
 /// A process-wide allocator created on first use: a [`StartGate`] and the slot it guards, the one
@@ -129,6 +134,8 @@ pub struct FallowAlloc {
     lazy: LazyAllocator,
     threshold: usize,
     config: Option<Config>,
+    /// `config`'s `small_objects` (false without a configuration): one load for the hot paths.
+    small: bool,
 }
 
 impl FallowAlloc {
@@ -147,6 +154,7 @@ impl FallowAlloc {
             lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: None,
+            small: false,
         }
     }
 
@@ -155,6 +163,7 @@ impl FallowAlloc {
         FallowAlloc {
             lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
+            small: config.small_objects,
             config: Some(config),
         }
     }
@@ -183,9 +192,57 @@ impl FallowAlloc {
     }
 
     /// Small objects on (`Config::small_objects` in the configuration given).
-    #[inline]
+    #[inline(always)]
     fn small(&self) -> bool {
-        matches!(&self.config, Some(c) if c.small_objects)
+        self.small
+    }
+
+    /// With small objects on, the slab's hot path alone (`Allocator::malloc_hot`: a request of
+    /// at most `SMALL_MAX` bytes and the objects' alignment, popped off this thread's current
+    /// span of its class, no call but a `ZERO` request's memset); `None`: `alloc_flags` answers.
+    #[inline(always)]
+    fn alloc_hot(&self, layout: &Layout, flags: Flags) -> Option<*mut u8> {
+        if !self.small() || layout.align() > SMALL_ALIGN {
+            return None;
+        }
+        let p = self.lazy.get()?.malloc_hot(layout.size(), flags.contains(Flags::ZERO))?;
+        Some(p.as_ptr())
+    }
+
+    /// `dealloc` with small objects on: the owner's free of an object inline (`free_hot_step`,
+    /// whose lookup also tells a pointer outside the first arena), everything else one call.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::dealloc`.
+    #[inline(always)]
+    unsafe fn dealloc_small(&self, p: *mut u8, layout: Layout) {
+        let Some(a) = self.lazy.get() else {
+            // No allocator: nothing of fallow's to free.
+            // SAFETY: `p` came from `System` with `layout` (the caller's contract).
+            return unsafe { System.dealloc(p, layout) };
+        };
+        // Every outcome but the owner's free is one call in tail position, so that the owner's
+        // path sets up no frame.
+        match a.free_hot_step(p) {
+            FreeHot::Done => {}
+            FreeHot::Remote(r) => dealloc_remote(a, r),
+            // SAFETY: the caller's contract, passed on.
+            FreeHot::Cold => unsafe { dealloc_cold(a, p, layout) },
+        }
+    }
+
+    /// `dealloc` with small objects off: a pointer in an arena is a page block (`free` keeps
+    /// the page layer's hit path inline), any other `System`'s.
+    ///
+    /// # Safety
+    /// As `GlobalAlloc::dealloc`.
+    #[inline(never)]
+    unsafe fn dealloc_pages(&self, p: *mut u8, layout: Layout) {
+        match self.owner(p) {
+            Some(a) => or_fatal(a.free(p)),
+            // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
+            None => unsafe { System.dealloc(p, layout) },
+        }
     }
 
     #[inline]
@@ -247,25 +304,26 @@ impl Default for FallowAlloc {
 // aborts in `fatal`).
 unsafe impl GlobalAlloc for FallowAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.alloc_flags(layout, Flags::NONE)
+        match self.alloc_hot(&layout, Flags::NONE) {
+            Some(p) => p,
+            None => self.alloc_flags(layout, Flags::NONE),
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        self.alloc_flags(layout, Flags::ZERO)
+        match self.alloc_hot(&layout, Flags::ZERO) {
+            Some(p) => p,
+            None => self.alloc_flags(layout, Flags::ZERO),
+        }
     }
 
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        match self.owner(p) {
-            Some(a) => {
-                // With small objects off, `free` keeps the page layer's hit path inline.
-                let r = if self.small() { a.free_any(p) } else { a.free(p) };
-                if let Err(e) = r {
-                    fatal("dealloc", &e);
-                }
-            }
-            // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
-            None => unsafe { System.dealloc(p, layout) },
+        if self.small() {
+            // SAFETY: the caller's contract, passed on.
+            return unsafe { self.dealloc_small(p, layout) };
         }
+        // SAFETY: as above.
+        unsafe { self.dealloc_pages(p, layout) }
     }
 
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -307,6 +365,38 @@ unsafe impl GlobalAlloc for FallowAlloc {
         // contents now copied; the caller will not use it again (`realloc` succeeded).
         unsafe { self.dealloc(p, layout) };
         q
+    }
+}
+
+/// A failed free aborts with its message (`message::fatal`).
+#[inline(always)]
+fn or_fatal(r: Result<(), Error>) {
+    if let Err(e) = r {
+        fatal("dealloc", &e);
+    }
+}
+
+/// Another thread's object, checked by `dealloc`'s hot path: pushed back to its span's owner.
+#[inline(never)]
+fn dealloc_remote(a: &Allocator, r: RemoteFree<'_>) {
+    // SAFETY: `a`'s own `free_hot_step` gave `r`.
+    or_fatal(unsafe { r.finish(a) })
+}
+
+/// `dealloc` with small objects on past its hot path: a page block, another thread's object
+/// freed by a thread the hot path did not find, bad input, or `System`'s block (outside every
+/// arena: `free_cold` says `false`).
+///
+/// # Safety
+/// As `GlobalAlloc::dealloc`.
+#[inline(never)]
+unsafe fn dealloc_cold(a: &Allocator, p: *mut u8, layout: Layout) {
+    match a.free_cold(p) {
+        Ok(true) => {}
+        // SAFETY: `p` lies in none of fallow's arenas, so `System` allocated it with `layout`
+        // (the caller's contract).
+        Ok(false) => unsafe { System.dealloc(p, layout) },
+        Err(e) => fatal("dealloc", &e),
     }
 }
 
@@ -402,6 +492,52 @@ mod tests {
             fa.dealloc(z, l(3000));
             a.drain_thread_cache();
             assert_eq!((a.stats().small_live_objects, a.stats().small_spans), (0, 0));
+            a.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn small_objects_on_dealloc_takes_each_path() {
+        let config = Config { arena_size: 64 << 20, max_order: 10, small_objects: true, ..Config::default() };
+        static A: std::sync::OnceLock<FallowAlloc> = std::sync::OnceLock::new();
+        let fa = A.get_or_init(|| FallowAlloc::with_config(1 << 20, config));
+        let l = |size| Layout::from_size_align(size, 16).unwrap();
+        // SAFETY: every pointer passed back is one `fa` returned with that same layout, freed
+        // once; the writes stay inside the blocks.
+        unsafe {
+            // The owner's free (the inline path), and its `alloc_zeroed` of a freed object.
+            let p = fa.alloc(l(64));
+            let a = fa.allocator().expect("created by the first small request");
+            p.write_bytes(7, 64);
+            fa.dealloc(p, l(64));
+            let z = fa.alloc_zeroed(l(64));
+            assert!((0..64).all(|i| *z.add(i) == 0));
+            fa.dealloc(z, l(64));
+            // Another thread's objects (`FreeHot::Remote`), and this thread's freed by another.
+            let mine: Vec<usize> = (0..100).map(|_| fa.alloc(l(48)) as usize).collect();
+            let theirs: Vec<usize> = std::thread::spawn(move || (0..100).map(|_| fa.alloc(l(48)) as usize).collect()).join().unwrap();
+            for &q in &theirs {
+                fa.dealloc(q as *mut u8, l(48));
+            }
+            std::thread::spawn(move || {
+                for &q in &mine {
+                    fa.dealloc(q as *mut u8, l(48));
+                }
+            })
+            .join()
+            .unwrap();
+            // A page block (the cold path's page layer) and the system's block (outside every
+            // arena: the cold path gives it to `System`).
+            let big = fa.alloc(l(2 << 20));
+            assert!(a.owns(big));
+            big.write_bytes(1, 2 << 20);
+            fa.dealloc(big, l(2 << 20));
+            let sys = fa.alloc(l(Allocator::SMALL_MAX + 4096));
+            assert!(!a.owns(sys));
+            fa.dealloc(sys, l(Allocator::SMALL_MAX + 4096));
+            a.drain_thread_cache();
+            let s = a.stats();
+            assert_eq!((s.small_live_objects, s.bytes_in_use), (0, 0), "{s}");
             a.check_invariants().unwrap();
         }
     }

@@ -88,6 +88,7 @@ use threads::{heaps, new_heap};
 
 pub(crate) use class::SMALL_MAX as SMALL_OBJECT_MAX;
 pub(crate) use class::TABLE_MAX as SMALL_HOT_MAX;
+pub(crate) use class::MIN_ALIGN as SMALL_ALIGN;
 pub use class::objects_per_span;
 
 /// The smallest object request that first asks the hot block (`malloc_slow`).
