@@ -23,10 +23,9 @@
 use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use core::fmt::Write;
-use core::ptr;
 
 use core_fallow::binding_support::{fork, StackBuf};
-use core_fallow::{Allocator, Backing, Config, Error, Flags};
+use core_fallow::{Allocator, Backing, Config, Error};
 
 #[cfg(test)]
 mod header_test;
@@ -34,7 +33,7 @@ mod header_test;
 pub const FALLOW_ZERO: c_uint = 1;
 pub const FALLOW_POPULATE: c_uint = 2;
 pub const FALLOW_LOCK: c_uint = 4;
-const ALL_FLAGS: c_uint = FALLOW_ZERO | FALLOW_POPULATE | FALLOW_LOCK;
+pub(crate) const ALL_FLAGS: c_uint = FALLOW_ZERO | FALLOW_POPULATE | FALLOW_LOCK;
 
 /// Options of `fallow_create_with_options` (may be or-ed): the `FALLOW_*` environment variables
 /// applied over the settings, and small objects on (`Config::small_objects`).
@@ -44,7 +43,7 @@ const ALL_OPTIONS: c_uint = FALLOW_CREATE_FROM_ENV | FALLOW_CREATE_SMALL_OBJECTS
 
 /// The alignment `fallow_alloc` gives for `align` 0 to an allocator with small objects on: every
 /// small object's (a page block is page-aligned whatever it is asked).
-const SMALL_NATURAL_ALIGN: usize = 16;
+pub(crate) const SMALL_NATURAL_ALIGN: usize = 16;
 
 const MSG_LEN: usize = 512;
 
@@ -52,7 +51,10 @@ thread_local! {
     static LAST_ERROR: UnsafeCell<[u8; MSG_LEN]> = const { UnsafeCell::new([0; MSG_LEN]) };
 }
 
-/// Record a failure: message into the thread-local buffer, `errno`, and the return code.
+/// Record a failure: message into the thread-local buffer, `errno`, and the return code. Out of
+/// line: its 512-byte message buffer would give every caller's hot path a frame.
+#[cold]
+#[inline(never)]
 pub(crate) fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
     let mut b = StackBuf::<MSG_LEN>::new();
     let _ = b.write_fmt(msg);
@@ -69,6 +71,8 @@ pub(crate) fn fail(code: c_int, msg: core::fmt::Arguments) -> c_int {
     code
 }
 
+#[cold]
+#[inline(never)]
 pub(crate) fn fail_with(e: Error) -> c_int {
     fail(e.errno(), format_args!("{e}"))
 }
@@ -354,69 +358,11 @@ macro_rules! handle {
     };
 }
 
-// After `handle!`, which it uses.
+// After `handle!`, which they use.
+mod blocks;
 mod tunables;
+pub use blocks::{fallow_alloc, fallow_free};
 pub use tunables::{fallow_get_tunable, fallow_set_tunable};
-
-/// # Safety
-///
-/// `a` is null or a live handle from `fallow_create`; `out` is null or points to a writable
-/// `void *`.
-#[no_mangle]
-pub unsafe extern "C" fn fallow_alloc(
-    a: *mut Allocator,
-    size: usize,
-    align: usize,
-    flags: c_uint,
-    out: *mut *mut c_void,
-) -> c_int {
-    let a = handle!(a, "fallow_alloc");
-    if out.is_null() {
-        return fail(libc::EINVAL, format_args!("fallow_alloc: out is NULL"));
-    }
-    if flags & !ALL_FLAGS != 0 {
-        return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
-    }
-    // With small objects on, `Allocator::malloc`: up to 256 KiB an object of the slab layer
-    // (`POPULATE` and `LOCK` make it a page block), above a page block. Zero bytes stay an
-    // error, as without (`malloc` would serve them as one byte).
-    let r = if !a.config().small_objects {
-        let align = if align == 0 { core_fallow::binding_support::PAGE_SIZE } else { align };
-        a.alloc(size, align, Flags(flags))
-    } else if size == 0 {
-        Err(Error::ZeroSize)
-    } else {
-        a.malloc(size, if align == 0 { SMALL_NATURAL_ALIGN } else { align }, Flags(flags))
-    };
-    match r {
-        Ok(p) => {
-            // SAFETY: `out` is not null (checked above) and writable (the contract).
-            unsafe { *out = p.as_ptr() as *mut c_void };
-            0
-        }
-        Err(e) => {
-            // SAFETY: `out` is not null (checked above) and writable (the contract).
-            unsafe { *out = ptr::null_mut() };
-            fail_with(e)
-        }
-    }
-}
-
-/// # Safety
-///
-/// `a` is null or a live handle from `fallow_create`. `p` may be anything (it is validated);
-/// the block it frees is not touched afterwards.
-#[no_mangle]
-pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int {
-    let a = handle!(a, "fallow_free");
-    // With small objects on, either kind (`free_any`); without, `free` keeps the page layer's
-    // hit path inline.
-    let r = if a.config().small_objects { a.free_any(p as *mut u8) } else { a.free(p as *mut u8) };
-    match r {
-        Ok(()) => 0,
-        Err(e) => fail_with(e),
-    }
-}
 
 /// # Safety
 ///
