@@ -33,9 +33,10 @@ pub unsafe extern "C" fn fallow_alloc(
         // SAFETY: the caller's contract, passed on; `out` is not null.
         return unsafe { alloc_pages(a, size, align, flags, out) };
     }
-    // The hot path: a request of the objects' alignment (0, or a power of two up to it; any
-    // other is refused on the cold path), with no flag (a `ZERO` request's memset, a call,
-    // would give this function a frame).
+    // The hot path: a request of the objects' alignment (0, or a power of two up to it; a
+    // larger one takes an aligned class or a page block on the cold path, which refuses any
+    // that is not a power of two), with no flag (a `ZERO` request's memset, a call, would give
+    // this function a frame).
     if flags == 0 && align <= SMALL_NATURAL_ALIGN && align & align.wrapping_sub(1) == 0 && size != 0 {
         if let Some(p) = a.malloc_hot(size, false) {
             // SAFETY: `out` is not null (checked above) and writable (the contract).
@@ -119,7 +120,8 @@ pub unsafe extern "C" fn fallow_free(a: *mut Allocator, p: *mut c_void) -> c_int
     }
     match a.free_hot_step(p as *mut u8) {
         FreeHot::Done => 0,
-        FreeHot::Remote(r) => free_remote(a, r),
+        // SAFETY: `a`'s own `free_hot_step` gave `r`.
+        FreeHot::Remote(r) => unsafe { free_remote(a, r) },
         FreeHot::Cold => free_small(a, p as *mut u8),
     }
 }
@@ -132,16 +134,21 @@ fn free_pages(a: &Allocator, p: *mut u8) -> c_int {
 }
 
 /// Another thread's object, checked by `fallow_free`'s hot path.
+///
+/// # Safety
+///
+/// `r` is what `a.free_hot_step` gave (`RemoteFree::finish`'s contract).
 #[inline(never)]
-fn free_remote(a: &Allocator, r: RemoteFree<'_>) -> c_int {
-    // SAFETY: `a`'s own `free_hot_step` gave `r`.
+unsafe fn free_remote(a: &Allocator, r: RemoteFree<'_>) -> c_int {
+    // SAFETY: the caller's contract.
     status(unsafe { r.finish(a) })
 }
 
-/// `fallow_free` with small objects on, past its hot path: either kind (`free_any`).
+/// `fallow_free` with small objects on, past its hot path (`FreeHot::Cold`): either kind,
+/// without the hot path's lookup again (`free_any_cold`).
 #[inline(never)]
 fn free_small(a: &Allocator, p: *mut u8) -> c_int {
-    status(a.free_any(p))
+    status(a.free_any_cold(p))
 }
 
 /// 0, or the error's code with its message.

@@ -1,13 +1,14 @@
 //! Instructions per malloc/free pair of small objects: a ring of 64 live objects of 16-4096
 //! bytes, each step freeing one and allocating one of another size (the field's ring count),
 //! for fallow's small objects (`Allocator::malloc` / `free_any`; `global`: through `FallowAlloc`,
-//! the Rust `GlobalAlloc`, with small objects on) and for glibc, jemalloc and mimalloc through
-//! their `GlobalAlloc`s, in one process.
+//! the Rust `GlobalAlloc`, with small objects on; `global-off`: `FallowAlloc::new()`, which
+//! passes small requests to `System`) and for glibc, jemalloc and mimalloc through their
+//! `GlobalAlloc`s, in one process.
 //!
 //! ```text
 //! cargo build --release -p fallow --example slab_ring
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/slab_ring PEER N     # PEER: fallow, global, glibc, jemalloc, mimalloc
+//!     target/release/examples/slab_ring PEER N     # PEER: fallow, global, global-off, glibc, jemalloc, mimalloc
 //! ```
 //! Run for two values of N; the difference of the instruction totals over the difference of N
 //! is the cost of one pair with start-up left out (the loop's own work included, as in the
@@ -76,9 +77,10 @@ fn main() {
             let config = Config { tunables: Tunables::off(), small_objects: true, ..Config::default() };
             global(&FallowAlloc::with_config(FallowAlloc::DEFAULT_THRESHOLD, config), n);
         }
+        "global-off" => global(&FallowAlloc::new(), n),
         "glibc" => global(&System, n),
         "jemalloc" => global(&Jemalloc, n),
         "mimalloc" => global(&MiMalloc, n),
-        _ => panic!("PEER is one of fallow, global, glibc, jemalloc, mimalloc"),
+        _ => panic!("PEER is one of fallow, global, global-off, glibc, jemalloc, mimalloc"),
     }
 }

@@ -198,8 +198,8 @@ impl FallowAlloc {
     }
 
     /// With small objects on, the slab's hot path alone (`Allocator::malloc_hot`: a request of
-    /// at most `SMALL_MAX` bytes and the objects' alignment, popped off this thread's current
-    /// span of its class, no call but a `ZERO` request's memset); `None`: `alloc_flags` answers.
+    /// at most 16 KiB and the objects' alignment, popped off this thread's current span of its
+    /// class, no call but a `ZERO` request's memset); `None`: `alloc_flags` answers.
     #[inline(always)]
     fn alloc_hot(&self, layout: &Layout, flags: Flags) -> Option<*mut u8> {
         if !self.small() || layout.align() > SMALL_ALIGN {
@@ -225,7 +225,8 @@ impl FallowAlloc {
         // path sets up no frame.
         match a.free_hot_step(p) {
             FreeHot::Done => {}
-            FreeHot::Remote(r) => dealloc_remote(a, r),
+            // SAFETY: `a`'s own `free_hot_step` gave `r`.
+            FreeHot::Remote(r) => unsafe { dealloc_remote(a, r) },
             // SAFETY: the caller's contract, passed on.
             FreeHot::Cold => unsafe { dealloc_cold(a, p, layout) },
         }
@@ -239,7 +240,7 @@ impl FallowAlloc {
     #[inline(never)]
     unsafe fn dealloc_pages(&self, p: *mut u8, layout: Layout) {
         match self.owner(p) {
-            Some(a) => or_fatal(a.free(p)),
+            Some(a) => free_block(a, p),
             // SAFETY: `p` is not fallow's, so it came from `System` with `layout` (the caller's contract).
             None => unsafe { System.dealloc(p, layout) },
         }
@@ -267,7 +268,19 @@ impl FallowAlloc {
         }
     }
 
+    /// Every request but the slab's hot path's: the system's below the threshold with small
+    /// objects off (the pass-through, inline, no frame), anything else `alloc_fallow`.
+    #[inline(always)]
     fn alloc_flags(&self, layout: Layout, flags: Flags) -> *mut u8 {
+        if !self.small() && layout.size() < self.threshold {
+            return system_alloc(layout, flags);
+        }
+        self.alloc_fallow(layout, flags)
+    }
+
+    /// A request for fallow (or the system's when fallow cannot serve it).
+    #[inline(never)]
+    fn alloc_fallow(&self, layout: Layout, flags: Flags) -> *mut u8 {
         if self.small() && layout.size() <= Allocator::SMALL_MAX {
             if let Some(a) = self.get() {
                 if let Ok(p) = a.malloc(layout.size(), layout.align(), flags) {
@@ -280,14 +293,20 @@ impl FallowAlloc {
             }
             // Exhaustion of fallow's reservation: the system may still have room.
         }
-        // SAFETY: `layout` comes from `GlobalAlloc::alloc`/`alloc_zeroed`, whose caller guarantees a
-        // non-zero size, the one precondition of `System`'s.
-        unsafe {
-            if flags.contains(Flags::ZERO) {
-                System.alloc_zeroed(layout)
-            } else {
-                System.alloc(layout)
-            }
+        system_alloc(layout, flags)
+    }
+}
+
+/// The system's block for `layout` (zeroed for `ZERO`).
+#[inline(always)]
+fn system_alloc(layout: Layout, flags: Flags) -> *mut u8 {
+    // SAFETY: `layout` comes from `GlobalAlloc::alloc`/`alloc_zeroed`, whose caller guarantees a
+    // non-zero size, the one precondition of `System`'s.
+    unsafe {
+        if flags.contains(Flags::ZERO) {
+            System.alloc_zeroed(layout)
+        } else {
+            System.alloc(layout)
         }
     }
 }
@@ -376,19 +395,30 @@ fn or_fatal(r: Result<(), Error>) {
     }
 }
 
-/// Another thread's object, checked by `dealloc`'s hot path: pushed back to its span's owner.
+/// A page block freed (`free` keeps the page layer's hit path inline), out of line so that
+/// the system's blocks pass `dealloc_pages` with no frame.
 #[inline(never)]
-fn dealloc_remote(a: &Allocator, r: RemoteFree<'_>) {
-    // SAFETY: `a`'s own `free_hot_step` gave `r`.
+fn free_block(a: &Allocator, p: *mut u8) {
+    or_fatal(a.free(p))
+}
+
+/// Another thread's object, checked by `dealloc`'s hot path: pushed back to its span's owner.
+///
+/// # Safety
+/// `r` is what `a.free_hot_step` gave (`RemoteFree::finish`'s contract).
+#[inline(never)]
+unsafe fn dealloc_remote(a: &Allocator, r: RemoteFree<'_>) {
+    // SAFETY: the caller's contract.
     or_fatal(unsafe { r.finish(a) })
 }
 
-/// `dealloc` with small objects on past its hot path: a page block, another thread's object
-/// freed by a thread the hot path did not find, bad input, or `System`'s block (outside every
-/// arena: `free_cold` says `false`).
+/// `dealloc` with small objects on past its hot path: a page block, an object of an arena
+/// after the first, bad input, or `System`'s block (outside every arena: `free_cold` says
+/// `false`).
 ///
 /// # Safety
-/// As `GlobalAlloc::dealloc`.
+/// As `GlobalAlloc::dealloc`, with `a` the allocator of the `FallowAlloc` whose `dealloc` it
+/// is: a pointer outside `a`'s arenas is then `System`'s.
 #[inline(never)]
 unsafe fn dealloc_cold(a: &Allocator, p: *mut u8, layout: Layout) {
     match a.free_cold(p) {
@@ -502,9 +532,14 @@ mod tests {
         static A: std::sync::OnceLock<FallowAlloc> = std::sync::OnceLock::new();
         let fa = A.get_or_init(|| FallowAlloc::with_config(1 << 20, config));
         let l = |size| Layout::from_size_align(size, 16).unwrap();
-        // SAFETY: every pointer passed back is one `fa` returned with that same layout, freed
-        // once; the writes stay inside the blocks.
+        // SAFETY: every pointer passed back is one `fa` (or `System`, before `fa` has an
+        // allocator) returned with that same layout, freed once; the writes stay inside the
+        // blocks.
         unsafe {
+            // Before the allocator exists: the system's block goes back to the system.
+            let early = System.alloc(l(64));
+            fa.dealloc(early, l(64));
+            assert!(fa.allocator().is_none());
             // The owner's free (the inline path), and its `alloc_zeroed` of a freed object.
             let p = fa.alloc(l(64));
             let a = fa.allocator().expect("created by the first small request");
@@ -526,6 +561,13 @@ mod tests {
             })
             .join()
             .unwrap();
+            // Enough objects for several spans, freed in order: the frees that empty a span other
+            // than the current one move it (`Freed::Moved`, the hot path's one call).
+            let many: Vec<*mut u8> = (0..5000).map(|_| fa.alloc(l(48))).collect();
+            assert!(a.stats().small_spans >= 3);
+            for &q in &many {
+                fa.dealloc(q, l(48));
+            }
             // A page block (the cold path's page layer) and the system's block (outside every
             // arena: the cold path gives it to `System`).
             let big = fa.alloc(l(2 << 20));

@@ -191,8 +191,8 @@ impl Allocator {
     }
 
     /// The hot path of `malloc` alone, for bindings that keep everything else out of line
-    /// (the preload library): with small objects on, a request of at most `SMALL_MAX` bytes of
-    /// the natural alignment (16) popped off the calling thread's current span of its class,
+    /// (the preload library): with small objects on, a request of at most 16 KiB (the class
+    /// table's) of the natural alignment (16) popped off the calling thread's current span of its class,
     /// zeroed whole for `zero`; `None` when that is not all it takes (then call `malloc`, which
     /// answers every case). Inline, with no call but a memset for `zero`.
     ///
@@ -279,6 +279,16 @@ impl Allocator {
         if self.free_hot(ptr) {
             return Ok(());
         }
+        self.free_any_slow(ptr as usize)
+    }
+
+    /// `free_any` past its hot path, for a binding whose own call of `free_hot_step` answered
+    /// `FreeHot::Cold` (every case but the owner's plain free of an object and another
+    /// thread's checked object), without looking the pointer up in the first arena's page map
+    /// again.
+    #[doc(hidden)]
+    #[inline]
+    pub fn free_any_cold(&self, ptr: *mut u8) -> Result<(), Error> {
         self.free_any_slow(ptr as usize)
     }
 
