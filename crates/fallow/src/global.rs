@@ -395,8 +395,8 @@ fn or_fatal(r: Result<(), Error>) {
     }
 }
 
-/// A page block freed (`free` keeps the page layer's hit path inline), out of line so that
-/// the system's blocks pass `dealloc_pages` with no frame.
+/// A page block freed (`free` keeps the page layer's hit path inline), out of line: the
+/// system's blocks, which pass `dealloc_pages` too, do not set up that path's frame.
 #[inline(never)]
 fn free_block(a: &Allocator, p: *mut u8) {
     or_fatal(a.free(p))
