@@ -29,23 +29,28 @@ pub unsafe extern "C" fn fallow_alloc(
     if out.is_null() {
         return fail(libc::EINVAL, format_args!("fallow_alloc: out is NULL"));
     }
-    if !a.config().small_objects {
-        // SAFETY: the caller's contract, passed on; `out` is not null.
-        return unsafe { alloc_pages(a, size, align, flags, out) };
-    }
+    let small = a.config().small_objects;
     // The hot path: a request of the objects' alignment (0, or a power of two up to it; a
     // larger one takes an aligned class or a page block on the cold path, which refuses any
     // that is not a power of two), with no flag (a `ZERO` request's memset, a call, would give
     // this function a frame).
-    if flags == 0 && align <= SMALL_NATURAL_ALIGN && align & align.wrapping_sub(1) == 0 && size != 0 {
+    if small && flags == 0 && align <= SMALL_NATURAL_ALIGN && align & align.wrapping_sub(1) == 0 && size != 0 {
         if let Some(p) = a.malloc_hot(size, false) {
             // SAFETY: `out` is not null (checked above) and writable (the contract).
             unsafe { *out = p.as_ptr() as *mut c_void };
             return 0;
         }
     }
-    // SAFETY: as above.
-    unsafe { alloc_small(a, size, align, flags, out) }
+    if flags & !ALL_FLAGS != 0 {
+        return fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS));
+    }
+    if small {
+        // SAFETY: the caller's contract, passed on; `out` is not null, `flags` known.
+        unsafe { alloc_small(a, size, align, flags, out) }
+    } else {
+        // SAFETY: as above.
+        unsafe { alloc_pages(a, size, align, flags, out) }
+    }
 }
 
 /// `fallow_alloc` with small objects off: a page block (`Allocator::alloc`, which keeps the
@@ -53,12 +58,9 @@ pub unsafe extern "C" fn fallow_alloc(
 ///
 /// # Safety
 ///
-/// `out` is not null and points to a writable `void *`.
+/// `out` is not null and points to a writable `void *`; `flags` are known ones.
 #[inline(never)]
 unsafe fn alloc_pages(a: &Allocator, size: usize, align: usize, flags: c_uint, out: *mut *mut c_void) -> c_int {
-    if flags & !ALL_FLAGS != 0 {
-        return unknown_flags(flags);
-    }
     let align = if align == 0 { PAGE_SIZE } else { align };
     // SAFETY: the caller's contract, passed on.
     unsafe { answer(a.alloc(size, align, Flags(flags)), out) }
@@ -74,17 +76,9 @@ unsafe fn alloc_pages(a: &Allocator, size: usize, align: usize, flags: c_uint, o
 /// As `alloc_pages`.
 #[inline(never)]
 unsafe fn alloc_small(a: &Allocator, size: usize, align: usize, flags: c_uint, out: *mut *mut c_void) -> c_int {
-    if flags & !ALL_FLAGS != 0 {
-        return unknown_flags(flags);
-    }
     let r = if size == 0 { Err(Error::ZeroSize) } else { a.malloc(size, if align == 0 { SMALL_NATURAL_ALIGN } else { align }, Flags(flags)) };
     // SAFETY: the caller's contract, passed on.
     unsafe { answer(r, out) }
-}
-
-#[cold]
-fn unknown_flags(flags: c_uint) -> c_int {
-    fail(libc::EINVAL, format_args!("fallow_alloc: unknown flag bits {:#x}", flags & !ALL_FLAGS))
 }
 
 /// The block of `r` (or null) into `*out`; 0, or the error's code with its message.

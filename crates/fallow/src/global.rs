@@ -134,8 +134,6 @@ pub struct FallowAlloc {
     lazy: LazyAllocator,
     threshold: usize,
     config: Option<Config>,
-    /// `config`'s `small_objects` (false without a configuration): one load for the hot paths.
-    small: bool,
 }
 
 impl FallowAlloc {
@@ -154,7 +152,6 @@ impl FallowAlloc {
             lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
             config: None,
-            small: false,
         }
     }
 
@@ -163,7 +160,6 @@ impl FallowAlloc {
         FallowAlloc {
             lazy: LazyAllocator::new(),
             threshold: if threshold < PAGE_SIZE { PAGE_SIZE } else { threshold },
-            small: config.small_objects,
             config: Some(config),
         }
     }
@@ -194,7 +190,7 @@ impl FallowAlloc {
     /// Small objects on (`Config::small_objects` in the configuration given).
     #[inline(always)]
     fn small(&self) -> bool {
-        self.small
+        matches!(&self.config, Some(c) if c.small_objects)
     }
 
     /// With small objects on, the slab's hot path alone (`Allocator::malloc_hot`: a request of

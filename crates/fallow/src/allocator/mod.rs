@@ -274,30 +274,25 @@ impl Allocator {
     /// page layer's hit path inline, for callers that know small objects are off).
     #[inline(always)]
     pub fn free_any(&self, ptr: *mut u8) -> Result<(), Error> {
-        // Another thread's object takes `free_any_slow` too (`free_hot_step`'s third outcome
+        // Another thread's object takes `free_any_cold` too (`free_hot_step`'s third outcome
         // here cost the owner's pair one instruction in `slab_ring`, 88.9 -> 89.9).
         if self.free_hot(ptr) {
             return Ok(());
         }
-        self.free_any_slow(ptr as usize)
+        self.free_any_cold(ptr)
     }
 
-    /// `free_any` past its hot path, for a binding whose own call of `free_hot_step` answered
-    /// `FreeHot::Cold` (every case but the owner's plain free of an object and another
-    /// thread's checked object), without looking the pointer up in the first arena's page map
-    /// again.
+    /// `free_any` past its hot path (every case but the owner's plain free of an object), also
+    /// for a binding whose own call of `free_hot_step` answered `FreeHot::Cold`: no second
+    /// lookup in the first arena's page map. `free_cold`, with a pointer outside every arena
+    /// an `InvalidPointer`, as the page layer calls it.
     #[doc(hidden)]
-    #[inline]
-    pub fn free_any_cold(&self, ptr: *mut u8) -> Result<(), Error> {
-        self.free_any_slow(ptr as usize)
-    }
-
-    /// `free_any` but for the owner's plain free of an object.
     #[inline(never)]
-    fn free_any_slow(&self, addr: usize) -> Result<(), Error> {
-        match self.slab.find(addr) {
-            Found::Span(s) => self.slab.free_in(s, addr),
-            _ => cache::free_pages(&self.shared, addr, None),
+    pub fn free_any_cold(&self, ptr: *mut u8) -> Result<(), Error> {
+        if self.free_cold(ptr)? {
+            Ok(())
+        } else {
+            Err(Error::InvalidPointer { addr: ptr as usize })
         }
     }
 

@@ -175,10 +175,10 @@ impl States {
     }
 
     /// Give `[pfn, pfn + n)` the free states `g` says (`GranuleStates`: `Dirty` where neither
-    /// mask has the granule).
+    /// mask has the granule; `Reported` is written last, so it wins where both have it).
     pub(crate) fn fill_granules(self, pfn: u32, n: u32, g: GranuleStates) {
         self.fill(pfn, n, PageState::Dirty);
-        for (mask, state) in [(g.zeroed & !g.reported, PageState::Zeroed), (g.reported, PageState::Reported)] {
+        for (mask, state) in [(g.zeroed, PageState::Zeroed), (g.reported, PageState::Reported)] {
             let mut bits = mask & GranuleStates::all(n, g.shift);
             while bits != 0 {
                 let first = bits.trailing_zeros();

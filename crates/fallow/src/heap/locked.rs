@@ -267,8 +267,7 @@ impl Shared {
             return self.free_locked(addr, None);
         }
         self.free_marked(addr, |a, pfn, npages| {
-            let bits = npages >> g.shift;
-            if (g.reported | g.zeroed) & !GranuleStates::all(npages, g.shift) != 0 || bits << g.shift != npages {
+            if (g.reported | g.zeroed) & !GranuleStates::all(npages, g.shift) != 0 || npages & ((1 << g.shift) - 1) != 0 {
                 return None;
             }
             a.states().fill_granules(pfn, npages, g);

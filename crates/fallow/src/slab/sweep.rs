@@ -22,7 +22,7 @@ use core::sync::atomic::Ordering::Relaxed;
 
 use super::class::CLASSES;
 use super::heap::ThreadHeap;
-use super::span::{Span};
+use super::span::Span;
 use super::thread_free::HEAD;
 
 /// New spans between two sweeps, at least.
