@@ -119,6 +119,27 @@ cat "$out/warn.log"
 LD_PRELOAD=$so ls / > /dev/null
 LD_PRELOAD=$so sh -c 'echo ok | sort | uniq' > /dev/null
 
+step "fallow's threads never keep a process alive (its first thread leaves by pthread_exit, or a thread forks)"
+# Each case fails by `timeout` (or the parent's 8 s wait) if fallow's workers outlive the program.
+gcc -O2 -Wall -Werror -o "$out/last_thread_test" tests/c/last_thread_test.c -lpthread
+gcc -O2 -Wall -Werror -DWITH_CAPI -o "$out/last_thread_capi" tests/c/last_thread_test.c $(pkg-config --cflags --libs fallow) -lpthread
+gcc -O2 -Wall -Werror -DWITH_CAPI -o "$out/last_thread_capi_static" tests/c/last_thread_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
+last_thread() { # last_thread NAME ENV... -- CMD...: the case must end by itself, with 0, its late thread's line flushed
+    local name=$1 log=$out/last_thread.log; shift
+    timeout 30 env "$@" > "$log" 2>&1 || { cat "$log"; fail "$name: status $?"; }
+    grep -q '^thread done$' "$log" || { cat "$log"; fail "$name: the last thread's output was not flushed"; }
+    echo "ok $name"
+}
+for small in 0 1; do
+    for case in main_exits fork_in_thread; do
+        last_thread "preload $case (FALLOW_SMALL=$small)" FALLOW_SMALL=$small LD_PRELOAD=$so "$out/last_thread_test" $case
+    done
+done
+for case in main_exits fork_in_thread; do
+    last_thread "C API $case" "$out/last_thread_capi" $case
+    last_thread "C API static $case" "$out/last_thread_capi_static" $case
+done
+
 step "redis-server (links jemalloc, asks malloc_usable_size) under the preload"
 tests/preload/redis_check.sh "$so" "$out/redis"
 

@@ -105,10 +105,16 @@ pub fn start_sampler() {
 }
 
 extern "C" fn sampler(_: *mut c_void) -> *mut c_void {
+    // One of fallow's threads, which ends once the program has no thread left: it must not
+    // keep the process alive (the core's `worker/exit_watch.rs`).
+    let _own = fallow::binding_support::OwnThread::helper();
     let nap = libc::timespec { tv_sec: 0, tv_nsec: (SAMPLE_MS * 1_000_000) as libc::c_long };
     loop {
         // SAFETY: `nap` is a valid timespec; the remainder is not wanted.
         unsafe { libc::nanosleep(&nap, core::ptr::null_mut()) };
+        if fallow::binding_support::program_gone() {
+            return core::ptr::null_mut();
+        }
         if let Some(a) = existing() {
             write_record(b'S', a, a.stats());
         }

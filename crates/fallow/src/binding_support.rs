@@ -69,6 +69,10 @@ pub mod env {
 /// `fork`.
 pub use crate::lock::RawLock;
 
+/// fallow's own threads, which never keep a process alive (`worker/exit_watch.rs`): a thread of a binding's
+/// own counts itself and ends once the program is gone.
+pub use crate::worker::exit_watch::{program_gone, OwnThread};
+
 /// The `fork` registry (`allocator/fork.rs`): `register` an allocator at its creation, and it is
 /// locked around every `fork` of the process by handlers registered when the library is loaded;
 /// `release` destroys it, its workers joined before it leaves the registry (the C library's).

@@ -110,6 +110,8 @@ const SCAN_LIMIT: u32 = 256;
 pub(crate) extern "C" fn thread_main(arg: *mut libc::c_void) -> *mut libc::c_void {
     // SAFETY: `Allocator::start` passed `Arc::into_raw` of a clone, owned by this thread from now on.
     let shared = unsafe { Arc::from_raw(arg as *const Shared) };
+    // Counted as one of fallow's threads until it ends (worker/exit_watch.rs).
+    let _own = crate::worker::exit_watch::OwnThread::worker(&shared.reporter);
     let delay_ms = shared.heap.lock().tunables.report_delay_ms;
     let Some(mut gate) = shared.reporter.start_after_nap(delay_ms) else { return core::ptr::null_mut() };
     os::dontneed_zeroes();

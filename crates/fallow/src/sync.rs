@@ -1,5 +1,5 @@
 //! Atomics and the futex of the lock-free protocols that `tests/loom/` model-checks with the
-//! real code (`worker.rs`). A normal build gets `core`'s atomics and `os`'s futex calls, so this
+//! real code (`worker/mod.rs`). A normal build gets `core`'s atomics and `os`'s futex calls, so this
 //! costs nothing; a build with the `loom` feature (`make test-loom`) gets loom's atomics and a futex
 //! modelled by a mutex and a condition variable, and `lib.rs` then exports what the models call
 //! (`loom_support`). Protocols whose code cannot run under loom (`cache/`, `report.rs`,

@@ -24,7 +24,8 @@ const LAYERS: &[&str] = &[
     "env",
     "page",
     "stats",
-    // The worker word (sleep and wake of a background thread), without the workers' policies.
+    // The worker word (sleep and wake of a background thread), without the workers' policies,
+    // and the watch that keeps fallow's threads from outliving the program (`worker/exit_watch.rs`).
     "worker",
     // Address space and side metadata, then the free lists over it.
     "arena",

@@ -409,7 +409,7 @@ fn thp_arenas_report_whole_huge_pages_only() {
 
 #[test]
 fn workers_run_under_sched_batch() {
-    // SCHED_BATCH with their own idle-CPU check (worker.rs, IdleGate), SCHED_IDLE where
+    // SCHED_BATCH with their own idle-CPU check (worker/mod.rs, IdleGate), SCHED_IDLE where
     // /proc/loadavg cannot be read: a starved SCHED_IDLE thread delays the process's exit.
     let expected = if std::fs::read_to_string("/proc/loadavg").is_ok() { libc::SCHED_BATCH } else { libc::SCHED_IDLE };
     let a = Allocator::new(config(Tunables { zeroing: true, ..reporting(0) })).unwrap();

@@ -231,12 +231,17 @@ extern "C" fn child() {
     unsafe { for_each(reset) };
     // SAFETY: the child has one thread, this one, which took the guard in `prepare`.
     unsafe { GUARD.reset_after_fork() };
+    // SAFETY: the child's one thread, before it starts any.
+    unsafe { crate::worker::exit_watch::after_fork_child() };
 }
 
 extern "C" fn register_handlers() {
     // SAFETY: the handlers are `extern "C"` functions that live as long as the code holding
-    // them; they reach only the registry, empty until an allocator is registered.
+    // them; they reach only the registry, empty until an allocator is registered, and the
+    // watch of the first thread.
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    // The first thread's watch, in the same load-time call (worker/exit_watch.rs).
+    crate::worker::exit_watch::at_load();
 }
 
 /// Run by the dynamic loader when the program or shared object is loaded.

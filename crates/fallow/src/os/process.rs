@@ -31,6 +31,27 @@ pub fn thread_alive(tid: i32) -> bool {
     r == 0 || super::errno() != libc::ESRCH
 }
 
+/// Whether the process's first thread has ended (a zombie, which the kernel keeps while other
+/// threads live) and at most `others` other threads are left: `/proc/self/stat`'s third field
+/// (the first thread's state) and twentieth (the threads, the zombie included). `false` when
+/// the file cannot be read.
+pub fn first_thread_gone_leaving(others: u32) -> bool {
+    let mut buf = [0u8; 1024];
+    let Some(n) = read_small_file(c"/proc/self/stat", &mut buf) else { return false };
+    matches!(stat_state_and_threads(&buf[..n]), Some((b'Z', t)) if t <= others as u64 + 1)
+}
+
+/// (state, threads) of a `/proc/<pid>/stat` line: the third and twentieth fields, counted after
+/// the command's closing parenthesis (the command, in parentheses, may hold any byte).
+fn stat_state_and_threads(line: &[u8]) -> Option<(u8, u64)> {
+    let close = line.iter().rposition(|&b| b == b')')?;
+    let mut fields = line[close + 1..].split(|&b| b == b' ' || b == b'\n').filter(|f| !f.is_empty());
+    let state = *fields.next()?.first()?;
+    // Fields 4 to 19 passed, the twentieth.
+    let threads = fields.nth(16)?;
+    Some((state, parse_decimal(threads)?))
+}
+
 /// A pidfd for this process (for `process_madvise`), close-on-exec.
 pub fn pidfd_self() -> OsResult<i32> {
     use rustix::fd::IntoRawFd;
@@ -261,6 +282,17 @@ mod tests {
         // SAFETY: the thread started just above, joined here only.
         unsafe { join_thread(t) };
         assert!(named.load(core::sync::atomic::Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_stat_line_gives_the_first_threads_state_and_the_thread_count() {
+        let line = b"4242 (a) b) c) Z 1 4242 4242 0 -1 4194560 120 0 0 0 3 1 0 0 20 0 3 0 999 1 2 3\n";
+        assert_eq!(stat_state_and_threads(line), Some((b'Z', 3)));
+        assert_eq!(stat_state_and_threads(b"1 (x) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 17"), Some((b'S', 17)));
+        assert_eq!(stat_state_and_threads(b"1 (x) S 0 1"), None);
+        assert_eq!(stat_state_and_threads(b"no parenthesis"), None);
+        // This test's own process: its first thread runs the harness, alive.
+        assert!(!first_thread_gone_leaving(u32::MAX - 1));
     }
 
     #[test]

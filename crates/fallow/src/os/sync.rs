@@ -1,5 +1,5 @@
 //! Synchronisation with the kernel: the futex under the allocator lock (`lock.rs`), the worker
-//! words (`worker.rs`) and the start gate (`start.rs`), and `membarrier`, the heavy side of the
+//! words (`worker/mod.rs`) and the start gate (`start.rs`), and `membarrier`, the heavy side of the
 //! page caches' asymmetric fences (`cache.rs`).
 
 use core::sync::atomic::{AtomicI32, AtomicU32, Ordering};

@@ -5,7 +5,7 @@
 //! empty. One file per protocol, below. What each model proves, and what it assumes, is in
 //! docs/design.md ("Model-checked protocols", under "Threads and locks").
 //!
-//! - The worker word (`worker.rs`): the REAL `Worker` code, built on loom's atomics and a futex
+//! - The worker word (`worker/mod.rs`): the REAL `Worker` code, built on loom's atomics and a futex
 //!   modelled by a mutex and condition variable (`sync.rs`: the value is re-checked under the
 //!   mutex, as `FUTEX_WAIT` does; timeouts are not modelled, so a lost wake-up is a deadlock that
 //!   loom reports). The free path around it (`Allocator::wake_workers_after_free`, `asleep`,

@@ -1,8 +1,8 @@
-//! The worker word (`worker.rs`, the real code): a free that makes work, a kick racing a nap, a stop.
+//! The worker word (`worker/mod.rs`, the real code): a free that makes work, a kick racing a nap, a stop.
 
 use super::*;
 
-// ---- The worker word (worker.rs, the real code) ----
+// ---- The worker word (worker/mod.rs, the real code) ----
 
 /// Long enough never to end in a real run; the futex model ignores timeouts anyway.
 const NAP_NS: u64 = 10_000_000;

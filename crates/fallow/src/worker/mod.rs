@@ -24,6 +24,8 @@
 //! - Starting a thread uses `pthread_create` directly (`os::spawn_thread`): no Rust heap
 //!   allocation (the preload library's `malloc` may be the one that ends up here).
 
+pub(crate) mod exit_watch;
+
 use crate::os::{self, BackgroundPolicy};
 // `core`'s atomics and `os`'s futex; loom's under the `loom` feature (`tests/loom/` model-checks the
 // word protocol below with this very code).
@@ -182,8 +184,9 @@ impl Worker {
         // us. (Without it a worker could nap through a stop for the whole of a long nap.)
         let announced = self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok();
         if announced && !self.stopping() {
-            futex_wait(&self.word, NAPPING, Some(ns));
+            futex_wait(&self.word, NAPPING, Some(exit_watch::cap_sleep(ns)));
         }
+        self.stop_if_program_gone();
         // One swap: a kick that lands after the wait is seen here, never overwritten.
         self.word.swap(RUNNING, Ordering::SeqCst) == KICKED
     }
@@ -196,9 +199,19 @@ impl Worker {
         // A stop whose kick an earlier nap consumed: `request_stop` sets the flag before it
         // kicks, so either the flag is seen here or the kick finds `IDLE` and wakes us.
         if announced && !self.stopping() && !has_work() {
-            futex_wait(&self.word, IDLE, Some(timeout_ns));
+            futex_wait(&self.word, IDLE, Some(exit_watch::cap_sleep(timeout_ns)));
         }
+        self.stop_if_program_gone();
         self.word.store(RUNNING, Ordering::SeqCst);
+    }
+
+    /// After a sleep: no thread of the program is left (its first thread left by
+    /// `pthread_exit` and the others have ended), so this worker ends as if asked to, lest it
+    /// keep the process alive (exit_watch.rs).
+    fn stop_if_program_gone(&self) {
+        if exit_watch::program_gone() {
+            self.stop.store(true, Ordering::Release);
+        }
     }
 
     /// A safety net for `idle`: wake once a minute even if a wake-up were ever missed.
