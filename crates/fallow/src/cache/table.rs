@@ -200,6 +200,8 @@ pub(super) fn select(id: u64, c: *mut ThreadCache) -> *const ThreadCache {
 
 impl Drop for Slots {
     fn drop(&mut self) {
+        // This thread is leaving: if the program's first thread has left, it may be the last.
+        crate::worker::exit_watch::thread_leaves();
         STATE.with(|s| s.set(DEAD));
         tls::set_cache(0, 0);
         for i in 0..SLOTS {

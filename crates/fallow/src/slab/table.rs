@@ -206,6 +206,8 @@ fn give_up(s: Slot) {
 
 impl Drop for Slots {
     fn drop(&mut self) {
+        // This thread is leaving: if the program's first thread has left, it may be the last.
+        crate::worker::exit_watch::thread_leaves();
         STATE.with(|s| s.set(DEAD));
         clear_last();
         let slots = core::mem::replace(&mut *self.slots.borrow_mut(), [const { None }; SLOTS]);

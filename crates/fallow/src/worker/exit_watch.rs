@@ -13,12 +13,14 @@
 //!   whose destructor (`first_thread_leaves`) runs when it leaves by `pthread_exit` (never on a
 //!   return from `main`, which is `exit`). It sets `FIRST_GONE` and kicks every running worker.
 //! - **Then every sleep of fallow's threads is short and ends with a look.** With `FIRST_GONE`
-//!   set, a worker sleeps at most `poll_ns` (10 ms for the first second, 200 ms after), and after
-//!   each sleep reads the kernel's view (`/proc/self/stat`): once the first thread is a zombie
-//!   and every other thread is one of fallow's (`OWN`), no thread of the program is left. The
-//!   worker then stops as if asked to (`Worker::idle`, `nap_unless_kicked`), and the last of
-//!   fallow's threads to end makes glibc's `exit(0)`. Before the first thread leaves, nothing
-//!   of this costs more than the load of `FIRST_GONE` after a sleep.
+//!   set, a worker sleeps at most 10 ms for its first `FAST_LOOKS` looks, 200 ms after (`cap_sleep`),
+//!   and after each sleep reads the kernel's view (`/proc/self/stat`): once the first thread is
+//!   a zombie and every other thread is one of fallow's (`OWN`), no thread of the program is
+//!   left. The worker then stops as if asked to (`Worker::idle`, `nap_unless_kicked`), and the
+//!   last of fallow's threads to end makes glibc's `exit(0)`. A thread with a table of fallow's
+//!   (slab heaps, page caches) that leaves meanwhile kicks them and makes their sleeps short
+//!   again (`thread_leaves`): it may be the last. Before the first thread leaves, nothing of
+//!   this costs more than the load of `FIRST_GONE` after a sleep or at a thread's exit.
 //! - **Counting errs on the side of living.** A thread counts itself in `OWN` from its first
 //!   line to its last (`OwnThread`), inside the span in which the kernel counts it: the kernel's
 //!   count is never below `OWN` plus the program's threads, so a program thread is never taken
@@ -195,9 +197,24 @@ fn watch_if_first() {
     };
 }
 
+/// A thread with a table of fallow's (slab heaps, page caches) is leaving: once the first
+/// thread has left, it may be the program's last, so the workers look again soon (short sleeps
+/// again, and a kick now; the look that sees this thread gone follows one short sleep later).
+pub(crate) fn thread_leaves() {
+    if FIRST_GONE.load(Ordering::Relaxed) {
+        LOOKS.store(0, Ordering::Relaxed);
+        kick_workers();
+    }
+}
+
 /// The destructor of the first thread's value: it is leaving by `pthread_exit`.
 extern "C" fn first_thread_leaves(_: *mut c_void) {
     FIRST_GONE.store(true, Ordering::SeqCst);
+    kick_workers();
+}
+
+/// Wake every listed worker, so that its next sleep is short and ends with a look.
+fn kick_workers() {
     SLOTS_LOCK.lock();
     for s in &WORKERS {
         let w = s.load(Ordering::Relaxed);
