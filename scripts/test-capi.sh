@@ -126,7 +126,9 @@ gcc -O2 -Wall -Werror -DWITH_CAPI -o "$out/last_thread_capi" tests/c/last_thread
 gcc -O2 -Wall -Werror -DWITH_CAPI -o "$out/last_thread_capi_static" tests/c/last_thread_test.c -Iinclude target/release/libfallow.a -lpthread -ldl -lm
 last_thread() { # last_thread NAME ENV... -- CMD...: the case must end by itself, with 0, its late thread's line flushed
     local name=$1 log=$out/last_thread.log; shift
-    timeout 30 env "$@" > "$log" 2>&1 || { cat "$log"; fail "$name: status $?"; }
+    local status=0
+    timeout 30 env "$@" > "$log" 2>&1 || status=$?
+    ((status == 0)) || { cat "$log"; fail "$name: status $status"; }
     grep -q '^thread done$' "$log" || { cat "$log"; fail "$name: the last thread's output was not flushed"; }
     echo "ok $name"
 }

@@ -82,7 +82,8 @@ pub fn init() -> bool {
 /// thread that created the allocator, or at load time if the allocator came first.
 pub fn start_sampler() {
     // SAFETY: plain-data structures initialised by their own libc calls before any other use; the
-    // creating thread's signal mask is saved and restored around `pthread_create`; `sampler` is
+    // creating thread's signal mask is saved (also into `CREATOR_MASK`, which this function alone
+    // writes, once: `process::on_create` runs it once) and restored around `pthread_create`; `sampler` is
     // an `extern "C"` function that lives as long as the library and ignores its argument.
     unsafe {
         let mut attr: libc::pthread_attr_t = core::mem::zeroed();
@@ -95,6 +96,8 @@ pub fn start_sampler() {
         let mut old: libc::sigset_t = core::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        // Before the thread exists: the thread reads it only after its creation.
+        (*CREATOR_MASK.0.get()).write(old);
         let mut t: libc::pthread_t = 0;
         if libc::pthread_create(&mut t, &attr, sampler, core::ptr::null_mut()) == 0 {
             libc::pthread_setname_np(t, c"fallow-sample".as_ptr());
@@ -103,6 +106,13 @@ pub fn start_sampler() {
         libc::pthread_attr_destroy(&mut attr);
     }
 }
+
+/// The signal mask of the thread that started the sampler, which the sampler takes back before
+/// it ends with the program: the last thread to end runs the program's exit handlers.
+struct Mask(core::cell::UnsafeCell<core::mem::MaybeUninit<libc::sigset_t>>);
+// SAFETY: written once by `start_sampler` before it creates the one thread that reads it.
+unsafe impl Sync for Mask {}
+static CREATOR_MASK: Mask = Mask(core::cell::UnsafeCell::new(core::mem::MaybeUninit::uninit()));
 
 extern "C" fn sampler(_: *mut c_void) -> *mut c_void {
     // One of fallow's threads, which ends once the program has no thread left: it must not
@@ -113,6 +123,8 @@ extern "C" fn sampler(_: *mut c_void) -> *mut c_void {
         // SAFETY: `nap` is a valid timespec; the remainder is not wanted.
         unsafe { libc::nanosleep(&nap, core::ptr::null_mut()) };
         if fallow::binding_support::program_gone() {
+            // SAFETY: written by `start_sampler` before this thread was created; a valid mask.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, (*CREATOR_MASK.0.get()).as_ptr(), core::ptr::null_mut()) };
             return core::ptr::null_mut();
         }
         if let Some(a) = existing() {
@@ -136,11 +148,12 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// This process's resident bytes (`/proc/self/statm`, second field), 0 if it cannot be read.
+/// This process's resident bytes (`/proc/thread-self/statm`, second field: `/proc/self`'s reads
+/// zeros once the first thread has ended), 0 if it cannot be read.
 fn rss_bytes() -> u64 {
     let mut buf = [0u8; 128];
     // SAFETY: a NUL-terminated path; the descriptor is closed below.
-    let fd = unsafe { libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(c"/proc/thread-self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
         return 0;
     }

@@ -249,5 +249,15 @@ extern "C" fn register_handlers() {
 #[link_section = ".init_array"]
 static AT_LOAD: extern "C" fn() = register_handlers;
 
+/// Run when the shared object is unloaded (`dlclose`) or the process exits: the first thread's
+/// key goes with the code of its destructor (glibc drops the `fork` handlers itself).
+extern "C" fn at_unload() {
+    crate::worker::exit_watch::at_unload();
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static AT_UNLOAD: extern "C" fn() = at_unload;
+
 #[cfg(test)]
 mod tests;

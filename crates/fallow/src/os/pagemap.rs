@@ -1,5 +1,6 @@
-//! `/proc/self/pagemap`: what the kernel holds for each page of this process's private anonymous
-//! memory. The zeroing worker reads it before zeroing a free chunk, and a large `ZERO` request
+//! `/proc/thread-self/pagemap`: what the kernel holds for each page of this process's private
+//! anonymous memory (through the calling thread: `/proc/self`'s memory files read nothing once
+//! the process's first thread has ended). The zeroing worker reads it before zeroing a free chunk, and a large `ZERO` request
 //! before its memset, so that they write only the pages the program wrote: a page never touched,
 //! or only read (the kernel's shared zero page), reads zero already, and a store would make it
 //! resident for nothing.
@@ -53,7 +54,7 @@ fn page_use(e: u64) -> PageUse {
     }
 }
 
-/// An open `/proc/self/pagemap`. Opened by the thread that reads it, after any `fork`: the file
+/// An open `/proc/thread-self/pagemap`. Opened by the thread that reads it, after any `fork`: the file
 /// describes the process that opened it.
 pub struct Pagemap(OwnedFd);
 
@@ -61,7 +62,7 @@ impl Pagemap {
     /// `None` where the file cannot be read (no procfs, a sandbox).
     pub fn open() -> Option<Pagemap> {
         let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
-        rustix::fs::open(c"/proc/self/pagemap", flags, rustix::fs::Mode::empty()).ok().map(Pagemap)
+        rustix::fs::open(c"/proc/thread-self/pagemap", flags, rustix::fs::Mode::empty()).ok().map(Pagemap)
     }
 
     /// The entries of the `out.len()` pages from `addr` (page-aligned); false if the read failed

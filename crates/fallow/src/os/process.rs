@@ -127,6 +127,14 @@ pub fn set_background_priority(policy: BackgroundPolicy) -> BackgroundPolicy {
     BackgroundPolicy::Idle
 }
 
+/// Back to the default policy (`SCHED_OTHER`) from `SCHED_BATCH`, which needs no privilege (from
+/// `SCHED_IDLE` it may be refused: the thread then stays as it was).
+pub fn set_normal_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain system call on the calling thread (pid 0), with a valid parameter block.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+}
+
 /// Whether a CPU is idle right now, from the count of runnable threads in the whole system (the
 /// fourth field of `/proc/loadavg`, which counts the reader too) against the CPUs online: an
 /// `open`, `read` and `close` (a few microseconds; no descriptor is kept, so none leaks into a
@@ -202,7 +210,7 @@ pub fn physical_memory() -> usize {
 }
 
 /// Address space this process may still map: `RLIMIT_AS` less its current size (the first field
-/// of `/proc/self/statm`, read into a stack buffer: no allocation). `None` when the limit is
+/// of `/proc/thread-self/statm`, read into a stack buffer: no allocation). `None` when the limit is
 /// infinite. When the size cannot be read the whole limit is returned (the caller retries
 /// smaller reservations when the kernel refuses anyway).
 pub fn address_space_room() -> Option<usize> {
@@ -211,10 +219,11 @@ pub fn address_space_room() -> Option<usize> {
     Some(limit.saturating_sub(mapped_bytes().unwrap_or(0)))
 }
 
-/// The size of this process's address space (`/proc/self/statm`, in pages), in bytes.
+/// The size of this process's address space (`/proc/thread-self/statm`, in pages: `/proc/self`'s
+/// reads zeros once the first thread has ended), in bytes.
 fn mapped_bytes() -> Option<usize> {
     let mut buf = [0u8; 128];
-    let n = read_small_file(c"/proc/self/statm", &mut buf)?;
+    let n = read_small_file(c"/proc/thread-self/statm", &mut buf)?;
     // "SIZE RESIDENT ...": the first field, in pages.
     let size = buf[..n].split(|&b| b == b' ').next()?;
     usize::try_from(parse_decimal(size)?).ok()?.checked_mul(PAGE_SIZE)

@@ -12,61 +12,78 @@
 //!   (`after_fork_child`), the thread whose id is the process's gets a thread-specific value
 //!   whose destructor (`first_thread_leaves`) runs when it leaves by `pthread_exit` (never on a
 //!   return from `main`, which is `exit`). It sets `FIRST_GONE` and kicks every running worker.
-//! - **Then every sleep of fallow's threads is short and ends with a look.** With `FIRST_GONE`
-//!   set, a worker sleeps at most 10 ms for its first `FAST_LOOKS` looks, 200 ms after (`cap_sleep`),
-//!   and after each sleep reads the kernel's view (`/proc/self/stat`): once the first thread is
-//!   a zombie and every other thread is one of fallow's (`OWN`), no thread of the program is
-//!   left. The worker then stops as if asked to (`Worker::idle`, `nap_unless_kicked`), and the
-//!   last of fallow's threads to end makes glibc's `exit(0)`. A thread with a table of fallow's
-//!   (slab heaps, page caches) that leaves meanwhile kicks them and makes their sleeps short
-//!   again (`thread_leaves`): it may be the last. Before the first thread leaves, nothing of
-//!   this costs more than the load of `FIRST_GONE` after a sleep or at a thread's exit.
+//!   Where that cannot be done (a library loaded by another thread, no key left), the process
+//!   is `UNWATCHED`, and the looks below run at most a second apart from the start.
+//! - **Then fallow's threads look after every short sleep.** With `FIRST_GONE` set, a worker's
+//!   sleep is cut into slices of 10 ms (the first `FAST_LOOKS` looks of the process), then 200
+//!   ms (`slice_ns`); its deadline and its wake-ups stay what they were (`Worker::sleep`), and
+//!   after each slice it reads the kernel's view (`/proc/self/stat`): once the first thread is a
+//!   zombie and every other thread is one of fallow's (`OWN`), no thread of the program is left.
+//!   The worker then stops as if asked to, and the last of fallow's threads to end makes glibc's
+//!   `exit(0)`. A thread with a table of fallow's (slab heaps, page caches) that leaves
+//!   meanwhile kicks them and makes the slices short again (`thread_leaves`): it may be the
+//!   last. Before the first thread leaves, nothing of this costs more than a load of `LOOKING`
+//!   before a sleep and at a thread's exit.
 //! - **Counting errs on the side of living.** A thread counts itself in `OWN` from its first
-//!   line to its last (`OwnThread`), inside the span in which the kernel counts it: the kernel's
-//!   count is never below `OWN` plus the program's threads, so a program thread is never taken
-//!   for one of fallow's. A thread the program creates while fallow's threads look is counted
-//!   by the kernel at once.
+//!   line to its last (`OwnThread`), inside the span in which the kernel counts it, and each
+//!   change also bumps a generation in the same word: a look trusts the kernel's count only if
+//!   the word did not change while it read the file (a thread of fallow's that ended in between,
+//!   counted in `OWN` but no longer by the kernel, would hide a program thread). So a program
+//!   thread is never taken for one of fallow's; a thread the program creates during a look is
+//!   counted by the kernel at once.
 //!
 //! Limits: with two copies of this crate in one process (the preload library and a program
 //! linked with `libfallow.so`), each counts its own threads only, and neither ever sees the
-//! program gone. A worker the registry had no room for (`SLOTS`) learns of the first thread's
-//! end at its next wake, at most `Worker::IDLE_MAX_NS` later.
+//! program gone; nor does a process with threads the kernel counts that are neither the
+//! program's pthreads nor fallow's (io_uring's `SQPOLL` thread). A first thread that ends by a
+//! raw `exit` system call runs no destructor (an `UNWATCHED` process still sees it). A worker
+//! the table had no room for (`SLOTS`) learns of the first thread's end at its next wake, at
+//! most `Worker::IDLE_MAX_NS` later.
 
 use core::ffi::c_void;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
+use super::Worker;
 use crate::lock::RawLock;
 use crate::os;
-use super::Worker;
 
 /// Set when the process's first thread has left by `pthread_exit`.
 static FIRST_GONE: AtomicBool = AtomicBool::new(false);
+/// Set when the first thread could not be watched (`at_load` ran on another thread, or no key).
+static UNWATCHED: AtomicBool = AtomicBool::new(false);
+/// `FIRST_GONE || UNWATCHED`: fallow's threads look after their sleeps.
+static LOOKING: AtomicBool = AtomicBool::new(false);
 /// Set once the program has no thread left (sticky: no program thread can come back).
 static PROGRAM_GONE: AtomicBool = AtomicBool::new(false);
-/// fallow's threads of this process that are running (`OwnThread`).
-static OWN: AtomicU32 = AtomicU32::new(0);
-/// Looks at the kernel's count since the first thread left (`poll_ns`).
+/// fallow's threads of this process that are running (`OwnThread`) in the low 32 bits, and in
+/// the high 32 a generation that every change bumps (`look`).
+static OWN: AtomicU64 = AtomicU64::new(0);
+const ONE_MORE: u64 = (1 << 32) + 1;
+const ONE_FEWER: u64 = (1 << 32) - 1;
+/// Looks at the kernel's count by all of fallow's threads since the first thread left, or since
+/// a thread with a table of fallow's left (`slice_ns`).
 static LOOKS: AtomicU32 = AtomicU32::new(0);
 /// The thread-specific key whose value the first thread carries; `NO_KEY` when none.
 static KEY: AtomicU32 = AtomicU32::new(NO_KEY);
 const NO_KEY: u32 = u32::MAX;
 
-/// Running workers, for the kick of `first_thread_leaves`: each slot written under `SLOTS_LOCK`
-/// by the worker's own thread (its first and last lines), read under it by the kicker; a
-/// worker is alive while its slot names it (its thread holds the `Arc` that owns it).
+/// Running workers, for the kicks: each slot written under `SLOTS_LOCK` by the worker's own
+/// thread (its first and last lines), read under it by the kicker; a worker is alive while its
+/// slot names it (its thread holds the `Arc` that owns it).
 const SLOTS: usize = 64;
 static WORKERS: [AtomicPtr<Worker>; SLOTS] = [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
 static SLOTS_LOCK: RawLock = RawLock::new();
 
-/// A sleep of fallow's threads while the first thread is gone: short for a second (the
-/// program's last threads usually end soon after), then a few looks a second.
-const POLL_FAST_NS: u64 = 10_000_000;
-const POLL_SLOW_NS: u64 = 200_000_000;
+/// A slice of a sleep while looking: short for the first looks (the program's last threads
+/// often end soon after its first), then a few looks a second; at most a second unwatched.
+const SLICE_FAST_NS: u64 = 10_000_000;
+const SLICE_SLOW_NS: u64 = 200_000_000;
+const SLICE_UNWATCHED_NS: u64 = 1_000_000_000;
 const FAST_LOOKS: u32 = 100;
 
 /// Counts the calling thread as one of fallow's from its creation to its drop (and lists a
-/// worker for the kick), held for the whole of the thread's function: a worker's, after the
+/// worker for the kicks), held for the whole of the thread's function: a worker's, after the
 /// `Arc` that owns the worker, so that it is unlisted before the worker can go.
 pub struct OwnThread {
     slot: Option<usize>,
@@ -85,7 +102,7 @@ impl OwnThread {
     }
 
     fn enter(worker: Option<&Worker>) -> OwnThread {
-        OWN.fetch_add(1, Ordering::SeqCst);
+        OWN.fetch_add(ONE_MORE, Ordering::SeqCst);
         let slot = worker.and_then(|w| {
             SLOTS_LOCK.lock();
             let free = WORKERS.iter().position(|s| s.load(Ordering::Relaxed).is_null());
@@ -108,32 +125,34 @@ impl Drop for OwnThread {
             // SAFETY: taken above by this thread.
             unsafe { SLOTS_LOCK.unlock() };
         }
-        OWN.fetch_sub(1, Ordering::SeqCst);
+        // The count less one (never below: this thread added one), the generation plus one.
+        OWN.fetch_add(ONE_FEWER, Ordering::SeqCst);
     }
 }
 
-/// The longest sleep of fallow's threads now: `ns`, or a short poll once the first thread left.
+/// Whether fallow's threads look after their sleeps (`Worker::sleep`).
 #[inline]
-pub(crate) fn cap_sleep(ns: u64) -> u64 {
-    if !FIRST_GONE.load(Ordering::Relaxed) {
-        return ns;
-    }
-    ns.min(if LOOKS.load(Ordering::Relaxed) < FAST_LOOKS {
-        POLL_FAST_NS
-    } else {
-        POLL_SLOW_NS
-    })
+pub(crate) fn looking() -> bool {
+    LOOKING.load(Ordering::Relaxed)
 }
 
-/// After a sleep: whether the program has no thread left, so that the caller ends (the first
-/// thread gone, and every other thread one of fallow's). A load of `FIRST_GONE` until the first
-/// thread leaves; then a read of `/proc/self/stat`.
+/// The longest slice of a sleep while `looking`.
+pub(crate) fn slice_ns() -> u64 {
+    if !FIRST_GONE.load(Ordering::Relaxed) {
+        SLICE_UNWATCHED_NS
+    } else if LOOKS.load(Ordering::Relaxed) < FAST_LOOKS {
+        SLICE_FAST_NS
+    } else {
+        SLICE_SLOW_NS
+    }
+}
+
+/// Whether the program has no thread left, so that the caller ends: false at the cost of a
+/// load until `looking`; then a read of `/proc/self/stat` (the first thread a zombie, and every
+/// other thread one of fallow's).
 #[inline]
 pub fn program_gone() -> bool {
-    if !FIRST_GONE.load(Ordering::Relaxed) {
-        return false;
-    }
-    look()
+    looking() && look()
 }
 
 #[cold]
@@ -142,25 +161,39 @@ fn look() -> bool {
         return true;
     }
     LOOKS.fetch_add(1, Ordering::Relaxed);
-    let gone = os::first_thread_gone_leaving(OWN.load(Ordering::SeqCst));
-    if gone {
+    let before = OWN.load(Ordering::SeqCst);
+    let gone = os::first_thread_gone_leaving(before as u32);
+    // A thread of fallow's that ended during the read: the kernel's count may miss it where
+    // `before` has it, and one program thread would hide in the difference.
+    if gone && OWN.load(Ordering::SeqCst) == before {
         PROGRAM_GONE.store(true, Ordering::SeqCst);
+        return true;
     }
-    gone
+    false
 }
 
 /// Run once when the program or the shared object holding this crate is loaded: create the key
-/// and watch the first thread, if this is it (a library loaded later by another thread cannot
-/// watch the first thread: it goes without).
+/// and watch the first thread if this is it; else (a library loaded later by another thread)
+/// the process goes `UNWATCHED`.
 pub(crate) fn at_load() {
     let mut key: libc::pthread_key_t = 0;
-    // SAFETY: `key` is writable; the destructor is an `extern "C"` function that lives as long
-    // as the code holding it. (glibc's keys are a static table: no allocation.)
-    if unsafe { libc::pthread_key_create(&mut key, Some(first_thread_leaves)) } != 0 {
-        return;
+    // SAFETY: `key` is writable; the destructor is an `extern "C"` function of this object,
+    // whose key `at_unload` deletes before the object can go.
+    if unsafe { libc::pthread_key_create(&mut key, Some(first_thread_leaves)) } == 0 {
+        KEY.store(key, Ordering::Relaxed);
     }
-    KEY.store(key, Ordering::Relaxed);
-    watch_if_first();
+    watch_first_thread();
+}
+
+/// Run when the object holding this crate is unloaded (`dlclose` of `libfallow.so`) or the
+/// process exits: delete the key, so that glibc never calls a destructor in unmapped code (nor
+/// runs out of keys over repeated loads).
+pub(crate) fn at_unload() {
+    let key = KEY.swap(NO_KEY, Ordering::Relaxed);
+    if key != NO_KEY {
+        // SAFETY: a key this object created and nobody else deletes (the swap took it).
+        unsafe { libc::pthread_key_delete(key) };
+    }
 }
 
 /// In a `fork` child: its one thread (this one) is its first, fallow's threads are not there,
@@ -179,27 +212,29 @@ pub(crate) unsafe fn after_fork_child() {
     LOOKS.store(0, Ordering::Relaxed);
     PROGRAM_GONE.store(false, Ordering::SeqCst);
     FIRST_GONE.store(false, Ordering::SeqCst);
-    watch_if_first();
+    watch_first_thread();
 }
 
-fn watch_if_first() {
+/// Give the calling thread, if it is the first, the value whose destructor reports its end;
+/// else, or without a key, `UNWATCHED`.
+fn watch_first_thread() {
     let key = KEY.load(Ordering::Relaxed);
-    if key == NO_KEY || os::gettid() != os::getpid() {
-        return;
-    }
-    // SAFETY: `key` is a key this crate created; any non-null value makes glibc call the
-    // destructor when the thread leaves (the value is never dereferenced).
-    unsafe {
-        libc::pthread_setspecific(
-            key,
-            ptr::NonNull::<u8>::dangling().as_ptr() as *const c_void,
-        )
+    let value = ptr::NonNull::<u8>::dangling().as_ptr() as *const c_void;
+    // (glibc keeps the values of the first 32 keys in the thread's descriptor; a later key's
+    // block comes from `calloc`, which the preload serves like any other.)
+    let set = |key| {
+        // SAFETY: `key` is a key this object created; any non-null value makes glibc call the
+        // destructor when the thread leaves (the value is never dereferenced).
+        unsafe { libc::pthread_setspecific(key, value) == 0 }
     };
+    let watched = key != NO_KEY && os::gettid() == os::getpid() && set(key);
+    UNWATCHED.store(!watched, Ordering::SeqCst);
+    LOOKING.store(!watched, Ordering::SeqCst);
 }
 
 /// A thread with a table of fallow's (slab heaps, page caches) is leaving: once the first
-/// thread has left, it may be the program's last, so the workers look again soon (short sleeps
-/// again, and a kick now; the look that sees this thread gone follows one short sleep later).
+/// thread has left, it may be the program's last, so the workers look again soon (short slices
+/// again, and a kick now; the look that sees this thread gone follows one short slice later).
 pub(crate) fn thread_leaves() {
     if FIRST_GONE.load(Ordering::Relaxed) {
         LOOKS.store(0, Ordering::Relaxed);
@@ -210,10 +245,11 @@ pub(crate) fn thread_leaves() {
 /// The destructor of the first thread's value: it is leaving by `pthread_exit`.
 extern "C" fn first_thread_leaves(_: *mut c_void) {
     FIRST_GONE.store(true, Ordering::SeqCst);
+    LOOKING.store(true, Ordering::SeqCst);
     kick_workers();
 }
 
-/// Wake every listed worker, so that its next sleep is short and ends with a look.
+/// Wake every listed worker, so that its next sleep is sliced and looked after.
 fn kick_workers() {
     SLOTS_LOCK.lock();
     for s in &WORKERS {

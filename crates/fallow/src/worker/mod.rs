@@ -184,9 +184,8 @@ impl Worker {
         // us. (Without it a worker could nap through a stop for the whole of a long nap.)
         let announced = self.word.compare_exchange(RUNNING, NAPPING, Ordering::SeqCst, Ordering::Relaxed).is_ok();
         if announced && !self.stopping() {
-            futex_wait(&self.word, NAPPING, Some(exit_watch::cap_sleep(ns)));
+            self.sleep(NAPPING, ns);
         }
-        self.stop_if_program_gone();
         // One swap: a kick that lands after the wait is seen here, never overwritten.
         self.word.swap(RUNNING, Ordering::SeqCst) == KICKED
     }
@@ -199,18 +198,42 @@ impl Worker {
         // A stop whose kick an earlier nap consumed: `request_stop` sets the flag before it
         // kicks, so either the flag is seen here or the kick finds `IDLE` and wakes us.
         if announced && !self.stopping() && !has_work() {
-            futex_wait(&self.word, IDLE, Some(exit_watch::cap_sleep(timeout_ns)));
+            self.sleep(IDLE, timeout_ns);
         }
-        self.stop_if_program_gone();
         self.word.store(RUNNING, Ordering::SeqCst);
     }
 
-    /// After a sleep: no thread of the program is left (its first thread left by
-    /// `pthread_exit` and the others have ended), so this worker ends as if asked to, lest it
-    /// keep the process alive (exit_watch.rs).
-    fn stop_if_program_gone(&self) {
-        if exit_watch::program_gone() {
-            self.stop.store(true, Ordering::Release);
+    /// Sleep while the word holds `expected` (a kick or a wake changes it), for at most `ns`.
+    /// While the exit watch looks (exit_watch.rs), the same sleep in slices, each followed by
+    /// a look: once no thread of the program is left, this worker stops as if asked to, lest
+    /// it keep the process alive.
+    fn sleep(&self, expected: u32, ns: u64) {
+        if exit_watch::looking() {
+            self.sleep_looking(expected, ns);
+        } else {
+            futex_wait(&self.word, expected, Some(ns));
+        }
+    }
+
+    #[cold]
+    fn sleep_looking(&self, expected: u32, ns: u64) {
+        let deadline = os::now_ns().saturating_add(ns);
+        loop {
+            let now = os::now_ns();
+            if now >= deadline {
+                return;
+            }
+            futex_wait(&self.word, expected, Some((deadline - now).min(exit_watch::slice_ns())));
+            if exit_watch::program_gone() {
+                // The program's exit handlers may run on this thread (the last to end calls
+                // `exit`): at the program's own scheduling, as far as it may go back.
+                os::set_normal_priority();
+                self.stop.store(true, Ordering::Release);
+                return;
+            }
+            if self.word.load(Ordering::SeqCst) != expected {
+                return;
+            }
         }
     }
 
