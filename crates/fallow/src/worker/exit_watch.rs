@@ -22,8 +22,8 @@
 //!   The worker then stops as if asked to, and the last of fallow's threads to end makes glibc's
 //!   `exit(0)`. A thread with a table of fallow's (slab heaps, page caches) that leaves
 //!   meanwhile kicks them and makes the slices short again (`thread_leaves`): it may be the
-//!   last. Before the first thread leaves, nothing of this costs more than a load of `LOOKING`
-//!   before a sleep and at a thread's exit.
+//!   last. Before the first thread leaves, nothing of this costs more than two loads before a sleep
+//!   (`looking`) and one at a thread's exit.
 //! - **Counting errs on the side of living.** A thread counts itself in `OWN` from its first
 //!   line to its last (`OwnThread`), inside the span in which the kernel counts it, and each
 //!   change also bumps a generation in the same word: a look trusts the kernel's count only if
@@ -52,8 +52,6 @@ use crate::os;
 static FIRST_GONE: AtomicBool = AtomicBool::new(false);
 /// Set when the first thread could not be watched (`at_load` ran on another thread, or no key).
 static UNWATCHED: AtomicBool = AtomicBool::new(false);
-/// `FIRST_GONE || UNWATCHED`: fallow's threads look after their sleeps.
-static LOOKING: AtomicBool = AtomicBool::new(false);
 /// Set once the program has no thread left (sticky: no program thread can come back).
 static PROGRAM_GONE: AtomicBool = AtomicBool::new(false);
 /// fallow's threads of this process that are running (`OwnThread`) in the low 32 bits, and in
@@ -133,7 +131,7 @@ impl Drop for OwnThread {
 /// Whether fallow's threads look after their sleeps (`Worker::sleep`).
 #[inline]
 pub(crate) fn looking() -> bool {
-    LOOKING.load(Ordering::Relaxed)
+    FIRST_GONE.load(Ordering::Relaxed) || UNWATCHED.load(Ordering::Relaxed)
 }
 
 /// The longest slice of a sleep while `looking`.
@@ -229,7 +227,6 @@ fn watch_first_thread() {
     };
     let watched = key != NO_KEY && os::gettid() == os::getpid() && set(key);
     UNWATCHED.store(!watched, Ordering::SeqCst);
-    LOOKING.store(!watched, Ordering::SeqCst);
 }
 
 /// A thread with a table of fallow's (slab heaps, page caches) is leaving: once the first
@@ -245,7 +242,6 @@ pub(crate) fn thread_leaves() {
 /// The destructor of the first thread's value: it is leaving by `pthread_exit`.
 extern "C" fn first_thread_leaves(_: *mut c_void) {
     FIRST_GONE.store(true, Ordering::SeqCst);
-    LOOKING.store(true, Ordering::SeqCst);
     kick_workers();
 }
 
