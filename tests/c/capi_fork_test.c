@@ -10,7 +10,6 @@
  * (and against the installed library by scripts/test-install.sh). Prints "ok <name>" per test;
  * exit status = number of failures. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fallow.h>
 #include <pthread.h>
@@ -23,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "capi_check.h"
+#include "task_count.h"
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
@@ -57,16 +57,6 @@ static fallow_allocator *make(size_t arena_mib, unsigned max_order, int small, i
     return a;
 }
 
-/* Threads of this process (the child has only the forking thread until a worker starts). */
-static int threads(void) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* Address space of this process in MiB (/proc/self/statm, first figure). */
 static long vm_mib(void) {
@@ -239,7 +229,7 @@ static int test_fork_while_threads_allocate(void) {
             if (fallow_alloc(large, 16 * MiB, 0, 0, &p)) _exit(205);
             memset(p, 1, 16 * MiB);
             if (fallow_free(large, p)) _exit(206);
-            if (threads() < 2) _exit(207);
+            if (task_count() < 2) _exit(207);
             /* A new allocator, and the inherited ones destroyed. */
             fallow_allocator *c = make(64, 12, 1, 0, 1);
             if (!c || use(c, 1, 1 * MiB)) _exit(208);
@@ -310,7 +300,7 @@ static int test_fork_while_creating_and_destroying(void) {
             if (fallow_alloc(kept, 16 * MiB, 0, 0, &p)) _exit(205);
             memset(p, 1, 16 * MiB);
             if (fallow_free(kept, p)) _exit(206);
-            if (threads() < 2) _exit(207);
+            if (task_count() < 2) _exit(207);
             fallow_allocator *n = make(64, 12, 1, 0, 1);
             if (!n || use(n, 1, 1 * MiB)) _exit(208);
             fallow_destroy(n);

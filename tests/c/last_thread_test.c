@@ -16,7 +16,6 @@
  * LD_PRELOAD and `timeout`, small objects on and off), and with -DWITH_CAPI against libfallow,
  * where the blocks come from fallow_alloc. Exit status 0 when the case passed. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,6 +24,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "task_count.h"
 #ifdef WITH_CAPI
 #include <fallow.h>
 static fallow_allocator *alloc_handle;
@@ -37,14 +37,6 @@ static void sleep_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
-static int threads_now(void) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 static void *block(size_t n) {
 #ifdef WITH_CAPI
@@ -74,10 +66,10 @@ static int start_workers(int own) {
     }
     for (int i = 0; i < 64; i++) unblock(p[i]);
     for (int waited = 0; waited < 3000; waited += 10) {
-        if (threads_now() > own) return 1;
+        if (task_count() > own) return 1;
         sleep_ms(10);
     }
-    fprintf(stderr, "FAIL: no worker thread started (threads: %d)\n", threads_now());
+    fprintf(stderr, "FAIL: no worker thread started (threads: %d)\n", task_count());
     return 0;
 }
 

@@ -42,10 +42,10 @@
 
 use core::ffi::c_void;
 use core::ptr;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use super::Worker;
-use crate::lock::RawLock;
+use crate::lock::Locked;
 use crate::os;
 
 /// Set when the process's first thread has left by `pthread_exit`.
@@ -66,12 +66,15 @@ static LOOKS: AtomicU32 = AtomicU32::new(0);
 static KEY: AtomicU32 = AtomicU32::new(NO_KEY);
 const NO_KEY: u32 = u32::MAX;
 
-/// Running workers, for the kicks: each slot written under `SLOTS_LOCK` by the worker's own
-/// thread (its first and last lines), read under it by the kicker; a worker is alive while its
-/// slot names it (its thread holds the `Arc` that owns it).
+/// Running workers, for the kicks: a slot is written by the worker's own thread (its first and
+/// last lines) and read by the kicker, both under the lock; a worker is alive while its slot
+/// names it (its thread holds the `Arc` that owns it).
 const SLOTS: usize = 64;
-static WORKERS: [AtomicPtr<Worker>; SLOTS] = [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
-static SLOTS_LOCK: RawLock = RawLock::new();
+static WORKERS: Locked<Listed> = Locked::new(Listed([ptr::null(); SLOTS]));
+struct Listed([*const Worker; SLOTS]);
+// SAFETY: only addresses move between threads; a worker is reached through its slot only under
+// the lock, while the slot names it (above).
+unsafe impl Send for Listed {}
 
 /// A slice of a sleep while looking: short for the first looks (the program's last threads
 /// often end soon after its first), then a few looks a second; at most a second unwatched.
@@ -102,14 +105,10 @@ impl OwnThread {
     fn enter(worker: Option<&Worker>) -> OwnThread {
         OWN.fetch_add(ONE_MORE, Ordering::SeqCst);
         let slot = worker.and_then(|w| {
-            SLOTS_LOCK.lock();
-            let free = WORKERS.iter().position(|s| s.load(Ordering::Relaxed).is_null());
-            if let Some(i) = free {
-                WORKERS[i].store(w as *const Worker as *mut Worker, Ordering::Relaxed);
-            }
-            // SAFETY: taken above by this thread.
-            unsafe { SLOTS_LOCK.unlock() };
-            free
+            let mut listed = WORKERS.lock();
+            let free = listed.0.iter().position(|s| s.is_null())?;
+            listed.0[free] = w;
+            Some(free)
         });
         OwnThread { slot }
     }
@@ -118,10 +117,7 @@ impl OwnThread {
 impl Drop for OwnThread {
     fn drop(&mut self) {
         if let Some(i) = self.slot {
-            SLOTS_LOCK.lock();
-            WORKERS[i].store(ptr::null_mut(), Ordering::Relaxed);
-            // SAFETY: taken above by this thread.
-            unsafe { SLOTS_LOCK.unlock() };
+            WORKERS.lock().0[i] = ptr::null();
         }
         // The count less one (never below: this thread added one), the generation plus one.
         OWN.fetch_add(ONE_FEWER, Ordering::SeqCst);
@@ -202,10 +198,8 @@ pub(crate) fn at_unload() {
 pub(crate) unsafe fn after_fork_child() {
     // SAFETY: the caller's contract: one thread, this one; a holder of the lock in the parent
     // does not exist here.
-    unsafe { SLOTS_LOCK.reset_after_fork() };
-    for s in &WORKERS {
-        s.store(ptr::null_mut(), Ordering::Relaxed);
-    }
+    unsafe { WORKERS.raw().reset_after_fork() };
+    WORKERS.lock().0 = [ptr::null(); SLOTS];
     OWN.store(0, Ordering::SeqCst);
     LOOKS.store(0, Ordering::Relaxed);
     PROGRAM_GONE.store(false, Ordering::SeqCst);
@@ -247,15 +241,9 @@ extern "C" fn first_thread_leaves(_: *mut c_void) {
 
 /// Wake every listed worker, so that its next sleep is sliced and looked after.
 fn kick_workers() {
-    SLOTS_LOCK.lock();
-    for s in &WORKERS {
-        let w = s.load(Ordering::Relaxed);
-        if !w.is_null() {
-            // SAFETY: a listed worker is alive (its thread unlists it under this lock before
-            // the `Arc` that owns it can go).
-            unsafe { (*w).kick() };
-        }
+    for &w in WORKERS.lock().0.iter().filter(|w| !w.is_null()) {
+        // SAFETY: a listed worker is alive (its thread unlists it under this lock before the
+        // `Arc` that owns it can go).
+        unsafe { (*w).kick() };
     }
-    // SAFETY: taken above by this thread.
-    unsafe { SLOTS_LOCK.unlock() };
 }
