@@ -199,6 +199,14 @@ int fallow_owns(const fallow_allocator *a, const void *p);
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 
+/* Give free memory back to the kernel now, but keep bytes of it (glibc's malloc_trim, whose pad
+ * it is): the calling thread's cached blocks and empty spans of small objects, the cached blocks
+ * of idle threads, then every free block with resident pages, whatever its age (dirty ones before
+ * zeroed ones), in batches without holding the lock across a system call; with the background
+ * workers off too. The bytes given back that were resident go to *given if given is not null.
+ * 0, or EINVAL for a null a. */
+int fallow_trim(fallow_allocator *a, size_t keep, uint64_t *given);
+
 /* Tunables of the background workers, by name: "report", "report_order", "report_delay_ms",
  * "report_batch", "resident_free_min", "report_mode" (0 auto, 1 dontneed, 2 free, 3 punch),
  * "zeroing", "zero_order", "zero_chunk", "zero_delay_ms", "zeroed_reserve", "populated_reserve",

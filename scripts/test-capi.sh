@@ -142,6 +142,13 @@ for case in main_exits fork_in_thread; do
     last_thread "C API static $case" "$out/last_thread_capi_static" $case
 done
 
+step "malloc_trim, mallinfo2, mallinfo and malloc_stats see fallow's heap too (small objects off and on)"
+# Each check fails under a preload without them: glibc's see only glibc's heap.
+gcc -O2 -Wall -Werror -fno-builtin -o "$out/heap_info_test" tests/c/heap_info_test.c
+for small in 0 1; do
+    FALLOW_SMALL=$small LD_PRELOAD=$so "$out/heap_info_test" || fail "heap_info_test with FALLOW_SMALL=$small"
+done
+
 step "redis-server (links jemalloc, asks malloc_usable_size) under the preload"
 tests/preload/redis_check.sh "$so" "$out/redis"
 

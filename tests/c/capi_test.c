@@ -417,6 +417,40 @@ static int test_edges(void) {
     return 0;
 }
 
+/* fallow_trim gives every free resident page back at once (the workers would wait for their
+ * delay) and keeps the live block's contents; a NULL allocator is refused. */
+static int test_trim(void) {
+    fallow_config c; fallow_config_init(&c);
+    c.arena_size = 64 * MiB; c.max_order = 12;
+    fallow_allocator *a;
+    CHECK(fallow_create(&c, &a) == 0, "create");
+    void *live, *freed[6];
+    CHECK(fallow_alloc(a, 2 * MiB, 0, 0, &live) == 0, "alloc live");
+    memset(live, 0x5a, 2 * MiB);
+    for (int i = 0; i < 6; i++) {
+        CHECK(fallow_alloc(a, MiB << (i % 3), 0, 0, &freed[i]) == 0, "alloc %d", i);
+        memset(freed[i], 1, MiB << (i % 3));
+    }
+    for (int i = 0; i < 6; i++) CHECK(fallow_free(a, freed[i]) == 0, "free %d", i);
+    fallow_stats s;
+    CHECK(fallow_stats_read(a, &s) == 0 && s.free_dirty_pages > 0, "dirty pages free before the trim");
+    uint64_t given = 0;
+    CHECK(fallow_trim(a, 0, &given) == 0, "trim");
+    CHECK(fallow_stats_read(a, &s) == 0, "stats");
+    CHECK(s.free_dirty_pages == 0 && s.free_zeroed_pages == 0 && s.cached_pages == 0,
+          "resident free pages left: %lu dirty, %lu zeroed, %lu cached", (unsigned long)s.free_dirty_pages,
+          (unsigned long)s.free_zeroed_pages, (unsigned long)s.cached_pages);
+    CHECK(given >= 8 * MiB, "given back %lu bytes", (unsigned long)given);
+    CHECK(resident(freed[0], MiB) == 0, "a trimmed block is still resident");
+    for (size_t i = 0; i < 2 * MiB; i += 4096) CHECK(((unsigned char *)live)[i] == 0x5a, "live block changed at %zu", i);
+    CHECK(fallow_trim(a, 0, NULL) == 0, "trim with nothing to give");
+    CHECK(fallow_free(a, live) == 0, "free live");
+    fallow_destroy(a);
+    errno = 0;
+    CHECK(fallow_trim(NULL, 0, &given) == EINVAL && errno == EINVAL, "NULL allocator");
+    return 0;
+}
+
 int main(void) {
     static const struct capi_test tests[] = {
         { "config_and_create", test_config_and_create },
@@ -427,6 +461,7 @@ int main(void) {
         { "from_env", test_from_env },
         { "cache_settings", test_cache_settings },
         { "edges", test_edges },
+        { "trim", test_trim },
     };
     return RUN_TESTS(tests);
 }

@@ -428,6 +428,20 @@ pub unsafe extern "C" fn fallow_resize_in_place(
 
 /// # Safety
 ///
+/// `a` is null or a live handle from `fallow_create`; `given` is null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fallow_trim(a: *mut Allocator, keep: usize, given: *mut u64) -> c_int {
+    let a = handle!(a, "fallow_trim");
+    let bytes = a.trim(keep);
+    if !given.is_null() {
+        // SAFETY: not null (just checked) and writable (the contract).
+        unsafe { *given = bytes };
+    }
+    0
+}
+
+/// # Safety
+///
 /// `a` is null or a live handle from `fallow_create`; `p` may be anything (it is validated).
 #[no_mangle]
 pub unsafe extern "C" fn fallow_usable_size(a: *mut Allocator, p: *const c_void) -> usize {

@@ -9,6 +9,8 @@
 //!   parser (`FALLOW_*`), the start-up (`LazyAllocator`) and the abort on a bad pointer
 //!   (`fatal`) are the core's, from `fallow::binding_support`, shared with the C library and
 //!   `FallowAlloc`;
+//! - `heap_info`: `malloc_trim`, `mallinfo2`, `mallinfo` and `malloc_stats` over fallow's heap
+//!   and glibc's;
 //! - `run_record`: under `fallow run`, samples of the free memory by state and the final figures,
 //!   appended to the file `FALLOW_RUN_RECORD` names;
 //! - `libc_heap`: glibc's `__libc_*` entry points and the Rust global allocator built on them, so
@@ -22,6 +24,7 @@
 pub mod cxx;
 pub mod entry;
 pub mod free;
+pub mod heap_info;
 pub mod libc_heap;
 pub mod process;
 pub mod remap;

@@ -355,8 +355,7 @@ extern "C" fn fork_child() {
     unsafe { FORK_GUARD.reset_after_fork() };
 }
 
-/// `FALLOW_STATS=1`: the statistics on stderr at exit, formatted on the stack: the report of
-/// `Stats` (`Stats::write_report`, which does not allocate), then this library's own counters.
+/// `FALLOW_STATS=1`: the statistics on stderr at exit (`write_stats`).
 extern "C" fn print_stats_at_exit() {
     let Some(a) = existing() else { return };
     // Not `stats`: an `exit` from a signal handler that interrupted this thread inside the
@@ -365,8 +364,14 @@ extern "C" fn print_stats_at_exit() {
         fallow::binding_support::write_stderr(b"fallow: no statistics at exit: the allocator was busy (an exit from inside it)\n");
         return;
     };
+    write_stats(&s, "stats at exit");
+}
+
+/// `s` on stderr, formatted on the stack: a title line, the report of `Stats` (which does not
+/// allocate), then this library's own counters (at exit, and for `malloc_stats`).
+pub(crate) fn write_stats(s: &fallow::Stats, title: &str) {
     let mut b = StackBuf::<8192>::new();
-    let _ = writeln!(b, "fallow: stats at exit (pid {})", fallow::binding_support::getpid());
+    let _ = writeln!(b, "fallow: {title} (pid {})", fallow::binding_support::getpid());
     let _ = s.write_report(&mut b, "fallow:   ");
     let _ = writeln!(
         b,

@@ -79,6 +79,7 @@ pub(crate) mod nt;
 pub(crate) mod os;
 pub(crate) mod page;
 pub(crate) mod report;
+pub(crate) mod trim;
 pub(crate) mod slab;
 pub(crate) mod start;
 pub(crate) mod stats;

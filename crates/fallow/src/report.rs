@@ -71,6 +71,7 @@ use std::sync::Arc;
 
 use crate::config::{ReportMode, Tunables, BIG_ORDER};
 use crate::heap::Shared;
+use crate::stats::ReclaimCounters;
 use crate::limit::{Watch, PERIOD_NS};
 use crate::worker::Worker;
 use crate::os::{self, PAGE_SHIFT};
@@ -231,11 +232,19 @@ fn caches_step(s: &Shared, asked: &mut Option<(u64, u32)>, urgent: bool, watch: 
 
 /// A block of the batch, as the system call needs it.
 #[derive(Clone, Copy, Default)]
-struct Target {
+pub(crate) struct Target {
     addr: usize,
     len: usize,
     fd: i32,
     offset: usize,
+}
+
+impl Target {
+    /// The free block of `order` at `pfn` of the arena `a`.
+    pub(crate) fn of(a: &crate::buddy::Buddy, pfn: u32, order: u8) -> Target {
+        let addr = a.addr(pfn);
+        Target { addr, len: (1usize << order) << PAGE_SHIFT, fd: a.fd, offset: addr - a.base }
+    }
 }
 
 /// One SCAN -> REPORT -> RETURN round. Normally: blocks free for `report_delay`, smallest
@@ -331,13 +340,7 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
                         }
                         continue;
                     }
-                    let addr = a.addr(p);
-                    let target = Target {
-                        addr,
-                        len: (size as usize) << PAGE_SHIFT,
-                        fd: a.fd,
-                        offset: addr - a.base,
-                    };
+                    let target = Target::of(a, p, order);
                     resident = resident.saturating_sub(res);
                     zeroed = zeroed.saturating_sub(z);
                     if class == Class::Dirty {
@@ -366,17 +369,43 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
         };
     }
     drop(h);
+    let bytes = send(s, mode, 0, &targets[..n], &early[..n], |r, early_bytes| {
+        // Bytes that went back before their time are the limit's when it was passed, else the
+        // pressure's.
+        if sq.excess_pages > 0 {
+            r.limit_reported_bytes += early_bytes;
+        } else {
+            r.pressure_reported_bytes += early_bytes;
+        }
+    });
+    watch.reported(bytes);
+    Next::Again
+}
 
-    // REPORT, without the lock.
+/// REPORT the blocks isolated in the in-flight slots `base..base + targets.len()` (slot
+/// `base + i` holds `targets[i]`), without the lock, then RETURN them under it: `Reported`
+/// (or `LazyFree` for `MADV_FREE`), merging as usual; a block the kernel refused goes back
+/// unchanged. Counts the batch in the reclaim counters, and hands `file_early` the bytes of the
+/// blocks that went back before their time (`early[i]`), under the same hold of the lock.
+/// Returns the bytes given back that were resident.
+pub(crate) fn send(
+    s: &Shared,
+    mode: ReportMode,
+    base: usize,
+    targets: &[Target],
+    early: &[bool],
+    file_early: impl FnOnce(&mut ReclaimCounters, u64),
+) -> u64 {
+    let n = targets.len();
     let mut ok = [false; crate::config::MAX_REPORT_BATCH as usize];
     let t0 = os::now_ns();
-    // SAFETY: every target is a block isolated above (`Tag::Isolated`, on no list, in an in-flight
-    // slot): no allocation, cache or other worker touches it until `unisolate` below.
+    // SAFETY: every target is a block its caller isolated (`Tag::Isolated`, on no list, in an
+    // in-flight slot): no allocation, cache or other worker touches it until `unisolate` below.
     let calls = unsafe {
         match mode {
-            ReportMode::Punch => punch(&targets[..n], &mut ok[..n]),
-            ReportMode::Free => advise(s, &targets[..n], os::Advice::Free, &mut ok[..n]),
-            _ => advise(s, &targets[..n], os::Advice::DontNeed, &mut ok[..n]),
+            ReportMode::Punch => punch(targets, &mut ok[..n]),
+            ReportMode::Free => advise(s, targets, os::Advice::Free, &mut ok[..n]),
+            _ => advise(s, targets, os::Advice::DontNeed, &mut ok[..n]),
         }
     };
     let ns = os::now_ns() - t0;
@@ -386,20 +415,19 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
         _ => os::dontneed_zeroes(),
     };
 
-    // RETURN, under the lock.
     let mut h = s.heap.lock();
-    let mut bytes = 0u64;
-    let mut early_bytes = 0u64;
+    let (mut bytes, mut early_bytes) = (0u64, 0u64);
     let mut zeroed_lost = 0u64;
     let mut failures = 0u64;
     for (i, &done) in ok[..n].iter().enumerate() {
+        let slot = base + i;
         if !done {
-            h.unisolate(i, |st| st);
+            h.unisolate(slot, |st| st);
             failures += 1;
             continue;
         }
-        let pages = 1u64 << h.inflight[i].order;
-        let before = h.unisolate(i, |st| match st {
+        let pages = 1u64 << h.inflight[slot].order;
+        let before = h.unisolate(slot, |st| match st {
             PageState::Reported => PageState::Reported,
             _ if reads_zero => PageState::Reported,
             _ => PageState::LazyFree,
@@ -418,15 +446,8 @@ fn report_one_batch(s: &Shared, watch: &mut Watch) -> Next {
     r.report_batches += 1;
     r.report_ns += ns;
     r.report_failures += failures;
-    // Bytes that went back before their time are the limit's when it was passed, else the
-    // pressure's.
-    if sq.excess_pages > 0 {
-        r.limit_reported_bytes += early_bytes;
-    } else {
-        r.pressure_reported_bytes += early_bytes;
-    }
-    watch.reported(bytes);
-    Next::Again
+    file_early(r, early_bytes);
+    bytes
 }
 
 /// The pidfd of this process for `process_madvise`, or -1 when it cannot be used.

@@ -194,6 +194,10 @@ macro_rules! stats_table {
         cache_remote_drains: Count,
         /// Blocks whose report the kernel refused (put back unchanged).
         report_failures: Count,
+        /// Trims on demand (`Allocator::trim`, the preload's `malloc_trim`), and the bytes they
+        /// gave back (counted in `reported_bytes` too).
+        trims: Count,
+        trimmed_bytes: Bytes,
         /// Free dirty bytes the zeroing worker found never written (nothing behind them, or the
         /// shared zero page, released) and listed `Reported` instead of zeroing them.
         zeroing_unwritten_bytes: Bytes,
@@ -328,6 +332,8 @@ pub(crate) struct ReclaimCounters {
     pub report_batches: u64,
     pub report_ns: u64,
     pub report_failures: u64,
+    pub trims: u64,
+    pub trimmed_bytes: u64,
     pub zeroed_then_reported_bytes: u64,
     pub zeroed_background_bytes: u64,
     pub zeroing_unwritten_bytes: u64,
@@ -353,6 +359,8 @@ impl ReclaimCounters {
         s.report_batches = self.report_batches;
         s.report_ns = self.report_ns;
         s.report_failures = self.report_failures;
+        s.trims = self.trims;
+        s.trimmed_bytes = self.trimmed_bytes;
         s.zeroed_background_bytes = self.zeroed_background_bytes;
         s.zeroing_unwritten_bytes = self.zeroing_unwritten_bytes;
         s.zeroing_ns = self.zeroing_ns;

@@ -40,6 +40,8 @@ const LAYERS: &[&str] = &[
     // The background workers: they use the heap's isolation interface and drain idle caches.
     "report",
     "zero",
+    // Trims on demand: the reporter's batches, run by the calling thread.
+    "trim",
     // The public allocator over all of it, and the surfaces built on it.
     "allocator",
     "global",

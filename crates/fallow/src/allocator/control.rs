@@ -71,6 +71,24 @@ impl Allocator {
         let _ = cache::drain_current(&self.shared);
     }
 
+    /// Give free memory back to the kernel now, but `keep_bytes` of it (glibc's `malloc_trim`,
+    /// whose `pad` it is): the calling thread's cache and its heap's empty spans of small
+    /// objects first (spans with live objects are trimmed), then the caches of idle threads (a
+    /// busy thread's drains at its next call, as when the reporter asks), then every free
+    /// block with resident pages on the lists, whatever its age, dirty ones before zeroed ones
+    /// (trim.rs). Runs in the calling thread, in batches, never holding the lock across a system
+    /// call; works with the workers off too. Returns the bytes given back that were resident.
+    /// Other threads' heaps of small objects are theirs: their empty spans go back as they
+    /// always do, at their owner's next look.
+    pub fn trim(&self, keep_bytes: usize) -> u64 {
+        self.drain_thread_cache();
+        let s = &*self.shared;
+        let g = cache::ask_to_drain(s, &s.heap.lock());
+        // `None`: a worker's drain is under way; the threads it misses drain at their next call.
+        let _ = cache::drain_unanswered(s, cache::Scope::All, g, s.now_ms());
+        crate::trim::trim(s, (keep_bytes >> PAGE_SHIFT) as u64)
+    }
+
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`, as
     /// `pthread_atfork` handlers). Calling it twice in a row without either deadlocks.
     pub fn before_fork(&self) {
@@ -117,6 +135,7 @@ impl Allocator {
         let mut h = s.heap.lock();
         cache::thaw_after_fork(&mut h);
         h.isolation_waiters = 0;
+        h.trimming = false;
         for slot in 0..INFLIGHT {
             if h.inflight[slot].used {
                 h.unisolate(slot, |st| st);

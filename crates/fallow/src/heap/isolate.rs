@@ -21,8 +21,13 @@ pub(crate) struct Inflight {
 
 /// The in-flight slot of the zeroing worker (the reporter's are `0..MAX_REPORT_BATCH`).
 pub(crate) const ZERO_SLOT: usize = crate::config::MAX_REPORT_BATCH as usize;
+/// The first in-flight slot of a trim on demand (trim.rs), which holds `TRIM_BATCH` of them
+/// while `Heap::trimming` says it runs.
+pub(crate) const TRIM_SLOT: usize = ZERO_SLOT + 1;
+/// Blocks a trim reports per batch (one `process_madvise`).
+pub(crate) const TRIM_BATCH: usize = 64;
 /// In-flight slots in all.
-pub(crate) const INFLIGHT: usize = ZERO_SLOT + 1;
+pub(crate) const INFLIGHT: usize = TRIM_SLOT + TRIM_BATCH;
 
 impl Heap {
     /// Whether some listed block of order >= `order` has pages not yet reported.

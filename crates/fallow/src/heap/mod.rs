@@ -34,7 +34,7 @@ use crate::page::{Class, Tag, META_FREED_START, META_SLACK};
 use crate::stats::ReclaimCounters;
 use crate::worker::{self, Worker};
 
-pub(crate) use isolate::{Inflight, INFLIGHT, ZERO_SLOT};
+pub(crate) use isolate::{Inflight, INFLIGHT, TRIM_BATCH, TRIM_SLOT, ZERO_SLOT};
 pub(crate) use locked::Reclaim;
 pub(crate) use view::{ArenaView, HitPath, CACHE_LINE, LINE};
 pub use view::{SPAN_END, SPAN_START};
@@ -92,10 +92,14 @@ pub(crate) struct Heap {
     pub tunables: Tunables,
     /// What the workers did (report.rs, zero.rs).
     pub reclaim: ReclaimCounters,
-    /// Blocks isolated by a worker right now (`Tag::Isolated`, on no list): slots
-    /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker. Kept here
-    /// so that a `fork` child, which has no workers, can put them back.
+    /// Blocks isolated by a worker or a trim right now (`Tag::Isolated`, on no list): slots
+    /// `0..MAX_REPORT_BATCH` belong to the reporter, `ZERO_SLOT` to the zeroing worker, the
+    /// `TRIM_BATCH` from `TRIM_SLOT` to the trim that set `trimming`. Kept here so that a `fork`
+    /// child, which has no workers and no trim under way, can put them back.
     pub inflight: [Inflight; INFLIGHT],
+    /// A trim on demand holds the trim slots (trim.rs): another one waits. Reset in a `fork`
+    /// child.
+    pub trimming: bool,
     /// Allocations between deciding to wait for an isolated block and trying again
     /// (`Shared::alloc_locked`): while there are any, the zeroing worker isolates nothing new, so
     /// that the block they wait for comes back whole. Reset in a `fork` child (its waiters were
@@ -266,6 +270,7 @@ impl Shared {
                     reclaim: ReclaimCounters::default(),
                     inflight: [Inflight::default(); INFLIGHT],
                     isolation_waiters: 0,
+                    trimming: false,
                     caches: CacheList { head: core::ptr::null_mut(), remote_drain: false },
                 })
             }

@@ -1,0 +1,232 @@
+//! glibc's calls on the heap as a whole, over both heaps of the process: fallow's and glibc's
+//! own (which holds what fallow passes through, and what glibc handed out before the preload
+//! took over).
+//!
+//! - `malloc_trim(pad)`: glibc's trim of its heaps, then fallow's (`Allocator::trim`): the
+//!   calling thread's and idle threads' cached blocks, the calling thread's empty spans, and
+//!   every free block with resident pages, given back now but `pad` bytes. 1 if either gave
+//!   memory back, as glibc's says whether it did;
+//! - `mallinfo2()` and `mallinfo()`: glibc's figures plus fallow's (below); `mallinfo` truncates
+//!   to `int`, as glibc's does;
+//! - `malloc_stats()`: glibc's report on stderr, then fallow's statistics.
+//!
+//! `mallopt` and `malloc_info` stay glibc's: they see glibc's heap only.
+//!
+//! glibc's own functions are found with `dlsym(RTLD_NEXT)` at the first call (none has a
+//! `__libc_` name but `mallinfo`), never from inside `malloc`.
+
+use core::ffi::{c_char, c_int};
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use fallow::Stats;
+
+use crate::process;
+
+/// `struct mallinfo2` of glibc's `<malloc.h>` (2.33 and later).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Mallinfo2 {
+    /// Non-mmapped space allocated from the system.
+    pub arena: usize,
+    /// Free chunks.
+    pub ordblks: usize,
+    /// Free fastbin blocks.
+    pub smblks: usize,
+    /// Mmapped regions.
+    pub hblks: usize,
+    /// Space in mmapped regions.
+    pub hblkhd: usize,
+    /// Always 0.
+    pub usmblks: usize,
+    /// Space in free fastbin blocks.
+    pub fsmblks: usize,
+    /// Space in use.
+    pub uordblks: usize,
+    /// Free space.
+    pub fordblks: usize,
+    /// Top-most, releasable space.
+    pub keepcost: usize,
+}
+
+/// `struct mallinfo`: the same figures as `int`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Mallinfo {
+    pub arena: c_int,
+    pub ordblks: c_int,
+    pub smblks: c_int,
+    pub hblks: c_int,
+    pub hblkhd: c_int,
+    pub usmblks: c_int,
+    pub fsmblks: c_int,
+    pub uordblks: c_int,
+    pub fordblks: c_int,
+    pub keepcost: c_int,
+}
+
+impl Mallinfo2 {
+    /// glibc's figures with fallow's added: its pages in use or free and resident as `arena`
+    /// (memory held from the system), its free blocks as `ordblks`, what the program holds as
+    /// `uordblks` (live page blocks, and of the spans of small objects their live objects'
+    /// bytes), and its free resident pages with the free bytes in spans as `fordblks`. So, as
+    /// for glibc's heap, `arena = uordblks + fordblks`.
+    fn plus(mut self, s: &Stats) -> Mallinfo2 {
+        let free_blocks: u64 = s.free_blocks.iter().flatten().sum();
+        let live = s.bytes_in_use - s.small_span_bytes + s.small_live_bytes;
+        let free = s.resident_free_bytes() + s.small_free_bytes;
+        self.arena += (live + free) as usize;
+        self.ordblks += free_blocks as usize;
+        self.uordblks += live as usize;
+        self.fordblks += free as usize;
+        self
+    }
+
+    /// `mallinfo`'s `int` fields, truncated as glibc truncates them.
+    fn as_ints(&self) -> Mallinfo {
+        Mallinfo {
+            arena: self.arena as c_int,
+            ordblks: self.ordblks as c_int,
+            smblks: self.smblks as c_int,
+            hblks: self.hblks as c_int,
+            hblkhd: self.hblkhd as c_int,
+            usmblks: self.usmblks as c_int,
+            fsmblks: self.fsmblks as c_int,
+            uordblks: self.uordblks as c_int,
+            fordblks: self.fordblks as c_int,
+            keepcost: self.keepcost as c_int,
+        }
+    }
+}
+
+/// A function of glibc's found by `dlsym(RTLD_NEXT, name)` at its first use: 0 not looked up
+/// yet, 1 not found, else its address.
+struct Next {
+    name: &'static [u8],
+    addr: AtomicUsize,
+}
+
+impl Next {
+    const fn new(name: &'static [u8]) -> Next {
+        Next { name, addr: AtomicUsize::new(0) }
+    }
+
+    fn get(&self) -> Option<usize> {
+        let mut a = self.addr.load(Ordering::Acquire);
+        if a == 0 {
+            // SAFETY: `name` is a NUL-terminated symbol name (each `Next` is built from a literal
+            // ending in "\0"); `dlsym` only reads it. Two threads may both look: same answer.
+            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr() as *const c_char) };
+            a = if p.is_null() { 1 } else { p as usize };
+            self.addr.store(a, Ordering::Release);
+        }
+        (a != 1).then_some(a)
+    }
+}
+
+static GLIBC_TRIM: Next = Next::new(b"malloc_trim\0");
+static GLIBC_MALLINFO2: Next = Next::new(b"mallinfo2\0");
+static GLIBC_STATS: Next = Next::new(b"malloc_stats\0");
+
+extern "C" {
+    fn __libc_mallinfo() -> Mallinfo;
+}
+
+/// glibc's `mallinfo2`, or (before 2.33) its `mallinfo` widened.
+fn glibc_mallinfo2() -> Mallinfo2 {
+    if let Some(f) = GLIBC_MALLINFO2.get() {
+        // SAFETY: the address `dlsym` gave for glibc's `mallinfo2`, whose type this is.
+        let f: extern "C" fn() -> Mallinfo2 = unsafe { core::mem::transmute::<usize, extern "C" fn() -> Mallinfo2>(f) };
+        return f();
+    }
+    // SAFETY: glibc's own `mallinfo`, exported under this name; it takes no argument.
+    let m = unsafe { __libc_mallinfo() };
+    let w = |v: c_int| v as u32 as usize;
+    Mallinfo2 {
+        arena: w(m.arena),
+        ordblks: w(m.ordblks),
+        smblks: w(m.smblks),
+        hblks: w(m.hblks),
+        hblkhd: w(m.hblkhd),
+        usmblks: w(m.usmblks),
+        fsmblks: w(m.fsmblks),
+        uordblks: w(m.uordblks),
+        fordblks: w(m.fordblks),
+        keepcost: w(m.keepcost),
+    }
+}
+
+/// Give free memory back to the system, but `pad` bytes of each heap.
+///
+/// # Safety
+/// None beyond glibc's `malloc_trim`'s (callable from any thread, not from a signal handler).
+#[no_mangle]
+pub unsafe extern "C" fn malloc_trim(pad: usize) -> c_int {
+    let mut given = 0;
+    if let Some(f) = GLIBC_TRIM.get() {
+        // SAFETY: the address `dlsym` gave for glibc's `malloc_trim`, whose type this is.
+        let f: extern "C" fn(usize) -> c_int = unsafe { core::mem::transmute::<usize, extern "C" fn(usize) -> c_int>(f) };
+        given = f(pad);
+    }
+    if let Some(a) = process::existing() {
+        if a.trim(pad) > 0 {
+            given = 1;
+        }
+    }
+    given
+}
+
+/// # Safety
+/// None: it only reads statistics.
+#[no_mangle]
+pub unsafe extern "C" fn mallinfo2() -> Mallinfo2 {
+    let m = glibc_mallinfo2();
+    match process::existing() {
+        Some(a) => m.plus(&a.stats()),
+        None => m,
+    }
+}
+
+/// # Safety
+/// None: it only reads statistics.
+#[no_mangle]
+pub unsafe extern "C" fn mallinfo() -> Mallinfo {
+    // SAFETY: `mallinfo2` has no precondition.
+    unsafe { mallinfo2() }.as_ints()
+}
+
+/// # Safety
+/// None beyond glibc's `malloc_stats`'s (it writes to stderr).
+#[no_mangle]
+pub unsafe extern "C" fn malloc_stats() {
+    if let Some(f) = GLIBC_STATS.get() {
+        // SAFETY: the address `dlsym` gave for glibc's `malloc_stats`, whose type this is.
+        let f: extern "C" fn() = unsafe { core::mem::transmute::<usize, extern "C" fn()>(f) };
+        f();
+    }
+    if let Some(a) = process::existing() {
+        process::write_stats(&a.stats(), "statistics");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallows_part_keeps_arena_the_sum_of_in_use_and_free() {
+        let s = Stats {
+            bytes_in_use: 10 << 20,
+            small_span_bytes: 2 << 20,
+            small_live_bytes: 1 << 20,
+            small_free_bytes: 1 << 20,
+            free_dirty_pages: 100,
+            free_zeroed_pages: 28,
+            ..Stats::default()
+        };
+        let m = Mallinfo2 { arena: 1000, uordblks: 600, fordblks: 400, ..Mallinfo2::default() }.plus(&s);
+        assert_eq!(m.uordblks, 600 + (9 << 20));
+        assert_eq!(m.fordblks, 400 + (1 << 20) + 128 * 4096);
+        assert_eq!(m.arena, m.uordblks + m.fordblks);
+        assert_eq!(Mallinfo2 { arena: 1 << 32 | 5, ..m }.as_ints().arena, 5);
+    }
+}

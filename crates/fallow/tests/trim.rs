@@ -1,0 +1,174 @@
+//! Trims on demand (`Allocator::trim`, the preload's `malloc_trim`): every free resident page
+//! goes back at once, whatever its age, but what the caller keeps; blocks in the caches of this
+//! thread and of idle threads too; live blocks keep their contents; trimmed memory reads zero
+//! for a `ZERO` request; trims in several threads beside allocations keep the lists whole.
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod common;
+
+use common::{check_free_states, take_written, Rng};
+use fallow::{Allocator, Config, Flags, Tunables};
+
+const PAGE: usize = 4096;
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// An allocator whose workers are off (nothing but the trim gives memory back; the delay would
+/// not have passed anyway), with per-thread caches (the defaults').
+fn allocator() -> Allocator {
+    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
+fn resident_free(a: &Allocator) -> u64 {
+    a.stats().resident_free_bytes()
+}
+
+fn check(a: &Allocator) {
+    a.check_invariants().unwrap();
+    // SAFETY: no other thread allocates from `a` during the check.
+    unsafe { check_free_states(a) }.unwrap();
+}
+
+/// Blocks of 4 KiB to 6 MiB, written; every other one freed (some into the thread's cache).
+fn half_freed(a: &Allocator) -> Vec<(*mut u8, usize, u8)> {
+    let sizes = [4 * KIB, 12 * KIB, 64 * KIB, 200 * KIB, 512 * KIB, MIB, 3 * MIB, 6 * MIB];
+    let mut live = Vec::new();
+    for round in 0..6 {
+        for (i, &len) in sizes.iter().enumerate() {
+            let byte = (round * sizes.len() + i) as u8 | 1;
+            let p = take_written(a, len, false, byte);
+            if (round + i) % 2 == 0 {
+                a.free(p).unwrap();
+            } else {
+                live.push((p, len, byte));
+            }
+        }
+    }
+    live
+}
+
+#[test]
+fn a_trim_gives_back_every_free_resident_page_at_once_and_keeps_the_live_blocks() {
+    let a = allocator();
+    let live = half_freed(&a);
+    let before = a.stats();
+    assert!(before.resident_free_bytes() > 4 * MIB as u64, "nothing free to trim: {before}");
+    assert!(before.cached_pages > 0, "the thread's cache held nothing: the test misses its drain");
+    let given = a.trim(0);
+    let s = a.stats();
+    assert_eq!(s.resident_free_bytes(), 0, "free resident memory left after a trim: {s}");
+    assert_eq!(s.cached_pages, 0, "the thread's cache was not drained");
+    assert!(given >= before.resident_free_bytes(), "{given} bytes given back of {}", before.resident_free_bytes());
+    assert_eq!(s.trims, before.trims + 1);
+    assert_eq!(s.trimmed_bytes, before.trimmed_bytes + given);
+    assert_eq!(s.reported_bytes, before.reported_bytes + given);
+    assert_eq!(s.bytes_in_use, before.bytes_in_use);
+    for &(p, len, byte) in &live {
+        // SAFETY: `p` is a live block of `len` bytes, this thread's.
+        assert!(unsafe { common::all_eq(p, len, byte) }, "a live block of {len} bytes lost its contents");
+    }
+    check(&a);
+    // A second trim finds nothing.
+    assert_eq!(a.trim(0), 0);
+    for (p, _, _) in live {
+        a.free(p).unwrap();
+    }
+    check(&a);
+}
+
+#[test]
+fn a_trim_keeps_what_it_is_asked_to_keep_and_trimmed_memory_reads_zero() {
+    let a = allocator();
+    let live = half_freed(&a);
+    let free = resident_free(&a) + (a.stats().cached_pages * PAGE as u64);
+    let keep = 2 * MIB;
+    assert!(free > 3 * keep as u64);
+    a.trim(keep);
+    let left = resident_free(&a);
+    assert!(left >= keep as u64, "kept {left} bytes, asked to keep {keep}");
+    // Single pages are taken down to what is kept: at most a page's worth less than a block
+    // that would go below it is left above it, and the blocks are at most 6 MiB.
+    assert!(left < free, "nothing given back: {left} of {free}");
+    check(&a);
+    a.trim(0);
+    assert_eq!(resident_free(&a), 0);
+    // Trimmed memory (every free page now) serves a `ZERO` request without a memset.
+    let before = a.stats();
+    let p = take_written(&a, 2 * MIB, true, 7);
+    let s = a.stats();
+    assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "a memset of trimmed memory");
+    a.free(p).unwrap();
+    for (p, _, _) in live {
+        a.free(p).unwrap();
+    }
+    check(&a);
+}
+
+#[test]
+fn a_trim_drains_the_caches_of_idle_threads() {
+    let a = allocator();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let a = &a;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            for len in [8 * KIB, 64 * KIB, 256 * KIB, MIB] {
+                let p = take_written(a, len, false, 3);
+                a.free(p).unwrap();
+            }
+            held_tx.send(()).unwrap();
+            // Idle (not in the allocator) while the other thread trims.
+            done_rx.recv().unwrap();
+        });
+        held_rx.recv().unwrap();
+        assert!(a.stats().cached_pages > 0, "the idle thread's cache held nothing");
+        a.trim(0);
+        let s = a.stats();
+        // Without `membarrier` an idle thread's cache cannot be drained from outside: then the
+        // test only checks that the trim left the lists whole.
+        if s.cache_remote_drains > 0 {
+            assert_eq!(s.cached_pages, 0, "an idle thread's cache kept its blocks: {s}");
+            assert_eq!(s.resident_free_bytes(), 0);
+        }
+        a.check_invariants().unwrap();
+        done_tx.send(()).unwrap();
+    });
+}
+
+#[test]
+fn trims_in_several_threads_beside_allocations_keep_the_lists_whole() {
+    let a = allocator();
+    std::thread::scope(|sc| {
+        for t in 0..3u64 {
+            let a = &a;
+            sc.spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
+                let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
+                for i in 0..600 {
+                    if rng.below(4) == 0 && !live.is_empty() {
+                        let (p, len, byte) = live.swap_remove(rng.below(live.len()));
+                        // SAFETY: `p` is a live block of `len` bytes, this thread's.
+                        assert!(unsafe { common::all_eq(p, len, byte) }, "a live block lost its contents");
+                        a.free(p).unwrap();
+                    } else {
+                        let len = PAGE * (1 + rng.below(300));
+                        let byte = (i as u8) | 1;
+                        let p = a.alloc(len, PAGE, Flags::NONE).unwrap().as_ptr();
+                        // SAFETY: a fresh block of `len` bytes, this thread's.
+                        unsafe { core::ptr::write_bytes(p, byte, len) };
+                        live.push((p, len, byte));
+                    }
+                    if i % 50 == 0 && t < 2 {
+                        a.trim(if t == 0 { 0 } else { MIB });
+                    }
+                }
+                for (p, _, _) in live {
+                    a.free(p).unwrap();
+                }
+            });
+        }
+    });
+    check(&a);
+    assert!(a.stats().trims >= 24);
+}
