@@ -12,14 +12,14 @@
 //!
 //! `mallopt` and `malloc_info` stay glibc's: they see glibc's heap only.
 //!
-//! glibc's own functions are found with `dlsym(RTLD_NEXT)` at the first call (none has a
-//! `__libc_` name but `mallinfo`), never from inside `malloc`.
+//! glibc's own functions are looked up in libc.so.6 at their first call (`GlibcFn`: none has a
+//! `__libc_` name but `mallinfo`).
 
-use core::ffi::{c_char, c_int};
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::ffi::c_int;
 
 use fallow::Stats;
 
+use crate::libc_heap::GlibcFn;
 use crate::process;
 
 /// `struct mallinfo2` of glibc's `<malloc.h>` (2.33 and later).
@@ -98,34 +98,9 @@ impl Mallinfo2 {
     }
 }
 
-/// A function of glibc's found by `dlsym(RTLD_NEXT, name)` at its first use: 0 not looked up
-/// yet, 1 not found, else its address.
-struct Next {
-    name: &'static [u8],
-    addr: AtomicUsize,
-}
-
-impl Next {
-    const fn new(name: &'static [u8]) -> Next {
-        Next { name, addr: AtomicUsize::new(0) }
-    }
-
-    fn get(&self) -> Option<usize> {
-        let mut a = self.addr.load(Ordering::Acquire);
-        if a == 0 {
-            // SAFETY: `name` is a NUL-terminated symbol name (each `Next` is built from a literal
-            // ending in "\0"); `dlsym` only reads it. Two threads may both look: same answer.
-            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr() as *const c_char) };
-            a = if p.is_null() { 1 } else { p as usize };
-            self.addr.store(a, Ordering::Release);
-        }
-        (a != 1).then_some(a)
-    }
-}
-
-static GLIBC_TRIM: Next = Next::new(b"malloc_trim\0");
-static GLIBC_MALLINFO2: Next = Next::new(b"mallinfo2\0");
-static GLIBC_STATS: Next = Next::new(b"malloc_stats\0");
+static GLIBC_TRIM: GlibcFn = GlibcFn::new(c"malloc_trim");
+static GLIBC_MALLINFO2: GlibcFn = GlibcFn::new(c"mallinfo2");
+static GLIBC_STATS: GlibcFn = GlibcFn::new(c"malloc_stats");
 
 extern "C" {
     fn __libc_mallinfo() -> Mallinfo;
@@ -134,7 +109,7 @@ extern "C" {
 /// glibc's `mallinfo2`, or (before 2.33) its `mallinfo` widened.
 fn glibc_mallinfo2() -> Mallinfo2 {
     if let Some(f) = GLIBC_MALLINFO2.get() {
-        // SAFETY: the address `dlsym` gave for glibc's `mallinfo2`, whose type this is.
+        // SAFETY: the address `GlibcFn` found for glibc's `mallinfo2`, whose type this is.
         let f: extern "C" fn() -> Mallinfo2 = unsafe { core::mem::transmute::<usize, extern "C" fn() -> Mallinfo2>(f) };
         return f();
     }
@@ -163,7 +138,7 @@ fn glibc_mallinfo2() -> Mallinfo2 {
 pub unsafe extern "C" fn malloc_trim(pad: usize) -> c_int {
     let mut given = 0;
     if let Some(f) = GLIBC_TRIM.get() {
-        // SAFETY: the address `dlsym` gave for glibc's `malloc_trim`, whose type this is.
+        // SAFETY: the address `GlibcFn` found for glibc's `malloc_trim`, whose type this is.
         let f: extern "C" fn(usize) -> c_int = unsafe { core::mem::transmute::<usize, extern "C" fn(usize) -> c_int>(f) };
         given = f(pad);
     }
@@ -199,7 +174,7 @@ pub unsafe extern "C" fn mallinfo() -> Mallinfo {
 #[no_mangle]
 pub unsafe extern "C" fn malloc_stats() {
     if let Some(f) = GLIBC_STATS.get() {
-        // SAFETY: the address `dlsym` gave for glibc's `malloc_stats`, whose type this is.
+        // SAFETY: the address `GlibcFn` found for glibc's `malloc_stats`, whose type this is.
         let f: extern "C" fn() = unsafe { core::mem::transmute::<usize, extern "C" fn()>(f) };
         f();
     }

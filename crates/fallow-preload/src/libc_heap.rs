@@ -79,32 +79,51 @@ unsafe impl GlobalAlloc for LibcHeap {
     }
 }
 
-/// glibc's `malloc_usable_size` (ours interposes the name): looked up once in libc.so.6 itself,
-/// not with `RTLD_NEXT`, which in a program linking jemalloc would find jemalloc's.
+/// A function of glibc's whose name this library interposes, looked up once in libc.so.6 itself
+/// (not with `RTLD_NEXT`, which in a program linking jemalloc would find jemalloc's) at its
+/// first use, never from inside `malloc`.
+pub struct GlibcFn {
+    name: &'static core::ffi::CStr,
+    /// 0: not looked up yet; 1: not found; else its address.
+    addr: core::sync::atomic::AtomicUsize,
+}
+
+impl GlibcFn {
+    pub const fn new(name: &'static core::ffi::CStr) -> GlibcFn {
+        GlibcFn { name, addr: core::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    /// Its address, or `None` if this glibc has no such function. Two threads may both look
+    /// it up the first time: the same answer.
+    pub fn get(&self) -> Option<usize> {
+        use core::sync::atomic::Ordering;
+        let mut f = self.addr.load(Ordering::Acquire);
+        if f == 0 {
+            // SAFETY: dlopen and dlsym get NUL-terminated C strings; RTLD_NOLOAD only looks up the
+            // libc.so.6 already mapped in this process, and a null handle is checked before dlsym.
+            unsafe {
+                let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+                if !h.is_null() {
+                    f = libc::dlsym(h, self.name.as_ptr()) as usize;
+                }
+            }
+            f = f.max(1);
+            self.addr.store(f, Ordering::Release);
+        }
+        (f != 1).then_some(f)
+    }
+}
+
+/// glibc's `malloc_usable_size` (ours interposes the name).
 ///
 /// # Safety
 /// `p` is null or a live pointer of glibc's heap (glibc's own contract).
 pub unsafe fn libc_usable_size(p: *mut c_void) -> usize {
-    use core::sync::atomic::{AtomicUsize, Ordering};
-    static FN: AtomicUsize = AtomicUsize::new(0);
-    let mut f = FN.load(Ordering::Acquire);
-    if f == 0 {
-        // SAFETY: dlopen and dlsym get NUL-terminated C string literals; RTLD_NOLOAD only looks up the
-        // libc.so.6 already mapped in this process, and a null handle is checked before dlsym.
-        unsafe {
-            let h = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-            if !h.is_null() {
-                f = libc::dlsym(h, c"malloc_usable_size".as_ptr()) as usize;
-            }
-        }
-        if f == 0 {
-            // Cannot happen with glibc; an answer of 0 makes callers copy nothing they do not own.
-            return 0;
-        }
-        FN.store(f, Ordering::Release);
-    }
-    // SAFETY: `f` is non-zero, so it is the address dlsym returned for glibc's `malloc_usable_size`,
-    // whose C type is `size_t (*)(void *)`: this function pointer type.
+    static FN: GlibcFn = GlibcFn::new(c"malloc_usable_size");
+    // Cannot be missing with glibc; an answer of 0 makes callers copy nothing they do not own.
+    let Some(f) = FN.get() else { return 0 };
+    // SAFETY: the address dlsym returned for glibc's `malloc_usable_size`, whose C type is
+    // `size_t (*)(void *)`: this function pointer type.
     let f: unsafe extern "C" fn(*mut c_void) -> usize = unsafe { core::mem::transmute(f) };
     // SAFETY: the caller promises `p` is null or a live pointer of glibc's heap (this function's `# Safety`),
     // which is `malloc_usable_size`'s contract.
