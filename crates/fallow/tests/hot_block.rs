@@ -7,17 +7,13 @@
 
 mod common;
 
-use common::{check_free_states, take_written};
+use common::{check_free_states, quiet, take_written};
 use fallow::{Allocator, Config, Flags, Tunables};
 
 const PAGE: usize = 4096;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
-fn allocator() -> Allocator {
-    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
-    Allocator::new(c).unwrap()
-}
 
 fn check(a: &Allocator) {
     a.check_invariants().unwrap();
@@ -36,7 +32,7 @@ fn take_and_free(a: &Allocator, len: usize, zero: bool, byte: u8) -> *mut u8 {
 
 #[test]
 fn the_block_freed_last_serves_a_smaller_order() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     // A 2 MiB block (order 9), freed: 1.2 MiB (order 9 with slack) and 0.9 MiB (order 8) get it.
     let p = take_and_free(&a, 2 * MIB, false, 1);
     let q = take_and_free(&a, 1229 * KIB, false, 2);
@@ -55,7 +51,7 @@ fn the_block_freed_last_serves_a_smaller_order() {
 
 #[test]
 fn a_zero_request_from_the_hot_block_reads_zero() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     // Dirty the whole 4 MiB block, slack included, then ask for a zeroed 2.5 MiB and 1.5 MiB.
     let p = take_and_free(&a, 4 * MIB, false, 0xaa);
     let q = a.alloc(2 * MIB + MIB / 2, PAGE, Flags::ZERO).unwrap().as_ptr();
@@ -75,7 +71,7 @@ fn a_zero_request_from_the_hot_block_reads_zero() {
 
 #[test]
 fn the_hot_block_serves_large_orders() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     // 4 MiB (order 10, the largest cached by default: one block beyond the high mark) freed;
     // 1.5 MiB (order 9) takes it with 2.5 MiB of slack (the only live block with slack, within
     // the bound of one per online CPU), and so does 3 MiB and a page (order 10).
@@ -87,7 +83,7 @@ fn the_hot_block_serves_large_orders() {
 
 #[test]
 fn an_eighth_of_the_block_or_less_does_not_take_it() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let p = take_and_free(&a, 2 * MIB, false, 1);
     // 256 KiB and a page is more than an eighth of 2 MiB: the hot block serves it (a loop of
     // sizes across two powers of two stays in one block).
@@ -114,7 +110,7 @@ fn an_eighth_of_the_block_or_less_does_not_take_it() {
 
 #[test]
 fn a_hot_block_handed_out_is_not_served_twice() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let p = take_and_free(&a, 2 * MIB, false, 1);
     // Taken again (its own order, the hit path), and while it lives a smaller request gets
     // another block.
@@ -132,7 +128,7 @@ fn a_hot_block_handed_out_is_not_served_twice() {
 
 #[test]
 fn a_power_of_two_served_from_the_hot_block_comes_back_whole() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let p = take_and_free(&a, 2 * MIB, false, 1);
     // Exactly 1 MiB, a `ZERO` request (the out-of-line path) and a plain one whose own order's
     // stack is empty: 256 pages with 256 of slack, freed by the hit path's caller as any block
@@ -151,7 +147,7 @@ fn a_power_of_two_served_from_the_hot_block_comes_back_whole() {
 
 #[test]
 fn a_block_from_the_hot_block_freed_elsewhere_or_resized() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let p = take_and_free(&a, 2 * MIB, false, 1);
     // Exactly 1 MiB with slack, freed by another thread (into its own cache, whole).
     let q = take_written(&a, MIB, true, 2) as usize;
@@ -296,7 +292,7 @@ fn the_slack_in_all_stays_under_the_high_mark_per_block_allowed() {
 
 #[test]
 fn a_run_the_caches_could_hold_does_not_keep_the_next_request_on_the_locked_path() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     // 9 MiB is above the caches: freed on the locked path, the next request goes there too.
     take_and_free(&a, 9 * MIB, false, 1);
     let p = take_written(&a, 3 * MIB, false, 2);
@@ -335,7 +331,7 @@ fn blocks_with_slack_freed_by_another_thread_leave_the_bound_as_it_was() {
 
 #[test]
 fn small_requests_after_a_large_free_stay_in_the_cache() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     take_and_free(&a, 5 * MIB, false, 1);
     // 12 KiB requests are not a loop on the 5 MiB block: they take the cache, every call a hit
     // (an allocation and a free).
@@ -349,7 +345,7 @@ fn small_requests_after_a_large_free_stay_in_the_cache() {
 
 #[test]
 fn a_request_the_block_freed_last_on_the_locked_path_could_hold_goes_there() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     // 9 MiB is above the caches (8 MiB): freed on the locked path, it is the locked hot block.
     take_and_free(&a, 9 * MIB, false, 1);
     // 3 MiB would be a cached 4 MiB block with 1 MiB of slack; it takes the locked path
@@ -408,7 +404,7 @@ fn a_loop_across_the_caches_largest_order_stays_in_one_region() {
 
 #[test]
 fn alloc_from_hot_takes_the_hot_block_or_nothing() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let nothing = |a: &Allocator, len: usize, flags: Flags, why: &str| {
         let before = a.stats();
         assert!(a.alloc_from_hot(len, flags).is_none(), "{why}");

@@ -2,23 +2,17 @@
 //! goes back at once, whatever its age, but what the caller keeps; blocks in the caches of this
 //! thread and of idle threads too; live blocks keep their contents; trimmed memory reads zero
 //! for a `ZERO` request; trims in several threads beside allocations keep the lists whole.
+//! Workers off (`common::quiet`): nothing but the trim gives memory back.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
-use common::{check_free_states, take_written, Rng};
-use fallow::{Allocator, Config, Flags, Tunables};
+use common::{check_free_states, quiet, take_written, Rng};
+use fallow::{Allocator, Flags};
 
 const PAGE: usize = 4096;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
-
-/// An allocator whose workers are off (nothing but the trim gives memory back; the delay would
-/// not have passed anyway), with per-thread caches (the defaults').
-fn allocator() -> Allocator {
-    let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), ..Config::default() };
-    Allocator::new(c).unwrap()
-}
 
 fn resident_free(a: &Allocator) -> u64 {
     a.stats().resident_free_bytes()
@@ -50,7 +44,7 @@ fn half_freed(a: &Allocator) -> Vec<(*mut u8, usize, u8)> {
 
 #[test]
 fn a_trim_gives_back_every_free_resident_page_at_once_and_keeps_the_live_blocks() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let live = half_freed(&a);
     let before = a.stats();
     assert!(before.resident_free_bytes() > 4 * MIB as u64, "nothing free to trim: {before}");
@@ -79,7 +73,7 @@ fn a_trim_gives_back_every_free_resident_page_at_once_and_keeps_the_live_blocks(
 
 #[test]
 fn a_trim_keeps_what_it_is_asked_to_keep_and_trimmed_memory_reads_zero() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let live = half_freed(&a);
     let free = resident_free(&a) + (a.stats().cached_pages * PAGE as u64);
     let keep = 2 * MIB;
@@ -107,7 +101,7 @@ fn a_trim_keeps_what_it_is_asked_to_keep_and_trimmed_memory_reads_zero() {
 
 #[test]
 fn a_trim_drains_the_caches_of_idle_threads() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let a = &a;
@@ -138,7 +132,7 @@ fn a_trim_drains_the_caches_of_idle_threads() {
 
 #[test]
 fn trims_in_several_threads_beside_allocations_keep_the_lists_whole() {
-    let a = allocator();
+    let a = quiet(64 * MIB);
     std::thread::scope(|sc| {
         for t in 0..3u64 {
             let a = &a;

@@ -80,6 +80,13 @@ pub fn small() -> Allocator {
     Allocator::new(Config { arena_size: 16 << 20, max_order: 8, thp: false, tunables, ..Config::default() }).unwrap()
 }
 
+/// An allocator of 16 MiB blocks (max order 12) on 4 KiB pages, with its workers off and the
+/// default per-thread caches: nothing but the test's calls changes its lists and page states.
+pub fn quiet(arena_size: usize) -> Allocator {
+    let c = Config { arena_size, max_order: 12, thp: false, tunables: fallow::Tunables::off(), ..Config::default() };
+    Allocator::new(c).unwrap()
+}
+
 /// Whether the `len` bytes at `ptr` are all zero.
 ///
 /// # Safety
