@@ -66,7 +66,7 @@ typedef struct fallow_stats {
     uint64_t locked_bytes;          /* bytes mlocked now */
     uint64_t cached_pages; /* free pages held in per-thread caches (counted as free) */
     uint64_t cache_hits; /* allocations and frees served by a per-thread cache */
-    uint64_t reported_bytes; /* bytes given back to the kernel by the reporting worker */
+    uint64_t reported_bytes; /* bytes given back to the kernel by the reporting worker and by trims */
     uint64_t report_calls; /* reporting system calls */
     uint64_t report_batches;
     uint64_t report_ns; /* nanoseconds spent in reporting system calls */
@@ -199,8 +199,8 @@ int fallow_owns(const fallow_allocator *a, const void *p);
 int fallow_stats_read(fallow_allocator *a, fallow_stats *out);
 int fallow_stats_read_size(fallow_allocator *a, fallow_stats *out, size_t size);
 
-/* Give free memory back to the kernel now, but keep bytes of it (glibc's malloc_trim, whose pad
- * it is): the calling thread's cached blocks and empty spans of small objects, the cached blocks
+/* Give free memory back to the kernel now, but at least keep bytes of it (glibc's malloc_trim,
+ * whose pad it is; a free block that would take it below keep stays): the calling thread's cached blocks and empty spans of small objects, the cached blocks
  * of idle threads, then every free block with resident pages, whatever its age (dirty ones before
  * zeroed ones), in batches without holding the lock across a system call; with the background
  * workers off too. The bytes given back that were resident go to *given if given is not null.

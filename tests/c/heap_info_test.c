@@ -24,8 +24,9 @@ static size_t rss(void) {
     return res * 4096;
 }
 
-/* Blocks of 4 MiB (fallow's, whatever the threshold), 40 MiB in all: under the 64 MiB past which
- * the reporter hurries, so nothing but the trim gives them back within the test. */
+/* Blocks of 4 MiB (fallow's, whatever the threshold), 40 MiB in all. Freed, they merge into one
+ * block of 32 MiB or more, which the reporter gives back after a tenth of its delay: the script
+ * runs this test with a delay of 10 minutes, so that nothing but the trim gives them back. */
 #define BIG 10
 #define BIG_SIZE (4 * MiB)
 

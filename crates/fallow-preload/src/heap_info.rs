@@ -72,7 +72,9 @@ impl Mallinfo2 {
     /// for glibc's heap, `arena = uordblks + fordblks`.
     fn plus(mut self, s: &Stats) -> Mallinfo2 {
         let free_blocks: u64 = s.free_blocks.iter().flatten().sum();
-        let live = s.bytes_in_use - s.small_span_bytes + s.small_live_bytes;
+        // Saturating: the page layer's figures and the slab's are read under two locks, one
+        // after the other, so a span made in between may be in one and not the other.
+        let live = s.bytes_in_use.saturating_sub(s.small_span_bytes) + s.small_live_bytes;
         let free = s.resident_free_bytes() + s.small_free_bytes;
         self.arena += (live + free) as usize;
         self.ordblks += free_blocks as usize;

@@ -452,6 +452,9 @@ pub(crate) fn send(
 
 /// The pidfd of this process for `process_madvise`, or -1 when it cannot be used.
 fn pidfd(s: &Shared) -> i32 {
+    if s.pidfd_refused.load(Ordering::Relaxed) {
+        return -1;
+    }
     let fd = s.pidfd.load(Ordering::Relaxed);
     if fd != -1 {
         return fd.max(-1);
@@ -508,10 +511,9 @@ unsafe fn advise(s: &Shared, targets: &[Target], advice: os::Advice, ok: &mut [b
                 }
                 Err(e) if calls == 1 && (e == libc::EINVAL || e == libc::ENOSYS || e == libc::EPERM || e == libc::EBADF) => {
                     // This kernel does not take this advice through process_madvise: stop trying.
-                    if s.pidfd.compare_exchange(fd, -2, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                        // SAFETY: the exchange took the pidfd out of `pidfd`: nobody else uses or closes it.
-                        unsafe { os::close(fd) };
-                    }
+                    // The descriptor stays open (a trim in another thread may be using it) until
+                    // `close_worker_descriptors`.
+                    s.pidfd_refused.store(true, Ordering::Relaxed);
                     n = 0;
                 }
                 Err(_) => n = 0,

@@ -119,7 +119,8 @@ macro_rules! stats_table {
         cached_pages: Pages,
         /// Allocations and frees served by a per-thread cache without the lock.
         cache_hits: Count,
-        /// Bytes given back to the kernel (pages that were resident when reported).
+        /// Bytes given back to the kernel (pages that were resident when reported), by the
+        /// reporting worker and by trims on demand.
         reported_bytes: Bytes,
         /// System calls made to report (`process_madvise`, `madvise`, `fallocate`).
         report_calls: Count,
@@ -194,8 +195,9 @@ macro_rules! stats_table {
         cache_remote_drains: Count,
         /// Blocks whose report the kernel refused (put back unchanged).
         report_failures: Count,
-        /// Trims on demand (`Allocator::trim`, the preload's `malloc_trim`), and the bytes they
-        /// gave back (counted in `reported_bytes` too).
+        /// Trims on demand (`Allocator::trim`, the preload's `malloc_trim`), and the bytes of free
+        /// blocks they gave back (counted in `reported_bytes` too; what their trims of the
+        /// calling thread's live spans gave back is in `small_trimmed_pages_total`).
         trims: Count,
         trimmed_bytes: Bytes,
         /// Free dirty bytes the zeroing worker found never written (nothing behind them, or the

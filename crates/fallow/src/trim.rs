@@ -12,14 +12,20 @@
 //! call, and an allocation that finds other memory free never waits for the trim.
 //!
 //! What it takes, and in what order:
-//! - every listed block of the `Dirty` and `Zeroed` classes, whatever its age and the floors
-//!   (`resident_free_min`, `populated_reserve`: the program asked), largest order first (the
-//!   fewest system calls for the most memory), dirty before zeroed, down to single pages; in
-//!   arenas of huge-page units, only blocks of `report_order` and up (a report of less than a
-//!   unit would split a huge page);
-//! - until the resident free memory left is at most `keep_pages` (`malloc_trim`'s `pad`), so a
-//!   program can keep some free memory for its next requests (the zeroed blocks are the last
-//!   to go, so what is kept is what serves `calloc` best);
+//! - every listed block of the `Dirty` class, then of the `Zeroed` class, each largest order
+//!   first (the fewest system calls for the most memory), down to single pages, whatever its age
+//!   and `resident_free_min` (the program asked); in arenas of huge-page units, only blocks of
+//!   `report_order` and up (a report of less than a unit would split a huge page);
+//! - leaving at least `keep_pages` of resident free memory (`malloc_trim`'s `pad`), so a
+//!   program can keep some free memory for its next requests: a block that would take it below
+//!   that stays, smaller ones still go (the zeroed blocks are the last to go, so what is kept is
+//!   what serves `calloc` best);
+//! - never the zeroed pages of `populated_reserve` (the zeroing worker would fault them back in
+//!   at once): a zeroed block of it stays, and of a dirty block holding some only the half that
+//!   needs zeroing goes (`isolate_dirty_piece`; the other halves are listed again and looked at
+//!   in their turn, at the orders below);
+//! - with `MADV_DONTNEED` where the reporting mode is `MADV_FREE`: lazily freed pages stay
+//!   resident until the kernel runs short, and a trim is asked to lower the resident set now;
 //! - at most the resident free pages there were when it started: a trim racing frees in other
 //!   threads ends instead of chasing them.
 //!
@@ -30,15 +36,14 @@
 //! What the lists do not show is the caller's to bring back first (`Allocator::trim`): the
 //! per-thread caches and the calling thread's empty spans of small objects.
 
-use crate::config::Tunables;
+use crate::config::{ReportMode, Tunables};
 use crate::heap::{Shared, TRIM_BATCH, TRIM_SLOT};
 use crate::os::{self, PAGE_SHIFT};
 use crate::page::Class;
 use crate::report::{self, Target};
 
-/// Blocks looked at on one list per batch without taking one (blocks with no resident page,
-/// lazily freed and reported ones listed `Dirty`, or too large to go with what is kept):
-/// bounds the time under the lock.
+/// Blocks looked at on one list per batch without taking one (too large to go with what is
+/// kept): bounds the time under the lock.
 const SKIP_LIMIT: u32 = 256;
 /// The wait of a trim for another one to end, per look.
 const WAIT_NS: u64 = 200_000;
@@ -79,48 +84,66 @@ pub(crate) fn trim(s: &Shared, keep_pages: u64) -> u64 {
 }
 
 /// Under the lock: isolate up to `TRIM_BATCH` blocks with resident pages into the trim's slots,
-/// leaving `keep_pages` resident free pages and taking at most `budget` pages. Returns how many,
-/// the reporting mode in force and their targets.
-fn isolate_batch(s: &Shared, keep_pages: u64, budget: u64) -> (usize, crate::config::ReportMode, [Target; TRIM_BATCH]) {
+/// leaving `keep_pages` resident free pages (and `populated_reserve` zeroed ones) and taking at
+/// most `budget` pages. Returns how many, the way to report them and their targets.
+fn isolate_batch(s: &Shared, keep_pages: u64, budget: u64) -> (usize, ReportMode, [Target; TRIM_BATCH]) {
     let mut targets = [Target::default(); TRIM_BATCH];
     let mut h = s.heap.lock();
     let t = h.tunables;
-    let mode = t.effective_mode(s.config.backing);
+    let mode = match t.effective_mode(s.config.backing) {
+        // A trim lowers the resident set now: lazily freed pages stay resident until the kernel
+        // runs short (and a block mixing them with reported pages costs its records a rebuild).
+        ReportMode::Free => ReportMode::DontNeed,
+        m => m,
+    };
     // The unmerged block (buddy/deferred.rs) merges first: it goes back whole with its pieces.
     for a in &mut h.arenas {
         let _ = a.merge_deferred_idle(u32::MAX);
     }
-    let mut left = h.resident_free_pages().0;
+    let (mut left, mut zeroed) = h.resident_free_pages();
+    let keep_zeroed = (t.populated_reserve >> PAGE_SHIFT) as u64;
     let mut taken = 0u64;
     let mut n = 0usize;
-    'scan: for ai in 0..h.arenas.len() {
-        let (max_order, huge_units) = (h.arena(ai).max_order, h.arena(ai).huge_units);
-        let lowest = if huge_units { t.report_lowest(true) } else { 0 };
-        for order in Tunables::scan_orders(lowest, max_order, max_order, true) {
-            for class in [Class::Dirty, Class::Zeroed] {
+    // Dirty blocks first, then zeroed ones: what is kept is what serves `calloc` best.
+    for class in [Class::Dirty, Class::Zeroed] {
+        for ai in 0..h.arenas.len() {
+            let (max_order, huge_units) = (h.arena(ai).max_order, h.arena(ai).huge_units);
+            let lowest = if huge_units { t.report_lowest(true) } else { 0 };
+            for order in Tunables::scan_orders(lowest, max_order, max_order, true) {
                 let mut walk = h.arena(ai).oldest_first(class, order);
                 let mut skipped = 0;
                 while let Some((p, m)) = walk.next(h.arena(ai)) {
                     if taken >= budget {
-                        break 'scan;
+                        return (n, mode, targets);
                     }
                     let res = (1u64 << order) - (m.counts.reported + m.counts.lazy) as u64;
-                    // No resident page, or more than may go with `keep_pages` kept (a smaller
-                    // block may still go).
-                    if res == 0 || left < keep_pages + res {
+                    let z = m.counts.zeroed as u64;
+                    let reserve = z > 0 && zeroed < keep_zeroed + z;
+                    // More than may go with `keep_pages` kept, or a zeroed block of the reserve: a
+                    // smaller block may still go.
+                    if left < keep_pages + res || (reserve && (class == Class::Zeroed || order == 0)) {
                         skipped += 1;
                         if skipped == SKIP_LIMIT {
                             break;
                         }
                         continue;
                     }
-                    targets[n] = Target::of(h.arena(ai), p, order);
-                    h.isolate(TRIM_SLOT + n, ai, p);
+                    let rec = if reserve {
+                        // A dirty block with zeroed pages of the reserve: its half that needs
+                        // zeroing goes (split down, the other halves listed again, visited
+                        // at their orders below).
+                        h.isolate_dirty_piece(TRIM_SLOT + n, ai, p, order - 1)
+                    } else {
+                        h.isolate(TRIM_SLOT + n, ai, p)
+                    };
+                    targets[n] = Target::of(h.arena(ai), rec.pfn, rec.order);
+                    let res = (1u64 << rec.order) - (rec.counts.reported + rec.counts.lazy) as u64;
                     left -= res;
+                    zeroed -= rec.counts.zeroed as u64;
                     taken += res;
                     n += 1;
                     if n == TRIM_BATCH {
-                        break 'scan;
+                        return (n, mode, targets);
                     }
                 }
             }

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{check_free_states, quiet, take_written, Rng};
-use fallow::{Allocator, Flags};
+use fallow::{Allocator, Config, Flags, Tunables};
 
 const PAGE: usize = 4096;
 const KIB: usize = 1 << 10;
@@ -130,12 +130,10 @@ fn a_trim_drains_the_caches_of_idle_threads() {
     });
 }
 
-#[test]
-fn trims_in_several_threads_beside_allocations_keep_the_lists_whole() {
-    let a = quiet(64 * MIB);
+/// Three threads allocate and free at random, two of them trimming every 50 steps.
+fn trims_beside_allocations(a: &Allocator) {
     std::thread::scope(|sc| {
         for t in 0..3u64 {
-            let a = &a;
             sc.spawn(move || {
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
                 let mut live: Vec<(*mut u8, usize, u8)> = Vec::new();
@@ -163,6 +161,111 @@ fn trims_in_several_threads_beside_allocations_keep_the_lists_whole() {
             });
         }
     });
-    check(&a);
     assert!(a.stats().trims >= 24);
+}
+
+#[test]
+fn trims_in_several_threads_beside_allocations_keep_the_lists_whole() {
+    let a = quiet(64 * MIB);
+    trims_beside_allocations(&a);
+    check(&a);
+}
+
+#[test]
+fn trims_beside_the_workers_keep_the_lists_whole_and_the_states_true() {
+    // Both workers at work all along: no delay before a block is reported or zeroed.
+    let t = Tunables { report_delay_ms: 0, zero_delay_ms: 0, ..Tunables::default() };
+    let a = Allocator::new(Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() }).unwrap();
+    trims_beside_allocations(&a);
+    a.check_invariants().unwrap();
+    // SAFETY: no other thread allocates from `a` now; its workers touch only blocks they isolated.
+    unsafe { check_free_states(&a) }.unwrap();
+}
+
+/// Blocks of `len` bytes, written, every other one freed (the live ones keep the freed ones
+/// apart, so none merges). Returns the live ones.
+fn freed_apart(a: &Allocator, n: usize, len: usize) -> Vec<*mut u8> {
+    let all: Vec<*mut u8> = (0..2 * n).map(|_| take_written(a, len, false, 9)).collect();
+    let mut live = Vec::new();
+    for (i, p) in all.into_iter().enumerate() {
+        if i % 2 == 0 {
+            a.free(p).unwrap();
+        } else {
+            live.push(p);
+        }
+    }
+    live
+}
+
+#[test]
+fn a_trim_leaves_at_least_what_it_keeps_and_less_than_a_block_more() {
+    let a = quiet(64 * MIB);
+    let live = freed_apart(&a, 12, 256 * KIB);
+    a.drain_thread_cache();
+    assert!(resident_free(&a) >= 3 * MIB as u64);
+    a.trim(MIB);
+    let left = resident_free(&a);
+    assert!((MIB as u64..(MIB + 256 * KIB) as u64).contains(&left), "{left} bytes left, asked to keep {MIB}");
+    for p in live {
+        a.free(p).unwrap();
+    }
+    check(&a);
+}
+
+#[test]
+fn a_trim_gives_back_dirty_blocks_before_zeroed_ones() {
+    let t = Tunables { report: false, zeroing: true, zero_delay_ms: 0, zeroed_reserve: 64 * MIB, ..Tunables::default() };
+    let a = Allocator::new(Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() }).unwrap();
+    // A `ZERO` request first: the zeroing worker zeroes for a demand.
+    let z = a.alloc(4 * MIB, PAGE, Flags::ZERO).unwrap().as_ptr();
+    a.free(z).unwrap();
+    let big = take_written(&a, 8 * MIB, false, 1);
+    let apart = take_written(&a, 8 * MIB, false, 2);
+    a.free(big).unwrap();
+    a.drain_thread_cache();
+    common::wait_for("the freed 8 MiB block zeroed", || a.stats().free_zeroed_pages * PAGE as u64 >= 8 * MIB as u64);
+    a.set_tunables(Tunables { zeroing: false, ..t }).unwrap();
+    let live = freed_apart(&a, 8, 256 * KIB);
+    a.drain_thread_cache();
+    let before = a.stats();
+    assert!(before.free_dirty_pages * PAGE as u64 >= 2 * MIB as u64, "{before}");
+    a.trim(2 * MIB);
+    let s = a.stats();
+    assert_eq!(s.free_dirty_pages, 0, "dirty blocks kept while zeroed ones were there to keep: {s}");
+    assert!(s.free_zeroed_pages * PAGE as u64 >= 2 * MIB as u64, "the zeroed memory went before the dirty: {s}");
+    a.free(apart).unwrap();
+    for p in live {
+        a.free(p).unwrap();
+    }
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn a_trim_leaves_the_populated_reserve() {
+    let t = Tunables { report: false, populated_reserve: 8 * MIB, ..Tunables::default() };
+    let a = Allocator::new(Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() }).unwrap();
+    let p = take_written(&a, 16 * MIB, false, 5);
+    a.free(p).unwrap();
+    common::wait_for("the populated reserve made", || a.stats().free_zeroed_pages * PAGE as u64 >= 8 * MIB as u64);
+    a.trim(0);
+    let s = a.stats();
+    // The zeroing worker would fault a reserve given back in again at once.
+    assert!(s.free_zeroed_pages * PAGE as u64 >= 8 * MIB as u64, "the trim gave back the populated reserve: {s}");
+    assert_eq!(s.free_dirty_pages, 0, "{s}");
+}
+
+#[test]
+fn a_trim_gives_back_with_dontneed_where_reports_use_madv_free() {
+    let t = Tunables { report_mode: fallow::ReportMode::Free, ..Tunables::off() };
+    let a = Allocator::new(Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: t, ..Config::default() }).unwrap();
+    let live = half_freed(&a);
+    a.trim(0);
+    let s = a.stats();
+    // Lazily freed pages would stay resident until the kernel runs short.
+    assert_eq!(s.free_lazy_pages, 0, "{s}");
+    assert_eq!(s.resident_free_bytes(), 0, "{s}");
+    for (p, _, _) in live {
+        a.free(p).unwrap();
+    }
+    check(&a);
 }

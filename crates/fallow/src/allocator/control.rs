@@ -12,6 +12,11 @@ use crate::page::{PageState, Tag};
 
 use super::Allocator;
 
+/// A trim's looks for the idle threads' caches while a worker's drain is under way, and the wait
+/// between two (10 ms in all at most).
+const DRAIN_TRIES: u32 = 50;
+const DRAIN_RETRY_NS: u64 = 200_000;
+
 impl Allocator {
     /// The current settings of the background workers (orders and chunk clamped to the largest
     /// block).
@@ -67,26 +72,39 @@ impl Allocator {
     /// Drain the calling thread's cache of this allocator back to the free lists now, after its
     /// small-object heap gave back its empty spans (those with live objects stay).
     pub fn drain_thread_cache(&self) {
-        self.slab.trim_current();
-        let _ = cache::drain_current(&self.shared);
+        self.drain_thread_cache_trimmed();
     }
 
-    /// Give free memory back to the kernel now, but `keep_bytes` of it (glibc's `malloc_trim`,
-    /// whose `pad` it is): the calling thread's cache and its heap's empty spans of small
+    /// `drain_thread_cache`; returns the pages of live spans its trims gave back.
+    fn drain_thread_cache_trimmed(&self) -> u64 {
+        let pages = self.slab.trim_current();
+        let _ = cache::drain_current(&self.shared);
+        pages
+    }
+
+    /// Give free memory back to the kernel now, but at least `keep_bytes` of it (glibc's
+    /// `malloc_trim`, whose `pad` it is; blocks are not split for it, so a block that would take
+    /// the free memory below it stays): the calling thread's cache and its heap's empty spans of small
     /// objects first (spans with live objects are trimmed), then the caches of idle threads (a
     /// busy thread's drains at its next call, as when the reporter asks), then every free
     /// block with resident pages on the lists, whatever its age, dirty ones before zeroed ones
     /// (trim.rs). Runs in the calling thread, in batches, never holding the lock across a system
-    /// call; works with the workers off too. Returns the bytes given back that were resident.
-    /// Other threads' heaps of small objects are theirs: their empty spans go back as they
-    /// always do, at their owner's next look.
+    /// call; works with the workers off too. Returns the bytes given back that were resident,
+    /// those of the calling thread's live spans included. Other threads' heaps of small objects
+    /// are theirs: their empty spans go back as they always do, at their owner's next look.
     pub fn trim(&self, keep_bytes: usize) -> u64 {
-        self.drain_thread_cache();
+        let spans = self.drain_thread_cache_trimmed() << PAGE_SHIFT;
         let s = &*self.shared;
         let g = cache::ask_to_drain(s, &s.heap.lock());
-        // `None`: a worker's drain is under way; the threads it misses drain at their next call.
-        let _ = cache::drain_unanswered(s, cache::Scope::All, g, s.now_ms());
-        crate::trim::trim(s, (keep_bytes >> PAGE_SHIFT) as u64)
+        // `None`: a worker's drain is under way (its membarrier takes a moment): try again, or
+        // idle threads' caches would keep their blocks until their threads call again.
+        for _ in 0..DRAIN_TRIES {
+            if cache::drain_unanswered(s, cache::Scope::All, g, s.now_ms()).is_some() {
+                break;
+            }
+            crate::os::sleep_ns(DRAIN_RETRY_NS);
+        }
+        spans + crate::trim::trim(s, (keep_bytes >> PAGE_SHIFT) as u64)
     }
 
     /// Lock the allocator before `fork` (pair with `after_fork_parent` / `after_fork_child`, as

@@ -1,6 +1,7 @@
-//! What other threads do to a cache, under the allocator lock: the reporting worker drains the
-//! cache of an idle thread (a `membarrier` handshake keeps the owner out); `stats`,
-//! `check_invariants` and `free_runs` freeze every cache the same way and read it.
+//! What other threads do to a cache, under the allocator lock: the reporting worker, the zeroing
+//! worker (large blocks) and a trim on demand drain the cache of an idle thread (a `membarrier`
+//! handshake keeps the owner out); `stats`, `check_invariants` and `free_runs` freeze every
+//! cache the same way and read it.
 
 use super::*;
 
@@ -54,7 +55,8 @@ pub(crate) fn ask_to_drain(s: &Shared, h: &Heap) -> u64 {
 /// (`Shared::hit.drain_generation`); the zeroing worker only the large blocks of caches whose
 /// threads have freed no large block since its request (`Shared::large_generation`, noted at
 /// each large free: `ThreadCache::seen_large`), so that a thread in a hot loop is never asked
-/// for anything. `None`: the other worker's drain is under way (try again later); else the pages
+/// for anything (a trim drains as the reporter does). `None`: another drain (a worker's or a
+/// trim's) is under way (try again later); else the pages
 /// given back.
 pub(crate) fn drain_unanswered(s: &Shared, scope: Scope, generation: u64, freed_at_ms: u32) -> Option<u64> {
     let unanswered = |c: &ThreadCache| match scope {

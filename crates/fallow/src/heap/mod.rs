@@ -115,8 +115,8 @@ pub(crate) struct Heap {
 /// a node of it; `head` is null or a registered cache, which the cache layer casts back.
 pub(crate) struct CacheList {
     pub(crate) head: *mut (),
-    /// A worker is between the freeze and the thaw of `cache::drain_unanswered`: the other one
-    /// does not start its own (two interleaved freezes could thaw each other's).
+    /// A worker or a trim is between the freeze and the thaw of `cache::drain_unanswered`: no
+    /// other starts its own (two interleaved freezes could thaw each other's).
     pub(crate) remote_drain: bool,
 }
 
@@ -148,8 +148,13 @@ pub(crate) struct Shared {
     /// `Allocator` handles alive (workers hold the `Arc` but no handle): the last handle to go
     /// stops and joins the workers.
     handles: AtomicUsize,
-    /// pidfd of this process for `process_madvise` (-1: not opened; -2: not usable).
+    /// pidfd of this process for `process_madvise` (-1: not opened; -2: not usable), shared by
+    /// the reporter and trims.
     pub(crate) pidfd: AtomicI32,
+    /// The kernel refused an advice through `process_madvise`: reports and trims `madvise` block
+    /// by block (the descriptor stays open until `close_worker_descriptors`: a trim in another
+    /// thread may be using it).
+    pub(crate) pidfd_refused: AtomicBool,
     /// The workers' thread entries (`report::thread_main`, `zero::thread_main`): given by the
     /// allocator layer, which sits above the workers, so that this layer names no worker.
     entries: WorkerEntries,
@@ -296,6 +301,7 @@ impl Shared {
                 zeroer: Worker::new(b"fallow-zero"),
                 handles: AtomicUsize::new(1),
                 pidfd: AtomicI32::new(-1),
+                pidfd_refused: AtomicBool::new(false),
                 entries: entries,
                 zero_requested: AtomicBool::new(false),
                 large_cached: AtomicBool::new(false),

@@ -137,8 +137,10 @@ impl Shared {
     pub(crate) fn close_worker_descriptors(&self) {
         let fd = self.pidfd.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
-            // SAFETY: the swap took the pidfd out of `pidfd`, and the workers that used it are
-            // joined or (in a `fork` child) do not exist: nobody else uses or closes it.
+            // SAFETY: the swap took the pidfd out of `pidfd`, the workers that used it are joined
+            // or (in a `fork` child) do not exist, and no trim runs (a trim is made through a
+            // handle, and this runs when the last one goes, or in the child's one thread):
+            // nobody else uses or closes it.
             unsafe { os::close(fd) };
         }
     }

@@ -54,11 +54,14 @@ impl Slab {
 
     /// The calling thread gives back its heap's empty spans, current and spare ones too
     /// (`Allocator::drain_thread_cache`); spans with live objects stay, trimmed (trim.rs).
-    pub(crate) fn trim_current(&self) {
+    /// Returns the pages those trims gave back (the empty spans' go to the page layer).
+    pub(crate) fn trim_current(&self) -> u64 {
         let h = table::own_heap(self);
         if h.is_null() {
-            return;
+            return 0;
         }
+        // SAFETY: this thread's own heap (owner).
+        let before = unsafe { &*h }.trimmed_total.get();
         let mut out: *mut Span = ptr::null_mut();
         // SAFETY: this thread's own heap (owner).
         unsafe { &*h }.collect_all(&mut out);
@@ -67,7 +70,9 @@ impl Slab {
         self.uncount(out);
         self.give_back(out);
         // SAFETY: as above.
-        self.trim_all(unsafe { &*h });
+        let h = unsafe { &*h };
+        self.trim_all(h);
+        h.trimmed_total.get().wrapping_sub(before)
     }
 
     // ---- Fork ----
