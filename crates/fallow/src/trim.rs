@@ -21,9 +21,9 @@
 //!   that stays, smaller ones still go (the zeroed blocks are the last to go, so what is kept is
 //!   what serves `calloc` best);
 //! - never the zeroed pages of `populated_reserve` (the zeroing worker would fault them back in
-//!   at once): a zeroed block of it stays, and of a dirty block holding some only the half that
-//!   needs zeroing goes (`isolate_dirty_piece`; the other halves are listed again and looked at
-//!   in their turn, at the orders below);
+//!   at once): a zeroed block of it stays, and of a dirty block holding some only its largest
+//!   part without them goes (`isolate_unzeroed_part`; the other halves are listed again and
+//!   looked at in their turn, at the orders below);
 //! - with `MADV_DONTNEED` where the reporting mode is `MADV_FREE`: lazily freed pages stay
 //!   resident until the kernel runs short, and a trim is asked to lower the resident set now;
 //! - at most the resident free pages there were when it started: a trim racing frees in other
@@ -129,10 +129,10 @@ fn isolate_batch(s: &Shared, keep_pages: u64, budget: u64) -> (usize, ReportMode
                         continue;
                     }
                     let rec = if reserve {
-                        // A dirty block with zeroed pages of the reserve: its half that needs
-                        // zeroing goes (split down, the other halves listed again, visited
-                        // at their orders below).
-                        h.isolate_dirty_piece(TRIM_SLOT + n, ai, p, order - 1)
+                        // A dirty block with zeroed pages of the reserve: its largest part
+                        // without them goes (split down, the other halves listed again and
+                        // looked at in their turn, at the orders below).
+                        h.isolate_unzeroed_part(TRIM_SLOT + n, ai, p)
                     } else {
                         h.isolate(TRIM_SLOT + n, ai, p)
                     };

@@ -320,7 +320,7 @@ impl Buddy {
 
     /// Counts of the two halves of the free or isolated block `(pfn, order)` whose counts are `c`.
     #[inline]
-    fn halves(&self, pfn: u32, order: u8, c: StateCounts) -> (StateCounts, StateCounts) {
+    pub(crate) fn halves(&self, pfn: u32, order: u8, c: StateCounts) -> (StateCounts, StateCounts) {
         let half = 1u32 << (order - 1);
         match c.uniform_state(half * 2) {
             Some(s) => (StateCounts::uniform(s, half), StateCounts::uniform(s, half)),
@@ -357,7 +357,8 @@ impl Buddy {
     }
 
     /// Recompute the half records and the counts of the isolated block `(pfn, order)` from its
-    /// state bytes (after a worker changed them). O(pages), on memory the worker just walked.
+    /// state bytes (after a worker changed them). O(pages) state reads; records are written for
+    /// mixed parts only (none is read for a uniform one), not a record per page faulted in.
     pub fn rebuild_records(&mut self, pfn: u32, order: u8) -> StateCounts {
         if order == 0 {
             return StateCounts::uniform(self.state(pfn), 1);
@@ -365,8 +366,11 @@ impl Buddy {
         let half = 1u32 << (order - 1);
         let low = self.rebuild_records(pfn, order - 1);
         let high = self.rebuild_records(pfn + half, order - 1);
-        self.meta(pfn + half).set_counts(high);
-        low.plus(high)
+        let counts = low.plus(high);
+        if counts.uniform_state(half * 2).is_none() {
+            self.meta(pfn + half).set_counts(high);
+        }
+        counts
     }
 
     /// Take a block of exactly `npages` pages aligned to `2^order` (`npages <= 2^order`) from

@@ -142,6 +142,28 @@ impl Heap {
         self.finish_isolate(slot, rec)
     }
 
+    /// `isolate_dirty_piece` of the largest piece with no zeroed page: the split keeps at each
+    /// step the half that needs zeroing (as `isolate_dirty_piece` does), down to the first part
+    /// without a zeroed page (a single dirty page at worst), read from the half records first.
+    /// The zeroed pages of the listed block `pfn` stay listed.
+    pub(crate) fn isolate_unzeroed_part(&mut self, slot: usize, ai: usize, pfn: u32) -> Inflight {
+        let a = &self.arenas[ai];
+        let m = a.meta(pfn).get();
+        let (mut p, mut order, mut c) = (pfn, m.order, m.counts);
+        debug_assert!(c.needs_zeroing(1 << order) > 0);
+        while c.zeroed > 0 && order > 0 {
+            let (low, high) = a.halves(p, order, c);
+            order -= 1;
+            if low.needs_zeroing(1 << order) == 0 {
+                p += 1 << order;
+                c = high;
+            } else {
+                c = low;
+            }
+        }
+        self.isolate_dirty_piece(slot, ai, pfn, order)
+    }
+
     fn finish_isolate(&mut self, slot: usize, rec: Inflight) -> Inflight {
         debug_assert!(!self.inflight[slot].used);
         self.inflight[slot] = rec;
