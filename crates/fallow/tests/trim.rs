@@ -24,6 +24,14 @@ fn check(a: &Allocator) {
     unsafe { check_free_states(a) }.unwrap();
 }
 
+/// Free the live blocks of `half_freed`, then check the lists and page states.
+fn free_and_check(a: &Allocator, live: Vec<(*mut u8, usize, u8)>) {
+    for (p, _, _) in live {
+        a.free(p).unwrap();
+    }
+    check(a);
+}
+
 /// Blocks of 4 KiB to 6 MiB, written; every other one freed (some into the thread's cache).
 fn half_freed(a: &Allocator) -> Vec<(*mut u8, usize, u8)> {
     let sizes = [4 * KIB, 12 * KIB, 64 * KIB, 200 * KIB, 512 * KIB, MIB, 3 * MIB, 6 * MIB];
@@ -65,10 +73,7 @@ fn a_trim_gives_back_every_free_resident_page_at_once_and_keeps_the_live_blocks(
     check(&a);
     // A second trim finds nothing.
     assert_eq!(a.trim(0), 0);
-    for (p, _, _) in live {
-        a.free(p).unwrap();
-    }
-    check(&a);
+    free_and_check(&a, live);
 }
 
 #[test]
@@ -81,8 +86,7 @@ fn a_trim_keeps_what_it_is_asked_to_keep_and_trimmed_memory_reads_zero() {
     a.trim(keep);
     let left = resident_free(&a);
     assert!(left >= keep as u64, "kept {left} bytes, asked to keep {keep}");
-    // Single pages are taken down to what is kept: at most a page's worth less than a block
-    // that would go below it is left above it, and the blocks are at most 6 MiB.
+    // (How little more than `keep` is left: `a_trim_leaves_at_least_what_it_keeps...` below.)
     assert!(left < free, "nothing given back: {left} of {free}");
     check(&a);
     a.trim(0);
@@ -93,10 +97,7 @@ fn a_trim_keeps_what_it_is_asked_to_keep_and_trimmed_memory_reads_zero() {
     let s = a.stats();
     assert_eq!(s.zeroed_on_alloc_bytes, before.zeroed_on_alloc_bytes, "a memset of trimmed memory");
     a.free(p).unwrap();
-    for (p, _, _) in live {
-        a.free(p).unwrap();
-    }
-    check(&a);
+    free_and_check(&a, live);
 }
 
 #[test]
@@ -264,8 +265,5 @@ fn a_trim_gives_back_with_dontneed_where_reports_use_madv_free() {
     // Lazily freed pages would stay resident until the kernel runs short.
     assert_eq!(s.free_lazy_pages, 0, "{s}");
     assert_eq!(s.resident_free_bytes(), 0, "{s}");
-    for (p, _, _) in live {
-        a.free(p).unwrap();
-    }
-    check(&a);
+    free_and_check(&a, live);
 }
