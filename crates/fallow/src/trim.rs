@@ -51,16 +51,15 @@ const WAIT_NS: u64 = 200_000;
 /// Give back the free resident memory on the lists, but `keep_pages` of it (see the top).
 /// Returns the bytes given back that were resident.
 pub(crate) fn trim(s: &Shared, keep_pages: u64) -> u64 {
-    loop {
+    let mut budget = loop {
         let mut h = s.heap.lock();
         if !h.trimming {
             h.trimming = true;
-            break;
+            break h.resident_free_pages().0;
         }
         drop(h);
         os::sleep_ns(WAIT_NS);
-    }
-    let mut budget = s.heap.lock().resident_free_pages().0;
+    };
     let mut given = 0u64;
     loop {
         let (n, mode, targets) = isolate_batch(s, keep_pages, budget);
@@ -92,7 +91,7 @@ fn isolate_batch(s: &Shared, keep_pages: u64, budget: u64) -> (usize, ReportMode
     let t = h.tunables;
     let mode = match t.effective_mode(s.config.backing) {
         // A trim lowers the resident set now: lazily freed pages stay resident until the kernel
-        // runs short (and a block mixing them with reported pages costs its records a rebuild).
+        // runs short.
         ReportMode::Free => ReportMode::DontNeed,
         m => m,
     };
