@@ -22,46 +22,57 @@ use fallow::Stats;
 use crate::libc_heap::GlibcFn;
 use crate::process;
 
-/// `struct mallinfo2` of glibc's `<malloc.h>` (2.33 and later).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Mallinfo2 {
-    /// Non-mmapped space allocated from the system.
-    pub arena: usize,
-    /// Free chunks.
-    pub ordblks: usize,
-    /// Free fastbin blocks.
-    pub smblks: usize,
-    /// Mmapped regions.
-    pub hblks: usize,
-    /// Space in mmapped regions.
-    pub hblkhd: usize,
-    /// Always 0.
-    pub usmblks: usize,
-    /// Space in free fastbin blocks.
-    pub fsmblks: usize,
-    /// Space in use.
-    pub uordblks: usize,
-    /// Free space.
-    pub fordblks: usize,
-    /// Top-most, releasable space.
-    pub keepcost: usize,
+/// glibc's `struct mallinfo2` (`<malloc.h>`, 2.33 and later) and `struct mallinfo` (the same
+/// figures as `int`), from one list of fields, with the conversions between them.
+macro_rules! mallinfo_structs {
+    ($($(#[doc = $doc:literal])* $f:ident,)*) => {
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        pub struct Mallinfo2 {
+            $($(#[doc = $doc])* pub $f: usize,)*
+        }
+
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        pub struct Mallinfo {
+            $($(#[doc = $doc])* pub $f: c_int,)*
+        }
+
+        impl Mallinfo2 {
+            /// `mallinfo`'s `int` fields, truncated as glibc truncates them.
+            fn as_ints(&self) -> Mallinfo {
+                Mallinfo { $($f: self.$f as c_int,)* }
+            }
+
+            /// `mallinfo`'s fields, widened.
+            fn widened(m: &Mallinfo) -> Mallinfo2 {
+                Mallinfo2 { $($f: m.$f as u32 as usize,)* }
+            }
+        }
+    };
 }
 
-/// `struct mallinfo`: the same figures as `int`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Mallinfo {
-    pub arena: c_int,
-    pub ordblks: c_int,
-    pub smblks: c_int,
-    pub hblks: c_int,
-    pub hblkhd: c_int,
-    pub usmblks: c_int,
-    pub fsmblks: c_int,
-    pub uordblks: c_int,
-    pub fordblks: c_int,
-    pub keepcost: c_int,
+mallinfo_structs! {
+    /// Non-mmapped space allocated from the system.
+    arena,
+    /// Free chunks.
+    ordblks,
+    /// Free fastbin blocks.
+    smblks,
+    /// Mmapped regions.
+    hblks,
+    /// Space in mmapped regions.
+    hblkhd,
+    /// Always 0.
+    usmblks,
+    /// Space in free fastbin blocks.
+    fsmblks,
+    /// Space in use.
+    uordblks,
+    /// Free space.
+    fordblks,
+    /// Top-most, releasable space.
+    keepcost,
 }
 
 impl Mallinfo2 {
@@ -82,22 +93,6 @@ impl Mallinfo2 {
         self.fordblks += free as usize;
         self
     }
-
-    /// `mallinfo`'s `int` fields, truncated as glibc truncates them.
-    fn as_ints(&self) -> Mallinfo {
-        Mallinfo {
-            arena: self.arena as c_int,
-            ordblks: self.ordblks as c_int,
-            smblks: self.smblks as c_int,
-            hblks: self.hblks as c_int,
-            hblkhd: self.hblkhd as c_int,
-            usmblks: self.usmblks as c_int,
-            fsmblks: self.fsmblks as c_int,
-            uordblks: self.uordblks as c_int,
-            fordblks: self.fordblks as c_int,
-            keepcost: self.keepcost as c_int,
-        }
-    }
 }
 
 static GLIBC_TRIM: GlibcFn = GlibcFn::new(c"malloc_trim");
@@ -116,20 +111,7 @@ fn glibc_mallinfo2() -> Mallinfo2 {
         return f();
     }
     // SAFETY: glibc's own `mallinfo`, exported under this name; it takes no argument.
-    let m = unsafe { __libc_mallinfo() };
-    let w = |v: c_int| v as u32 as usize;
-    Mallinfo2 {
-        arena: w(m.arena),
-        ordblks: w(m.ordblks),
-        smblks: w(m.smblks),
-        hblks: w(m.hblks),
-        hblkhd: w(m.hblkhd),
-        usmblks: w(m.usmblks),
-        fsmblks: w(m.fsmblks),
-        uordblks: w(m.uordblks),
-        fordblks: w(m.fordblks),
-        keepcost: w(m.keepcost),
-    }
+    Mallinfo2::widened(&unsafe { __libc_mallinfo() })
 }
 
 /// Give free memory back to the system, but `pad` bytes of each heap.

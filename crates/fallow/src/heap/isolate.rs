@@ -135,8 +135,7 @@ impl Heap {
         let a = &mut self.arenas[ai];
         let m = a.meta(pfn).get();
         a.unlink(pfn);
-        let (p, counts) =
-            a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| low.needs_zeroing(half) == 0);
+        let (p, counts) = a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| keeps_high(low, half));
         a.meta(p).set_isolated(order);
         let rec = Inflight { used: true, arena: ai as u16, order, pfn: p, counts, freed_at_ms: m.freed_at_ms };
         self.finish_isolate(slot, rec)
@@ -154,7 +153,7 @@ impl Heap {
         while c.zeroed > 0 && order > 0 {
             let (low, high) = a.halves(p, order, c);
             order -= 1;
-            if low.needs_zeroing(1 << order) == 0 {
+            if keeps_high(low, 1 << order) {
                 p += 1 << order;
                 c = high;
             } else {
@@ -250,4 +249,10 @@ impl Heap {
         }
         counts
     }
+}
+
+/// The split of a dirty piece (`isolate_dirty_piece`, `isolate_unzeroed_part`) keeps the upper
+/// half of `2 * half` pages when the lower one, whose counts are `low`, needs no zeroing.
+fn keeps_high(low: StateCounts, half: u32) -> bool {
+    low.needs_zeroing(half) == 0
 }
