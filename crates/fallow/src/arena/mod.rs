@@ -5,6 +5,7 @@
 //! The free lists over an arena are in `buddy/` (`Buddy`); this module owns the memory and its
 //! metadata; `states` the page state bytes and how runs of them are stored and counted.
 
+mod free_map;
 mod states;
 
 use core::sync::atomic::AtomicU8;
@@ -26,6 +27,9 @@ pub struct Arena {
     pub huge_units: bool,
     states: States,
     meta: *mut BlockMeta,
+    /// Which pages lie in listed free blocks (kept by the buddy), in the metadata mapping after
+    /// the records.
+    free_map: FreeMap,
     states_len: usize,
     meta_len: usize,
 }
@@ -51,7 +55,13 @@ pub fn footprint(len: usize, max_order: u8, thp: bool) -> usize {
     let npages = len >> PAGE_SHIFT;
     len.saturating_add(arena_align(max_order, thp) - PAGE_SIZE)
         .saturating_add(round_up(npages, PAGE_SIZE))
-        .saturating_add(round_up(npages.saturating_mul(core::mem::size_of::<BlockMeta>()), PAGE_SIZE))
+        .saturating_add(round_up(meta_bytes(npages), PAGE_SIZE))
+}
+
+/// Bytes of an arena's records and free-page map, for `npages` pages (the map after the records).
+fn meta_bytes(npages: usize) -> usize {
+    let map = FreeMap::bytes(npages.min(u32::MAX as usize) as u32);
+    npages.saturating_mul(core::mem::size_of::<BlockMeta>()).saturating_add(map)
 }
 
 /// The address space an arena may take now: three quarters of what `RLIMIT_AS` still leaves this
@@ -138,7 +148,7 @@ impl Arena {
         // SAFETY: the reservation made just above; `MADV_HUGEPAGE` changes no contents.
         let huge_units = thp && unsafe { os::madvise(base, len, os::Advice::HugePage) }.is_ok() && fd < 0;
         let states_len = round_up(npages, PAGE_SIZE);
-        let meta_len = round_up(npages * core::mem::size_of::<BlockMeta>(), PAGE_SIZE);
+        let meta_len = round_up(meta_bytes(npages), PAGE_SIZE);
         let states = match os::reserve_aligned(states_len, PAGE_SIZE, None) {
             Ok(p) => p,
             Err(e) => {
@@ -177,6 +187,9 @@ impl Arena {
             // zeroed byte each), unmapped only when the arena is dropped.
             states: unsafe { States::from_raw(states as *const AtomicU8, npages as u32) },
             meta: meta as *mut BlockMeta,
+            // SAFETY: the map's bytes follow the records in the metadata mapping just made
+            // (`meta_bytes`), zero and 8-aligned, used by the map alone and unmapped with the arena.
+            free_map: unsafe { FreeMap::from_raw((meta + npages * core::mem::size_of::<BlockMeta>()) as *mut u64, npages as u32) },
             states_len,
             meta_len,
         };
@@ -237,6 +250,17 @@ impl Arena {
         self.meta
     }
 
+    /// The free-page map (the buddy keeps it true and searches it: `free_map.rs`).
+    #[inline(always)]
+    pub(crate) fn free_map(&mut self) -> &mut FreeMap {
+        &mut self.free_map
+    }
+
+    /// The free-page map, to check it.
+    pub(crate) fn free_map_ref(&self) -> &FreeMap {
+        &self.free_map
+    }
+
     #[inline]
     pub fn states(&self) -> States {
         self.states
@@ -273,4 +297,5 @@ impl Drop for Arena {
     }
 }
 
+pub(crate) use free_map::FreeMap;
 pub(crate) use states::{fill_block, States};

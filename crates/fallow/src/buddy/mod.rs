@@ -231,6 +231,7 @@ impl Buddy {
             m.set_next(head);
         }
         self.mark_tail(pfn, order);
+        self.arena.free_map().mark(pfn, 1 << order, false);
         if head != NIL {
             // SAFETY: `head` is a listed block of this arena.
             unsafe { self.meta_unchecked(head) }.set_prev(pfn);
@@ -269,6 +270,7 @@ impl Buddy {
             self.nonempty[class] &= !(1u64 << order);
         }
         self.listed.remove_block(class, order as u8, m.counts, 1 << order);
+        self.arena.free_map().mark(pfn, 1 << order, true);
         // SAFETY: `pfn` is the listed block being unlinked, in this arena.
         unsafe { self.meta_unchecked(pfn) }.set_tag(Tag::None);
     }

@@ -49,20 +49,34 @@
 //! merge back whole for the reporter's early rule for big blocks, and so does every request
 //! with huge-page units.
 //!
+//! The seeds reach only the runs around blocks of order k-2 and above, and only as many as the
+//! limits let them: after many frees of blocks of 16-256 KiB at their real size, most free
+//! pages lay in runs of smaller pieces that no seed led to. When no seed gave a placement of
+//! resident pages alone, the free-page map (`arena/free_map.rs`) gives the first runs long
+//! enough in address order, each placed at its start or its end and ranked by the same key.
+//!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a
 //! side (one record read a step forward, two backward but at the run's start), and at most
-//! `SEEDS_WALKED` seeds looked at.
+//! `SEEDS_WALKED` seeds looked at (a quarter of each below `SEARCH_FULL_PAGES`); then at most
+//! `MAPPED_LIMIT` runs of the map, whose sweep looks into the units (of 64 pages to 1 GiB)
+//! whose inner runs are long enough.
 
 use super::{suits, Buddy, Taken};
 use crate::page::{Class, StateCounts, CLASSES, NIL};
 
-/// Runs measured per take (each a record read or a few at every block it is extended by).
+/// Runs measured per take (each a record read or a few at every block it is extended by), and
+/// seeds looked at (a seed inside a run already measured costs a binary search of the runs
+/// measured and one record read), for requests of `SEARCH_FULL_PAGES` and more; a quarter of
+/// each below, where the free-page map's runs do most of the finding and the program's own
+/// work on the block (a memset of at most 256 KiB) is short beside a long search.
 const SEED_LIMIT: u32 = 64;
-/// Seeds looked at per take (a seed inside a run already measured costs a binary search of
-/// the runs measured and one record read).
 const SEEDS_WALKED: u32 = 256;
+const SEARCH_FULL_PAGES: u32 = 64;
 /// Free blocks a run is extended by on each side of its seed.
 const EXTEND_LIMIT: u32 = 40;
+/// Runs of the free-page map measured per take, after the seeds' (each a state count of two
+/// placements: a step per eight pages).
+const MAPPED_LIMIT: usize = 16;
 
 impl Buddy {
     /// Take `npages` pages starting at a multiple of `align` pages (a power of two) from the
@@ -83,6 +97,8 @@ impl Buddy {
         // as one key (`u64::MAX`: none fits): a seed inside a run where a placement took neither
         // has nothing better to offer.
         let mut seen = [(0u32, 0u32, 0u64); SEED_LIMIT as usize];
+        let (seed_limit, seeds_walked) =
+            if npages >= SEARCH_FULL_PAGES { (SEED_LIMIT as usize, SEEDS_WALKED) } else { (SEED_LIMIT as usize / 4, SEEDS_WALKED / 4) };
         let (mut looked, mut walked) = (0usize, 0);
         'seeds: for &class in classes {
             let mut orders = self.nonempty[class as usize] & (!0u64 << lo);
@@ -91,7 +107,7 @@ impl Buddy {
                 orders &= orders - 1;
                 let mut seed = self.heads[class as usize][o as usize];
                 while seed != NIL {
-                    if looked == SEED_LIMIT as usize || walked == SEEDS_WALKED {
+                    if looked == seed_limit || walked == seeds_walked {
                         break 'seeds;
                     }
                     walked += 1;
@@ -157,9 +173,48 @@ impl Buddy {
                 }
             }
         }
+        // The runs no seed reached (their blocks all below the seeds' orders, or past the
+        // seeds' limits): the free-page map's, unless a seed gave a placement of resident
+        // pages alone.
+        if best.is_none_or(|b| b.0 != 0) {
+            self.best_mapped_run(npages, align, zero, &mut best);
+        }
         let (_, _, _, at) = best?;
         let counts = self.take_range(at, at + npages)?;
         Some(Taken { pfn: at, npages, counts })
+    }
+
+    /// The free-page map's part of `take_best_run`: the first `MAPPED_LIMIT` runs of at least
+    /// `npages` free pages in address order (`FreeMap::for_each_run`), each with the request at
+    /// its start or its end, ranked with `best` by the same key. A placement with no resident
+    /// page is left to the fallbacks (`take_top` and the aligned takes), as a run without a
+    /// resident seed is.
+    fn best_mapped_run(&mut self, npages: u32, align: u32, zero: bool, best: &mut Option<(u32, u32, u32, u32)>) {
+        let mut runs = [(0u32, 0u32); MAPPED_LIMIT];
+        let mut found = 0;
+        let used_end = self.used_end;
+        self.free_map().for_each_run(used_end, npages, |start, end| {
+            runs[found] = (start, end);
+            found += 1;
+            found < MAPPED_LIMIT
+        });
+        for &(start, end) in &runs[..found] {
+            let len = end.min(used_end) - start;
+            if best.is_some_and(|b| (0, len, 0) >= (b.0, b.1, b.2)) {
+                continue;
+            }
+            for at in [start.next_multiple_of(align), (end - npages) & !(align - 1)] {
+                if at < start || at + npages > end {
+                    continue;
+                }
+                let c = self.count_states(at, npages);
+                let absent = c.reported + c.lazy;
+                let other = if zero { npages - absent - c.zeroed } else { c.zeroed };
+                if absent < npages && best.is_none_or(|b| (absent, len, other, at) < b) {
+                    *best = Some((absent, len, other, at));
+                }
+            }
+        }
     }
 
     /// The request at the start of the never-used rest of the arena (`used_end`), unaligned
@@ -401,6 +456,26 @@ mod tests {
         let _ = b.take_range(12, 16).unwrap();
         assert_eq!(b.meta(15).tail_of(), 12);
         assert_eq!(b.block_ending_at(16), None);
+    }
+
+    #[test]
+    fn a_run_past_the_seeds_limits_is_found_by_the_free_page_map() {
+        // [0, 8) freed first, then 40 holes of 4 pages between live blocks: the holes are the
+        // seeds looked at first (the lowest order first, the most recently freed first), none
+        // long enough for 8 pages, and more than a small request's seed limit.
+        let mut sizes = vec![8];
+        sizes.extend([4u32, 4].repeat(40));
+        let (mut b, at) = taken_side_by_side(&sizes);
+        b.release_live(0, 8, 0);
+        for i in 0..40 {
+            b.release_live(at[1 + 2 * i], 4, 0);
+        }
+        let used = b.used_end;
+        let classes = super::super::resident_preference(false);
+        let t = b.take_best_run(8, 3, 1, &classes, false).expect("the run of 8 free pages at 0");
+        assert_eq!((t.pfn, t.npages), (0, 8));
+        assert_eq!(b.used_end, used);
+        b.check_lists().unwrap();
     }
 
     fn all(start: u32, end: u32, seed: u32, seed_len: u32, n: u32, align: u32) -> Vec<u32> {
