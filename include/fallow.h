@@ -123,8 +123,10 @@ int fallow_create_with_cache(const fallow_config *config, const fallow_cache_con
 
 /* Options of fallow_create_with_options (may be or-ed). */
 #define FALLOW_CREATE_FROM_ENV      1u /* the FALLOW_* variables over the settings, as from_env above */
-#define FALLOW_CREATE_SMALL_OBJECTS 2u /* small objects: requests of up to 256 KiB are objects of
-                                        * size classes in spans of pages (see fallow_alloc) */
+#define FALLOW_CREATE_SMALL_OBJECTS 2u /* small objects: requests of up to FALLOW_SMALL_MAX are
+                                        * objects of size classes in spans of pages (see fallow_alloc) */
+/* The largest small object (64 KiB); larger requests are page blocks at their real size. */
+#define FALLOW_SMALL_MAX 65536
 
 /* fallow_create_with_cache with options instead of from_env (unknown bits: EINVAL). With
  * FALLOW_CREATE_FROM_ENV, FALLOW_SMALL (0 or 1), when set, decides over FALLOW_CREATE_SMALL_OBJECTS. */
@@ -163,9 +165,9 @@ void fallow_destroy(fallow_allocator *a);
 
 /* Allocate size bytes aligned to align (a power of two, at most the largest block; 0 means 4096)
  * with FALLOW_* flags; *out receives the block. With small objects on (FALLOW_CREATE_SMALL_OBJECTS,
- * or FALLOW_SMALL=1 from the environment), a request of up to 256 KiB is a small object of the
- * size class that fits it (16-byte steps to 128 bytes, then four classes per doubling to 16 KiB,
- * eight to 64 KiB and four above), aligned to 16 bytes (align 0), or to align and its size (a
+ * or FALLOW_SMALL=1 from the environment), a request of up to FALLOW_SMALL_MAX is a small object
+ * of the size class that fits it (16-byte steps to 128 bytes, then four classes per doubling to
+ * 16 KiB and eight to 64 KiB), aligned to 16 bytes (align 0), or to align and its size (a
  * power-of-two class, up to 16 KiB), and FALLOW_ZERO zeroes it as calloc does; FALLOW_POPULATE
  * and FALLOW_LOCK, or an alignment above 16 bytes whose power-of-two class would pass 16 KiB,
  * make it a page block. Larger requests are page blocks, page-aligned whatever align asks. */

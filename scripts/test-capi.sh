@@ -68,7 +68,7 @@ shared_and_static capi_fork_test "C API fork test"
 
 step "preload tests"
 so=$root/target/release/libfallow_preload.so
-gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
+gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -Iinclude -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
 LD_PRELOAD=$so "$out/preload_test"
 # Workers off: the test checks that recycled dirty pages are memset on the allocation path.
 FALLOW_ZEROING=off FALLOW_REPORT=off FALLOW_ARENA_SIZE=1g LD_PRELOAD=$so "$out/preload_test" calloc_recycled

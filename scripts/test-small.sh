@@ -17,8 +17,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 step "build"
 cargo build --release -p fallow-preload
 so=$root/target/release/libfallow_preload.so
-gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
-gcc -O2 -g -Wall -Werror -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -o "$out/small_test" tests/preload/small_test.c -lpthread -ldl
+gcc -O2 -g -Wall -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -Iinclude -o "$out/preload_test" tests/c/preload_test.c -lpthread -ldl
+gcc -O2 -g -Wall -Werror -Wno-free-nonheap-object -Wno-alloc-size-larger-than -fno-builtin -Iinclude -o "$out/small_test" tests/preload/small_test.c -lpthread -ldl
 g++ -O2 -g -Wall -Werror -o "$out/cxx_test" tests/preload/cxx_test.cpp
 
 step "the preload's hot text first (build.rs, hot_text.txt)"

@@ -1,5 +1,5 @@
 /* Test of the C API with small objects on (FALLOW_CREATE_SMALL_OBJECTS, FALLOW_SMALL=1): the
- * allocation functions serve requests of up to 256 KiB as objects of the slab layer, calloc-like
+ * allocation functions serve requests of up to FALLOW_SMALL_MAX as objects of the slab layer, calloc-like
  * with FALLOW_ZERO, measured, resized and freed, bad frees are error codes, and struct
  * fallow_stats carries the small objects' figures. Built against libfallow.so and libfallow.a by
  * scripts/test-capi.sh. Prints "ok <name>" per test; exit status = number of failures. */
@@ -16,7 +16,7 @@
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
-#define SMALL_MAX (256 * KiB)
+#define SMALL_MAX ((size_t)FALLOW_SMALL_MAX)
 /* Past the class table (the hot path's): every size to here, a stride of sizes above. */
 #define TABLE_MAX (16 * KiB)
 
@@ -38,13 +38,13 @@ static int make(unsigned options, fallow_allocator **a) {
     return rc;
 }
 
-/* The size class the slab layer gives a request of n bytes (at most 256 KiB): 16-byte steps to
- * 128, then four classes per doubling to 16 KiB, eight to 64 KiB and four again above. */
+/* The size class the slab layer gives a request of n bytes (at most SMALL_MAX): 16-byte steps to
+ * 128, then four classes per doubling to 16 KiB, eight to 64 KiB. */
 static size_t class_of(size_t n) {
     if (n <= 128) return (n + 15) & ~(size_t)15;
     size_t p = 128;
     while (p * 2 < n) p *= 2;
-    size_t step = p >= 16 * KiB && p < 64 * KiB ? p / 8 : p / 4;
+    size_t step = p >= 16 * KiB ? p / 8 : p / 4;
     return (n + step - 1) / step * step;
 }
 
@@ -78,7 +78,7 @@ static int test_options(void) {
     return 0;
 }
 
-/* Sizes from 1 to 256 KiB + 1 (`tested`): its class, 16-byte aligned, apart from the others, contents
+/* Sizes from 1 to SMALL_MAX + 1 (`tested`): its class, 16-byte aligned, apart from the others, contents
  * kept; the statistics count them (the full struct) and not past an older struct's size. */
 static int test_sizes_and_stats(void) {
     fallow_allocator *a;

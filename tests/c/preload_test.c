@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fallow.h> /* FALLOW_SMALL_MAX only: nothing of libfallow.so is called */
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -28,7 +29,7 @@ enum { S_IN_USE, S_LIVE, S_SKIPPED, S_MEMSET, S_DIRTY, S_ZEROED, S_REPORTED, S_M
 static size_t (*stats_fn)(uint64_t *, size_t);
 /* FALLOW_SMALL=1: every size is fallow's (small objects up to SMALL_MAX in spans, page blocks above). */
 static int small_on;
-#define SMALL_MAX (256 * 1024UL)
+#define SMALL_MAX ((size_t)FALLOW_SMALL_MAX)
 
 /* S_LIVE and S_IN_USE count page blocks only: the small objects' spans (live page blocks, which
  * come and go with small objects, glibc's own included under FALLOW_SMALL=1) are left out. */

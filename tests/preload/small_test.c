@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fallow.h> /* FALLOW_SMALL_MAX only: nothing of libfallow.so is called */
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -20,10 +21,10 @@
 
 #define KiB 1024UL
 #define MiB (1024UL * 1024)
-#define SMALL_MAX (256 * KiB)
+#define SMALL_MAX ((size_t)FALLOW_SMALL_MAX)
 
 /* The sizes test_sizes takes: every one to 16 KiB (the class table), then every 509th, and the
- * two at the limit (every size to 256 KiB would write 34 GB). */
+ * two at the limit (every size to SMALL_MAX would write 2 GB). */
 static size_t next_size(size_t n) {
     if (n < 16 * KiB) return n + 1;
     if (n + 509 < SMALL_MAX) return n + 509;
@@ -87,7 +88,7 @@ static int by_addr(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Sizes from 1 to 256 KiB + 1 (`next_size`), in windows of 256 sizes live at once: 16-byte aligned, usable
+/* Sizes from 1 to SMALL_MAX + 1 (`next_size`), in windows of 256 sizes live at once: 16-byte aligned, usable
  * for their size, fallow's (small ones counted as live small objects), disjoint, contents kept
  * until freed. */
 static int test_sizes(void) {
@@ -157,8 +158,8 @@ static int test_calloc(void) {
     return 0;
 }
 
-/* realloc: in place within the object's class, growing and shrinking across 16 KiB and the
- * threshold (256 KiB), contents kept; reallocarray. */
+/* realloc: in place within the object's class, growing and shrinking across 16 KiB, SMALL_MAX and
+ * 256 KiB, contents kept; reallocarray. */
 static int test_realloc(void) {
     unsigned char *p = malloc(100);
     CHECK(p, "malloc(100)");

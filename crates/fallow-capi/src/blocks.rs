@@ -66,8 +66,8 @@ unsafe fn alloc_pages(a: &Allocator, size: usize, align: usize, flags: c_uint, o
     unsafe { answer(a.alloc(size, align, Flags(flags)), out) }
 }
 
-/// `fallow_alloc` with small objects on, past its hot path: `Allocator::malloc`, up to 256 KiB
-/// an object of the slab layer (`POPULATE` and `LOCK` make it a page block), above a page
+/// `fallow_alloc` with small objects on, past its hot path: `Allocator::malloc`, up to 64 KiB
+/// (`FALLOW_SMALL_MAX`) an object of the slab layer (`POPULATE` and `LOCK` make it a page block), above a page
 /// block. Zero bytes stay an error, as with small objects off (`malloc` would serve them as
 /// one byte).
 ///

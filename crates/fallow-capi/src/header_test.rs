@@ -108,6 +108,12 @@ fn the_check_sees_a_field_on_one_side_only() {
     assert_eq!(declared(HEADER), rust);
 }
 
+/// The header's `FALLOW_SMALL_MAX` is the Rust constant it documents.
+#[test]
+fn the_header_names_the_largest_small_object() {
+    assert_eq!(define(&without_comments(HEADER), "FALLOW_SMALL_MAX"), core_fallow::Allocator::SMALL_MAX);
+}
+
 /// The older structs end where the header's fields of each later version begin: the memory
 /// limit's (`C_STATS_V1_SIZE`, what `fallow_stats_read` writes) and the small objects'
 /// (`C_STATS_V2_SIZE`), which sit after every figure of the versions before them.

@@ -247,7 +247,7 @@ pub unsafe extern "C" fn fallow_create_with_cache(
 
 /// `fallow_create_with_cache` with options instead of its `from_env`: `FALLOW_CREATE_FROM_ENV`
 /// (the environment over everything else, as `from_env`), `FALLOW_CREATE_SMALL_OBJECTS` (small
-/// objects on: `fallow_alloc` serves requests of up to 256 KiB as objects of the slab layer).
+/// objects on: `fallow_alloc` serves requests of up to `FALLOW_SMALL_MAX` (64 KiB) as objects of the slab layer).
 /// Unknown bits are EINVAL. A flag word rather than a field of `fallow_config`, whose layout
 /// programs built against an older header rely on.
 ///

@@ -25,7 +25,7 @@
 //!
 //! Small objects (`FALLOW_SMALL=1`): the threshold stays 0 (`process.rs`), so `malloc`, `calloc`
 //! and `realloc` always take their out-of-line half, which loads `process::SMALL` first and, once
-//! the allocator is published there, calls `Allocator::malloc` (the slab layer up to 256 KiB, page
+//! the allocator is published there, calls `Allocator::malloc` (the slab layer up to 64 KiB, page
 //! blocks above) with nothing else asked; before that (the first requests, or the creating thread's
 //! own during the creation) they take the lazy path of large requests, which may send them to
 //! glibc. `free` (`free.rs`) then jumps to its small-object path, which frees the owner's objects
@@ -57,7 +57,7 @@ fn enomem() -> *mut c_void {
 
 /// A request fallow may serve: fallow if it can, else `None` (the caller asks glibc).
 /// `Allocator::malloc`: with small objects off a page block as `Allocator::alloc` gives it (the
-/// request is at least the threshold), with them on a small object up to 256 KiB.
+/// request is at least the threshold), with them on a small object up to 64 KiB.
 #[inline]
 fn from_fallow(a: &Allocator, size: usize, align: usize, flags: Flags) -> Option<*mut c_void> {
     a.malloc(size, align, flags).ok().map(|p| p.as_ptr() as *mut c_void)

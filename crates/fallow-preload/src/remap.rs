@@ -21,7 +21,7 @@
 //! bytes (a small object, or a small page block of an over-aligned request) stays where it is
 //! when the new size fits it and is more than half of it (in its size class, as mimalloc's
 //! rule), and otherwise moves by allocate-copy-free through `Allocator::malloc` / `free_any`; a
-//! larger page block goes through `realloc_owned` as above, with 256 KiB + 1 as its threshold,
+//! larger page block goes through `realloc_owned` as above, with `SMALL_MAX` + 1 as its threshold,
 //! and what leaves it for a smaller size becomes a small object.
 
 use core::ptr::{self, NonNull};
@@ -133,8 +133,8 @@ pub unsafe fn realloc_any(a: &Allocator, p: *mut u8, size: usize) -> *mut u8 {
         None => fatal("realloc", &fallow::Error::InvalidPointer { addr: p as usize }),
     };
     if old > Allocator::SMALL_MAX {
-        // A page block of more than 256 KiB (never a small object): stays a page block down to
-        // 256 KiB + 1.
+        // A page block of more than `SMALL_MAX` (never a small object): stays a page block down
+        // to `SMALL_MAX` + 1.
         // SAFETY: the caller's contract, passed on; `size > 0`.
         return unsafe { realloc_owned(a, p, size, Allocator::SMALL_MAX + 1, true) };
     }

@@ -73,7 +73,7 @@ pub struct Config {
     /// A free that would pass it first drains the cache to half of it. Default 1024 (4 MiB per
     /// thread, 8 MiB with one 4 MiB block; see docs/design.md).
     pub cache_high_pages: u32,
-    /// Small objects (up to `SMALL_MAX`, 256 KiB) from the slab layer (`slab/`: size classes in
+    /// Small objects (up to `SMALL_MAX`, 64 KiB) from the slab layer (`slab/`: size classes in
     /// spans of pages, per-thread heaps) for `Allocator::malloc` and what is built on it
     /// (`FallowAlloc`, the C library's and the preload's malloc-like functions); off, they are
     /// page blocks (`Allocator::malloc`) or the system's (`FallowAlloc`, the preload). Default

@@ -23,7 +23,7 @@
 //! - `heap/`: the locked allocator (allocation, free with validation, resize, growth), what an
 //!   allocator's handles, caches and workers share, and the workers' isolation interface;
 //! - `cache/`: per-thread page caches, the lock-free fast path;
-//! - `slab/`: small objects (up to 256 KiB) in spans of pages, per-thread heaps, free-list
+//! - `slab/`: small objects (up to 64 KiB) in spans of pages, per-thread heaps, free-list
 //!   sharding;
 //! - `report`: free page reporting; `zero`: background pre-zeroing (the two workers);
 //! - `allocator/`: the public `Allocator`, its hit paths inlined, its statistics and controls,

@@ -445,26 +445,27 @@ fn alloc_from_hot_takes_the_hot_block_or_nothing() {
 fn with_small_objects_a_medium_request_takes_the_hot_block() {
     let c = Config { arena_size: 64 * MIB, max_order: 12, thp: false, tunables: Tunables::off(), small_objects: true, ..Config::default() };
     let a = Allocator::new(c).unwrap();
-    // A page block of 300 KiB (above the small objects' 256 KiB), freed: the hot block.
-    let p = a.malloc(300 * KIB, 16, Flags::NONE).unwrap().as_ptr();
+    // A page block of 80 KiB (above the small objects' largest, 64 KiB), freed: the hot block.
+    let small_max = Allocator::SMALL_MAX;
+    let p = a.malloc(80 * KIB, 16, Flags::NONE).unwrap().as_ptr();
     a.free_any(p).unwrap();
     let spans = a.stats().small_spans;
-    // 200 KiB and 100 KiB (objects of the slab's classes otherwise) get that block, a page
-    // block, and no span is made; zeroed where asked.
-    let q = a.malloc(200 * KIB, 16, Flags::NONE).unwrap().as_ptr();
-    assert_eq!(q, p, "a 200 KiB object after a 300 KiB block did not get it");
-    // SAFETY: a live block of 200 KiB, this thread's.
-    unsafe { q.write_bytes(0x5c, 200 * KIB) };
+    // The largest small object (an object of the slab's last class otherwise) gets that block,
+    // a page block, and no span is made; zeroed where asked.
+    let q = a.malloc(small_max, 16, Flags::NONE).unwrap().as_ptr();
+    assert_eq!(q, p, "a 64 KiB object after an 80 KiB block did not get it");
+    // SAFETY: a live block of 64 KiB, this thread's.
+    unsafe { q.write_bytes(0x5c, small_max) };
     a.free_any(q).unwrap();
-    let z = a.malloc(100 * KIB, 16, Flags::ZERO).unwrap().as_ptr();
+    let z = a.malloc(small_max, 16, Flags::ZERO).unwrap().as_ptr();
     assert_eq!(z, p);
-    // SAFETY: a live block of 100 KiB, this thread's.
-    assert!(unsafe { common::all_zero(z, 100 * KIB) }, "the zeroed request does not read zero");
-    assert_eq!(a.usable_size(z), Some(100 * KIB));
+    // SAFETY: a live block of 64 KiB, this thread's.
+    assert!(unsafe { common::all_zero(z, small_max) }, "the zeroed request does not read zero");
+    assert_eq!(a.usable_size(z), Some(small_max));
     a.free_any(z).unwrap();
     assert_eq!(a.stats().small_spans, spans, "a span was made for a request the hot block held");
-    // Below a quarter of the small objects' largest (64 KiB): an object of a span (which may
-    // well be cut from the same memory).
+    // Below the smallest hot block (64 KiB, which bounds where a request looks): an object of
+    // a span (which may well be cut from the same memory).
     let o = a.malloc(60 * KIB, 16, Flags::NONE).unwrap().as_ptr();
     let s = a.stats();
     assert_eq!((s.small_live_objects, s.live_blocks), (1, s.small_spans), "{s}");

@@ -1,6 +1,6 @@
 //! `FallowAlloc` with small objects on as the global allocator of this test binary: everything
 //! the test harness, std and the threads allocate (their thread-local tables' registration, their
-//! exit) goes through the slab layer, up to 256 KiB, and through fallow's pages above the
+//! exit) goes through the slab layer, up to 64 KiB, and through fallow's pages above the
 //! threshold. Threads build, exchange and free boxes, strings and vectors, and exit with some of
 //! them live, which the main thread then frees.
 #![warn(clippy::undocumented_unsafe_blocks)]

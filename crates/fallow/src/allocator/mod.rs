@@ -166,7 +166,7 @@ impl Allocator {
         cache::free_pages(&self.shared, ptr as usize, Some(size))
     }
 
-    /// The largest request `malloc` serves as a small object (256 KiB) when small objects are
+    /// The largest request `malloc` serves as a small object (64 KiB) when small objects are
     /// on (`Config::small_objects`); larger ones are page blocks.
     pub const SMALL_MAX: usize = SMALL_OBJECT_MAX;
 

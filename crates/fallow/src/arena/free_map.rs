@@ -381,13 +381,32 @@ impl FreeMap {
         }
     }
 
-    /// Check the invariants at the top against `free(p)`, which says whether page `p` lies in a
-    /// listed free block.
-    pub(crate) fn check(&self, free: impl Fn(u32) -> bool) -> Result<(), String> {
-        for p in 0..self.npages {
-            if (self.word(p as usize / 64) >> (p % 64) & 1 == 0) != free(p) {
-                return Err(format!("free-page map: page {p} marked {}", if free(p) { "used" } else { "free" }));
+    /// Whether page `p` is marked free.
+    pub(crate) fn is_free(&self, p: u32) -> bool {
+        self.word(p as usize / 64) >> (p % 64) & 1 == 0
+    }
+
+    /// Check the invariants at the top: `listed` calls its argument with every listed free block
+    /// (first page, pages), which together hold `pages` pages. Every page of them marked free,
+    /// and as many marked free in all, is the first invariant (the blocks do not overlap). Reads
+    /// the map only and allocates nothing: it runs under the allocator lock, whose `malloc` may
+    /// be this allocator's.
+    pub(crate) fn check(&self, listed: impl FnOnce(&mut dyn FnMut(u32, u32)), pages: u64) -> Result<(), String> {
+        let mut used = None;
+        listed(&mut |p, n| {
+            if used.is_none() {
+                used = (p..p + n).find(|&q| !self.is_free(q));
             }
+        });
+        if let Some(q) = used {
+            return Err(format!("free-page map: page {q} of a listed block marked used"));
+        }
+        let words = units(self.npages, 0);
+        let mut free: u64 = (0..words).map(|i| self.word(i).count_zeros() as u64).sum();
+        // The last word's bits past the map's pages read free.
+        free -= (self.span - self.npages) as u64;
+        if free != pages {
+            return Err(format!("free-page map: {free} pages marked free, the lists hold {pages}"));
         }
         // A unit not stale has a summary its children's say; its children are not stale either
         // (a change marks every level, a refresh goes lowest first).
@@ -454,6 +473,19 @@ mod tests {
         (mem, m)
     }
 
+    /// `FreeMap::check` with the free pages of `free` as the listed blocks.
+    fn check_against(m: &FreeMap, free: &[bool]) -> Result<(), String> {
+        let pages = free.iter().filter(|&&f| f).count() as u64;
+        m.check(
+            |f| {
+                for (p, _) in free.iter().enumerate().filter(|(_, &f)| f) {
+                    f(p as u32, 1);
+                }
+            },
+            pages,
+        )
+    }
+
     /// The runs of at least `n` free pages starting below `limit`, as the sweep reports them,
     /// from a plain array (pages from `limit` on are free).
     fn naive(free: &[bool], limit: u32, n: u32) -> Vec<(u32, u32)> {
@@ -491,8 +523,9 @@ mod tests {
 
     #[test]
     fn a_fresh_map_whose_last_units_are_partial_checks() {
-        let (_mem, m) = map(TOP + GROUP + CHUNK + 64);
-        m.check(|_| true).unwrap();
+        let npages = TOP + GROUP + CHUNK + 64;
+        let (_mem, m) = map(npages);
+        check_against(&m, &vec![true; npages as usize]).unwrap();
     }
 
     #[test]
@@ -504,7 +537,7 @@ mod tests {
             true
         });
         assert_eq!(runs, vec![(0, TOP + 3 * GROUP)]);
-        m.check(|_| true).unwrap();
+        check_against(&m, &vec![true; (TOP + 3 * GROUP) as usize]).unwrap();
     }
 
     #[test]
@@ -540,7 +573,12 @@ mod tests {
                     });
                     assert_eq!(got, naive(&free, limit, n), "step {step}, limit {limit}, n {n}");
                 }
-                m.check(|p| free[p as usize]).unwrap();
+                check_against(&m, &free).unwrap();
+                // A page marked used that the lists hold, or the other way: seen.
+                let q = rand(npages) as usize;
+                free[q] = !free[q];
+                assert!(check_against(&m, &free).is_err(), "page {q} flipped");
+                free[q] = !free[q];
             }
         }
     }

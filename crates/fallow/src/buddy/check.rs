@@ -94,9 +94,7 @@ impl Buddy {
             return Err(format!("page {q} past used_end {} is {}", self.used_end, self.state(q).name()));
         }
         // The free-page map says which pages the lists hold (`arena/free_map.rs`).
-        let mut free = vec![0u64; (self.npages as usize).div_ceil(64)];
-        self.for_each_listed(|p, order| (p..p + (1u32 << order)).for_each(|q| free[q as usize / 64] |= 1 << (q % 64)));
-        self.free_map_ref().check(|q| free[q as usize / 64] >> (q % 64) & 1 == 1)?;
+        self.free_map_ref().check(|f| self.for_each_listed(|p, order| f(p, 1u32 << order)), pages)?;
         Ok(pages)
     }
 }

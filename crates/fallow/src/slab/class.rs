@@ -2,16 +2,16 @@
 //! the span (a power-of-two block of pages) its objects are cut from.
 //!
 //! 16-byte steps up to 128 bytes, then four classes per doubling (160, 192, 224, 256, 320, ...)
-//! up to `TABLE_MAX` (16 KiB), eight per doubling up to `FINE_MAX` (18, 20, 22 KiB, ..., 32 KiB
-//! in 2 KiB steps, 36, 40, 44 KiB, ..., 64 KiB in 4 KiB steps) and four again up to `SMALL_MAX`
-//! (80, 96, 112, 128, 160, 192, 224, 256 KiB): 60 classes. A request wastes at most 25% of its
-//! object (129 bytes in 160), 12.5-20% above 256 bytes, as jemalloc's and mimalloc's classes
-//! (TCMalloc's reach 256 KiB too), and less than an eighth in 16-64 KiB (16 KiB + 1 in 18 KiB),
-//! where a uniformly random request is rounded up by about 4.2% on average rather than 8.3%.
+//! up to `TABLE_MAX` (16 KiB), eight per doubling up to `SMALL_MAX` (18, 20, 22 KiB, ..., 32 KiB
+//! in 2 KiB steps, 36, 40, 44 KiB, ..., 64 KiB in 4 KiB steps, `SMALL_MAX`): 52 classes. A
+//! request wastes at most 25% of its object (129 bytes in 160), 12.5-20% above 256 bytes, as
+//! jemalloc's and mimalloc's classes, and less than an eighth in 16-64 KiB (16 KiB + 1 in 18
+//! KiB), where a uniformly random request is rounded up by about 4.2% on average rather than
+//! 8.3%. Larger requests are page blocks at their real size (below).
 //!
-//! Spans are 64 KiB for objects up to 4 KiB, 256 KiB up to 64 KiB and 1 MiB above, so that a
-//! span's tail past its last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte class:
-//! 25 objects and 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB), but
+//! Spans are 64 KiB for objects up to 4 KiB and 256 KiB above, so that a span's tail past its
+//! last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte class: 25 objects and
+//! 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB), but
 //! for 44 and 52 KiB (5 objects of 44 KiB, 220 KiB; 4 of 52 KiB, 208 KiB: 14% and 19%); in
 //! 16-64 KiB not always whole pages (9 objects of 26 KiB and 22 KiB). Nothing writes past the
 //! last object's end: the tail's pages past the one that object ends in hold memory only when
@@ -19,16 +19,15 @@
 //! KiB, within an eighth) held as much or 1-2 MiB more on every shape of blocks of 16-256 KiB
 //! replaced at random that was measured (docs/measurements.md): as much where those classes
 //! alone were live, more in mixes, where one span size for every class of 4-64 KiB lets a span
-//! one class gave back serve the next span of any other. The 1 MiB spans are not trimmed
-//! (`TRIM_SPAN_MAX`): a span's given-back pages are one bit each of a word; with 4-12 objects a
-//! span, they empty and go back whole.
+//! one class gave back serve the next span of any other. Every span is trimmed by pages
+//! (`TRIM_SPAN_MAX`: a span's given-back pages are one bit each of a word).
 //!
 //! One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15% fewer
 //! span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave back
 //! served no 256 KiB span, but halved `fallow bench small`'s random shape (sizes up to 16 KiB in
 //! two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in the
 //! benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size (16
-//! bytes to 256 KiB) divides its span's size: an object of such a class is aligned to its size,
+//! bytes to 64 KiB) divides its span's size: an object of such a class is aligned to its size,
 //! which serves aligned requests up to 16 KiB (`aligned_class`).
 //!
 //! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-256 KiB
@@ -44,32 +43,36 @@
 //! against 1,126; 2,000 of 128-256 KiB: 422 against 429), and 176 and 208 KiB needed 2 MiB
 //! spans. The hot path's table stops at 16 KiB, so that a thread heap with its copy fits in a
 //! page; above it the class is computed on the slow path.
+//!
+//! Four classes of 80-256 KiB in 1 MiB spans served requests above 64 KiB until the page
+//! layer found its free runs by a map (`arena/free_map.rs`): each class of each heap kept a
+//! reservoir of free objects for that class alone (mstress: 17.5 MB against jemalloc's 13.8,
+//! its 10 to 30 objects of 64-256 KiB an iteration and thread leaving two 1 MiB spans of the
+//! 128 KiB class resident for one live object), where page blocks share one pool of free runs.
+//! As page blocks, mstress holds 14.5 MB, and 3,200 live objects of 64-256 KiB replaced at
+//! random 560 MiB against those classes' 571 (glibc 517; docs/measurements.md).
 
-/// The largest small object; larger requests are page blocks.
-pub(crate) const SMALL_MAX: usize = 256 << 10;
+/// The largest small object (the last of the classes of eight per doubling above
+/// `TABLE_MAX`); larger requests are page blocks.
+pub(crate) const SMALL_MAX: usize = 64 << 10;
 /// The largest request the class table covers (the hot path's); the classes above it, up to
 /// `SMALL_MAX`, are found by arithmetic on the slow path (a table to `SMALL_MAX` would not fit
 /// a thread heap's page).
 pub(crate) const TABLE_MAX: usize = 16 << 10;
 /// The alignment every small object has.
 pub(crate) const MIN_ALIGN: usize = 16;
-/// The largest object of the classes of eight per doubling (above `TABLE_MAX`); above it, four
-/// per doubling again up to `SMALL_MAX`.
-pub(crate) const FINE_MAX: usize = 64 << 10;
-/// Number of size classes.
-pub(crate) const CLASSES: usize = FINE_CLASSES + 8;
+/// Number of size classes: the table's and 2 doublings of eight.
+pub(crate) const CLASSES: usize = TABLE_CLASSES + 16;
 /// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
-/// The largest span, in bytes: the spans of objects above `FINE_MAX`.
-pub(crate) const SPAN_MAX: usize = 1 << 20;
+/// The largest span, in bytes: the spans of objects above 4 KiB.
+pub(crate) const SPAN_MAX: usize = 256 << 10;
 /// The largest span a trim gives pages of back (its pages are one bit each of a word,
-/// `Span::given`): the spans of objects above 64 KiB are not trimmed.
-pub(crate) const TRIM_SPAN_MAX: usize = 256 << 10;
+/// `Span::given`): every span.
+pub(crate) const TRIM_SPAN_MAX: usize = SPAN_MAX;
 
 /// Classes up to `TABLE_MAX` (the table's): 8 of 16-byte steps and 7 doublings of four.
 pub(crate) const TABLE_CLASSES: usize = 36;
-/// Classes up to `FINE_MAX`: the table's and 2 doublings of eight.
-pub(crate) const FINE_CLASSES: usize = TABLE_CLASSES + 16;
 
 /// The object size of class `c`.
 pub(crate) const fn class_size(c: usize) -> usize {
@@ -77,10 +80,8 @@ pub(crate) const fn class_size(c: usize) -> usize {
         (c + 1) * 16
     } else if c < TABLE_CLASSES {
         stepped(128, 4, c - 8)
-    } else if c < FINE_CLASSES {
-        stepped(TABLE_MAX, 8, c - TABLE_CLASSES)
     } else {
-        stepped(FINE_MAX, 4, c - FINE_CLASSES)
+        stepped(TABLE_MAX, 8, c - TABLE_CLASSES)
     }
 }
 
@@ -92,20 +93,18 @@ const fn stepped(start: usize, per: usize, i: usize) -> usize {
 }
 
 /// The span size of class `c`, in bytes (a power of two, at least one granule): 64 KiB up to
-/// 4 KiB, 256 KiB (`TRIM_SPAN_MAX`, the largest a trim takes pages of) up to `FINE_MAX` (64
-/// KiB) and `SPAN_MAX` (1 MiB) above.
+/// 4 KiB, `SPAN_MAX` (256 KiB) above.
 pub(crate) const fn span_bytes(c: usize) -> usize {
     if class_size(c) <= 4096 {
         1 << GRANULE_SHIFT
-    } else if class_size(c) <= FINE_MAX {
-        TRIM_SPAN_MAX
     } else {
         SPAN_MAX
     }
 }
 
 /// log2 of the pages of a span of `bytes` that one bit of its page states stands for
-/// (`GranuleStates`: at most 64 granules): a page up to 256 KiB, four pages for 1 MiB.
+/// (`GranuleStates`: at most 64 granules): a page for every span (at most 64 pages), as the
+/// page layer's interface for spans (`alloc_span_uncached`) allows larger ones.
 pub(crate) const fn granule_shift(bytes: usize) -> u32 {
     (bytes >> crate::os::PAGE_SHIFT).trailing_zeros().saturating_sub(6)
 }
@@ -222,22 +221,20 @@ pub(crate) unsafe fn class_of(size: usize) -> usize {
 }
 
 /// The class of a request of `TABLE_MAX + 1..=SMALL_MAX` bytes: with `b` the power of two
-/// below it, the `k`-th of the eight classes of `(b, 2b]` (`b + k * b / 8`) up to `FINE_MAX`,
-/// of the four (`b + k * b / 4`) above, as `class_size` numbers them.
+/// below it, the `k`-th of the eight classes of `(b, 2b]` (`b + k * b / 8`), as `class_size`
+/// numbers them.
 #[cold]
 fn large_class_of(size: usize) -> usize {
     let b = 1usize << (usize::BITS - 1 - (size - 1).leading_zeros());
-    // The run of classes (`stepped`) the size falls in: its first class, start and steps.
-    let (first, start, per) = if size <= FINE_MAX { (TABLE_CLASSES, TABLE_MAX, 8) } else { (FINE_CLASSES, FINE_MAX, 4) };
-    let k = (size - b).div_ceil(b / per);
-    first + per * (b.trailing_zeros() - start.trailing_zeros()) as usize + k - 1
+    let k = (size - b).div_ceil(b / 8);
+    TABLE_CLASSES + 8 * (b.trailing_zeros() - TABLE_MAX.trailing_zeros()) as usize + k - 1
 }
 
 /// The class that serves `size` bytes aligned to `align` (a power of two above `MIN_ALIGN`):
 /// the power-of-two class of at least both, whose objects are aligned to their size; `None`
 /// when that is above `TABLE_MAX` (16 KiB). Above it a page block serves better: it is
-/// page-aligned and wastes less than a page, where a power-of-two class of 32-256 KiB would
-/// waste up to half (100 KiB aligned to 64 bytes, or 100 bytes aligned to 64 KiB).
+/// page-aligned and wastes less than a page, where a power-of-two class of 32-64 KiB would
+/// waste up to half (40 KiB aligned to 64 bytes, or 100 bytes aligned to 64 KiB).
 pub(crate) fn aligned_class(size: usize, align: usize) -> Option<usize> {
     let s = size.max(align).checked_next_power_of_two()?;
     // SAFETY: `s <= TABLE_MAX <= SMALL_MAX`, tested first.
@@ -279,7 +276,6 @@ pub(crate) fn object_index(off: usize, inv: u64, shift: u32) -> u64 {
 
 const _: () = {
     assert!(class_size(TABLE_CLASSES - 1) == TABLE_MAX);
-    assert!(class_size(FINE_CLASSES - 1) == FINE_MAX);
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
     // A span's pages given back by a trim are one bit each of a word (`Span::given`).
     assert!(TRIM_SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
@@ -310,13 +306,13 @@ mod tests {
             // than an eighth (eight classes per doubling: four would waste up to a fifth, 16 KiB
             // + 1 in 20 KiB).
             assert!(waste <= (s / 4).max(15), "size {size} class {s}");
-            assert!(size <= TABLE_MAX || size > FINE_MAX || waste < s / 8, "size {size} class {s}");
+            assert!(size <= TABLE_MAX || waste < s / 8, "size {size} class {s}");
         }
-        // Above 16 KiB: 2 KiB steps to 32 KiB and 4 KiB steps to 64 KiB, then four per doubling.
+        // Above 16 KiB: 2 KiB steps to 32 KiB and 4 KiB steps to 64 KiB, the last.
         let above: Vec<usize> = (TABLE_CLASSES..CLASSES).map(|c| class_size(c) >> 10).collect();
-        let mut fine: Vec<usize> = (18..=32).step_by(2).chain((36..=64).step_by(4)).collect();
-        fine.extend([80, 96, 112, 128, 160, 192, 224, 256]);
+        let fine: Vec<usize> = (18..=32).step_by(2).chain((36..=64).step_by(4)).collect();
         assert_eq!(above, fine);
+        assert_eq!(class_size(CLASSES - 1), SMALL_MAX);
         let mut wide_tails = Vec::new();
         for c in 0..CLASSES {
             let (s, span) = (class_size(c), span_bytes(c));

@@ -1,4 +1,4 @@
-//! Small objects (up to 256 KiB) on fallow's pages: the slab layer, above the per-thread page
+//! Small objects (up to 64 KiB) on fallow's pages: the slab layer, above the per-thread page
 //! caches (docs/design.md, "Small objects (slab layer)").
 //!
 //! This module owns the slab of one allocator (`Slab`): here its entry points (`malloc`, `free`,
