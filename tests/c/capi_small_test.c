@@ -96,7 +96,7 @@ static int test_sizes_and_stats(void) {
             live++;
             live_bytes += u;
         } else {
-            CHECK(u == SMALL_MAX + 4 * KiB && (uintptr_t)p[n] % 4096 == 0, "256 KiB + 1 is a page block: usable %zu", u);
+            CHECK(u == SMALL_MAX + 4 * KiB && (uintptr_t)p[n] % 4096 == 0, "SMALL_MAX + 1 is a page block: usable %zu", u);
         }
         memset(p[n], (int)(n & 0xff), n);
     }

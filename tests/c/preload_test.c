@@ -241,8 +241,9 @@ struct edge_block { unsigned char *p; size_t n; unsigned seed; };
 /* A block just returned by `how` while `live` fallow page blocks were live before: a page block
  * of fallow's iff at least the threshold (with small objects on, iff above SMALL_MAX: below, a
  * small object), page-aligned and page-granular if so, usable for its size. Below the threshold,
- * from a quarter of it (with small objects on, from a quarter of SMALL_MAX to SMALL_MAX), the
- * block this thread freed last may serve it (test_hot_below). */
+ * from a quarter of it (with small objects on, from a quarter of SMALL_MAX but no less than the
+ * smallest hot block, 64 KiB, to SMALL_MAX), the block this thread freed last may serve it
+ * (test_hot_below). */
 static int check_edge_block(const struct edge_block *b, uint64_t live, const char *how) {
     CHECK(b->p, "%s(%zu) failed", how, b->n);
     int fallow = small_on ? b->n > SMALL_MAX : b->n >= THRESHOLD;

@@ -183,8 +183,8 @@ static int test_realloc(void) {
         CHECK(at == SIZE_MAX, "realloc %zu -> %zu: byte %zu lost", have, n, at);
         CHECK(malloc_usable_size(q) >= n, "realloc to %zu: usable %zu", n, malloc_usable_size(q));
         /* Small objects stay fallow's small objects; above SMALL_MAX they are page blocks. From a
-         * quarter of SMALL_MAX up, the page block this thread freed last may serve a request
-         * instead (the hot block). */
+         * quarter of SMALL_MAX up (but no less than the smallest hot block, 64 KiB), the page
+         * block this thread freed last may serve a request instead (the hot block). */
         int is_small = n <= SMALL_MAX;
         if (n >= SMALL_MAX / 4 && n <= SMALL_MAX && stat_of(S_SMALL_LIVE) == small0 - was_small)
             is_small = 0;

@@ -128,8 +128,8 @@ impl Default for LazyAllocator {
 }
 
 /// A global allocator: requests of at least `threshold` bytes from fallow, smaller ones from
-/// `System`; with `Config::small_objects` (given by `with_config`), requests of up to
-/// `Allocator::SMALL_MAX` bytes are fallow's small objects too (`Allocator::malloc`).
+/// `System`; with `Config::small_objects` (given by `with_config`), every request is fallow's
+/// (`Allocator::malloc`: up to `Allocator::SMALL_MAX` bytes a small object, a page block above).
 pub struct FallowAlloc {
     lazy: LazyAllocator,
     threshold: usize,
@@ -155,7 +155,8 @@ impl FallowAlloc {
         }
     }
 
-    /// A threshold and a configuration of the process-wide allocator.
+    /// A threshold and a configuration of the process-wide allocator. With
+    /// `config.small_objects` the threshold is not used: every request is fallow's.
     pub const fn with_config(threshold: usize, config: Config) -> FallowAlloc {
         FallowAlloc {
             lazy: LazyAllocator::new(),
@@ -184,6 +185,16 @@ impl FallowAlloc {
                 };
                 self.lazy.get_or_create(make, |_, _| {})
             }
+        }
+    }
+
+    /// The smallest request fallow serves as a page block: the threshold, or above the largest
+    /// small object with small objects on.
+    fn page_floor(&self) -> usize {
+        if self.small() {
+            Allocator::SMALL_MAX + 1
+        } else {
+            self.threshold
         }
     }
 
@@ -277,7 +288,7 @@ impl FallowAlloc {
     /// A request for fallow (or the system's when fallow cannot serve it).
     #[inline(never)]
     fn alloc_fallow(&self, layout: Layout, flags: Flags) -> *mut u8 {
-        if self.small() && layout.size() <= Allocator::SMALL_MAX {
+        if self.small() {
             if let Some(a) = self.get() {
                 if let Ok(p) = a.malloc(layout.size(), layout.align(), flags) {
                     return p.as_ptr();
@@ -353,7 +364,7 @@ unsafe impl GlobalAlloc for FallowAlloc {
                 if new_size <= usable && new_size > usable / 2 {
                     return p;
                 }
-            } else if new_size >= self.threshold && new_size <= a.max_block() {
+            } else if new_size >= self.page_floor() && new_size <= a.max_block() {
                 // Stays large: try in place first (grows into free pages after it, shrink gives
                 // the tail back).
                 match a.resize_in_place(p, new_size) {
@@ -510,10 +521,17 @@ mod tests {
             assert!((0..100).all(|i| *q.add(i) == 9));
             let z = fa.alloc_zeroed(l(3000));
             assert!((0..3000).all(|i| *z.add(i) == 0));
-            // Above the small limit, below the threshold: the system's.
+            // Above the small limit, below the threshold: fallow's page block (every size is
+            // fallow's with small objects on), resized in place.
             let s = fa.alloc(l(Allocator::SMALL_MAX + 4096));
-            assert!(!a.owns(s));
-            fa.dealloc(s, l(Allocator::SMALL_MAX + 4096));
+            assert!(a.owns(s) && a.small_usable_size(s).is_none());
+            s.write_bytes(3, Allocator::SMALL_MAX + 4096);
+            let t = fa.realloc(s, l(Allocator::SMALL_MAX + 4096), Allocator::SMALL_MAX + 2048);
+            assert_eq!(t, s, "a page block shrunk within its pages moved");
+            // Down to a small object: moved, contents kept.
+            let u = fa.realloc(t, l(Allocator::SMALL_MAX + 2048), 1000);
+            assert!(a.small_usable_size(u).is_some() && (0..1000).all(|i| *u.add(i) == 3));
+            fa.dealloc(u, l(1000));
             fa.dealloc(q, l(3000));
             fa.dealloc(z, l(3000));
             a.drain_thread_cache();
@@ -564,13 +582,14 @@ mod tests {
             for &q in &many {
                 fa.dealloc(q, l(48));
             }
-            // A page block (the cold path's page layer) and the system's block (outside every
-            // arena: the cold path gives it to `System`).
+            // A page block (the cold path's page layer) and a system's block (outside every
+            // arena, as one from before the allocator existed: the cold path gives it to
+            // `System`).
             let big = fa.alloc(l(2 << 20));
             assert!(a.owns(big));
             big.write_bytes(1, 2 << 20);
             fa.dealloc(big, l(2 << 20));
-            let sys = fa.alloc(l(Allocator::SMALL_MAX + 4096));
+            let sys = System.alloc(l(Allocator::SMALL_MAX + 4096));
             assert!(!a.owns(sys));
             fa.dealloc(sys, l(Allocator::SMALL_MAX + 4096));
             a.drain_thread_cache();

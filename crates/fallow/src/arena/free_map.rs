@@ -1,15 +1,16 @@
 //! The free-page map: one bit per page saying whether it lies in a listed free block, and
-//! summaries of the bits by chunks of 512 pages and groups of 64 chunks, so that the runs of
-//! adjacent free pages long enough for a request are found without walking the free lists.
+//! summaries of the bits in four levels (units of 512 pages to 1 GiB, each eight units of the
+//! level below), so that the runs of adjacent free pages long enough for a request are found
+//! without walking the free lists.
 //!
 //! The buddy's lists find a free block of an order at once, but not a run of adjacent free
 //! blocks of a length: after many frees of blocks at their real size, free memory is pieces of
 //! every order side by side, and a search that starts from listed blocks (`buddy/span.rs`)
 //! reaches only the runs around the blocks it looks at. Go's page allocator keeps the same
 //! shape (`runtime/mpagealloc.go`: a bitmap of pages and, per chunk, the free pages at its start,
-//! the longest free run inside it and the free pages at its end); fallow keeps two levels of it
-//! over each arena and sweeps them in address order, descending only into the units whose
-//! longest run could hold the request.
+//! the longest free run inside it and the free pages at its end, in a radix tree of summaries);
+//! fallow keeps four levels of it over each arena and sweeps them in address order, descending
+//! only into the units whose inner runs could hold the request.
 //!
 //! Invariants (checked by `FreeMap::check`, from `Buddy::check_lists`):
 //! - Bit `p` is clear exactly when page `p` lies in a listed free block, the unwritten top-level
@@ -116,6 +117,9 @@ struct Sweep<F> {
     open: Option<u32>,
     /// The map's pages: the last word's bits past them read free.
     npages: u32,
+    /// The caller's limit: a run that reaches it ends at most `2 * n` pages past its start
+    /// (`end_bound`).
+    limit: u32,
     n: u32,
     f: F,
     stopped: bool,
@@ -128,10 +132,19 @@ impl<F: FnMut(u32, u32) -> bool> Sweep<F> {
             return;
         }
         if let Some(start) = self.open.take() {
-            if end - start >= self.n && !(self.f)(start, end.min(self.npages)) {
+            let end = end.min(self.end_bound(start));
+            if start < self.limit && end - start >= self.n && !(self.f)(start, end) {
                 self.stopped = true;
             }
         }
+    }
+
+    /// Where a run from `start` is cut: the map's end, and for a run past the limit `2 * n`
+    /// pages past its start (room for any place of the request; the never-used rest of the
+    /// arena beyond is no part of a fit).
+    fn end_bound(&self, start: u32) -> u32 {
+        let past = (start as u64 + 2 * self.n as u64).max(self.limit as u64);
+        past.min(self.npages as u64) as u32
     }
 
     /// A unit of `size` pages at `base` whose inner runs are all below `n` (or none): its start run ends the
@@ -338,27 +351,30 @@ impl FreeMap {
     }
 
     /// Report, in address order, every run of at least `n` free pages that starts below `limit`,
-    /// as `f(start, end)`, until `f` returns `false`. The pages from `limit` on are free (the
-    /// caller's invariant: the arena's never-used rest), so a run that reaches `limit` is
-    /// reported last, as ending at the map's end. Only the units whose inner runs could hold `n`
-    /// pages are looked into (a unit's start and end runs join its neighbours' from the summary).
+    /// as `f(start, end)`, until `f` returns `false`. Only the units whose inner runs could hold
+    /// `n` pages are looked into (a unit's start and end runs join its neighbours' from the
+    /// summary). The pages from `limit` on are the arena's never-used rest (the caller's
+    /// `used_end`): free, but where a worker isolated a block that reaches past `limit`. So a run
+    /// that reaches `limit` is reported last, its end found from the bits, at most `2 * n`
+    /// pages past its start (enough for any place of the request in it; `None` past that).
     pub(crate) fn for_each_run(&mut self, limit: u32, n: u32, f: impl FnMut(u32, u32) -> bool) {
         let limit = limit.min(self.npages);
         if limit == 0 {
             return;
         }
         self.refresh(limit);
-        let mut sw = Sweep { open: None, npages: self.npages, n, f, stopped: false };
+        let mut sw = Sweep { open: None, npages: self.npages, limit, n, f, stopped: false };
         for i in 0..units(limit, LEVELS) {
             self.visit(&mut sw, LEVELS, i, limit);
             if sw.stopped {
                 return;
             }
         }
-        if let Some(start) = sw.open.take() {
-            if self.npages - start >= n {
-                (sw.f)(start, self.npages);
-            }
+        if let Some(start) = sw.open.filter(|&s| s < limit) {
+            // Its pages up to `limit` are free (the sweep went at least that far).
+            let bound = sw.end_bound(start);
+            let end = (limit..bound).find(|&p| !self.is_free(p)).unwrap_or(bound);
+            sw.close(end);
         }
     }
 
@@ -487,7 +503,8 @@ mod tests {
     }
 
     /// The runs of at least `n` free pages starting below `limit`, as the sweep reports them,
-    /// from a plain array (pages from `limit` on are free).
+    /// from a plain array: one that reaches `limit` ends at its first page not free, at most
+    /// `2 * n` pages past its start.
     fn naive(free: &[bool], limit: u32, n: u32) -> Vec<(u32, u32)> {
         let mut runs = Vec::new();
         let mut p = 0u32;
@@ -498,14 +515,12 @@ mod tests {
                 continue;
             }
             let start = p;
-            while p < len && (free[p as usize] || p >= limit) {
+            while p < len && free[p as usize] && (p < limit || p < start + 2 * n) {
                 p += 1;
             }
-            let end = if p >= limit { len } else { p };
-            if end - start >= n {
-                runs.push((start, end));
+            if p - start >= n {
+                runs.push((start, p));
             }
-            p = end;
         }
         runs
     }
@@ -532,11 +547,11 @@ mod tests {
     fn a_fresh_map_is_one_free_run() {
         let (_mem, mut m) = map(TOP + 3 * GROUP);
         let mut runs = Vec::new();
-        m.for_each_run(1000, 1, |s, e| {
+        m.for_each_run(1000, 3000, |s, e| {
             runs.push((s, e));
             true
         });
-        assert_eq!(runs, vec![(0, TOP + 3 * GROUP)]);
+        assert_eq!(runs, vec![(0, 6000)]);
         check_against(&m, &vec![true; (TOP + 3 * GROUP) as usize]).unwrap();
     }
 
@@ -562,9 +577,15 @@ mod tests {
             free[pfn as usize..(pfn + len) as usize].fill(!used);
             if step % 50 == 0 {
                 let limit = 1 + rand(npages);
-                // Pages from the limit on are free, as past an arena's used part.
+                // Pages from the limit on are free, as past an arena's used part, but for a block
+                // a worker holds isolated there at times.
                 m.mark(limit - 1, npages - limit + 1, false);
                 free[(limit - 1) as usize..].fill(true);
+                if step % 100 == 0 && limit + 700 < npages {
+                    let at = limit + rand(600);
+                    m.mark(at, 64, true);
+                    free[at as usize..(at + 64) as usize].fill(false);
+                }
                 for n in [1, 2, 63, 64, 65, 511, 513, 3000, GROUP + 1, TOP + 1] {
                     let mut got = Vec::new();
                     m.for_each_run(limit, n, |s, e| {
@@ -581,6 +602,39 @@ mod tests {
                 free[q] = !free[q];
             }
         }
+    }
+
+    #[test]
+    fn a_run_reaching_the_limit_ends_where_its_free_pages_end() {
+        // Free from 100 on, the limit at 110; pages 130-139 held (a worker's isolated block past
+        // the limit): the last run ends at 130, and one that would start at the limit is none.
+        let (_mem, mut m) = map(4 * CHUNK);
+        m.mark(0, 100, true);
+        m.mark(130, 10, true);
+        let mut got = Vec::new();
+        m.for_each_run(110, 8, |s, e| {
+            got.push((s, e));
+            true
+        });
+        assert_eq!(got, vec![(100, 116)], "bounded at twice the request past its start");
+        got.clear();
+        m.for_each_run(110, 20, |s, e| {
+            got.push((s, e));
+            true
+        });
+        assert_eq!(got, vec![(100, 130)]);
+        got.clear();
+        m.for_each_run(110, 40, |s, e| {
+            got.push((s, e));
+            true
+        });
+        assert_eq!(got, vec![], "30 free pages do not hold 40");
+        m.mark(0, 110, true);
+        m.for_each_run(110, 1, |s, e| {
+            got.push((s, e));
+            true
+        });
+        assert_eq!(got, vec![], "a run starting at the limit");
     }
 
     #[test]

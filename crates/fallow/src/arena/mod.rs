@@ -125,7 +125,8 @@ impl Arena {
         let block = PAGE_SIZE << max_order;
         let len = round_up(len.max(block), block);
         let npages = len >> PAGE_SHIFT;
-        if npages > u32::MAX as usize - 1 {
+        // Page numbers, and the free-page map's words (`npages` rounded up to 64), fit a `u32`.
+        if npages > u32::MAX as usize - 64 {
             return Err(libc::ENOMEM);
         }
         let align = arena_align(max_order, thp);

@@ -187,8 +187,9 @@ impl Buddy {
     /// The free-page map's part of `take_best_run`: the first `MAPPED_LIMIT` runs of at least
     /// `npages` free pages in address order (`FreeMap::for_each_run`), each with the request at
     /// its start or its end, ranked with `best` by the same key. A placement with no resident
-    /// page is left to the fallbacks (`take_top` and the aligned takes), as a run without a
-    /// resident seed is.
+    /// page is left to the fallbacks (`take_top` and the aligned takes). One with a few resident
+    /// pages is taken before an aligned resident block: a bar of a quarter resident (a seed's
+    /// share) held more, 557 -> 564 MiB with 3,200 blocks of 64-256 KiB replaced at random.
     fn best_mapped_run(&mut self, npages: u32, align: u32, zero: bool, best: &mut Option<(u32, u32, u32, u32)>) {
         let mut runs = [(0u32, 0u32); MAPPED_LIMIT];
         let mut found = 0;
@@ -199,7 +200,7 @@ impl Buddy {
             found < MAPPED_LIMIT
         });
         for &(start, end) in &runs[..found] {
-            let len = end.min(used_end) - start;
+            let len = end.min(used_end).saturating_sub(start);
             if best.is_some_and(|b| (0, len, 0) >= (b.0, b.1, b.2)) {
                 continue;
             }

@@ -117,8 +117,9 @@ impl Span {
         (self.objects() / LOW_DIV).min(pages * PER_PAGE_8THS / 8) as u32
     }
 
-    /// Whether a trim may give back pages of this span (`class::TRIM_SPAN_MAX`): never
-    /// armed otherwise, so never trimmed.
+    /// Whether a trim may give back pages of this span (`class::TRIM_SPAN_MAX`: every span of
+    /// today's classes, which stop at 256 KiB spans; a larger span would never be armed, so
+    /// never trimmed).
     pub(crate) fn trimmable(&self) -> bool {
         self.mask.load(Relaxed) < TRIM_SPAN_MAX
     }
