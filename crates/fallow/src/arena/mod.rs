@@ -251,7 +251,7 @@ impl Arena {
         self.meta
     }
 
-    /// The free-page map (the buddy keeps it true and searches it: `free_map.rs`).
+    /// The free-page map (the buddy keeps it true and searches it: `free_map/`).
     #[inline(always)]
     pub(crate) fn free_map(&mut self) -> &mut FreeMap {
         &mut self.free_map

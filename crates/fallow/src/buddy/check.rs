@@ -93,7 +93,7 @@ impl Buddy {
         if let Some(q) = (self.used_end..self.npages).find(|&q| self.state(q) != PageState::Reported) {
             return Err(format!("page {q} past used_end {} is {}", self.used_end, self.state(q).name()));
         }
-        // The free-page map says which pages the lists hold (`arena/free_map.rs`).
+        // The free-page map says which pages the lists hold (`arena/free_map/`).
         self.free_map_ref().check(|f| self.for_each_listed(|p, order| f(p, 1u32 << order)), pages)?;
         Ok(pages)
     }

@@ -21,7 +21,7 @@
 //! - Every page at or past `used_end` is free and `Reported` (never touched): whatever hands a
 //!   block out, caches it or populates it first moves `used_end` past it (`mark_used`). (A
 //!   worker may hold such pages isolated, in a block that starts below it.)
-//! - The free-page map (`arena/free_map.rs`) marks free exactly the pages of the listed blocks
+//! - The free-page map (`arena/free_map/`) marks free exactly the pages of the listed blocks
 //!   (the unwritten top-level ones included): `push_free` and `unlink_read` keep it so.
 //! - The top-level blocks from `unwritten` up are free, `Reported` and counted in `listed`, but
 //!   their records are not written yet (`tops.rs`): they are the tail of the `Reported` list of

@@ -52,7 +52,7 @@
 //! The seeds reach only the runs around blocks of order k-2 and above, and only as many as the
 //! limits let them: after many frees of blocks of 16-256 KiB at their real size, most free
 //! pages lay in runs of smaller pieces that no seed led to. When no seed gave a placement of
-//! resident pages alone, the free-page map (`arena/free_map.rs`) gives the first runs long
+//! resident pages alone, the free-page map (`arena/free_map/`) gives the first runs long
 //! enough in address order, each placed at its start or its end and ranked by the same key.
 //!
 //! Cost: at most `SEED_LIMIT` runs measured, each extended by at most `EXTEND_LIMIT` blocks a

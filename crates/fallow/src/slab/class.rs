@@ -45,7 +45,7 @@
 //! page; above it the class is computed on the slow path.
 //!
 //! Four classes of 80-256 KiB in 1 MiB spans served requests above 64 KiB until the page
-//! layer found its free runs by a map (`arena/free_map.rs`): each class of each heap kept a
+//! layer found its free runs by a map (`arena/free_map/`): each class of each heap kept a
 //! reservoir of free objects for that class alone (mstress: 17.5 MB against jemalloc's 13.8,
 //! its 10 to 30 objects of 64-256 KiB an iteration and thread leaving two 1 MiB spans of the
 //! 128 KiB class resident for one live object), where page blocks share one pool of free runs.
