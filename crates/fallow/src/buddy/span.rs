@@ -148,9 +148,7 @@ impl Buddy {
                     let (part, part_len) = self.best_part(seed, o, order, zero);
                     let mut placed: Option<(u32, u32, u32)> = None;
                     for at in placements(start, end, part, part_len, npages, align) {
-                        let c = self.count_states(at, npages);
-                        let absent = c.reported + c.lazy;
-                        let other = if zero { npages - absent - c.zeroed } else { c.zeroed };
+                        let (absent, other) = self.measure(at, npages, zero);
                         if placed.is_none_or(|p| (absent, other) < (p.0, p.1)) {
                             placed = Some((absent, other, at));
                             if (absent, other) == (0, 0) {
@@ -208,14 +206,21 @@ impl Buddy {
                 if at < start || at + npages > end {
                     continue;
                 }
-                let c = self.count_states(at, npages);
-                let absent = c.reported + c.lazy;
-                let other = if zero { npages - absent - c.zeroed } else { c.zeroed };
+                let (absent, other) = self.measure(at, npages, zero);
                 if absent < npages && best.is_none_or(|b| (absent, len, other, at) < b) {
                     *best = Some((absent, len, other, at));
                 }
             }
         }
+    }
+
+    /// The ranking of the placement of `npages` at `at`: its pages that are not resident
+    /// (reported or lazily freed), then its resident pages of the kind the request does not
+    /// prefer (dirty ones for `ZERO`, zeroed ones otherwise).
+    fn measure(&self, at: u32, npages: u32, zero: bool) -> (u32, u32) {
+        let c = self.count_states(at, npages);
+        let absent = c.reported + c.lazy;
+        (absent, if zero { npages - absent - c.zeroed } else { c.zeroed })
     }
 
     /// The request at the start of the never-used rest of the arena (`used_end`), unaligned

@@ -147,8 +147,8 @@ impl<F: FnMut(u32, u32) -> bool> Sweep<F> {
         past.min(self.npages as u64) as u32
     }
 
-    /// A unit of `size` pages at `base` whose inner runs are all below `n` (or none): its start run ends the
-    /// run under way, its end run opens the next.
+    /// A unit of `size` pages at `base` whose inner runs are all below `n` (or none): its start
+    /// run ends the run under way, its end run opens the next.
     fn pass(&mut self, base: u32, s: Summary, size: u32) {
         if s.start == size {
             self.open.get_or_insert(base);
