@@ -311,17 +311,11 @@ impl FreeMap {
     pub(crate) fn mark(&mut self, pfn: u32, n: u32, used: bool) {
         debug_assert!(n > 0 && pfn as u64 + n as u64 <= self.npages as u64);
         let (first, last) = (pfn as usize, (pfn + n - 1) as usize);
-        for i in first / 64..=last / 64 {
-            let lo = if i == first / 64 { first % 64 } else { 0 };
-            let hi = if i == last / 64 { last % 64 } else { 63 };
-            let mask = (!0u64 >> (63 - hi)) & (!0u64 << lo);
-            // SAFETY: `i` is a word of the map (`last < npages`).
-            let w = unsafe { &mut *self.bits.add(i) };
-            *w = if used { *w | mask } else { *w & !mask };
-        }
+        // `last < npages`: its word is the map's.
+        fill_bits(self.bits, first, last, used);
         for (k, l) in self.levels.iter().enumerate() {
             let shift = unit_pages(k + 1).trailing_zeros();
-            set_bits(l.stale, first >> shift, last >> shift);
+            fill_bits(l.stale, first >> shift, last >> shift, true);
         }
     }
 
@@ -462,13 +456,16 @@ fn take_bit(words: *mut u64, i: usize) -> bool {
     was
 }
 
-/// Set bits `first..=last` of `words`.
-fn set_bits(words: *mut u64, first: usize, last: usize) {
+/// Set (`set`) or clear bits `first..=last` of `words`.
+fn fill_bits(words: *mut u64, first: usize, last: usize, set: bool) {
     for i in first / 64..=last / 64 {
         let lo = if i == first / 64 { first % 64 } else { 0 };
         let hi = if i == last / 64 { last % 64 } else { 63 };
-        // SAFETY: `i` is a word of the stale bits of the chunks or groups `first..=last`.
-        unsafe { *words.add(i) |= (!0u64 >> (63 - hi)) & (!0u64 << lo) };
+        let mask = (!0u64 >> (63 - hi)) & (!0u64 << lo);
+        // SAFETY: `i` is a word of `words` (the map's bits, or a level's stale bits), whose
+        // bits `first..=last` stand for pages or units of the map (the callers' ranges).
+        let w = unsafe { &mut *words.add(i) };
+        *w = if set { *w | mask } else { *w & !mask };
     }
 }
 
