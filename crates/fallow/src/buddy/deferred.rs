@@ -61,10 +61,12 @@ impl Buddy {
         for_each_piece(pfn + n, size - n, k, |p, _| {
             let m = self.meta(p).get();
             t = t.max(m.freed_at_ms);
-            self.unlink_read(p, &m);
+            self.unlist(p, &m);
         });
         self.merge_deferred();
-        self.push_free(pfn, k, rest, t);
+        // The pieces stay marked free in the free-page map: only the run's pages change.
+        self.free_map().mark(pfn, n, false);
+        self.list(pfn, k, rest, t);
         self.unmerged = Some((pfn, k));
         true
     }
@@ -97,8 +99,8 @@ impl Buddy {
             return;
         }
         let m = self.meta(pfn).get();
-        self.unlink_read(pfn, &m);
-        self.free_block(pfn, k, m.counts, m.freed_at_ms);
+        self.unlist(pfn, &m);
+        self.relist(pfn, k, m.counts, m.freed_at_ms);
     }
 
     /// The reporter's pass: merge the unmerged block if it has stayed free since `before_ms` or

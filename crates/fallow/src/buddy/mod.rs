@@ -22,7 +22,11 @@
 //!   block out, caches it or populates it first moves `used_end` past it (`mark_used`). (A
 //!   worker may hold such pages isolated, in a block that starts below it.)
 //! - The free-page map (`arena/free_map/`) marks free exactly the pages of the listed blocks
-//!   (the unwritten top-level ones included): `push_free` and `unlink_read` keep it so.
+//!   (the unwritten top-level ones included). Only the net change of an operation is marked:
+//!   `free_block` marks the freed block's pages free (a buddy it merges with is free already),
+//!   `unlink_read` a block's pages taken, and a take that splits a block or frees the parts
+//!   around what it keeps (`carve`, `take_range`, `take_run`) marks the pages it keeps only;
+//!   `unlist` and `list` leave the map alone.
 //! - The top-level blocks from `unwritten` up are free, `Reported` and counted in `listed`, but
 //!   their records are not written yet (`tops.rs`): they are the tail of the `Reported` list of
 //!   `max_order`, which is never empty while one is left, and `unwritten >= used_end`.
@@ -221,7 +225,9 @@ impl Buddy {
     }
 
     /// Put a free block on the list its counts select (at the head: most recently freed first).
-    pub fn push_free(&mut self, pfn: u32, order: u8, counts: StateCounts, freed_at_ms: u32) {
+    /// The free-page map marks its pages free already: a fresh arena's, or the parts of blocks
+    /// just unlisted (`unlist`), or the caller marked them (`free_block`).
+    fn list(&mut self, pfn: u32, order: u8, counts: StateCounts, freed_at_ms: u32) {
         let class = counts.class(1 << order) as usize;
         let head = self.heads[class][order as usize];
         {
@@ -234,7 +240,6 @@ impl Buddy {
             m.set_next(head);
         }
         self.mark_tail(pfn, order);
-        self.arena.free_map().mark(pfn, 1 << order, false);
         if head != NIL {
             // SAFETY: `head` is a listed block of this arena.
             unsafe { self.meta_unchecked(head) }.set_prev(pfn);
@@ -255,6 +260,15 @@ impl Buddy {
     /// `unlink`, given the block's record as the caller just read it.
     #[inline]
     fn unlink_read(&mut self, pfn: u32, m: &Record) {
+        self.unlist(pfn, m);
+        self.arena.free_map().mark(pfn, 1 << m.order, true);
+    }
+
+    /// `unlink_read` that leaves the block's pages marked free in the free-page map: for a
+    /// block whose pages are listed again at once, as parts of a larger block or its halves
+    /// (a merge, a split). Marking them taken and then free again would write the map's bits
+    /// of the whole block twice: for a split of a top-level block of 1 GiB, 32 KiB of bits.
+    fn unlist(&mut self, pfn: u32, m: &Record) {
         debug_assert_eq!(m.tag, Tag::Free);
         let (class, order) = (m.class as usize, m.order as usize);
         if m.prev != NIL {
@@ -273,13 +287,20 @@ impl Buddy {
             self.nonempty[class] &= !(1u64 << order);
         }
         self.listed.remove_block(class, order as u8, m.counts, 1 << order);
-        self.arena.free_map().mark(pfn, 1 << order, true);
         // SAFETY: `pfn` is the listed block being unlinked, in this arena.
         unsafe { self.meta_unchecked(pfn) }.set_tag(Tag::None);
     }
 
     /// Free one aligned block, merging with free buddies as far as they go, and list the result.
-    pub fn free_block(&mut self, mut pfn: u32, mut order: u8, mut counts: StateCounts, mut t: u32) {
+    pub fn free_block(&mut self, pfn: u32, order: u8, counts: StateCounts, t: u32) {
+        self.arena.free_map().mark(pfn, 1 << order, false);
+        self.relist(pfn, order, counts, t);
+    }
+
+    /// `free_block` of a block whose pages the free-page map marks free already (a part of a
+    /// block just unlisted with `unlist`): a buddy it merges with is marked free too, so the
+    /// map has nothing to change.
+    fn relist(&mut self, mut pfn: u32, mut order: u8, mut counts: StateCounts, mut t: u32) {
         debug_assert_eq!(pfn & ((1 << order) - 1), 0);
         while order < self.max_order {
             let buddy = pfn ^ (1u32 << order);
@@ -292,7 +313,7 @@ impl Buddy {
                 break;
             }
             let b = bm.get();
-            self.unlink_read(buddy, &b);
+            self.unlist(buddy, &b);
             if pfn > buddy {
                 // This block is the upper half of the merged one: leave its half record.
                 // SAFETY: `pfn` is the block being freed, in this arena.
@@ -305,7 +326,7 @@ impl Buddy {
             pfn = pfn.min(buddy);
             order += 1;
         }
-        self.push_free(pfn, order, counts, t);
+        self.list(pfn, order, counts, t);
     }
 
     /// Free `[pfn, pfn + n)`, whose pages are all in state `state`, as the largest aligned blocks
@@ -339,7 +360,8 @@ impl Buddy {
 
     /// Free the parts of the unlisted block `(pfn, order)` with counts `c` that lie outside
     /// `keep = [start, end)`, as the largest aligned pieces, with their own counts. Returns the
-    /// counts freed.
+    /// counts freed. The block's pages are marked free in the free-page map (it was unlisted
+    /// with `unlist`): the caller marks `keep` taken.
     ///
     /// One descent from the block down the two edges of `keep`, O(order): a half wholly outside
     /// is freed as one block, a half wholly inside is left, a half across an edge is split again.
@@ -352,7 +374,7 @@ impl Buddy {
             return StateCounts::default();
         }
         if keep.1 <= pfn || end <= keep.0 {
-            self.free_block(pfn, order, c, t);
+            self.relist(pfn, order, c, t);
             return c;
         }
         let (low, high) = self.halves(pfn, order, c);
@@ -424,48 +446,51 @@ impl Buddy {
     /// beyond `npages` (as `alloc_pages_exact` does).
     fn carve(&mut self, pfn: u32, order: u8, npages: u32, zero: bool) -> Taken {
         let m = self.meta(pfn).get();
-        self.unlink_read(pfn, &m);
         let t = m.freed_at_ms;
-        let (pfn, mut counts) =
-            self.split_down(pfn, m.order, m.counts, order, t, |low, high, half| suits(high, half, zero) > suits(low, half, zero));
+        let (pfn, mut counts) = self.split_unlisted(pfn, &m, order, |low, high, half| suits(high, half, zero) > suits(low, half, zero));
         let size = 1u32 << order;
         if npages < size {
             if let Some(s) = counts.uniform_state(size) {
                 // One state: the tail's pieces in one pass (no descent, no half records).
-                self.free_range(pfn + npages, size - npages, s, t);
+                let max_order = self.max_order;
+                for_each_piece(pfn + npages, size - npages, max_order, |p, o| self.relist(p, o, StateCounts::uniform(s, 1 << o), t));
                 counts = StateCounts::uniform(s, npages);
             } else {
                 let tail = self.free_outside(pfn, order, counts, (pfn, pfn + npages), t);
                 counts = counts.minus(tail);
             }
         }
+        self.arena.free_map().mark(pfn, npages, true);
         let counts = self.settle_units(pfn, npages, counts);
         Taken { pfn, npages, counts }
     }
 
-    /// Split the unlisted block `(pfn, from)` whose counts are `counts` down to order `to`,
-    /// keeping at each step the upper half when `keep_high(low, high, half_pages)` says so and
-    /// listing the other half (freed at `t`). Returns the kept block and its counts.
-    pub fn split_down(
-        &mut self,
-        mut pfn: u32,
-        from: u8,
-        mut counts: StateCounts,
-        to: u8,
-        t: u32,
-        keep_high: impl Fn(StateCounts, StateCounts, u32) -> bool,
-    ) -> (u32, StateCounts) {
-        let mut cur = from;
+    /// Split the listed block at `pfn`, whose record is `m`, down to order `to`, keeping at each
+    /// step the upper half when `keep_high(low, high, half_pages)` says so and listing the other
+    /// half (freed when the block was). Returns the kept block, unlisted and marked taken in the
+    /// free-page map, and its counts.
+    pub fn split_listed(&mut self, pfn: u32, m: &Record, to: u8, keep_high: impl Fn(StateCounts, StateCounts, u32) -> bool) -> (u32, StateCounts) {
+        let (pfn, counts) = self.split_unlisted(pfn, m, to, keep_high);
+        self.arena.free_map().mark(pfn, 1 << to, true);
+        (pfn, counts)
+    }
+
+    /// `split_listed`, the kept block left marked free in the free-page map (the caller marks
+    /// what it takes of it). Only those bits change in the map: the halves stay marked free, as
+    /// the block was.
+    fn split_unlisted(&mut self, mut pfn: u32, m: &Record, to: u8, keep_high: impl Fn(StateCounts, StateCounts, u32) -> bool) -> (u32, StateCounts) {
+        self.unlist(pfn, m);
+        let (mut cur, mut counts) = (m.order, m.counts);
         while cur > to {
             let (low, high) = self.halves(pfn, cur, counts);
             cur -= 1;
             let half = 1u32 << cur;
             if keep_high(low, high, half) {
-                self.push_free(pfn, cur, low, t);
+                self.list(pfn, cur, low, m.freed_at_ms);
                 pfn += half;
                 counts = high;
             } else {
-                self.push_free(pfn + half, cur, high, t);
+                self.list(pfn + half, cur, high, m.freed_at_ms);
                 counts = low;
             }
         }
@@ -507,7 +532,7 @@ impl Buddy {
             let m = self.meta(b).get();
             counts = counts.plus(m.counts);
             t = t.max(m.freed_at_ms);
-            self.unlink_read(b, &m);
+            self.unlist(b, &m);
         }
         if npages < need * top {
             // The tail lies in the last top-level block.
@@ -517,6 +542,7 @@ impl Buddy {
             let tail = self.free_outside(last, self.max_order, lc, (last, start), t);
             counts = counts.minus(tail);
         }
+        self.arena.free_map().mark(run_start, npages, true);
         let counts = self.settle_units(run_start, npages, counts);
         Some(Taken { pfn: run_start, npages, counts })
     }

@@ -404,11 +404,12 @@ impl Buddy {
         let mut taken = StateCounts::default();
         for &(b, order) in &blocks[..nb] {
             let m = self.meta(b).get();
-            self.unlink_read(b, &m);
+            self.unlist(b, &m);
             let keep = (start.max(b), end.min(b + (1u32 << order)));
             let outside = self.free_outside(b, order, m.counts, keep, m.freed_at_ms);
             taken = taken.plus(m.counts.minus(outside));
         }
+        self.free_map().mark(start, end - start, true);
         Some(self.settle_units(start, end - start, taken))
     }
 }

@@ -24,7 +24,8 @@ impl Buddy {
         let top = 1u32 << self.max_order;
         debug_assert!(self.npages >= top && self.npages.is_multiple_of(top), "an arena is whole top-level blocks");
         let all = StateCounts::uniform(PageState::Reported, top);
-        self.push_free(0, self.max_order, all, 0);
+        // A fresh map reads every page free: nothing to mark.
+        self.list(0, self.max_order, all, 0);
         self.unwritten = top;
         for _ in 1..self.npages / top {
             self.listed.add_block(Class::Reported as usize, self.max_order, all, top);

@@ -134,8 +134,7 @@ impl Heap {
     pub(crate) fn isolate_dirty_piece(&mut self, slot: usize, ai: usize, pfn: u32, order: u8) -> Inflight {
         let a = &mut self.arenas[ai];
         let m = a.meta(pfn).get();
-        a.unlink(pfn);
-        let (p, counts) = a.split_down(pfn, m.order, m.counts, order, m.freed_at_ms, |low, _, half| keeps_high(low, half));
+        let (p, counts) = a.split_listed(pfn, &m, order, |low, _, half| keeps_high(low, half));
         a.meta(p).set_isolated(order);
         let rec = Inflight { used: true, arena: ai as u16, order, pfn: p, counts, freed_at_ms: m.freed_at_ms };
         self.finish_isolate(slot, rec)
