@@ -19,8 +19,8 @@
 //! KiB, within an eighth) held as much or 1-2 MiB more on every shape of blocks of 16-256 KiB
 //! replaced at random that was measured (docs/measurements.md): as much where those classes
 //! alone were live, more in mixes, where one span size for every class of 4-64 KiB lets a span
-//! one class gave back serve the next span of any other. Every span is trimmed by pages
-//! (`TRIM_SPAN_MAX`: a span's given-back pages are one bit each of a word).
+//! one class gave back serve the next span of any other. Every span is trimmed by pages (a
+//! span's given-back pages are one bit each of a word: `SPAN_MAX` is at most 64 pages).
 //!
 //! One 64 KiB size for every class up to 16 KiB (4 objects of 14 KiB a span) held 15% fewer
 //! span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave back
@@ -67,9 +67,6 @@ pub(crate) const CLASSES: usize = TABLE_CLASSES + 16;
 pub(crate) const GRANULE_SHIFT: u32 = 16;
 /// The largest span, in bytes: the spans of objects above 4 KiB.
 pub(crate) const SPAN_MAX: usize = 256 << 10;
-/// The largest span a trim gives pages of back (its pages are one bit each of a word,
-/// `Span::given`): every span.
-pub(crate) const TRIM_SPAN_MAX: usize = SPAN_MAX;
 
 /// Classes up to `TABLE_MAX` (the table's): 8 of 16-byte steps and 7 doublings of four.
 pub(crate) const TABLE_CLASSES: usize = 36;
@@ -277,8 +274,9 @@ pub(crate) fn object_index(off: usize, inv: u64, shift: u32) -> u64 {
 const _: () = {
     assert!(class_size(TABLE_CLASSES - 1) == TABLE_MAX);
     assert!(class_size(CLASSES - 1) == SMALL_MAX);
-    // A span's pages given back by a trim are one bit each of a word (`Span::given`).
-    assert!(TRIM_SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize);
+    // A span's pages given back by a trim are one bit each of a word (`Span::given`), and one
+    // bit of its page states stands for one page (`granule_shift` is 0): every span is trimmed.
+    assert!(SPAN_MAX / crate::os::PAGE_SIZE <= u64::BITS as usize && granule_shift(SPAN_MAX) == 0);
     assert!(span_bytes(CLASSES - 1) == SPAN_MAX);
     let mut c = 0;
     while c < CLASSES {

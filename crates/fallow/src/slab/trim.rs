@@ -47,7 +47,7 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::{granule_shift, CLASSES, TRIM_SPAN_MAX};
+use super::class::{granule_shift, CLASSES};
 use super::heap::ThreadHeap;
 use super::span::{Span, LISTED, UNLISTED};
 use super::{heaps, Central, Slab};
@@ -117,13 +117,6 @@ impl Span {
         (self.objects() / LOW_DIV).min(pages * PER_PAGE_8THS / 8) as u32
     }
 
-    /// Whether a trim may give back pages of this span (`class::TRIM_SPAN_MAX`: every span of
-    /// today's classes, which stop at 256 KiB spans; a larger span would never be armed, so
-    /// never trimmed).
-    pub(crate) fn trimmable(&self) -> bool {
-        self.mask.load(Relaxed) < TRIM_SPAN_MAX
-    }
-
     /// The pages object `i` touches (bits of `given`).
     fn touches(&self, i: usize) -> u64 {
         let size = self.size.load(Relaxed) as usize;
@@ -151,9 +144,6 @@ impl Span {
     /// again and again pays a page fault per page given back each time; halving its mark makes
     /// it wait for a lower count, which a program that keeps a steady share never reaches.
     pub(crate) fn arm(&self) {
-        if !self.trimmable() {
-            return;
-        }
         // Filled again: a trim waits again.
         self.due_since.set(0);
         let b = self.backoff.get();
@@ -412,7 +402,7 @@ impl Slab {
     fn trim_taken(&self, h: &ThreadHeap, s: &Span) {
         let next = if s.low.load(Relaxed) != 0 { s.mark.get() as u32 / 2 } else { 0 };
         s.disarm();
-        if !self.trims() || !s.trimmable() {
+        if !self.trims() {
             return;
         }
         let m = s.mark_free();
