@@ -409,7 +409,9 @@ impl Buddy {
             let outside = self.free_outside(b, order, m.counts, keep, m.freed_at_ms);
             taken = taken.plus(m.counts.minus(outside));
         }
-        self.free_map().mark(start, end - start, true);
+        if start < end {
+            self.free_map().mark(start, end - start, true);
+        }
         Some(self.settle_units(start, end - start, taken))
     }
 }

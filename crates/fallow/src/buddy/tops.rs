@@ -7,7 +7,7 @@
 //! in every process that makes one block. So only the lowest is written at the start; the others,
 //! from `unwritten` up, are counted in `listed` (the statistics and the checks see every free
 //! page) and stand at the tail of that list, unwritten. One is written and put at the list's
-//! tail when the list would otherwise become empty (`unlink`, so a take of the reported list
+//! tail when the list would otherwise become empty (`unlist`, so a take of the reported list
 //! always finds its head), and those a range reaches when `take_range` takes it (the top path
 //! at `used_end`, growth in place, a run), once the pages before them are known free. A run
 //! found from its records (`free_run_around`) goes on through them as through any free block.

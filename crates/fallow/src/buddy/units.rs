@@ -71,7 +71,8 @@ impl Buddy {
             };
             let size = 1u32 << order;
             let m = self.meta(b).get();
-            self.unlink_read(b, &m);
+            // Listed again at once (`free_by_runs`): its pages stay marked free in the map.
+            self.unlist(b, &m);
             self.zero_reported_runs(b, size);
             self.free_by_runs(b, size, m.freed_at_ms);
             p = b + size;

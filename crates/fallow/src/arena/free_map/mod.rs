@@ -16,7 +16,8 @@
 //! - Bit `p` is clear exactly when page `p` lies in a listed free block, the unwritten top-level
 //!   blocks included (a fresh mapping reads zero: every page free, as a fresh arena's are).
 //!   The buddy marks the pages an operation frees or takes (`Buddy::free_block`,
-//!   `unlink_read`, a take's kept pages), not a split's or a merge's halves, which stay free.
+//!   `free_run_deferred`, `unlink_read`, the kept pages of `split_listed` and of a take), not a
+//!   split's or a merge's halves, which stay free.
 //! - A chunk (group) whose stale bit is clear has a summary that says what its bits (its
 //!   chunks' summaries) say. A change of bits sets the stale bits of its chunks and groups; a
 //!   sweep refreshes the stale ones below its limit first, so the cost of the summaries falls
