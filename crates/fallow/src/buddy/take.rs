@@ -85,8 +85,8 @@ impl Buddy {
     }
 
     /// `split_listed` (of a block on its list, which it unlists), the kept block left marked free
-    /// in the free-page map (the caller marks what it takes of it). Only those bits change in the map: the halves stay marked free, as
-    /// the block was.
+    /// in the free-page map (the caller marks what it takes of it). No bit changes here: the
+    /// halves stay marked free, as the block was.
     fn split_from_list(&mut self, mut pfn: u32, m: &Record, to: u8, keep_high: impl Fn(StateCounts, StateCounts, u32) -> bool) -> (u32, StateCounts) {
         self.unlist(pfn, m);
         let (mut cur, mut counts) = (m.order, m.counts);
