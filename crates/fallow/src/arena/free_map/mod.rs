@@ -18,15 +18,14 @@
 //!   The buddy marks the pages an operation frees or takes (`Buddy::free_block`,
 //!   `free_run_deferred`, `unlink_read`, the kept pages of `split_listed` and of a take), not a
 //!   split's or a merge's halves, which stay free.
-//! - A chunk (group) whose stale bit is clear has a summary that says what its bits (its
-//!   chunks' summaries) say. A change of bits sets the stale bits of its chunks and groups; a
-//!   sweep refreshes the stale ones below its limit first, so the cost of the summaries falls
-//!   on the searches, not on every list operation.
-//! - Summaries are stored complemented (`FULL ^ summary`), so that a fresh mapping's zeros read
-//!   as wholly free units.
+//! - A unit whose stale bit is clear has a summary that says what its children (words, or the
+//!   units of the level below) say. A change of bits sets the stale bits of the units above it
+//!   at every level; a sweep refreshes the stale ones below its limit first, so the cost of
+//!   the summaries falls on the searches, not on every list operation.
+//! - Summaries are stored complemented (`free_mask ^ summary`), so that a fresh mapping's zeros
+//!   read as wholly free units.
 //!
 //! Nothing here takes a lock: the map is the buddy's, under the allocator lock.
-
 
 /// Free pages at the start of a unit, in its longest free run that touches neither of its
 /// edges (`inner`), and at its end. A wholly free unit: `start == end == size`, `inner == 0`.
@@ -72,7 +71,6 @@ impl Summary {
     fn at_most(self, size: u32) -> Summary {
         Summary { start: self.start.min(size), inner: self.inner.min(size), end: self.end.min(size) }
     }
-
 }
 
 /// The summary of consecutive units, folded left to right. A unit with no page used adds to
@@ -231,16 +229,21 @@ fn units(npages: u32, level: usize) -> usize {
 }
 
 /// A summary as stored: three fields of 20 bits, complemented with a wholly free unit's
-/// (`full`), so that zero reads as free.
+/// (`free_mask`), so that zero reads as free.
 fn encode(s: Summary, level: usize) -> u64 {
-    let v = s.start as u64 | (s.inner as u64) << 20 | (s.end as u64) << 40;
-    v ^ encode_plain(Summary::full(unit_pages(level)))
+    encode_plain(s) ^ free_mask(level)
 }
+
+/// What a summary is complemented with: a wholly free unit of `level`'s fields.
+fn free_mask(level: usize) -> u64 {
+    encode_plain(Summary::full(unit_pages(level)))
+}
+
 fn encode_plain(s: Summary) -> u64 {
     s.start as u64 | (s.inner as u64) << 20 | (s.end as u64) << 40
 }
 fn decode(v: u64, level: usize) -> Summary {
-    let v = v ^ encode_plain(Summary::full(unit_pages(level)));
+    let v = v ^ free_mask(level);
     Summary { start: (v & 0xfffff) as u32, inner: (v >> 20 & 0xfffff) as u32, end: (v >> 40 & 0xfffff) as u32 }
 }
 
@@ -445,7 +448,7 @@ impl FreeMap {
 }
 
 fn bit(words: *const u64, i: usize) -> bool {
-    // SAFETY: `i` is a chunk or group of the map whose stale bits `words` are.
+    // SAFETY: `i` is a unit of the level whose stale bits `words` are.
     unsafe { *words.add(i / 64) >> (i % 64) & 1 == 1 }
 }
 
