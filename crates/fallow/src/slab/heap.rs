@@ -68,6 +68,9 @@ pub(crate) struct ThreadHeap {
     /// The slab's list of all its heaps and its pool of abandoned ones (under the slab lock).
     pub(crate) next_heap: Cell<*mut ThreadHeap>,
     pub(crate) next_pooled: Cell<*mut ThreadHeap>,
+    /// Per class, a span of it handed out an object on pages its never-used tail gave back:
+    /// the class's tails are kept from then on (tail.rs).
+    pub(crate) tails_kept: [Cell<bool>; CLASSES],
     /// `class::CLASS_TABLE` (written when the heap is set up, then only read).
     pub(crate) class_of: [u8; SIZE_SLOTS],
 }
@@ -103,6 +106,7 @@ pub(crate) static NO_HEAP: ThreadHeap = ThreadHeap {
     id: Cell::new(0),
     next_heap: Cell::new(ptr::null_mut()),
     next_pooled: Cell::new(ptr::null_mut()),
+    tails_kept: [const { Cell::new(false) }; CLASSES],
     class_of: CLASS_TABLE,
 };
 
@@ -338,11 +342,13 @@ impl ThreadHeap {
             }
             // SAFETY: a head other than `EMPTY` is a listed span of this heap.
             let s = unsafe { &*sp };
+            // Its lists ran out: its never-used objects may be next (tail.rs).
+            s.quiet.set(false);
             let got = match s.pop() {
                 Some(o) => Some((o, false)),
                 None => {
                     s.collect();
-                    s.pop().map(|o| (o, false)).or_else(|| self.refill(s, zero)).or_else(|| s.take_fresh(zero))
+                    s.pop().map(|o| (o, false)).or_else(|| self.refill(s, zero)).or_else(|| self.take_fresh(s, c, zero))
                 }
             };
             if let Some((o, reads_zero)) = got {

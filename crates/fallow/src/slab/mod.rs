@@ -8,7 +8,7 @@
 //! `check_invariants`; `class` the size classes; `span` a span's descriptor and its free lists;
 //! `thread_free` the remote-free protocol on a span's `thread_free` word; `remote` other
 //! threads' frees (the push, abandoned heaps); `heap` a thread's heap and the owner's slow
-//! paths; `sweep` the owner's sweep before new spans; `map` the side metadata (page map,
+//! paths; `sweep` the owner's sweep before new spans; `trim` and `tail` the give-back of live spans' free and never-used pages; `map` the side metadata (page map,
 //! descriptors); `table` the thread-local table that finds a thread's heap.
 //! It sits on `cache` and `heap` (its spans are page blocks taken on the locked path,
 //! `cache::alloc_span_uncached`, and given back on it, `Shared::free_with_states`: never
@@ -60,6 +60,7 @@ mod remote;
 mod span;
 mod sweep;
 mod table;
+mod tail;
 mod thread_free;
 mod threads;
 mod trim;

@@ -34,6 +34,10 @@ use crate::page::GranuleStates;
 /// current), a double free (0, or 1 for the current span), or a span off its list (negative).
 pub(crate) const UNLISTED: u32 = 1 << 31;
 
+/// `Span::tail_from` of a span whose never-used tail was not given back (a span has at most 64
+/// pages).
+pub(crate) const NO_TAIL: u8 = u8::MAX;
+
 /// `owner` of a span on its way back or of a free descriptor: no heap has it (heap ids are
 /// below 2^63, `Slab::new`).
 pub(crate) const NO_OWNER: u64 = u64::MAX;
@@ -101,7 +105,13 @@ pub(crate) struct Span {
     /// Links of the owner's list this span is on (class list or full list).
     pub(crate) next: Cell<*mut Span>,
     pub(crate) prev: Cell<*mut Span>,
-    _owner_end: [u8; 8],
+    /// No slow path of the owner's took an object from the span since its last sweep looked at
+    /// it (set by the sweep, cleared by the slow path; tail.rs, the owner's).
+    pub(crate) quiet: Cell<bool>,
+    /// The first page of the span's never-used tail given back (tail.rs; `NO_TAIL`: none since
+    /// the span was set up; the owner's).
+    pub(crate) tail_from: Cell<u8>,
+    _owner_end: [u8; 6],
     // Read by any thread freeing into the span (its own line).
     /// Index of the first never-handed-out object: objects `fresh..` were never handed out, a
     /// free of one is of a pointer the slab never handed out (written by the owner only).
@@ -184,7 +194,9 @@ impl Span {
             end: Cell::new(0),
             next: Cell::new(ptr::null_mut()),
             prev: Cell::new(ptr::null_mut()),
-            _owner_end: [0; 8],
+            quiet: Cell::new(false),
+            tail_from: Cell::new(NO_TAIL),
+            _owner_end: [0; 6],
             fresh: AtomicUsize::new(0),
             start: AtomicUsize::new(0),
             first_neg: AtomicUsize::new(0),
@@ -236,6 +248,8 @@ impl Span {
         self.taken_reported.store(taken.reported, Relaxed);
         self.taken_zeroed.store(taken.zeroed, Relaxed);
         self.due_since.set(0);
+        self.quiet.set(false);
+        self.tail_from.set(NO_TAIL);
         self.end.set(first + n * size);
         self.next.set(ptr::null_mut());
         self.prev.set(ptr::null_mut());

@@ -80,5 +80,6 @@ impl super::Slab {
         self.uncount(out);
         self.give_back(out);
         self.trim_due_spans(h);
+        self.trim_tails(h, true);
     }
 }

@@ -72,6 +72,7 @@ impl Slab {
         // SAFETY: as above.
         let h = unsafe { &*h };
         self.trim_all(h);
+        self.trim_tails(h, false);
         h.trimmed_total.get().wrapping_sub(before)
     }
 

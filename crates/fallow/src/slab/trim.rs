@@ -86,7 +86,7 @@ const LEVELS: u8 = 15;
 const PAGE_SHIFT: u32 = PAGE_SIZE.trailing_zeros();
 
 /// Bits `lo..=hi` (pages of a span: at most 64, a 256 KiB span).
-fn page_bits(lo: usize, hi: usize) -> u64 {
+pub(super) fn page_bits(lo: usize, hi: usize) -> u64 {
     (u64::MAX >> (63 - hi)) & (u64::MAX << lo)
 }
 
@@ -330,7 +330,7 @@ impl Span {
 /// # Safety
 /// The pages are the caller's (a live span of its own heap) and hold no live object and no
 /// link of any list.
-unsafe fn advise_runs(start: usize, mut bits: u64) -> u64 {
+pub(super) unsafe fn advise_runs(start: usize, mut bits: u64) -> u64 {
     let mut done = 0;
     while bits != 0 {
         let lo = bits.trailing_zeros() as usize;
