@@ -9,9 +9,10 @@
 //! KiB), where a uniformly random request is rounded up by about 4.2% on average rather than
 //! 8.3%. Larger requests are page blocks at their real size (below).
 //!
-//! Spans are 64 KiB for objects up to 4 KiB and 256 KiB above, so that a span's tail past its
-//! last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte class: 25 objects and
-//! 1,536 bytes) and at most an eighth above (4 objects of 56 KiB, 224 KiB), but
+//! Spans are 64 KiB for objects up to 4 KiB, 128 KiB up to 16 KiB and 256 KiB above, so that a
+//! span's tail past its last whole object is at most 2.3% of it up to 4 KiB (a 2,560-byte
+//! class: 25 objects and 1,536 bytes), at most 6.25% up to 16 KiB (12 objects of 10 KiB) and at
+//! most an eighth above (4 objects of 56 KiB, 224 KiB), but
 //! for 44 and 52 KiB (5 objects of 44 KiB, 220 KiB; 4 of 52 KiB, 208 KiB: 14% and 19%); in
 //! 16-64 KiB not always whole pages (9 objects of 26 KiB and 22 KiB). Nothing writes past the
 //! last object's end: the tail's pages past the one that object ends in hold memory only when
@@ -26,7 +27,12 @@
 //! span bytes at the peak of `examples/slab_cross.rs`, where a 64 KiB block one class gave back
 //! served no 256 KiB span, but halved `fallow bench small`'s random shape (sizes up to 16 KiB in
 //! two threads: 2.1-2.4x glibc's operations per CPU-second against 4.1x) for no change in the
-//! benchmarks' max RSS. Every class size is a multiple of 16, and a power-of-two class size (16
+//! benchmarks' max RSS. 128 KiB for 4-16 KiB (256 KiB before), once spans gave back their
+//! never-used tails (tail.rs): mimalloc-bench's rptest without its cross-thread frees, whose
+//! two threads keep 25 or so objects in each of about 40 classes, held 9.9-10.1 MB against
+//! 11.0-11.2 (mimalloc 9.3), each class and thread keeping part of a span it does not use; the
+//! random shape lost a quarter of its operations per CPU-second (25.4 -> 18.6 M; mimalloc 11 M)
+//! and held less (15.4 -> 14.4 MiB; mimalloc 14.8). Every class size is a multiple of 16, and a power-of-two class size (16
 //! bytes to 64 KiB) divides its span's size: an object of such a class is aligned to its size,
 //! which serves aligned requests up to 16 KiB (`aligned_class`).
 //!
@@ -65,7 +71,9 @@ pub(crate) const MIN_ALIGN: usize = 16;
 pub(crate) const CLASSES: usize = TABLE_CLASSES + 16;
 /// The page map has one entry per `1 << GRANULE_SHIFT` bytes (64 KiB, the smallest span).
 pub(crate) const GRANULE_SHIFT: u32 = 16;
-/// The largest span, in bytes: the spans of objects above 4 KiB.
+/// The spans of objects above 4 KiB up to `TABLE_MAX`, in bytes.
+pub(crate) const SPAN_MID: usize = 128 << 10;
+/// The largest span, in bytes: the spans of objects above `TABLE_MAX`.
 pub(crate) const SPAN_MAX: usize = 256 << 10;
 
 /// Classes up to `TABLE_MAX` (the table's): 8 of 16-byte steps and 7 doublings of four.
@@ -90,10 +98,12 @@ const fn stepped(start: usize, per: usize, i: usize) -> usize {
 }
 
 /// The span size of class `c`, in bytes (a power of two, at least one granule): 64 KiB up to
-/// 4 KiB, `SPAN_MAX` (256 KiB) above.
+/// 4 KiB, `SPAN_MID` (128 KiB) up to `TABLE_MAX` (16 KiB), `SPAN_MAX` (256 KiB) above.
 pub(crate) const fn span_bytes(c: usize) -> usize {
     if class_size(c) <= 4096 {
         1 << GRANULE_SHIFT
+    } else if class_size(c) <= TABLE_MAX {
+        SPAN_MID
     } else {
         SPAN_MAX
     }

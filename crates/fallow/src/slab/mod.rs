@@ -16,7 +16,7 @@
 //! above them.
 //!
 //! Design, from mimalloc's free-list sharding (Leijen, Zorn, de Moura, 2019): a span is a live page
-//! block of 64 or 256 KiB, aligned to its size, cut into objects of one class. Each thread has a
+//! block of 64, 128 or 256 KiB, aligned to its size, cut into objects of one class. Each thread has a
 //! heap per allocator; a span belongs to one heap. The owner pushes its frees on the span's
 //! `local_free` and pops them first (the last freed first), then its `free` list (plain memory: no
 //! atomic read-modify-write, no lock); another thread's free is a compare-and-swap push on the
