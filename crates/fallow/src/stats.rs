@@ -220,7 +220,8 @@ macro_rules! stats_table {
         zero_scans: Count,
         /// Pages of live spans (small objects) given back to the kernel by their owner's trims
         /// and not yet taken again: not resident, though counted in `small_span_bytes` and
-        /// `bytes_in_use` (the span is one live page block).
+        /// `bytes_in_use` (the span is one live page block). The never-used pages a trim gave
+        /// back (slab/tail.rs) are not counted here, though they are not resident either.
         small_trimmed_pages: Pages,
         /// Trims of live spans made, and the pages they gave back in all.
         small_trims: Count,

@@ -95,13 +95,13 @@ fn a_spans_pages_no_object_was_handed_out_on_go_back_zeroed_if_they_came_zeroed(
 #[test]
 fn calloc_from_a_span_of_never_used_pages_taken_by_malloc_needs_no_memset() {
     let a = Allocator::new(cfg(Tunables::off())).unwrap();
-    // 16 KiB objects (256 KiB spans): the first one, taken by `malloc`, makes the span.
+    // 16 KiB objects (128 KiB spans): the first one, taken by `malloc`, makes the span.
     const BIG: usize = 16 << 10;
     let first = a.malloc(BIG, 16, Flags::NONE).unwrap().as_ptr();
     // SAFETY: a live object of `BIG` bytes.
     unsafe { first.write_bytes(3, BIG) };
     let z = a.malloc(BIG, 16, Flags::ZERO).unwrap().as_ptr() as usize;
-    assert_eq!(z & !((256 << 10) - 1), first as usize & !((256 << 10) - 1), "one span");
+    assert_eq!(z & !((128 << 10) - 1), first as usize & !((128 << 10) - 1), "one span");
     // Never handed out before, on pages that read zero: handed out with no memset, so none of
     // the pages wholly inside it is resident (looked at before reading it, which maps them).
     let (lo, hi) = (z.next_multiple_of(PAGE), (z + BIG) & !(PAGE - 1));

@@ -119,7 +119,7 @@ fn the_sweeps_give_back_the_tail_of_a_span_whose_fresh_stalled_and_keep_a_fillin
     let filling = malloc(&a, 2 * TINY);
     assert_eq!(resident_pages(span_of(filling), SPAN).unwrap(), SPAN / PAGE, "the span came from dirty pages");
     let mut filled = vec![filling];
-    // New spans of a class of their own (4 KiB objects, 15 a span), a page of 32-byte objects
+    // New spans of a class of their own (4 KiB objects, 16 a span), a page of 32-byte objects
     // between two of them: sweeps come before new spans, every `SWEEP_EVERY` of them.
     let mut big = Vec::new();
     for _ in 0..3 * SWEEP_EVERY {
@@ -140,7 +140,7 @@ fn the_sweeps_give_back_the_tail_of_a_span_whose_fresh_stalled_and_keep_a_fillin
     assert_eq!(a.stats().small_spans, 0);
 }
 
-/// Objects of a class of their own (4 KiB, 15 a span) filling `n` new spans: the owner sweeps
+/// Objects of a class of their own (4 KiB, 16 a span) filling `n` new spans: the owner sweeps
 /// before every `SWEEP_EVERY`-th.
 fn new_spans(a: &Allocator, n: usize) -> Vec<usize> {
     (0..n * fallow::binding_support::objects_per_span(4096)).map(|_| malloc(a, 4096)).collect()

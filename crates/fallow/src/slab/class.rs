@@ -32,9 +32,11 @@
 //! two threads keep 25 or so objects in each of about 40 classes, held 9.9-10.1 MB against
 //! 11.0-11.2 (mimalloc 9.3), each class and thread keeping part of a span it does not use; the
 //! random shape lost a quarter of its operations per CPU-second (25.4 -> 18.6 M; mimalloc 11 M)
-//! and held less (15.4 -> 14.4 MiB; mimalloc 14.8). Every class size is a multiple of 16, and a power-of-two class size (16
-//! bytes to 64 KiB) divides its span's size: an object of such a class is aligned to its size,
-//! which serves aligned requests up to 16 KiB (`aligned_class`).
+//! and held less (15.4 -> 14.4 MiB; mimalloc 14.8).
+//!
+//! Every class size is a multiple of 16, and a power-of-two class size (16 bytes to 64 KiB)
+//! divides its span's size: an object of such a class is aligned to its size, which serves
+//! aligned requests up to 16 KiB (`aligned_class`).
 //!
 //! The classes above 16 KiB (`TABLE_MAX`) came later: as page blocks, requests of 16-256 KiB
 //! took power-of-two blocks with slack from the page caches or exact runs from the locked path's

@@ -9,8 +9,8 @@
 //! thread its heap is bound to, or the slab lock holder for a heap bound to no thread; the
 //! atomics are read by any thread that frees an object of the span (`start`, `first_neg`,
 //! `mask`, `inv`, `shift`, `fresh`, `owner`, `heap`), by the statistics (`used`, `current`), or
-//! by a thread that pushes to it (`thread_free`, `returned_next`, `epoch_seen`; `used`, `low`
-//! and `given` when it claims the span).
+//! by a thread that pushes to it (`thread_free`, `returned_next`, `epoch_seen`; `used`, `low`,
+//! `given`, `fresh`, `taken_reported` and `taken_zeroed` when it claims the span).
 //!
 //! The remote-free protocol on `thread_free` (other threads' frees, parking, claims) is in
 //! thread_free.rs.
@@ -146,8 +146,10 @@ pub(crate) struct Span {
     /// and on no list. On this line, which the owner's hot paths never touch.
     pub(crate) given: AtomicU64,
     /// The states the span's pages had when it was taken (`GranuleStates`: granules read zero
-    /// and not resident, granules read zero), set before it is published and not changed while
-    /// it is live: the pages no object was handed out on go back with them (`free_states`).
+    /// and not resident, granules read zero), set before it is published; while it is live, the
+    /// owner adds the never-used pages it gave back to `taken_reported` (tail.rs, with the span
+    /// taken and no other thread's free waiting on it). The pages no object was handed out on
+    /// go back with them (`free_states`).
     pub(crate) taken_reported: AtomicU64,
     pub(crate) taken_zeroed: AtomicU64,
     /// The owner heap's `slow_paths` as the first push since the span was last collected saw

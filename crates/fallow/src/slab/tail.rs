@@ -1,7 +1,7 @@
 //! Never-used tails of live spans (docs/design.md, "Small objects (slab layer)", "Never-used
 //! tails"): the owner gives back to the kernel the pages of a span that no object was ever
-//! handed out on, once the span has handed out no new object while its heap took several new
-//! spans.
+//! handed out on, once no slow path took an object from the span while its heap took several
+//! new spans.
 //!
 //! Why: the page layer hands a span out of its dirty blocks first (no page fault, no zeroing),
 //! so a span whose class keeps few objects holds the pages the blocks' earlier users wrote,
@@ -34,8 +34,12 @@
 //!   `small_trims` and `small_trimmed_pages_total`, not in `small_trimmed_pages` (the pages of
 //!   freed objects a trim gave back, which the refill takes again).
 //! - **Claims.** The owner takes a span behind its class's head first (`take_listed`, as a trim
-//!   does): no push claims it while its taken states change, and its release publishes them to
-//!   a later claim, which reads them (thread_free.rs).
+//!   does), and leaves it alone if other threads' frees wait on it: a push that may claim it
+//!   left its object on `thread_free` and read the span's page states before its
+//!   compare-and-swap, which only a change of the word (a collect) would make fail, and a take
+//!   and release do not change it. With none waiting, no claim is under way, none starts while
+//!   the span is taken, and the release publishes the new states to a later one
+//!   (thread_free.rs). The span's head (its class's current span) is never claimed.
 //! - Only where spans are trimmed at all (`Slab::trims`: `MADV_DONTNEED` frees the pages and
 //!   they read zero after).
 
@@ -44,6 +48,7 @@ use core::sync::atomic::Ordering::Relaxed;
 use super::class::CLASSES;
 use super::heap::ThreadHeap;
 use super::span::{Span, LISTED, NO_TAIL};
+use super::thread_free::HEAD;
 use super::trim::{advise_runs, page_bits};
 use super::Slab;
 use crate::os::{PAGE_SHIFT, PAGE_SIZE};
@@ -53,13 +58,15 @@ impl Span {
     /// may be resident: the whole pages at and above the first never-handed-out object, less
     /// those taken `Reported`. Every span has at most 64 pages (class.rs, `SPAN_MAX`).
     pub(crate) fn tail_pages(&self) -> u64 {
+        // Past the last object, a trim of a span whose every object was handed out may have
+        // given pages back already (`given`).
         let pages = (self.mask.load(Relaxed) + 1) / PAGE_SIZE;
         let written = if self.fresh.load(Relaxed) == 0 { 0 } else { self.fresh_at() - self.start.load(Relaxed) };
         let first = written.div_ceil(PAGE_SIZE);
         if first >= pages {
             return 0;
         }
-        page_bits(first, pages - 1) & !self.taken_reported.load(Relaxed)
+        page_bits(first, pages - 1) & !self.taken_reported.load(Relaxed) & !self.given()
     }
 
     /// No slow path took an object from the span since the owner's last sweep looked at it
@@ -87,18 +94,24 @@ impl Slab {
                 // A sweep's: quiet since the last, of a class that does not keep its tails.
                 let due = !quiet || (s.quiet_since_sweep() && !h.tails_kept[c].get());
                 if s.place() == LISTED && due && s.tail_pages() != 0 {
-                    trim_tail(h, s);
+                    trim_tail(h, s, quiet);
                 }
             }
         }
     }
 }
 
-/// The owner gives back the never-used tail of span `s` of its heap `h`.
-fn trim_tail(h: &ThreadHeap, s: &Span) {
+/// The owner gives back the never-used tail of span `s` of its heap `h`; `swept`: at a sweep,
+/// which notes where the tail began (a drain's give-back says nothing of the class).
+fn trim_tail(h: &ThreadHeap, s: &Span, swept: bool) {
     // A span behind its class's head is taken first (thread_free.rs): one another thread
     // claimed is dropped instead.
     if !h.take_listed(s) {
+        return;
+    }
+    // Other threads' frees wait on it: a push may be claiming it (the module's comment).
+    if s.thread_free.load(Relaxed) & HEAD != 0 {
+        h.leave_listed(s);
         return;
     }
     // SAFETY: pages of `s`, a live span of this owner's heap, at and above its first
@@ -108,7 +121,7 @@ fn trim_tail(h: &ThreadHeap, s: &Span) {
     let done = unsafe { advise_runs(s.start.load(Relaxed), s.tail_pages()) };
     s.taken_reported.store(s.taken_reported.load(Relaxed) | done, Relaxed);
     s.taken_zeroed.store(s.taken_zeroed.load(Relaxed) & !done, Relaxed);
-    if done != 0 && s.tail_from.get() == NO_TAIL {
+    if swept && done != 0 && s.tail_from.get() == NO_TAIL {
         s.tail_from.set(done.trailing_zeros() as u8);
     }
     h.leave_listed(s);

@@ -197,8 +197,10 @@ impl Span {
     /// Claim the span whose word a push left as `word` (`claim_due` said so): `CLAIMED` set by a
     /// compare-and-swap from that word, so that a take by the owner or another push since makes
     /// it fail (that push asks again). `Some`, the states its pages go back with
-    /// (`free_states`), if claimed: read before the compare-and-swap (the span is untouched: they
-    /// do not change), as after it the owner may give the descriptor to another span.
+    /// (`free_states`), if claimed: read before the compare-and-swap (the span is untouched, and
+    /// the owner's give-back of its never-used tail, which changes them, leaves a span with
+    /// pushes waiting alone: tail.rs), as after it the owner may give the descriptor to another
+    /// span.
     #[cold]
     pub(crate) fn claim(&self, word: usize) -> Option<GranuleStates> {
         let states = self.free_states();

@@ -307,7 +307,7 @@ impl Span {
     /// pages a trim gave back `Reported`; the granules no object was ever handed out on (at and
     /// above `fresh`; all of them if none was) the states they had when the span was taken;
     /// the rest `Dirty`. Read by the owner, or by the claiming thread before its claim (the
-    /// span untouched: nothing here changes).
+    /// span untouched, its push waiting on `thread_free`: nothing here changes, tail.rs).
     pub(crate) fn free_states(&self) -> GranuleStates {
         let shift = granule_shift(self.mask.load(Relaxed) + 1);
         let taken = GranuleStates { shift, reported: self.taken_reported.load(Relaxed), zeroed: self.taken_zeroed.load(Relaxed), given_back: 0 };
