@@ -45,9 +45,8 @@
 
 use core::sync::atomic::Ordering::Relaxed;
 
-use super::class::CLASSES;
 use super::heap::ThreadHeap;
-use super::span::{Span, LISTED, NO_TAIL};
+use super::span::{Span, NO_TAIL};
 use super::thread_free::HEAD;
 use super::trim::{advise_runs, page_bits};
 use super::Slab;
@@ -81,23 +80,13 @@ impl Slab {
     /// path took an object from since the last sweep (`quiet`: the sweep's), or all of them
     /// (`drain_thread_cache`).
     pub(crate) fn trim_tails(&self, h: &ThreadHeap, quiet: bool) {
-        if !self.trims() {
-            return;
-        }
-        for c in 0..CLASSES {
-            let mut p = h.head[c].get();
-            while !Span::is_empty_span(p) && !p.is_null() {
-                // SAFETY: a listed span of this heap (the owner's); `next` is read before the
-                // span may leave the list (a claimed one is dropped by `take_listed`).
-                let s = unsafe { &*p };
-                p = s.next.get();
-                // A sweep's: quiet since the last, of a class that does not keep its tails.
-                let due = !quiet || (s.quiet_since_sweep() && !h.tails_kept[c].get());
-                if s.place() == LISTED && due && s.tail_pages() != 0 {
-                    trim_tail(h, s, quiet);
-                }
+        self.each_listed(h, |c, s| {
+            // A sweep's: quiet since the last, of a class that does not keep its tails.
+            let due = !quiet || (s.quiet_since_sweep() && !h.tails_kept[c].get());
+            if due && s.tail_pages() != 0 {
+                trim_tail(h, s, quiet);
             }
-        }
+        });
     }
 }
 

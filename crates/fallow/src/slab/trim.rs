@@ -440,17 +440,28 @@ impl Slab {
     }
 
     fn trim_listed(&self, h: &ThreadHeap, want: impl Fn(&Span) -> bool) {
+        self.each_listed(h, |_, s| {
+            if want(s) {
+                self.trim(h, s);
+            }
+        });
+    }
+
+    /// `f` with the class and each listed span of heap `h` (the caller's own), where spans are
+    /// trimmed at all; `f` may take the span off its list (the walk has read its `next`).
+    pub(super) fn each_listed(&self, h: &ThreadHeap, mut f: impl FnMut(usize, &Span)) {
         if !self.trims() {
             return;
         }
         for c in 0..CLASSES {
             let mut p = h.head[c].get();
             while !Span::is_empty_span(p) && !p.is_null() {
-                // SAFETY: a listed span of this heap (the owner's).
+                // SAFETY: a listed span of this heap (the owner's); `next` is read before `f`
+                // may take it off its list (a claimed one is dropped by `take_listed`).
                 let s = unsafe { &*p };
                 p = s.next.get();
-                if s.place() == LISTED && want(s) {
-                    self.trim(h, s);
+                if s.place() == LISTED {
+                    f(c, s);
                 }
             }
         }
