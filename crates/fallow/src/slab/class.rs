@@ -31,8 +31,9 @@
 //! never-used tails (tail.rs): mimalloc-bench's rptest without its cross-thread frees, whose
 //! two threads keep 25 or so objects in each of about 40 classes, held 9.9-10.1 MB against
 //! 11.0-11.2 (mimalloc 9.3), each class and thread keeping part of a span it does not use; the
-//! random shape lost a quarter of its operations per CPU-second (25.4 -> 18.6 M; mimalloc 11 M)
-//! and held less (15.4 -> 14.4 MiB; mimalloc 14.8).
+//! random shape lost a quarter of its operations per CPU-second in one comparison of 5 rounds
+//! (25.4 -> 18.6 M) and nothing in two later rounds (23.2-27.7 -> 25.3-25.7 M; mimalloc 11-17
+//! M, TCMalloc 26-38 M), and held less (15.4 -> 14.4 MiB; mimalloc 14.8).
 //!
 //! Every class size is a multiple of 16, and a power-of-two class size (16 bytes to 64 KiB)
 //! divides its span's size: an object of such a class is aligned to its size, which serves
