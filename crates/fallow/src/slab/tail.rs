@@ -56,15 +56,15 @@ impl Span {
     /// The pages of the span (bits of `given`) that no object was ever handed out on and that
     /// may be resident: the whole pages at and above the first never-handed-out object, less
     /// those taken `Reported`. Every span has at most 64 pages (class.rs, `SPAN_MAX`).
-    pub(crate) fn tail_pages(&self) -> u64 {
-        // Past the last object, a trim of a span whose every object was handed out may have
-        // given pages back already (`given`).
+    fn tail_pages(&self) -> u64 {
         let pages = (self.mask.load(Relaxed) + 1) / PAGE_SIZE;
         let written = if self.fresh.load(Relaxed) == 0 { 0 } else { self.fresh_at() - self.start.load(Relaxed) };
         let first = written.div_ceil(PAGE_SIZE);
         if first >= pages {
             return 0;
         }
+        // Past the last object, a trim of a span whose every object was handed out may have
+        // given pages back already (`given`).
         page_bits(first, pages - 1) & !self.taken_reported.load(Relaxed) & !self.given()
     }
 
@@ -76,15 +76,14 @@ impl Span {
 }
 
 impl Slab {
-    /// The owner gives back the never-used tails of its heap `h`'s listed spans: those no slow
-    /// path took an object from since the last sweep (`quiet`: the sweep's), or all of them
-    /// (`drain_thread_cache`).
-    pub(crate) fn trim_tails(&self, h: &ThreadHeap, quiet: bool) {
+    /// The owner gives back the never-used tails of its heap `h`'s listed spans: at a sweep
+    /// (`swept`), those no slow path took an object from since the last, of classes that do
+    /// not keep their tails; at `drain_thread_cache`, all of them.
+    pub(crate) fn trim_tails(&self, h: &ThreadHeap, swept: bool) {
         self.each_listed(h, |c, s| {
-            // A sweep's: quiet since the last, of a class that does not keep its tails.
-            let due = !quiet || (s.quiet_since_sweep() && !h.tails_kept[c].get());
+            let due = !swept || (s.quiet_since_sweep() && !h.tails_kept[c].get());
             if due && s.tail_pages() != 0 {
-                trim_tail(h, s, quiet);
+                trim_tail(h, s, swept);
             }
         });
     }
